@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The sharding demo: installs what is missing (as root on Debian 12), builds
+# and installs the extension, starts a throwaway cluster and shows the
+# extension at work, narrated. Nothing is left running afterwards.
+#
+#   bash demo/run.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. test/lib/cluster.sh
+
+ensure_packages || exit 1
+build_and_install || { log "build failed"; exit 1; }
+DEMODIR=$(make_cluster_dir demo)
+trap 'stop_cluster "$DEMODIR"; rm -rf "$DEMODIR"' EXIT
+start_cluster "$DEMODIR" || exit 1
+export PGDATABASE=postgres
+psql -Xq -v ON_ERROR_STOP=1 -f demo/demo.sql

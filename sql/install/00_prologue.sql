@@ -1,0 +1,23 @@
+\echo Use "CREATE EXTENSION sharding" to load this file. \quit
+
+-- The role that may change maps, pins, nodes and rank guards besides the
+-- extension's owner. Roles are cluster-wide, so another database may have
+-- created it already.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'sharding_admin') THEN
+        CREATE ROLE sharding_admin NOLOGIN;
+    END IF;
+END
+$$;
+
+GRANT USAGE ON SCHEMA sharding TO PUBLIC;
+
+-- Internal: proves the C/C++ boundary turns every C++ exception into an
+-- ERROR (see src/boundary.hpp). Not for users, hence revoked.
+CREATE FUNCTION sharding._boundary_selftest(kind text) RETURNS bigint
+    AS 'MODULE_PATHNAME', '_boundary_selftest' LANGUAGE C VOLATILE STRICT;
+COMMENT ON FUNCTION sharding._boundary_selftest(text) IS
+    'internal: exercises the C++/PostgreSQL error boundary (regression tests only)';
+-- Internal test hook; nobody but the owner needs it.
+REVOKE ALL ON FUNCTION sharding._boundary_selftest(text) FROM PUBLIC;

@@ -1,0 +1,152 @@
+// The C/C++ boundary: see boundary.hpp for the rules.
+#include "boundary.hpp"
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <vector>
+
+namespace sharding {
+
+namespace {
+std::string vformat(const char *fmt, va_list ap) pg_attribute_printf(1, 0);
+std::string vformat(const char *fmt, va_list ap) {
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = std::vsnprintf(nullptr, 0, fmt, ap2);
+    va_end(ap2);
+    std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+    if (n > 0) std::vsnprintf(&out[0], out.size() + 1, fmt, ap);
+    return out;
+}
+}  // namespace
+
+std::string format(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::string out = vformat(fmt, ap);
+    va_end(ap);
+    return out;
+}
+
+void fail(int sqlstate, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::string out = vformat(fmt, ap);
+    va_end(ap);
+    throw Error(sqlstate, std::move(out));
+}
+
+namespace detail {
+
+// What the failed call left behind. Plain storage, no destructor: it must
+// survive the end of the catch block and the longjmp of ereport.
+namespace {
+struct Captured {
+    int sqlstate;
+    ErrorData *pg;  // set when a PostgreSQL ERROR is being carried
+    char message[1024];
+    char detail[1024];
+    char hint[512];
+};
+Captured captured;
+
+void copy_text(char *dst, size_t size, const char *src) {
+    std::strncpy(dst, src ? src : "", size - 1);
+    dst[size - 1] = '\0';
+}
+}  // namespace
+
+void capture_current_exception() noexcept {
+    captured.pg = nullptr;
+    captured.detail[0] = captured.hint[0] = '\0';
+    try {
+        throw;
+    } catch (const PgError &e) {
+        captured.pg = e.data();
+    } catch (const Error &e) {
+        captured.sqlstate = e.sqlstate();
+        copy_text(captured.message, sizeof captured.message, e.what());
+        copy_text(captured.detail, sizeof captured.detail, e.detail().c_str());
+        copy_text(captured.hint, sizeof captured.hint, e.hint().c_str());
+    } catch (const std::bad_alloc &) {
+        captured.sqlstate = ERRCODE_OUT_OF_MEMORY;
+        copy_text(captured.message, sizeof captured.message, "out of memory in sharding");
+    } catch (const std::exception &e) {
+        captured.sqlstate = ERRCODE_INTERNAL_ERROR;
+        copy_text(captured.message, sizeof captured.message, "unexpected C++ exception in sharding");
+        copy_text(captured.detail, sizeof captured.detail, e.what());
+    } catch (...) {
+        captured.sqlstate = ERRCODE_INTERNAL_ERROR;
+        copy_text(captured.message, sizeof captured.message, "unexpected C++ exception in sharding");
+    }
+}
+
+void raise_captured() {
+    if (captured.pg != nullptr) {
+        ErrorData *edata = captured.pg;
+        captured.pg = nullptr;
+        ReThrowError(edata);
+    }
+    ereport(ERROR, (errcode(captured.sqlstate), errmsg_internal("%s", captured.message),
+                    captured.detail[0] ? errdetail_internal("%s", captured.detail) : 0,
+                    captured.hint[0] ? errhint("%s", captured.hint) : 0));
+    pg_unreachable();
+}
+
+void rethrow_as_pg_error(MemoryContext cxt) {
+    MemoryContextSwitchTo(cxt);
+    ErrorData *edata = CopyErrorData();
+    FlushErrorState();
+    throw PgError(edata);
+}
+
+}  // namespace detail
+}  // namespace sharding
+
+/*
+ * sharding._boundary_selftest(kind text) RETURNS bigint
+ *
+ * Exercises the boundary for the regression test: throws each kind of C++
+ * exception, or raises a PostgreSQL ERROR through pg_call while C++ objects
+ * that own memory are alive. Returns how many such objects have been
+ * destroyed so far in this backend, which proves unwinding ran.
+ */
+namespace {
+int64 destroyed = 0;
+struct Witness {
+    std::string payload = std::string(64, 'x');  // owns heap memory
+    ~Witness() { destroyed++; }
+};
+}  // namespace
+
+SHARDING_FUNCTION(_boundary_selftest) {
+    text *kind_text = PG_GETARG_TEXT_PP(0);
+    std::string kind(VARDATA_ANY(kind_text), VARSIZE_ANY_EXHDR(kind_text));
+    Witness witness;
+    std::vector<int> owned(1000, 7);
+    if (kind == "count") {
+        return Int64GetDatum(destroyed);
+    } else if (kind == "runtime_error") {
+        throw std::runtime_error("boom from C++");
+    } else if (kind == "bad_alloc") {
+        throw std::bad_alloc();
+    } else if (kind == "out_of_range") {
+        return Int32GetDatum(owned.at(5000));
+    } else if (kind == "int") {
+        throw 42;
+    } else if (kind == "error") {
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "self-test error with value %d", 17);
+    } else if (kind == "pg_error") {
+        sharding::pg_call([] {
+            ereport(ERROR, (errcode(ERRCODE_DIVISION_BY_ZERO), errmsg("division by zero raised by PostgreSQL"),
+                            errdetail("Raised inside pg_call.")));
+        });
+    } else if (kind == "pg_value") {
+        int32 v = sharding::pg_call([&] { return pg_strtoint32("1234"); });
+        return Int64GetDatum(v);
+    }
+    sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "unknown self-test kind \"%s\"", kind.c_str());
+}

@@ -1,0 +1,131 @@
+// The C/C++ boundary: the one place where C++ exceptions and PostgreSQL's
+// longjmp-based errors meet.
+//
+// The rules, for every file of this extension:
+//
+// 1. Every SQL-callable function is defined with SHARDING_FUNCTION(name). Its
+//    body may throw anything; guarded() catches it and raises the ERROR only
+//    after every C++ frame of the call has been unwound. No C++ exception
+//    ever reaches PostgreSQL.
+//
+// 2. ereport(ERROR) is a longjmp: it skips C++ destructors. A PostgreSQL
+//    function that may raise an ERROR (SPI, syscache, palloc, detoasting,
+//    output functions, ...) may therefore be called directly only while no
+//    C++ object that owns something (std::string, std::vector, a lock guard)
+//    is alive anywhere between the call and the guarded() frame. Otherwise
+//    call it through pg_call([&] { ... }): the ERROR is caught with PG_TRY,
+//    copied, and thrown as PgError, so destructors run; guarded() re-raises
+//    the original error (SQLSTATE, message, detail) unchanged. The lambda
+//    itself must not own C++ objects, and nothing throws inside PG_TRY.
+//
+// 3. C++ code reports user errors by throwing sharding::Error with a
+//    SQLSTATE; it never calls ereport(ERROR) itself. elog/ereport below ERROR
+//    (NOTICE, WARNING) do not jump and are fine anywhere.
+#pragma once
+
+#include "pg.hpp"
+
+#include <exception>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+extern "C" {
+#include "utils/elog.h"
+}
+
+namespace sharding {
+
+// A user-facing error: SQLSTATE (MAKE_SQLSTATE value), message, detail, hint.
+class Error : public std::exception {
+  public:
+    Error(int sqlstate, std::string message, std::string detail = std::string(),
+          std::string hint = std::string())
+        : sqlstate_(sqlstate), message_(std::move(message)), detail_(std::move(detail)),
+          hint_(std::move(hint)) {}
+    const char *what() const noexcept override { return message_.c_str(); }
+    int sqlstate() const { return sqlstate_; }
+    const std::string &detail() const { return detail_; }
+    const std::string &hint() const { return hint_; }
+
+  private:
+    int sqlstate_;
+    std::string message_, detail_, hint_;
+};
+
+// A PostgreSQL ERROR caught by pg_call, carried across C++ frames.
+class PgError : public std::exception {
+  public:
+    explicit PgError(ErrorData *data) : data_(data) {}
+    const char *what() const noexcept override { return data_->message ? data_->message : "error"; }
+    ErrorData *data() const { return data_; }
+
+  private:
+    ErrorData *data_;  // palloc'd copy; PostgreSQL frees it with the context
+};
+
+// printf-style formatting into a std::string (for Error messages).
+std::string format(const char *fmt, ...) pg_attribute_printf(1, 2);
+
+// Throw an Error: fail(ERRCODE_INVALID_PARAMETER_VALUE, "bad %d", x).
+[[noreturn]] void fail(int sqlstate, const char *fmt, ...) pg_attribute_printf(2, 3);
+
+namespace detail {
+// Records the exception being handled (called inside a catch block only).
+void capture_current_exception() noexcept;
+// Raises the recorded exception as a PostgreSQL ERROR. Called after the catch
+// block has ended, so no C++ object of the failed call is alive any more.
+[[noreturn]] void raise_captured();
+void rethrow_as_pg_error(MemoryContext cxt);
+}  // namespace detail
+
+// The wrapper around every SQL-callable function (see rule 1).
+template <Datum (*Impl)(FunctionCallInfo)>
+inline Datum guarded(FunctionCallInfo fcinfo) {
+    try {
+        return Impl(fcinfo);
+    } catch (...) {
+        detail::capture_current_exception();
+    }
+    detail::raise_captured();
+}
+
+// Runs f, which may ereport(ERROR), turning such an ERROR into PgError (rule 2).
+template <typename F>
+auto pg_call(F &&f) -> decltype(f()) {
+    using R = decltype(f());
+    MemoryContext cxt = CurrentMemoryContext;
+    volatile bool failed = false;
+    if constexpr (std::is_void_v<R>) {
+        PG_TRY();
+        { f(); }
+        PG_CATCH();
+        { failed = true; }
+        PG_END_TRY();
+        if (failed) detail::rethrow_as_pg_error(cxt);
+    } else {
+        static_assert(std::is_trivially_copyable_v<R>, "pg_call returns plain values only");
+        R result{};
+        R *volatile out = &result;
+        PG_TRY();
+        { *out = f(); }
+        PG_CATCH();
+        { failed = true; }
+        PG_END_TRY();
+        if (failed) detail::rethrow_as_pg_error(cxt);
+        return result;
+    }
+}
+
+}  // namespace sharding
+
+// Defines SQL-callable function `name` (C linkage, V1 calling convention)
+// whose body runs inside guarded(). Use like a function header:
+//   SHARDING_FUNCTION(hash64_text) { ... return ...; }
+#define SHARDING_FUNCTION(name)                                                                  \
+    static Datum name##_impl(FunctionCallInfo fcinfo);                                           \
+    extern "C" {                                                                                 \
+    PG_FUNCTION_INFO_V1(name);                                                                   \
+    Datum name(PG_FUNCTION_ARGS) { return ::sharding::guarded<name##_impl>(fcinfo); }            \
+    }                                                                                            \
+    static Datum name##_impl(FunctionCallInfo fcinfo)

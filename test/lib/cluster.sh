@@ -1,0 +1,89 @@
+# Shared by test/run.sh, demo/run.sh, test/bench/* and the harnesses:
+# install what is missing, build and install the extension, and run a
+# throwaway PostgreSQL 15 cluster on a private socket.
+#
+# PostgreSQL refuses to run as root, so when we are root the server runs as
+# the `postgres` OS user; its data and socket directory live in a private
+# temporary directory owned by it. Clients (psql, pg_regress, pg_prove) may
+# stay root: they only talk to the socket.
+
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+SHARDING_PACKAGES="make g++ python3 perl postgresql-15 postgresql-server-dev-15 postgresql-contrib
+    libxxhash-dev xxhash postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
+    postgresql-15-plproxy python3-xxhash"
+
+log() { printf '== %s\n' "$*" >&2; }
+
+# Installs (as root, with apt-get) whatever the build and tests need.
+ensure_packages() {
+    local missing=() need
+    command -v make >/dev/null || missing+=(make)
+    command -v g++ >/dev/null || missing+=(g++)
+    command -v python3 >/dev/null || missing+=(python3)
+    [ -x "$PG_BIN/initdb" ] || missing+=(postgresql-15)
+    [ -f /usr/include/postgresql/15/server/postgres.h ] || missing+=(postgresql-server-dev-15)
+    [ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
+    command -v xxhsum >/dev/null || missing+=(xxhash)
+    [ -f /usr/share/postgresql/15/extension/pgtap.control ] || missing+=(postgresql-15-pgtap)
+    command -v pg_prove >/dev/null || missing+=(libtap-parser-sourcehandler-pgtap-perl)
+    [ -f /usr/share/postgresql/15/extension/plproxy.control ] || missing+=(postgresql-15-plproxy)
+    [ -f /usr/share/postgresql/15/extension/dblink.control ] || missing+=(postgresql-contrib)
+    /usr/bin/python3 -c 'import xxhash' 2>/dev/null || missing+=(python3-xxhash)
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ]; then
+        log "missing packages: ${missing[*]} (run as root, or: apt-get install ${missing[*]})"
+        return 1
+    fi
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null ||
+        { log "apt-get install failed"; return 1; }
+}
+
+# Builds and installs the extension into the system PostgreSQL 15.
+build_and_install() {
+    local flags=${SHARDING_MAKE_FLAGS:-}
+    log "building and installing sharding"
+    # shellcheck disable=SC2086
+    make -s $flags PG_CONFIG=$PG_BIN/pg_config >/dev/null &&
+        make -s $flags PG_CONFIG=$PG_BIN/pg_config install >/dev/null
+}
+
+# Runs a command as the server's OS user.
+as_server_user() {
+    if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# A free TCP port on loopback (for clusters that listen on 127.0.0.1).
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start_cluster DIR [extra postgres options]: initdb into DIR/data, socket in
+# DIR, no TCP unless the options ask for it. Sets PGHOST, PGPORT, PGUSER.
+start_cluster() {
+    local dir=$1; shift
+    mkdir -p "$dir"
+    [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
+    chmod 700 "$dir"
+    as_server_user "$PG_BIN/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 \
+        --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; return 1; }
+    local port=${SHARDING_PORT:-$(free_port)}
+    as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
+        -o "-p $port -k $dir -c listen_addresses='' -c fsync=off -c synchronous_commit=off \
+            -c full_page_writes=off -c max_connections=120 -c log_min_messages=warning $*" \
+        >/dev/null || { cat "$dir/server.log" >&2; return 1; }
+    export PGHOST=$dir PGPORT=$port PGUSER=postgres
+}
+
+stop_cluster() {
+    local dir=$1
+    [ -d "$dir/data" ] && as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1
+    return 0
+}
+
+# A private directory the server user can own; removed by the caller.
+make_cluster_dir() {
+    local base=${TMPDIR:-/tmp}
+    mktemp -d "$base/sharding-$1.XXXXXX"
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Runs every test of the sharding extension, from a clean clone, as root on
+# Debian 12 (installs what is missing) or as a user with the packages present.
+#
+#   bash test/run.sh
+#
+# pg_regress (sql/ against expected/), pgTAP (test/pgtap/*.sql, via pg_prove)
+# and the TAP harnesses (test/harness/*.sh: oracle vectors, concurrency,
+# multi-node) all run against a throwaway cluster. The last line is
+# "N passed, N failed"; the exit status is non-zero on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. test/lib/cluster.sh
+
+passed=0
+failed=0
+count() { passed=$((passed + $1)); failed=$((failed + $2)); }
+
+finish() {
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+    exit $?
+}
+
+ensure_packages || { count 0 1; finish; }
+build_and_install || { log "build failed"; count 0 1; finish; }
+
+TESTDIR=$(make_cluster_dir test)
+cleanup() { stop_cluster "$TESTDIR"; rm -rf "$TESTDIR"; }
+trap cleanup EXIT
+start_cluster "$TESTDIR" || { count 0 1; finish; }
+export SHARDING_TESTDIR=$TESTDIR
+start_time=$(psql -XAtqd postgres -c 'SELECT pg_postmaster_start_time()')
+
+# Counts TAP lines on stdin: "ok N" and "not ok N" (nested ones included).
+tap_count() {
+    local out=$1 rc=$2 ok nok
+    ok=$(grep -cE '^\s*ok [0-9]+' "$out")
+    nok=$(grep -cE '^\s*not ok [0-9]+' "$out")
+    # A script that died before reporting (bad plan, crash) is one failure.
+    if [ "$rc" -ne 0 ] && [ "$nok" -eq 0 ]; then nok=1; fi
+    count "$ok" "$nok"
+}
+
+# 1. pg_regress
+log "pg_regress"
+regress_out=$(mktemp)
+make -s installcheck PG_CONFIG=$PG_BIN/pg_config >"$regress_out" 2>&1
+regress_rc=$?
+cat "$regress_out"
+r_ok=$(grep -cE '\.\.\. ok' "$regress_out")
+r_fail=$(grep -cE '\.\.\. FAILED|\.\.\. failed' "$regress_out")
+if [ "$regress_rc" -ne 0 ] && [ "$r_fail" -eq 0 ]; then r_fail=1; fi
+count "$r_ok" "$r_fail"
+if [ -s regression.diffs ] && [ "$r_fail" -gt 0 ]; then
+    echo "---- regression.diffs ----"
+    cat regression.diffs
+fi
+rm -f "$regress_out"
+
+# 2. pgTAP
+if compgen -G 'test/pgtap/*.sql' >/dev/null; then
+    log "pgTAP"
+    createdb sharding_tap &&
+        psql -XqAtd sharding_tap -c 'CREATE EXTENSION pgtap; CREATE EXTENSION dblink; CREATE EXTENSION sharding' >/dev/null
+    tap_out=$(mktemp)
+    PGDATABASE=sharding_tap pg_prove --verbose --failures test/pgtap/*.sql >"$tap_out" 2>&1
+    tap_rc=$?
+    grep -vE '^\s*ok [0-9]+' "$tap_out"
+    tap_count "$tap_out" "$tap_rc"
+    rm -f "$tap_out"
+fi
+
+# 3. TAP harnesses (each creates its own databases or clusters)
+for h in test/harness/*.sh test/multinode/run.sh; do
+    [ -f "$h" ] || continue
+    log "harness $h"
+    h_out=$(mktemp)
+    bash "$h" >"$h_out" 2>&1
+    h_rc=$?
+    grep -vE '^\s*ok [0-9]+' "$h_out"
+    tap_count "$h_out" "$h_rc"
+    rm -f "$h_out"
+done
+
+# 4. The server survived everything thrown at it.
+now_start=$(psql -XAtqd postgres -c 'SELECT pg_postmaster_start_time()' 2>/dev/null)
+if [ "$now_start" = "$start_time" ] && ! grep -q 'terminated by signal' "$TESTDIR/server.log"; then
+    echo "ok - server never restarted and no backend died of a signal"
+    count 1 0
+else
+    echo "not ok - server restarted or a backend crashed:"
+    grep -B2 -A5 'terminated by signal' "$TESTDIR/server.log" | head -40
+    count 0 1
+fi
+
+finish
