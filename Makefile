@@ -12,8 +12,8 @@ OBJS = \
 INSTALL_PARTS = $(sort $(wildcard sql/install/*.sql))
 DATA_built = sql/sharding--$(EXTVERSION).sql
 
-# pg_regress tests: sql/<name>.sql against expected/<name>.out.
-REGRESS = boundary hash
+# pg_regress tests: every sql/<name>.sql against expected/<name>.out.
+REGRESS = $(sort $(filter-out sharding--%,$(basename $(notdir $(wildcard sql/*.sql)))))
 
 PG_CONFIG ?= pg_config
 PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) -Isrc

@@ -45,7 +45,7 @@ tap_count() {
 # 1. pg_regress
 log "pg_regress"
 regress_out=$(mktemp)
-make -s installcheck PG_CONFIG=$PG_BIN/pg_config >"$regress_out" 2>&1
+make -s installcheck PG_CONFIG=$PG_CONFIG >"$regress_out" 2>&1
 regress_rc=$?
 cat "$regress_out"
 r_ok=$(grep -cE '\.\.\. ok' "$regress_out")

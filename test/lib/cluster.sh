@@ -7,7 +7,16 @@
 # temporary directory owned by it. Clients (psql, pg_regress, pg_prove) may
 # stay root: they only talk to the socket.
 
-PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+PG_BIN=/usr/lib/postgresql/15/bin
+# For developers running several checkouts at once: SHARDING_PGROOT=/some/dir
+# makes a private copy of the PostgreSQL 15 tree there, installs the
+# extension into it (make install DESTDIR=...) and runs the server from it,
+# so that parallel checkouts never overwrite each other's installed files.
+if [ -n "${SHARDING_PGROOT:-}" ]; then
+    PG_BIN=$SHARDING_PGROOT/usr/lib/postgresql/15/bin
+fi
+export PATH=$PG_BIN:$PATH
 SHARDING_PACKAGES="make g++ python3 perl postgresql-15 postgresql-server-dev-15 postgresql-contrib
     libxxhash-dev xxhash postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
     postgresql-15-plproxy python3-xxhash"
@@ -20,7 +29,7 @@ ensure_packages() {
     command -v make >/dev/null || missing+=(make)
     command -v g++ >/dev/null || missing+=(g++)
     command -v python3 >/dev/null || missing+=(python3)
-    [ -x "$PG_BIN/initdb" ] || missing+=(postgresql-15)
+    [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
     [ -f /usr/include/postgresql/15/server/postgres.h ] || missing+=(postgresql-server-dev-15)
     [ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
     command -v xxhsum >/dev/null || missing+=(xxhash)
@@ -40,13 +49,22 @@ ensure_packages() {
         { log "apt-get install failed"; return 1; }
 }
 
-# Builds and installs the extension into the system PostgreSQL 15.
+# Builds and installs the extension into the system PostgreSQL 15 (or the
+# private copy named by SHARDING_PGROOT).
 build_and_install() {
-    local flags=${SHARDING_MAKE_FLAGS:-}
+    local flags=${SHARDING_MAKE_FLAGS:-} dest=()
+    if [ -n "${SHARDING_PGROOT:-}" ]; then
+        if [ ! -x "$PG_BIN/postgres" ]; then
+            mkdir -p "$SHARDING_PGROOT/usr/lib/postgresql" "$SHARDING_PGROOT/usr/share/postgresql"
+            cp -a /usr/lib/postgresql/15 "$SHARDING_PGROOT/usr/lib/postgresql/" &&
+                cp -a /usr/share/postgresql/15 "$SHARDING_PGROOT/usr/share/postgresql/" || return 1
+        fi
+        dest=(DESTDIR="$SHARDING_PGROOT")
+    fi
     log "building and installing sharding"
     # shellcheck disable=SC2086
-    make -s $flags PG_CONFIG=$PG_BIN/pg_config >/dev/null &&
-        make -s $flags PG_CONFIG=$PG_BIN/pg_config install >/dev/null
+    make -s $flags PG_CONFIG=$PG_CONFIG >/dev/null &&
+        make -s $flags PG_CONFIG=$PG_CONFIG "${dest[@]}" install >/dev/null
 }
 
 # Runs a command as the server's OS user.
