@@ -104,8 +104,8 @@ SELECT n AS shards, (SELECT max(rows) FROM sharding.distribution('units', 'tenan
 \echo 'The directory, for real: a map of 3 logical shards over databases db0..db2,'
 \echo 'and sharding.pin sends t007 to dedicated capacity (db-whale, which owns no shard).'
 \echo 'sharding.map_load shows where node_for routes every row:'
-SELECT sharding.create_map('tenants', 3, ARRAY['db0', 'db1', 'db2']);
-SELECT sharding.pin('tenants', 't007', 'db-whale');
+SELECT sharding.create_map('tenants', 3, ARRAY['db0', 'db1', 'db2']) AS ok \gset
+SELECT sharding.pin('tenants', 't007', 'db-whale') AS ok \gset
 SELECT node, logical_shards AS "logical shards", pinned_keys AS "pinned keys", rows AS units,
        round(share::numeric, 3) AS share, bar
   FROM sharding.map_load('tenants', 'units', 'tenant');
@@ -122,7 +122,7 @@ SELECT sharding.node_for('tenants', 't007') AS "t007 goes to", sharding.node_for
 \echo 'The number of logical shards never changes: a key''s logical shard is fixed'
 \echo 'forever. Only the owner of each logical shard changes.'
 \if :have_maps
-SELECT sharding.create_map('workers', 64, ARRAY['w1', 'w2', 'w3', 'w4']);
+SELECT sharding.create_map('workers', 64, ARRAY['w1', 'w2', 'w3', 'w4']) AS ok \gset
 SELECT n AS worker, sharding.shards_of('workers', n) AS "logical shards owned"
   FROM unnest(ARRAY['w1', 'w2', 'w3', 'w4']) AS n;
 \echo 'Where 10,000 customer keys live before the change:'
@@ -170,7 +170,7 @@ SELECT count(*) FILTER (WHERE sharding.worker_of(s, 4, 64) <> sharding.worker_of
 \echo 'A queue of 200 jobs. Workers w1..w4 each loop: claim up to 5 jobs with a'
 \echo '3-second lease (sharding.claim), do them, mark them done (sharding.complete).'
 \echo 'w4 claims its first batch and hangs; we kill its backend mid-lease.'
-SELECT sharding.create_queue('jobs') AS queue;
+SELECT sharding.create_queue('jobs') AS ok \gset
 INSERT INTO jobs (key, payload, status, created)
 SELECT 'order-' || i, jsonb_build_object('order', i), 'pending', clock_timestamp()
   FROM generate_series(1, 200) AS i;
@@ -189,8 +189,9 @@ SELECT (SELECT count(*) FROM jobs WHERE status = 'done') AS "jobs done",
        count(*) AS completions, count(DISTINCT id) AS "distinct jobs",
        count(*) - count(DISTINCT id) AS "done twice"
   FROM job_log;
-\echo 'If w4 came back to life and reported a job of its old lease, the fencing'
-\echo 'token (attempt 1) no longer matches, and the late completion is refused:'
+\echo 'If w4 came back to life and reported a job of its old lease, it would be'
+\echo 'refused: that job was claimed again (attempt 2, the fencing token), so'
+\echo 'complete(..., worker => w4, attempt => 1) no longer matches it:'
 SELECT sharding.complete('jobs', (SELECT min(id) FROM job_log WHERE attempt > 1), 'w4', 1)
        AS "late complete accepted?";
 \else
@@ -206,7 +207,7 @@ SELECT sharding.complete('jobs', (SELECT min(id) FROM job_log WHERE attempt > 1)
 \echo 'sharding.guard_rank makes the table itself refuse to move it backwards.'
 CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL);
 INSERT INTO orders VALUES (1001, 'preparing'), (1002, 'preparing');
-SELECT sharding.guard_rank('orders', 'status', ARRAY['preparing', 'shipped', 'delivered']);
+SELECT sharding.guard_rank('orders', 'status', ARRAY['preparing', 'shipped', 'delivered']) AS ok \gset
 \echo 'Messages arrive out of order: for 1002, "shipped" was processed by a slow'
 \echo 'worker after "delivered". Each message applied with sharding.advance:'
 CREATE TABLE inbox (seq integer PRIMARY KEY, order_id bigint, status text);
