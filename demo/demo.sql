@@ -14,11 +14,21 @@ CREATE EXTENSION sharding;
 
 SELECT to_regproc('sharding.create_map') IS NOT NULL AND to_regproc('sharding.pin') IS NOT NULL
        AND to_regproc('sharding.rebalance') IS NOT NULL AND to_regproc('sharding.node_for') IS NOT NULL
+       AND to_regproc('sharding.fence') IS NOT NULL AND to_regproc('sharding.epoch') IS NOT NULL
        AS have_maps,
        to_regproc('sharding.create_queue') IS NOT NULL AND to_regproc('sharding.claim') IS NOT NULL
        AND to_regproc('sharding.complete') IS NOT NULL AS have_queue,
        to_regproc('sharding.guard_rank') IS NOT NULL AND to_regproc('sharding.advance') IS NOT NULL
        AS have_rank \gset
+
+-- Runs a statement and says whether it was accepted or refused (and why).
+CREATE FUNCTION pg_temp.attempt(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'accepted';
+EXCEPTION WHEN OTHERS THEN
+    RETURN 'refused: ' || SQLSTATE || ' ' || SQLERRM;
+END $$;
 
 \echo
 \echo '======================================================================'
@@ -151,8 +161,15 @@ SELECT n AS worker, cardinality(sharding.shards_of('workers', n)) AS "logical sh
 SELECT count(*) FILTER (WHERE sharding.worker_of(s, 4, 64) <> sharding.worker_of(s, 5, 64))
          AS "for comparison: re-dealing contiguous ranges would move"
   FROM generate_series(0, 63) AS s;
-\echo 'A writer that read epoch 1 before the move is refused by sharding.fence'
-\echo '(SQLSTATE 55000), so two workers never both act as owner of a moved shard.'
+\echo 'A writer on the old owner that read epoch 1 before the move calls sharding.fence'
+\echo 'inside its transaction before writing; it is refused, so two workers never'
+\echo 'both act as owner of a moved shard:'
+SELECT min(logical) AS moved FROM moves \gset
+SELECT :moved AS "logical shard",
+       pg_temp.attempt(format('SELECT sharding.fence(%L, %s, 1)', 'workers', :moved))
+         AS "fence with epoch 1 (old owner)",
+       pg_temp.attempt(format('SELECT sharding.fence(%L, %s, 2)', 'workers', :moved))
+         AS "fence with epoch 2 (new owner)";
 \else
 \echo '(create_map/rebalance are not in this build yet; the dealing rule alone:)'
 SELECT w AS worker, sharding.worker_shards(w, 4, 64) AS "shards with 4 workers"
