@@ -12,14 +12,15 @@ DROP EXTENSION IF EXISTS sharding CASCADE;
 DROP TABLE IF EXISTS units, jobs, job_log, orders, inbox, message_log, key_sample CASCADE;
 CREATE EXTENSION sharding;
 
-SELECT to_regproc('sharding.create_map') IS NOT NULL AND to_regproc('sharding.pin') IS NOT NULL
-       AND to_regproc('sharding.rebalance') IS NOT NULL AND to_regproc('sharding.node_for') IS NOT NULL
-       AND to_regproc('sharding.fence') IS NOT NULL AND to_regproc('sharding.epoch') IS NOT NULL
-       AS have_maps,
-       to_regproc('sharding.create_queue') IS NOT NULL AND to_regproc('sharding.claim') IS NOT NULL
-       AND to_regproc('sharding.complete') IS NOT NULL AS have_queue,
-       to_regproc('sharding.guard_rank') IS NOT NULL AND to_regproc('sharding.advance') IS NOT NULL
-       AS have_rank \gset
+-- Which contract sections this build has (a name may have several overloads).
+CREATE FUNCTION pg_temp.has(names text[]) RETURNS boolean LANGUAGE sql AS $$
+    SELECT count(DISTINCT p.proname) = cardinality(names)
+      FROM pg_catalog.pg_proc AS p
+     WHERE p.pronamespace = 'sharding'::regnamespace AND p.proname = ANY (names) $$;
+SELECT pg_temp.has(ARRAY['create_map', 'pin', 'rebalance', 'node_for', 'logical_shard', 'shards_of',
+                         'fence', 'epoch']) AS have_maps,
+       pg_temp.has(ARRAY['create_queue', 'claim', 'complete']) AS have_queue,
+       pg_temp.has(ARRAY['guard_rank', 'advance']) AS have_rank \gset
 
 -- Runs a statement and says whether it was accepted or refused (and why).
 CREATE FUNCTION pg_temp.attempt(q text) RETURNS text LANGUAGE plpgsql AS $$
