@@ -154,6 +154,10 @@ SELECT (SELECT count(*) FROM sharding.whales('units', 'tenant_no', 40, 0.4)) =
          WHERE n / s >= 0.4) AS agrees;
 -- Keys come back as text: bytea in its hex form, uuid printed.
 SELECT key FROM sharding.whales('units', 'tenant_bytes', 4) LIMIT 1;
+-- The hex form, whatever bytea_output says (pins match on it).
+SET bytea_output = 'escape';
+SELECT key FROM sharding.whales('units', 'tenant_bytes', 4) LIMIT 1;
+RESET bytea_output;
 SELECT key = md5('t007') FROM (SELECT replace(key, '-', '') AS key
                                  FROM sharding.whales('units', 'tenant_id', 4) LIMIT 1) AS w;
 SELECT count(*) AS whales_in_empty FROM sharding.whales('nothing', 'k', 4);
@@ -211,6 +215,11 @@ SELECT bool_and(m.rows = COALESCE(r.n, 0)) AS rows_match_routing, sum(m.rows) AS
 INSERT INTO sharding.pins (map, key, node) VALUES ('tenants', '7', 'dedicated');
 SELECT node, rows FROM sharding.map_load('tenants', 'units', 'tenant_no') WHERE node = 'dedicated';
 SELECT node, rows FROM sharding.map_load('tenants', 'units', 'tenant_big') WHERE node = 'dedicated';
+-- bytea keys are pinned by their hex text form, whatever bytea_output says.
+INSERT INTO sharding.pins (map, key, node) VALUES ('tenants', '\x74303037', 'dedicated');
+SET bytea_output = 'escape';
+SELECT node, rows FROM sharding.map_load('tenants', 'units', 'tenant_bytes') WHERE node = 'dedicated';
+RESET bytea_output;
 -- An empty table: every node listed, no rows, share NULL.
 SELECT node, rows, share, bar FROM sharding.map_load('tenants', 'nothing', 'k');
 SELECT pg_temp.err($$SELECT * FROM sharding.map_load('no_such_map', 'units', 'tenant')$$);

@@ -51,6 +51,20 @@ $$;
 COMMENT ON FUNCTION sharding._key_column_type(regclass, name) IS
     'internal: type of a shard key column; 42703 if missing, 22023 if not a key type';
 
+-- Internal: SQL for the text form of a key expression of type t, the form
+-- pins match on and whales reports: bytea always in hex (\x...), whatever
+-- bytea_output says; the other key types as their ::text.
+CREATE FUNCTION sharding._key_text_sql(expr text, t regtype) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        SELECT CASE WHEN t = 'bytea'::regtype
+                    THEN pg_catalog.format('pg_catalog.concat(pg_catalog.chr(92), ''x'', pg_catalog.encode(%s, ''hex''))', expr)
+                    ELSE pg_catalog.format('(%s)::text', expr) END
+    $$;
+COMMENT ON FUNCTION sharding._key_text_sql(text, regtype) IS
+    'internal: SQL of a key''s text form (bytea as hex whatever bytea_output says)';
+
 CREATE FUNCTION sharding.distribution(tbl regclass, key_column name, shards integer)
     RETURNS TABLE (shard integer, rows bigint, share float8, bar text)
     LANGUAGE plpgsql STABLE STRICT PARALLEL RESTRICTED
@@ -86,6 +100,8 @@ CREATE FUNCTION sharding.whales(tbl regclass, key_column name, shards integer,
     LANGUAGE plpgsql STABLE STRICT PARALLEL RESTRICTED
     SET search_path = pg_catalog, pg_temp
     AS $$
+DECLARE
+    t regtype;
 BEGIN
     IF shards < 1 THEN
         RAISE EXCEPTION 'shard count must be between 1 and 2147483647, got %', shards
@@ -95,21 +111,21 @@ BEGIN
         RAISE EXCEPTION 'min_share must be between 0 and 1, got %', min_share
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM sharding._key_column_type(tbl, key_column);
+    t := sharding._key_column_type(tbl, key_column);
     -- Grouped by key (which decides the shard): each key is hashed once.
     RETURN QUERY EXECUTE format(
         $q$SELECT w.key, w.n, w.shard, w.n::float8 / w.shard_n::float8, w.n::float8 / w.total_n::float8
              FROM (SELECT s.key, s.n, s.shard,
                           sum(s.n) OVER (PARTITION BY s.shard) AS shard_n,
                           sum(s.n) OVER () AS total_n
-                     FROM (SELECT k.key::text AS key, k.n, sharding.shard_of(k.key, $1) AS shard
+                     FROM (SELECT %3$s AS key, k.n, sharding.shard_of(k.key, $1) AS shard
                              FROM (SELECT t.%1$I AS key, pg_catalog.count(*) AS n
                                      FROM %2$s AS t
                                     WHERE t.%1$I IS NOT NULL
                                     GROUP BY 1) AS k) AS s) AS w
             WHERE w.n::float8 / w.shard_n::float8 >= $2
             ORDER BY w.n DESC, w.shard, w.key COLLATE "C"$q$,
-        key_column, tbl)
+        key_column, tbl, sharding._key_text_sql('k.key', t))
     USING shards, min_share;
 END
 $$;
@@ -130,17 +146,18 @@ CREATE FUNCTION sharding.map_load(map text, tbl regclass, key_column name)
     AS $$
 DECLARE
     l integer;
+    t regtype;
 BEGIN
     SELECT m.logical_shards INTO l FROM sharding.maps AS m WHERE m.map = map_load.map;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'map "%" does not exist', map USING ERRCODE = 'undefined_object';
     END IF;
-    PERFORM sharding._key_column_type(tbl, key_column);
+    t := sharding._key_column_type(tbl, key_column);
     RETURN QUERY EXECUTE format(
         $q$WITH per AS (
                 SELECT sharding.shard_of(t.%1$I, $2) AS logical, p.node AS pinned, pg_catalog.count(*) AS n
                   FROM %2$s AS t
-                  LEFT JOIN sharding.pins AS p ON p.map = $1 AND p.key = t.%1$I::text
+                  LEFT JOIN sharding.pins AS p ON p.map = $1 AND p.key = %3$s
                  WHERE t.%1$I IS NOT NULL
                  GROUP BY 1, 2),
             routed AS (
@@ -164,7 +181,7 @@ BEGIN
               FROM nodes AS d
               LEFT JOIN routed AS r ON r.node IS NOT DISTINCT FROM d.node
              ORDER BY d.first NULLS LAST, d.node COLLATE "C"$q$,
-        key_column, tbl)
+        key_column, tbl, sharding._key_text_sql(pg_catalog.format('t.%I', key_column), t))
     USING map, l;
 END
 $$;
