@@ -203,6 +203,18 @@ SELECT count(*) AS absent FROM hidx WHERE k = 'no such key';
 RESET ALL;
 DROP TABLE hidx;
 
+-- Keys stored compressed or out of line (TOAST) hash by their value.
+CREATE TABLE pt_big_text (k text) PARTITION BY HASH (k sharding.text_shard_ops);
+SELECT sharding.create_partitions('pt_big_text', 16);
+INSERT INTO pt_big_text SELECT repeat('x', 300000) || i FROM generate_series(1, 20) AS i;
+INSERT INTO pt_big_text SELECT string_agg(md5(i::text || j), '') FROM generate_series(1, 20) AS i,
+       generate_series(1, 200) AS j GROUP BY i;
+SELECT count(*) AS rows, max(pg_column_size(k)) < 10000 AS stored_small, min(length(k)) >= 6400 AS long_keys,
+       count(*) FILTER (WHERE tableoid::regclass::text <> 'pt_big_text_' || lpad(sharding.shard_of(k, 16)::text, 2, '0')) AS misplaced,
+       (SELECT count(*) FROM pt_big_text WHERE k = repeat('x', 300000) || 7) AS found
+  FROM pt_big_text;
+DROP TABLE pt_big_text;
+
 -- Text under a nondeterministic collation would hash equal strings apart:
 -- refused (0A000) rather than misrouted.
 CREATE COLLATION pg_temp.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);

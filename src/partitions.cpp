@@ -23,10 +23,17 @@ void check_collation(FunctionCallInfo fcinfo) {
         if (collid == InvalidOid || collid == DEFAULT_COLLATION_OID || collid == C_COLLATION_OID ||
             collid == POSIX_COLLATION_OID)
             return;
-        if (!get_collation_isdeterministic(collid))
-            sharding::fail(ERRCODE_FEATURE_NOT_SUPPORTED,
-                           "sharding.text_shard_ops does not support nondeterministic collation \"%s\"",
-                           get_collation_name(collid));
+        if (get_collation_isdeterministic(collid)) return;
+        // Looked up before any C++ object exists (boundary.hpp, rule 2).
+        const char *name = get_collation_name(collid);
+        throw sharding::Error(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            sharding::format("sharding.text_shard_ops does not support nondeterministic "
+                             "collation \"%s\"",
+                             name ? name : "?"),
+            "Equal strings under this collation may differ in their bytes, which are what "
+            "shard_of hashes.",
+            "Give the key column a deterministic collation, such as \"C\" or the default.");
     } else {
         (void)fcinfo;
     }
