@@ -117,6 +117,18 @@ SELECT a.* FROM key_sql, unnest(ARRAY[4, 64, 480]) AS n,
        LATERAL pg_temp.alignment(key_sql.typ, key_sql.opc, key_sql.expr, n) AS a
  ORDER BY a.typ, a.n;
 
+-- Control: the same check fails with PostgreSQL's own hash opclass.
+CREATE TABLE pgp (k text) PARTITION BY HASH (k);
+DO $$ BEGIN
+    FOR r IN 0 .. 63 LOOP
+        EXECUTE format('CREATE TABLE %I PARTITION OF pgp FOR VALUES WITH (MODULUS 64, REMAINDER %s)', 'pgp_' || lpad(r::text, 2, '0'), r);
+    END LOOP;
+END $$;
+INSERT INTO pgp SELECT 'key-' || i FROM generate_series(1, 10000) AS i;
+SELECT count(*) FILTER (WHERE c.relname <> 'pgp_' || lpad(sharding.shard_of(k, 64)::text, 2, '0')) > 9000 AS default_opclass_misplaces
+  FROM pgp JOIN pg_class c ON c.oid = pgp.tableoid;
+DROP TABLE pgp;
+
 -- Pruning: WHERE k = constant scans one partition, the one shard_of names.
 CREATE TABLE pt_text (k text, v int) PARTITION BY HASH (k sharding.text_shard_ops);
 SELECT sharding.create_partitions('pt_text', 64);
