@@ -298,8 +298,12 @@ CREATE TABLE fresh_17 (x int);
 SELECT pg_temp.err_full($$SELECT sharding.create_partitions('fresh', 64)$$);
 SELECT pg_temp.err($$SELECT sharding.create_partitions('fresh', 18)$$);
 SELECT count(*) AS partitions_after_failures FROM pg_inherits WHERE inhparent = 'fresh'::regclass;
--- fresh_17 is not one of the names for 17 shards (_00 .. _16).
+-- fresh_17 is not one of the names for 17 shards (_00 .. _16), nor are these.
+CREATE TABLE fresh_abc (x int);
+CREATE TABLE fresh_99999999999999999999 (x int);
+CREATE TABLE fresh_1 (x int);
 SELECT sharding.create_partitions('fresh', 17);
+DROP TABLE fresh_abc, fresh_99999999999999999999, fresh_1;
 SELECT pg_temp.err($$SELECT sharding.create_partitions('fresh', 17)$$);
 SELECT count(*) AS partitions FROM pg_inherits WHERE inhparent = 'fresh'::regclass;
 DROP TABLE fresh;

@@ -222,9 +222,10 @@ BEGIN
             UNION
             SELECT t.typname::text FROM pg_type t
              WHERE t.typnamespace = nsp_oid AND starts_with(t.typname, prefix)) AS x
-     WHERE substr(x.name, length(prefix) + 1) ~ '^[0-9]+$'
-       AND length(substr(x.name, length(prefix) + 1)) = width
-       AND substr(x.name, length(prefix) + 1)::bigint < shards;
+     WHERE CASE WHEN substr(x.name, length(prefix) + 1) ~ '^[0-9]+$'
+                     AND length(substr(x.name, length(prefix) + 1)) = width
+                THEN substr(x.name, length(prefix) + 1)::bigint < shards  -- width <= 10 digits
+                ELSE false END;
     IF ntaken > 0 THEN
         RAISE EXCEPTION 'relation "%" already exists', format('%I.%I', nsp, taken)
             USING ERRCODE = '42P07',
