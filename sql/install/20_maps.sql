@@ -132,14 +132,16 @@ CREATE FUNCTION sharding._require_map(map text, for_update boolean DEFAULT false
 DECLARE
     l integer;
 BEGIN
+    IF $1 IS NULL THEN
+        RAISE EXCEPTION 'map name must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF for_update THEN
         SELECT m.logical_shards INTO l FROM sharding.maps m WHERE m.map = $1 FOR UPDATE;
     ELSE
         SELECT m.logical_shards INTO l FROM sharding.maps m WHERE m.map = $1;
     END IF;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'map "%" does not exist', coalesce($1, 'NULL')
-            USING ERRCODE = 'undefined_object';
+        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
     END IF;
     RETURN l;
 END $$;
@@ -207,13 +209,14 @@ CREATE FUNCTION sharding.drop_map(map text) RETURNS void
     SET search_path = pg_catalog, pg_temp
     AS $$
 BEGIN
-    IF map IS NOT NULL THEN
-        -- Wait for fenced writers and movers of this map.
-        PERFORM sharding._lock_map(map);
+    IF map IS NULL THEN
+        RAISE EXCEPTION 'map name must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Wait for fenced writers and movers of this map.
+    PERFORM sharding._lock_map(map);
     DELETE FROM sharding.maps m WHERE m.map = $1;  -- shards and pins cascade
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'map "%" does not exist', coalesce($1, 'NULL') USING ERRCODE = 'undefined_object';
+        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
     END IF;
     -- map_versions keeps its row, so cluster_version never falls.
     PERFORM sharding._touch_map($1);
@@ -247,6 +250,9 @@ CREATE FUNCTION sharding.unpin(map text, key text) RETURNS boolean
     SET search_path = pg_catalog, pg_temp
     AS $$
 BEGIN
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'pin key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM sharding._require_map($1, true);
     DELETE FROM sharding.pins p WHERE p.map = $1 AND p.key = $2;
     IF NOT FOUND THEN
