@@ -45,6 +45,9 @@ EXTRA_CLEAN = results regression.diffs regression.out
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
+# PGXS tracks no header dependencies: rebuild every object when a header changes.
+$(OBJS): $(wildcard src/*.hpp)
+
 sql/sharding--$(EXTVERSION).sql: $(INSTALL_PARTS) sharding.control
 	cat $(INSTALL_PARTS) > $@
 

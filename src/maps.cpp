@@ -163,6 +163,8 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     auto fresh = std::make_unique<MapRoutes>();
     fresh->name = key;
     fresh->logical_shards = raw.logical_shards;
+    if ((raw.logical_shards & (raw.logical_shards - 1)) == 0 && raw.logical_shards > 1)
+        fresh->shard_mask = static_cast<uint64_t>(raw.logical_shards) - 1;
     fresh->owner.assign(static_cast<size_t>(raw.logical_shards), -1);
     for (uint64 i = 0; i < raw.nshards; i++) {
         int32 l = raw.logical[i];
@@ -272,14 +274,14 @@ inline int32 route(FunctionCallInfo fcinfo, const MapRoutes &m, bool want_node, 
         const char *p = VARDATA_ANY(v);
         size_t n = VARSIZE_ANY_EXHDR(v);
         uint64_t h = sharding::hash_bytes(p, n);
-        int32 shard = sharding::shard_from_hash(h, m.logical_shards);
+        int32 shard = m.shard_of_hash(h);
         if (want_node) {
             int32 pinned = m.pins.size() ? m.pins.find(h, p, n) : -1;
             *node = pinned >= 0 ? pinned : m.owner[static_cast<size_t>(shard)];
         }
         return shard;
     } else {
-        int32 shard = sharding::shard_from_hash(sharding::key_hash<K>(fcinfo, 1), m.logical_shards);
+        int32 shard = m.shard_of_hash(sharding::key_hash<K>(fcinfo, 1));
         if (want_node) {
             int32 pinned = -1;
             if (m.pins.size()) {
