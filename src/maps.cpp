@@ -103,10 +103,11 @@ void load_raw(text *map, RawMap *raw) {
     Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
     Oid argtypes[1] = {TEXTOID};
     Datum args[1] = {PointerGetDatum(map)};
+    // Operators qualified: these run under the caller's search_path.
     const char *queries[3] = {
-        "SELECT logical_shards FROM sharding.maps WHERE map = $1",
-        "SELECT logical, node FROM sharding.shards WHERE map = $1",
-        "SELECT key, node FROM sharding.pins WHERE map = $1",
+        "SELECT logical_shards FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1",
+        "SELECT logical, node FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1",
+        "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1",
     };
     for (int q = 0; q < 3; q++) {
         SPIPlanPtr plan = SPI_prepare(queries[q], 1, argtypes);
@@ -366,7 +367,8 @@ SHARDING_FUNCTION(fence) {
     Datum args[2] = {PointerGetDatum(map), Int32GetDatum(logical)};
     SPIPlanPtr plan = SPI_prepare(
         "SELECT m.logical_shards, s.epoch FROM sharding.maps m "
-        "LEFT JOIN sharding.shards s ON s.map = m.map AND s.logical = $2 WHERE m.map = $1",
+        "LEFT JOIN sharding.shards s ON s.map OPERATOR(pg_catalog.=) m.map "
+        "AND s.logical OPERATOR(pg_catalog.=) $2 WHERE m.map OPERATOR(pg_catalog.=) $1",
         2, argtypes);
     if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
     Snapshot snap = IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot();
