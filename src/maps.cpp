@@ -46,6 +46,26 @@ Oid maps_relid = InvalidOid;       // sharding.maps, once known
 const MapRoutes *last = nullptr;   // the map the previous call used
 std::unordered_map<std::string, std::unique_ptr<MapRoutes>> cache;
 
+// Node names as ready-made text values, shared by all maps and never freed,
+// so that node_for returns one without allocating. Function results may
+// point into memory the function does not own (functions return pointers
+// into their arguments, which may lie in shared buffers), so no caller frees
+// or writes them; and as these are never freed, a result stays valid however
+// long it is kept, across cache rebuilds. Bounded by the distinct node names
+// the backend has seen.
+std::unordered_map<std::string, std::unique_ptr<char[]>> node_texts;
+
+const void *node_text(const std::string &name) {
+    auto it = node_texts.find(name);
+    if (it != node_texts.end()) return it->second.get();
+    std::unique_ptr<char[]> buf(new char[VARHDRSZ + name.size()]);  // max-aligned, as a varlena needs
+    SET_VARSIZE(buf.get(), VARHDRSZ + name.size());
+    memcpy(buf.get() + VARHDRSZ, name.data(), name.size());
+    const void *t = buf.get();
+    node_texts.emplace(name, std::move(buf));
+    return t;
+}
+
 // Relcache callback: only marks the cache stale (it may run in the middle of
 // a lookup, so it must not free anything).
 void routing_invalidate(Datum, Oid relid) {
@@ -194,6 +214,8 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
         fresh->pins.build(keys, hashes, nodes);
     }
     fresh->finish_build();
+    fresh->node_results.reserve(fresh->nodes.size());
+    for (const std::string &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
     fresh->generation = started;  // stale at once if an invalidation came meanwhile
 
     std::unique_ptr<MapRoutes> &slot = cache[key];
@@ -296,16 +318,14 @@ inline int32 route(FunctionCallInfo fcinfo, const MapRoutes &m, bool want_node, 
     }
 }
 
-// node_for(map text, key) -> text. Runs once per row: no allocation but the
-// result's.
+// node_for(map text, key) -> text. Runs once per row and allocates nothing:
+// the result is the node's interned text (see node_text).
 template <KeyType K>
 Datum node_for_body(FunctionCallInfo fcinfo) {
     const MapRoutes &m = routes_for(PG_GETARG_TEXT_PP(0));
     int32 node = -1;
     route<K>(fcinfo, m, true, &node);
-    const std::string &name = m.nodes[static_cast<size_t>(node)];
-    // No C++ object is owned on this stack: palloc may raise directly.
-    PG_RETURN_TEXT_P(cstring_to_text_with_len(name.data(), static_cast<int>(name.size())));
+    return PointerGetDatum(m.node_results[static_cast<size_t>(node)]);
 }
 
 // logical_shard(map text, key) -> integer.

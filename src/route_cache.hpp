@@ -73,6 +73,7 @@ struct MapRoutes {
     uint64_t shard_mask = 0;          // logical_shards - 1 when a power of two, else 0
     std::vector<int32_t> owner;       // logical shard -> index into nodes
     std::vector<std::string> nodes;   // distinct node names
+    std::vector<const void *> node_results;  // per node: the result node_for returns (maps.cpp)
     PinTable pins;
     uint64_t generation = 0;          // cache generation it was built in
 
