@@ -7,8 +7,9 @@
 // built lazily from the config tables. A statement-level trigger on
 // sharding.maps, sharding.shards and sharding.pins registers a relcache
 // invalidation of sharding.maps; PostgreSQL delivers it to every backend at
-// its next transaction start or lock acquisition (and to the writer itself
-// at its next command). One relcache callback, registered once in _PG_init,
+// its next transaction start or lock acquisition, and routes_for takes it in
+// at the start of every statement that routes (the writer itself gets it at
+// its next command). One relcache callback, registered once in _PG_init,
 // bumps `generation`; an entry is valid while it was built in the current
 // generation. Building records the generation before reading, so an
 // invalidation arriving during the build leaves the entry stale. Entries are

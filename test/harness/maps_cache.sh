@@ -41,7 +41,7 @@ sess_run A "BEGIN ISOLATION LEVEL REPEATABLE READ" >/dev/null
 before=$(sess_run A "SELECT sharding.node_for('m', 'k7')")
 sess_run B "SELECT sharding.move_shard('m', $shard, 'moved-here')" >/dev/null
 tap_is "$(sess_run A "SELECT sharding.node_for('m', 'k7')")" "moved-here" \
-    "A sees B's move on its next call, inside an open transaction (was $before)"
+    "A sees B's move on its next statement, inside an open transaction (was $before)"
 sess_run A "COMMIT" >/dev/null
 
 # A direct write to the config table by an admin invalidates as well.
