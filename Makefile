@@ -7,7 +7,10 @@ OBJS = \
 	src/boundary.o \
 	src/module.o \
 	src/hash.o \
-	src/partitions.o
+	src/maps.o \
+	src/partitions.o \
+	src/rebalance.o \
+	src/route_cache.o
 
 # The install script is assembled from one fragment per topic, in order.
 INSTALL_PARTS = $(sort $(wildcard sql/install/*.sql))
@@ -52,7 +55,7 @@ BUILD_FLAGS := sanitize=$(SANITIZE) xxhash=$(XXHASH)
 ifneq ($(BUILD_FLAGS),$(shell cat .build-flags 2>/dev/null))
 $(shell echo '$(BUILD_FLAGS)' > .build-flags)
 endif
-$(OBJS): .build-flags src/*.hpp
+$(OBJS): .build-flags $(wildcard src/*.hpp)
 
 sql/sharding--$(EXTVERSION).sql: $(INSTALL_PARTS) sharding.control
 	cat $(INSTALL_PARTS) > $@
