@@ -131,7 +131,7 @@ SELECT * FROM plproxy.get_cluster_config('m2');
 SELECT pg_temp.err($$SELECT plproxy.get_cluster_version('nope')$$);
 -- Signatures PL/Proxy 2.10 calls.
 SELECT p.oid::regprocedure AS function, pg_get_function_result(p.oid) AS result
-  FROM pg_proc AS p WHERE p.pronamespace = 'plproxy'::regnamespace ORDER BY 1::text;
+  FROM pg_proc AS p WHERE p.pronamespace = 'plproxy'::regnamespace ORDER BY p.proname COLLATE "C";
 -- A user's own function of one of those names is never replaced.
 DROP FUNCTION plproxy.get_cluster_config(text);
 CREATE FUNCTION plproxy.get_cluster_config(IN cluster_name text, OUT key text, OUT val text)
