@@ -16,11 +16,25 @@ Datum hash64_body(FunctionCallInfo fcinfo) {
     return Int64GetDatum(static_cast<int64>(sharding::key_hash<K>(fcinfo, 0)));
 }
 
+// The divisor of this call site, prepared once: n is almost always the same
+// constant for every row, and a 64-bit division costs more than the hash.
+const sharding::FastMod &call_site_mod(FunctionCallInfo fcinfo, int32 n) {
+    auto *fm = static_cast<sharding::FastMod *>(fcinfo->flinfo->fn_extra);
+    if (unlikely(fm == nullptr)) {
+        fm = static_cast<sharding::FastMod *>(
+            MemoryContextAllocZero(fcinfo->flinfo->fn_mcxt, sizeof(sharding::FastMod)));
+        fcinfo->flinfo->fn_extra = fm;
+    }
+    if (unlikely(fm->n != static_cast<uint64_t>(n))) fm->set(static_cast<uint64_t>(n));
+    return *fm;
+}
+
 // shard_of(key, n integer) -> integer in [0, n).
 template <KeyType K>
 Datum shard_of_body(FunctionCallInfo fcinfo) {
     int32 n = sharding::check_shard_count(PG_GETARG_INT32(1));
-    return Int32GetDatum(sharding::shard_from_hash(sharding::key_hash<K>(fcinfo, 0), n));
+    uint64_t h = sharding::key_hash<K>(fcinfo, 0);
+    return Int32GetDatum(static_cast<int32>(call_site_mod(fcinfo, n).mod(h)));
 }
 
 // jump_shard(key, n integer) -> integer in [0, n).

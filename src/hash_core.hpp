@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #ifdef SHARDING_XXH_LINKED
 #include <xxhash.h>
@@ -28,7 +29,11 @@ inline uint64_t hash_bytes(const void *data, size_t len) {
 inline uint64_t hash_int64(int64_t value) {
     uint64_t u = static_cast<uint64_t>(value);
     unsigned char bytes[8];
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    std::memcpy(bytes, &u, sizeof bytes);
+#else
     for (int i = 0; i < 8; i++) bytes[i] = static_cast<unsigned char>(u >> (8 * i));
+#endif
     return XXH3_64bits(bytes, sizeof bytes);
 }
 
@@ -36,6 +41,37 @@ inline uint64_t hash_int64(int64_t value) {
 inline int32_t shard_from_hash(uint64_t hash, int32_t n) {
     return static_cast<int32_t>(hash % static_cast<uint64_t>(n));
 }
+
+// h mod n without a 64-bit division, for a divisor reused across many calls.
+// Powers of two use a mask; other divisors use Lemire, Kaser & Kurz, "Faster
+// Remainder by Direct Computation" (2019): with M = floor((2^128 - 1) / n) + 1,
+// h mod n = ((M * h mod 2^128) * n) >> 128, exact for every 64-bit h and every
+// n < 2^64. M is kept as two 64-bit halves so that the struct needs only
+// 8-byte alignment (it may live in palloc'd memory).
+struct FastMod {
+    uint64_t n = 0, mask = 0, m_hi = 0, m_lo = 0;
+    bool pow2 = false;
+
+    void set(uint64_t divisor) {
+        n = divisor;
+        pow2 = (divisor & (divisor - 1)) == 0;
+        mask = divisor - 1;
+        if (!pow2) {
+            unsigned __int128 m = ~static_cast<unsigned __int128>(0) / divisor + 1;
+            m_hi = static_cast<uint64_t>(m >> 64);
+            m_lo = static_cast<uint64_t>(m);
+        }
+    }
+
+    uint64_t mod(uint64_t h) const {
+        if (pow2) return h & mask;
+        unsigned __int128 m = (static_cast<unsigned __int128>(m_hi) << 64) | m_lo;
+        unsigned __int128 low = m * h;  // mod 2^128
+        unsigned __int128 bottom = (static_cast<unsigned __int128>(static_cast<uint64_t>(low)) * n) >> 64;
+        unsigned __int128 top = static_cast<unsigned __int128>(static_cast<uint64_t>(low >> 64)) * n;
+        return static_cast<uint64_t>((bottom + top) >> 64);
+    }
+};
 
 // Lamping & Veach, "A Fast, Minimal Memory, Consistent Hash Algorithm"
 // (2014), with their LCG constant; n must be >= 1.
