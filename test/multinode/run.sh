@@ -130,6 +130,9 @@ CREATE FUNCTION get_documents(workspace_id text) RETURNS TABLE(id bigint, body t
     SELECT d.id, d.body FROM documents AS d WHERE d.workspace_id = \$1 ORDER BY d.id
 \$\$;
 CREATE FUNCTION count_all() RETURNS bigint LANGUAGE sql STABLE AS \$\$ SELECT count(*) FROM documents \$\$;
+-- Which connection string the proxy used to reach us.
+CREATE FUNCTION remote_application_name(workspace_id text) RETURNS text
+    LANGUAGE sql STABLE AS \$\$ SELECT current_setting('application_name') \$\$;
 -- SQLSTATE of a statement ('' if it succeeds).
 CREATE FUNCTION sqlstate_of(query text) RETURNS text LANGUAGE plpgsql AS \$\$
 BEGIN
@@ -175,6 +178,11 @@ CREATE FUNCTION count_all() RETURNS SETOF bigint
     LANGUAGE plproxy AS \$\$
     CLUSTER 'docs';
     RUN ON ALL;
+\$\$;
+CREATE FUNCTION remote_application_name(workspace_id text) RETURNS text
+    LANGUAGE plproxy AS \$\$
+    CLUSTER 'docs';
+    RUN ON sharding.partition_for('docs', workspace_id);
 \$\$;
 
 -- A client that keeps writing while a shard moves: one backend, one commit
@@ -273,6 +281,17 @@ whale=$(for n in "${NODES[@]}"; do printf '%s=%s ' "$n" "$(q "$n" data -c "SELEC
 check "the pinned whale lands only on n4, which owns no logical shard" "n1=0 n2=0 n3=0 n4=300" "${whale% }"
 check "n4 holds nothing but the whale, and get_documents finds all of it" "300|300" \
     "$(q n4 data -c 'SELECT count(*) FROM documents')|$(q n1 proxy -c "SELECT count(*) FROM get_documents('whale')")"
+
+# A new DSN reaches a running proxy session on its next call: the same
+# backend asks n4 which application_name it connected with, before and after
+# add_node changes n4's connection string.
+dsn_seen=$(q n1 proxy <<SQL | paste -sd'|'
+SELECT '[' || remote_application_name('whale') || ']';
+SELECT sharding.add_node('n4', '${DSN[n4]} application_name=relocated');
+SELECT '[' || remote_application_name('whale') || ']';
+SQL
+)
+check "add_node's new DSN for n4 is used by a running proxy session on its next call" "[]||[relocated]" "$dsn_seen"
 
 # ---------------------------------------------------------------- moving shard 0 (n1 -> n2) under writes
 SHARD=0
