@@ -27,12 +27,12 @@ DECLARE
     changed boolean := false;
 BEGIN
     IF add_node.node IS NULL OR add_node.node = '' THEN
-        RAISE EXCEPTION 'node name must be a non-empty string, got %',
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %',
                 coalesce(quote_literal(add_node.node), 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF add_node.dsn IS NULL OR btrim(add_node.dsn) = '' THEN
-        RAISE EXCEPTION 'connection string of node "%" must be a non-empty string, got %',
+        RAISE EXCEPTION 'connection string of node "%" must not be empty or NULL, got %',
                 add_node.node, coalesce(quote_literal(add_node.dsn), 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
