@@ -61,6 +61,7 @@ cleanup() {
     rm -rf "$ROOT"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # q NODE DB [psql args]: psql on an instance's socket, stop at the first error.
 q() {
