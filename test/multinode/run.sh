@@ -32,6 +32,7 @@ fails=0
 ok() { t=$((t + 1)); echo "ok $t - $*"; }
 not_ok() { t=$((t + 1)); fails=$((fails + 1)); echo "not ok $t - $*"; }
 diag() { echo "# $*"; }
+elapsed() { awk -v s="$started" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
 # check DESCRIPTION EXPECTED ACTUAL
 check() {
     if [ "$2" = "$3" ]; then ok "$1"; else
@@ -98,6 +99,7 @@ for n in "${NODES[@]}"; do
     fi
 done
 
+diag "$(elapsed) s: data nodes"
 # ---------------------------------------------------------------- data nodes
 setup_data_node() {
     local n=$1
@@ -239,6 +241,7 @@ check "13 PL/Proxy partitions: 12 logical shards, then the pin-only node n4" \
     "$(q n1 proxy -c "SELECT count(*), (array_agg(p))[1], (array_agg(p))[13], sharding.partition_for('docs', 'whale')
                        FROM plproxy.get_cluster_partitions('docs') AS p")"
 
+diag "$(elapsed) s: 10,000 documents"
 # ---------------------------------------------------------------- 10,000 documents
 ws_expr="'ws-' || lpad((i % 200)::text, 3, '0')"
 load_out=$(q n1 proxy 2>&1 <<SQL
@@ -277,6 +280,7 @@ check "get_documents finds every document of every workspace" "10000|10000|t" \
 check "count_all runs once per instance (RUN ON ALL) and sums to 10,300" "4|10300" \
     "$(q n1 proxy -c 'SELECT count(*), sum(c) FROM count_all() AS c')"
 
+diag "$(elapsed) s: the whale"
 # ---------------------------------------------------------------- the whale
 whale=$(for n in "${NODES[@]}"; do printf '%s=%s ' "$n" "$(q "$n" data -c "SELECT count(*) FROM documents WHERE workspace_id = 'whale'")"; done)
 check "the pinned whale lands only on n4, which owns no logical shard" "n1=0 n2=0 n3=0 n4=300" "${whale% }"
@@ -403,8 +407,9 @@ check "on n1, a direct write to the moved shard is refused (55000)" 55000 \
 check "on n2, the new epoch passes the fence and the old one does not" "|55000" \
     "$(q n2 data -c "SELECT sqlstate_of(\$\$SELECT sharding.fence('docs', $SHARD, 2)\$\$) || '|' || sqlstate_of(\$\$SELECT sharding.fence('docs', $SHARD, 1)\$\$)")"
 
+diag "$(elapsed) s: latency"
 # ---------------------------------------------------------------- latency
-# Median of 3 pgbench runs of 2,000 calls each: get_documents of one
+# Median of 3 pgbench runs of 1,000 calls each: get_documents of one
 # workspace (50 rows) through the proxy, and the same call directly on the
 # data node that owns it.
 ws_bench=ws-005
@@ -413,7 +418,7 @@ echo "SELECT * FROM get_documents('$ws_bench');" >"$ROOT/bench.sql"
 median_latency() {
     local n=$1 db=$2 runs=()
     for _ in 1 2 3; do
-        runs+=("$(pgbench -n -t 2000 -f "$ROOT/bench.sql" -h "${DIR[$n]}" -p "${PORT[$n]}" -U postgres "$db" 2>/dev/null |
+        runs+=("$(pgbench -n -t 1000 -f "$ROOT/bench.sql" -h "${DIR[$n]}" -p "${PORT[$n]}" -U postgres "$db" 2>/dev/null |
             sed -n 's/^latency average = \([0-9.]*\) ms$/\1/p')")
     done
     printf '%s\n' "${runs[@]}" | sort -n | sed -n 2p
@@ -427,6 +432,6 @@ else
     not_ok "latency measured with pgbench (proxy '${via_proxy}', direct '${direct}')"
 fi
 
-diag "multinode harness took $(awk -v s="$started" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }') s"
+diag "multinode harness took $(elapsed) s"
 echo "1..$t"
 [ "$fails" -eq 0 ]
