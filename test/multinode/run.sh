@@ -314,7 +314,7 @@ q n1 proxy >"$writer_out" 2>&1 <<SQL &
 CALL write_docs(30001, 800, string_to_array('$ws_list', ','));
 DO \$\$
 BEGIN
-    FOR i IN 1 .. 1000 LOOP
+    FOR i IN 1 .. 6000 LOOP
         EXIT WHEN (SELECT node FROM sharding.shards WHERE map = 'docs' AND logical = $SHARD) = 'n2';
         PERFORM pg_sleep(0.01);
     END LOOP;
