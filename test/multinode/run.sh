@@ -427,7 +427,7 @@ via_proxy=$(median_latency n1 proxy)
 direct=$(median_latency "$owner" data)
 if [ -n "$via_proxy" ] && [ -n "$direct" ]; then
     ratio=$(awk -v a="$via_proxy" -v b="$direct" 'BEGIN { printf "%.1f", a / b }')
-    ok "latency per call: ${via_proxy} ms through the proxy, ${direct} ms direct on $owner (ratio ${ratio})"
+    ok "latency per call: ${via_proxy} ms through the proxy, ${direct} ms direct on $owner (ratio ${ratio}; load average $(cut -d' ' -f1 /proc/loadavg) on $(nproc) CPUs)"
 else
     not_ok "latency measured with pgbench (proxy '${via_proxy}', direct '${direct}')"
 fi
