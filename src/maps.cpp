@@ -202,6 +202,11 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
 // The routes of the map named by `map`: the previous call's map when it is
 // still valid (no allocation), else the cache, else a build.
 inline const MapRoutes &routes_for(text *map) {
+    // Take in invalidations committed since the last call even inside a
+    // transaction, so that a committed change is seen by the very next call,
+    // not only at the next transaction or lock. It costs one unlocked flag
+    // test when there is nothing to read.
+    AcceptInvalidationMessages();
     const char *name = VARDATA_ANY(map);
     const size_t len = VARSIZE_ANY_EXHDR(map);
     const MapRoutes *m = last;
