@@ -30,26 +30,39 @@ PG_CPPFLAGS += -DSHARDING_XXH_LINKED
 SHLIB_LINK += -lxxhash
 endif
 
-# Sanitizer build (see README, "Sanitizers"): make SANITIZE=1
-ifeq ($(SANITIZE),1)
-PG_CXXFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-SHLIB_LINK += -fsanitize=address,undefined
+# Sanitizer build (see README, "Sanitizers"): make SANITIZE=undefined, or
+# SANITIZE=address,undefined where the ASan runtime can be preloaded.
+ifneq ($(SANITIZE),)
+PG_CXXFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+SHLIB_LINK += -fsanitize=$(SANITIZE)
 endif
 
 # No LLVM bitcode: JIT inlining of these functions is not worth requiring
 # clang on every build machine.
 override with_llvm = no
 
-EXTRA_CLEAN = results regression.diffs regression.out
+EXTRA_CLEAN = results regression.diffs regression.out .build-flags
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
+# Objects are rebuilt whenever the build variant (SANITIZE, XXHASH) changes,
+# so a sanitizer build can never be linked half-instrumented.
+# (Written while parsing: PGXS declares .SECONDARY, so make would never
+# remake a missing stamp.)
+BUILD_FLAGS := sanitize=$(SANITIZE) xxhash=$(XXHASH)
+ifneq ($(BUILD_FLAGS),$(shell cat .build-flags 2>/dev/null))
+$(shell echo '$(BUILD_FLAGS)' > .build-flags)
+endif
+$(OBJS): .build-flags src/*.hpp
+
 sql/sharding--$(EXTVERSION).sql: $(INSTALL_PARTS) sharding.control
 	cat $(INSTALL_PARTS) > $@
 
-.PHONY: test demo
+.PHONY: test demo sanitize
 test:
 	bash test/run.sh
+sanitize:
+	bash test/sanitize.sh
 demo:
 	bash demo/run.sh
