@@ -110,25 +110,30 @@ void reset_entry(QueueEntry *e) {
     e->valid = false;
 }
 
+// The table's quoted, schema-qualified name (palloc'd).
+const char *qualified_name(Oid relid) {
+    return quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid));
+}
+
 // Checks that column `col` exists with type `type`; returns false if it is
 // missing and `optional`.
-bool check_column(Oid relid, const char *col, Oid type, bool optional) {
+bool check_column(Oid relid, const char *qname, const char *col, Oid type, bool optional) {
     AttrNumber att = get_attnum(relid, col);
     if (att == InvalidAttrNumber) {
         if (optional) return false;
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s lacks column \"%s\" of type %s",
-                       get_rel_name(relid), col, format_type_be(type));
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s lacks column \"%s\" of type %s", qname, col,
+                       format_type_be(type));
     }
     Oid actual = get_atttype(relid, att);
     if (actual != type)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"%s\" of queue table %s has type %s, not %s",
-                       col, get_rel_name(relid), format_type_be(actual), format_type_be(type));
+                       col, qname, format_type_be(actual), format_type_be(type));
     return true;
 }
 
 // The contract's "id bigint primary key": a unique, non-partial index on id
 // alone, without which one claimed id could update several rows.
-void check_unique_id(Oid relid) {
+void check_unique_id(Oid relid, const char *qname) {
     AttrNumber id_att = get_attnum(relid, "id");
     Relation rel = table_open(relid, NoLock);
     List *indexes = RelationGetIndexList(rel);
@@ -148,7 +153,7 @@ void check_unique_id(Oid relid) {
     table_close(rel, NoLock);
     if (!found)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
-                       "queue table %s has no primary key or unique index on column \"id\"", get_rel_name(relid));
+                       "queue table %s has no primary key or unique index on column \"id\"", qname);
 }
 
 // Reads the queue's max_attempts from sharding.queue_settings (by name, so
@@ -187,12 +192,12 @@ QueueEntry *lookup(Oid relid) {
         sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
     char kind = get_rel_relkind(relid);
     if (kind != RELKIND_RELATION && kind != RELKIND_PARTITIONED_TABLE)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue \"%s\" is not a table", get_rel_name(relid));
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue %s is not a table", qualified_name(relid));
     // SECURITY INVOKER: refuse early, before taking a lock, if the caller
     // may not update the table. The executor checks again, column by column.
     if (pg_class_aclcheck(relid, GetUserId(), ACL_UPDATE) != ACLCHECK_OK)
         sharding::fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for queue table %s",
-                       get_rel_name(relid));
+                       qualified_name(relid));
     LockRelationOid(relid, RowExclusiveLock);
 
     bool found;
@@ -203,17 +208,17 @@ QueueEntry *lookup(Oid relid) {
     if (e->valid) return e;
     reset_entry(e);
 
-    check_column(relid, "id", INT8OID, false);
-    check_column(relid, "status", TEXTOID, false);
-    check_column(relid, "owner", TEXTOID, false);
-    check_column(relid, "claim_expires", TIMESTAMPTZOID, false);
-    check_column(relid, "created", TIMESTAMPTZOID, false);
-    e->has_attempts = check_column(relid, "attempts", INT4OID, true);
-    check_unique_id(relid);
+    const char *qname = qualified_name(relid);
+    check_column(relid, qname, "id", INT8OID, false);
+    check_column(relid, qname, "status", TEXTOID, false);
+    check_column(relid, qname, "owner", TEXTOID, false);
+    check_column(relid, qname, "claim_expires", TIMESTAMPTZOID, false);
+    check_column(relid, qname, "created", TIMESTAMPTZOID, false);
+    e->has_attempts = check_column(relid, qname, "attempts", INT4OID, true);
+    check_unique_id(relid, qname);
     load_settings(e);
     if (!e->has_attempts) e->has_max_attempts = false;
-    e->name = MemoryContextStrdup(
-        queue_cxt, quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid)));
+    e->name = MemoryContextStrdup(queue_cxt, qname);
     e->valid = true;  // last: a failure above leaves the entry stale
     return e;
 }
@@ -357,7 +362,7 @@ char *shard_filter(Oid relid, const char *column) {
     AttrNumber att = get_attnum(relid, column);
     if (att == InvalidAttrNumber)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s lacks key column \"%s\"",
-                       get_rel_name(relid), column);
+                       qualified_name(relid), column);
     Oid type = getBaseType(get_atttype(relid, att));
     switch (type) {
         case TEXTOID:
@@ -373,7 +378,7 @@ char *shard_filter(Oid relid, const char *column) {
             sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
                            "key column \"%s\" of queue table %s has type %s, not a shard key type "
                            "(text, bytea, smallint, integer, bigint or uuid)",
-                           column, get_rel_name(relid), format_type_be(type));
+                           column, qualified_name(relid), format_type_be(type));
     }
     return psprintf("AND sharding.shard_of(%s, $6) = ANY ($5)", quote_identifier(column));
 }
