@@ -262,8 +262,16 @@ END $$;
 SELECT pg_temp.scans($$EXPLAIN (COSTS OFF) EXECUTE claim_stmt('w', 10, '5 minutes', NULL)$$) AS generic;
 SET plan_cache_mode = force_custom_plan;
 SELECT pg_temp.scans($$EXPLAIN (COSTS OFF) EXECUTE claim_stmt('w', 10, '5 minutes', 3)$$) AS custom;
+-- With max_attempts the claim also moves exhausted expired jobs to failed:
+-- one more index path.
+SELECT sharding.set_max_attempts('jobs', 3);
+SELECT format('PREPARE claim_max(text, integer, interval, integer) AS %s', sharding._queue_sql('jobs', 'claim')) \gexec
+SET plan_cache_mode = force_generic_plan;
+SELECT pg_temp.scans($$EXPLAIN (COSTS OFF) EXECUTE claim_max('w', 10, '5 minutes', 3)$$) AS generic_max_attempts;
+SELECT sharding.set_max_attempts('jobs', NULL);
 RESET plan_cache_mode;
 DEALLOCATE claim_stmt;
+DEALLOCATE claim_max;
 -- And the real calls scan no table sequentially.
 SELECT pg_stat_force_next_flush();
 SELECT seq_scan AS seq_before FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass \gset

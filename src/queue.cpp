@@ -223,8 +223,12 @@ QueueEntry *lookup(Oid relid) {
     return e;
 }
 
+// Prepares and keeps a statement. Always a generic plan: these statements
+// are not parameter-sensitive (the partial indexes serve any value), and a
+// custom plan per call would cost more planning than executing; with
+// LIMIT $2 the plan cache would otherwise keep choosing custom plans.
 SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
-    SPIPlanPtr p = SPI_prepare(sql, nargs, types);
+    SPIPlanPtr p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
     if (p == nullptr) elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql, SPI_result_code_string(SPI_result));
     SPI_keepplan(p);
     return p;
@@ -238,20 +242,21 @@ SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
 // partial indexes create_queue makes: (created, id) WHERE status =
 // 'pending' and (claim_expires) WHERE status = 'processing'), each locked
 // with SKIP LOCKED and limited to batch; the oldest batch of both is then
-// updated. Every CTE is MATERIALIZED, so the LIMITs are evaluated once: a
-// claim never takes more than batch rows.
+// updated. The CTEs are MATERIALIZED and the final pick is an InitPlan, so
+// every LIMIT is evaluated once: a claim never takes more than batch rows.
 char *claim_sql(const QueueEntry *e, const char *shard_filter) {
     const char *f = shard_filter ? shard_filter : "";
     StringInfoData s;
     initStringInfo(&s);
     appendStringInfoString(&s, "WITH ");
-    if (e->has_attempts) {
+    if (e->has_max_attempts) {
         // Expired leases that used up max_attempts go to failed, not to a
-        // worker.
+        // worker. Only in queues with max_attempts set: an idle
+        // data-modifying CTE still costs its executor setup on every call.
         appendStringInfo(&s,
                          "reaped AS (UPDATE %s AS sharding_reaped SET status = 'failed' "
-                         "WHERE sharding_reaped.id IN (SELECT id FROM %s WHERE $4 IS NOT NULL "
-                         "AND status = 'processing' AND claim_expires < now() AND attempts >= $4 %s "
+                         "WHERE sharding_reaped.id IN (SELECT id FROM %s "
+                         "WHERE status = 'processing' AND claim_expires < now() AND attempts >= $4 %s "
                          "FOR UPDATE SKIP LOCKED)), ",
                          e->name, e->name, f);
     }
@@ -259,17 +264,21 @@ char *claim_sql(const QueueEntry *e, const char *shard_filter) {
                      "expired AS MATERIALIZED (SELECT id, created FROM %s "
                      "WHERE status = 'processing' AND claim_expires < now() %s %s "
                      "ORDER BY created, id LIMIT $2 FOR UPDATE SKIP LOCKED), ",
-                     e->name, e->has_attempts ? "AND ($4 IS NULL OR attempts IS NULL OR attempts < $4)" : "", f);
+                     e->name, e->has_max_attempts ? "AND (attempts IS NULL OR attempts < $4)" : "", f);
     appendStringInfo(&s,
                      "fresh AS MATERIALIZED (SELECT id, created FROM %s WHERE status = 'pending' %s "
-                     "ORDER BY created, id LIMIT $2 FOR UPDATE SKIP LOCKED), ",
+                     "ORDER BY created, id LIMIT $2 FOR UPDATE SKIP LOCKED) ",
                      e->name, f);
-    appendStringInfoString(&s,
-                           "pick AS MATERIALIZED (SELECT c.id FROM (SELECT id, created FROM expired "
-                           "UNION ALL SELECT id, created FROM fresh) AS c ORDER BY c.created, c.id LIMIT $2) ");
+    // The picked ids go to the UPDATE as one array (an InitPlan, computed
+    // once): a primary key lookup per id whatever the generic plan
+    // estimates, where a join on a CTE may become a merge join over the
+    // whole primary key.
     appendStringInfo(&s,
                      "UPDATE %s AS sharding_claimed SET owner = $1, claim_expires = now() + $3, "
-                     "status = 'processing'%s FROM pick WHERE sharding_claimed.id = pick.id "
+                     "status = 'processing'%s "
+                     "WHERE sharding_claimed.id = ANY ((SELECT array_agg(c.id) FROM "
+                     "(SELECT id, created FROM expired UNION ALL SELECT id, created FROM fresh "
+                     "ORDER BY created, id LIMIT $2) AS c)::bigint[]) "
                      "RETURNING sharding_claimed",
                      e->name, e->has_attempts ? ", attempts = coalesce(sharding_claimed.attempts, 0) + 1" : "");
     return s.data;
