@@ -42,6 +42,13 @@ SELECT status, owner, count(*), min(id), max(id) FROM jobs GROUP BY 1, 2 ORDER B
 SELECT count(*) AS rest, min(id), max(id), bool_and(owner = 'w3') AS all_w3
   FROM sharding.claim(NULL::jobs, 'w3');
 SELECT count(*) AS nothing_left FROM sharding.claim(NULL::jobs, 'w4', 5);
+-- A large (TOASTed) payload comes back whole.
+INSERT INTO jobs (id, key, payload)
+SELECT 50, 'big', jsonb_build_object('blob', string_agg(md5(g::text), '')) FROM generate_series(1, 5000) g;
+SELECT id, pg_column_size(payload) > 8000 AS large,
+       md5(payload::text) = (SELECT md5(payload::text) FROM jobs WHERE id = 50) AS intact
+  FROM sharding.claim(NULL::jobs, 'big', 5);
+SELECT sharding.complete('jobs', 50, 'big') AS big_done;
 
 -- complete, with and without the attempt fence.
 SELECT sharding.complete('jobs', 10, 'w1') AS own,

@@ -24,6 +24,7 @@ extern "C" {
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
+#include "executor/tstoreReceiver.h"
 #include "lib/stringinfo.h"
 #include "storage/lmgr.h"
 #include "utils/acl.h"
@@ -279,7 +280,7 @@ char *claim_sql(const QueueEntry *e, const char *shard_filter) {
                      "WHERE sharding_claimed.id = ANY ((SELECT array_agg(c.id) FROM "
                      "(SELECT id, created FROM expired UNION ALL SELECT id, created FROM fresh "
                      "ORDER BY created, id LIMIT $2) AS c)::bigint[]) "
-                     "RETURNING sharding_claimed",
+                     "RETURNING sharding_claimed.*",
                      e->name, e->has_attempts ? ", attempts = coalesce(sharding_claimed.attempts, 0) + 1" : "");
     return s.data;
 }
@@ -487,30 +488,41 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
     Datum values[6] = {PG_GETARG_DATUM(1), Int32GetDatum(batch), lease, Int32GetDatum(e->max_attempts), shards,
                        Int32GetDatum(shard_count)};
     char nulls[6] = {' ', ' ', ' ', e->has_max_attempts ? ' ' : 'n', ' ', ' '};
-    int rc = SPI_execute_plan(plan, values, nulls, false, 0);
+    Oid types[6] = {TEXTOID, INT4OID, INTERVALOID, INT4OID, INT4ARRAYOID, INT4OID};
+    ParamListInfo params = makeParamList(6);
+    params->numParams = by_shard ? 6 : 4;
+    for (int i = 0; i < params->numParams; i++) {
+        params->params[i].value = values[i];
+        params->params[i].isnull = nulls[i] == 'n';
+        params->params[i].pflags = PARAM_FLAG_CONST;
+        params->params[i].ptype = types[i];
+    }
+
+    // The claimed rows go straight from the UPDATE's RETURNING into the
+    // result tuplestore, mapped onto the table's row type (which still
+    // counts dropped columns). Not detoasted (the receiver cannot map and
+    // detoast at once): the calling query reads them in this transaction,
+    // which holds a lock on the table, so their TOAST values stay.
+    MemoryContext per_query = rsinfo->econtext->ecxt_per_query_memory;
+    MemoryContext old = MemoryContextSwitchTo(per_query);
+    TupleDesc desc = lookup_rowtype_tupdesc_copy(typid, -1);
+    Tuplestorestate *store =
+        tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0, false, work_mem);
+    MemoryContextSwitchTo(old);
+    DestReceiver *dest = CreateDestReceiver(DestTuplestore);
+    SetTuplestoreDestReceiverParams(dest, store, per_query, false, desc,
+                                    "claimed rows do not match the row type of the queue table");
+    SPIExecuteOptions options;
+    memset(&options, 0, sizeof options);
+    options.params = params;
+    options.dest = dest;
+    int rc = SPI_execute_plan_extended(plan, &options);
     if (rc != SPI_OK_UPDATE_RETURNING) elog(ERROR, "claim failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     // Defence in depth for the contract's "never more than batch".
     if (n > static_cast<uint64>(batch))
         elog(ERROR, "claim took %llu rows for a batch of %d", static_cast<unsigned long long>(n), batch);
-
-    MemoryContext old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-    TupleDesc desc = lookup_rowtype_tupdesc_copy(typid, -1);
-    Tuplestorestate *store =
-        tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0, false, work_mem);
-    MemoryContextSwitchTo(old);
-    for (uint64 i = 0; i < n; i++) {
-        bool isnull;
-        Datum row = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
-        if (isnull) continue;
-        HeapTupleHeader th = DatumGetHeapTupleHeader(row);
-        HeapTupleData tuple;
-        tuple.t_len = HeapTupleHeaderGetDatumLength(th);
-        ItemPointerSetInvalid(&tuple.t_self);
-        tuple.t_tableOid = InvalidOid;
-        tuple.t_data = th;
-        tuplestore_puttuple(store, &tuple);
-    }
+    dest->rDestroy(dest);
     SPI_finish();
     rsinfo->returnMode = SFRM_Materialize;
     rsinfo->setResult = store;
