@@ -304,9 +304,21 @@ SET ROLE queue_worker;
 SELECT count(*) AS worker_claims FROM sharding.claim(NULL::jobs, 'ok', 2);
 RESET ROLE;
 SELECT count(*) AS unchanged FROM jobs WHERE owner = 'r';
-REVOKE ALL ON jobs FROM queue_reader, queue_worker;
+-- Column privileges suffice when they cover what the statements write.
+CREATE ROLE queue_columns;
+GRANT SELECT, UPDATE (status, owner, claim_expires, attempts) ON jobs TO queue_columns;
+SET ROLE queue_columns;
+SELECT count(*) AS column_grant_claims FROM sharding.claim(NULL::jobs, 'cols', 2);
+SELECT sharding.complete('jobs', ARRAY(SELECT id FROM jobs WHERE owner = 'cols'), 'cols') AS column_grant_completes;
+RESET ROLE;
+REVOKE UPDATE (attempts) ON jobs FROM queue_columns;
+SET ROLE queue_columns;
+SELECT pg_temp.err($$SELECT * FROM sharding.claim(NULL::jobs, 'cols', 2)$$) AS attempts_not_granted;
+RESET ROLE;
+REVOKE ALL ON jobs FROM queue_reader, queue_worker, queue_columns;
 DROP ROLE queue_reader;
 DROP ROLE queue_worker;
+DROP ROLE queue_columns;
 
 -- Every function of this section has a comment and a pinned search_path
 -- (create_queue resolves its name against the caller's path on purpose).

@@ -195,8 +195,10 @@ QueueEntry *lookup(Oid relid) {
     if (kind != RELKIND_RELATION && kind != RELKIND_PARTITIONED_TABLE)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue %s is not a table", qualified_name(relid));
     // SECURITY INVOKER: refuse early, before taking a lock, if the caller
-    // may not update the table. The executor checks again, column by column.
-    if (pg_class_aclcheck(relid, GetUserId(), ACL_UPDATE) != ACLCHECK_OK)
+    // may update neither the table nor any of its columns. The executor
+    // checks again, column by column.
+    if (pg_class_aclcheck(relid, GetUserId(), ACL_UPDATE) != ACLCHECK_OK &&
+        pg_attribute_aclcheck_all(relid, GetUserId(), ACL_UPDATE, ACLMASK_ANY) != ACLCHECK_OK)
         sharding::fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for queue table %s",
                        qualified_name(relid));
     LockRelationOid(relid, RowExclusiveLock);
@@ -332,6 +334,11 @@ char *statement_sql(const QueueEntry *e, PlanKind kind) {
     return s.data;
 }
 
+void connect_spi() {
+    int rc = SPI_connect();
+    if (rc != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
+}
+
 SPIPlanPtr plan_for(QueueEntry *e, PlanKind kind) {
     if (e->plans[kind] != nullptr) return e->plans[kind];
     Oid types[6];
@@ -428,7 +435,7 @@ Datum check_lease(FunctionCallInfo fcinfo, int argno) {
 
 // Runs a fenced single-row statement and reports whether it changed a row.
 bool run_fenced(Oid relid, PlanKind kind, Datum *values, const char *nulls) {
-    SPI_connect();
+    connect_spi();
     QueueEntry *e = lookup(relid);
     if ((kind == CompleteAttemptPlan || kind == ExtendAttemptPlan) && !e->has_attempts)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s has no attempts column to check attempt %d",
@@ -482,7 +489,7 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
         key_column = NameStr(*PG_GETARG_NAME(6));
     }
 
-    SPI_connect();
+    connect_spi();
     QueueEntry *e = lookup(relid);
     SPIPlanPtr plan = by_shard ? shard_plan_for(e, key_column) : plan_for(e, ClaimPlan);
     Datum values[6] = {PG_GETARG_DATUM(1), Int32GetDatum(batch), lease, Int32GetDatum(e->max_attempts), shards,
@@ -583,7 +590,7 @@ SHARDING_FUNCTION(complete_many) {
     require(fcinfo, 1, "ids");
     require(fcinfo, 2, "worker");
     Datum values[2] = {PG_GETARG_DATUM(1), PG_GETARG_DATUM(2)};
-    SPI_connect();
+    connect_spi();
     QueueEntry *e = lookup(relid);
     int rc = SPI_execute_plan(plan_for(e, CompleteManyPlan), values, nullptr, false, 0);
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
@@ -605,7 +612,7 @@ SHARDING_FUNCTION(fail) {
     require(fcinfo, 2, "worker");
     require(fcinfo, 3, "retry");
     bool attempt = !PG_ARGISNULL(4);
-    SPI_connect();
+    connect_spi();
     QueueEntry *e = lookup(relid);
     Datum values[5] = {PG_GETARG_DATUM(1), PG_GETARG_DATUM(2), PG_GETARG_DATUM(3), Int32GetDatum(e->max_attempts),
                        attempt ? PG_GETARG_DATUM(4) : 0};
@@ -646,7 +653,7 @@ SHARDING_FUNCTION(_queue_sql) {
     Oid relid = queue_arg(fcinfo);
     require(fcinfo, 1, "kind");
     char *kind = text_to_cstring(PG_GETARG_TEXT_PP(1));
-    SPI_connect();
+    connect_spi();
     QueueEntry *e = lookup(relid);
     char *sql;
     if (strcmp(kind, "claim") == 0)
