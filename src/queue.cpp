@@ -62,6 +62,7 @@ enum PlanKind {
 struct QueueEntry {
     Oid relid;  // hash key
     bool valid;
+    bool stale;  // set by the callback; a build it interrupts is not valid
     bool has_attempts;
     bool has_max_attempts;
     int32 max_attempts;
@@ -82,9 +83,13 @@ void queue_relcache_callback(Datum, Oid relid) {
     if (relid == InvalidOid) {
         HASH_SEQ_STATUS seq;
         hash_seq_init(&seq, queue_cache);
-        while (QueueEntry *e = static_cast<QueueEntry *>(hash_seq_search(&seq))) e->valid = false;
+        while (QueueEntry *e = static_cast<QueueEntry *>(hash_seq_search(&seq))) {
+            e->valid = false;
+            e->stale = true;
+        }
     } else if (QueueEntry *e = static_cast<QueueEntry *>(hash_search(queue_cache, &relid, HASH_FIND, nullptr))) {
         e->valid = false;
+        e->stale = true;
     }
 }
 
@@ -210,6 +215,7 @@ QueueEntry *lookup(Oid relid) {
     }
     if (e->valid) return e;
     reset_entry(e);
+    e->stale = false;
 
     const char *qname = qualified_name(relid);
     check_column(relid, qname, "id", INT8OID, false);
@@ -222,7 +228,10 @@ QueueEntry *lookup(Oid relid) {
     load_settings(e);
     if (!e->has_attempts) e->has_max_attempts = false;
     e->name = MemoryContextStrdup(queue_cxt, qname);
-    e->valid = true;  // last: a failure above leaves the entry stale
+    // Last: a failure above leaves the entry invalid, and so does an
+    // invalidation that arrived while it was being built (this call uses
+    // it; the next one rebuilds it).
+    e->valid = !e->stale;
     return e;
 }
 
