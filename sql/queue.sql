@@ -320,6 +320,14 @@ DROP ROLE queue_reader;
 DROP ROLE queue_worker;
 DROP ROLE queue_columns;
 
+-- The signatures, parameter names and defaults are the contract's.
+SELECT p.proname || '(' || pg_get_function_arguments(p.oid) || ') -> ' || pg_get_function_result(p.oid) AS signature,
+       p.provolatile AS vol, p.proisstrict AS strict, p.proparallel AS par
+  FROM pg_proc p
+ WHERE p.pronamespace = 'sharding'::regnamespace
+   AND p.proname IN ('create_queue', 'claim', 'claim_shards', 'complete', 'fail', 'extend_lease',
+                     'set_max_attempts', 'queue_stats', 'enqueue')
+ ORDER BY 1;
 -- Every function of this section has a comment and a pinned search_path
 -- (create_queue resolves its name against the caller's path on purpose).
 SELECT p.oid::regprocedure AS function, obj_description(p.oid, 'pg_proc') IS NOT NULL AS commented,
