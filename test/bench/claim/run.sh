@@ -52,7 +52,9 @@ TRUNCATE $1;
 INSERT INTO $1 (key, payload, status, owner, created, attempts)
 SELECT 'done-' || g, '{"x": 1}', 'done', 'old', now() - interval '1 day', 1 FROM generate_series(1, $DONE_ROWS) g;
 INSERT INTO $1 (key, payload) SELECT 'job-' || g, '{"x": 1}' FROM generate_series(1, $2) g;
-UPDATE $1 SET status = 'processing', owner = 'slow', claim_expires = now() + interval '1 hour', attempts = 1
+-- (older than every pending job, as long-running jobs are)
+UPDATE $1 SET status = 'processing', owner = 'slow', claim_expires = now() + interval '1 hour', attempts = 1,
+       created = now() - interval '1 hour'
  WHERE id IN (SELECT id FROM $1 WHERE status = 'pending' ORDER BY created, id LIMIT $3);
 VACUUM ANALYZE $1;
 CHECKPOINT;
