@@ -33,6 +33,7 @@ BEGIN
 END \$\$;
 CREATE TRIGGER audit AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION audit_jobs();
 CREATE TABLE claim_log (worker text, batch integer, claimed integer, completed integer);
+CREATE TABLE ready (worker text);
 INSERT INTO jobs (key, payload) SELECT 'job-' || g, jsonb_build_object('n', g) FROM generate_series(1, $JOBS) g;
 SQL
 
@@ -48,6 +49,13 @@ DECLARE
     completed integer;
     empty integer := 0;
 BEGIN
+    -- Start together: the queue drains in about a second.
+    INSERT INTO ready VALUES ('$name');
+    COMMIT;
+    WHILE (SELECT count(*) FROM ready) < ${#BATCHES[@]} LOOP
+        PERFORM pg_sleep(0.01);
+        COMMIT;
+    END LOOP;
     LOOP
         SELECT array_agg(id) INTO ids FROM sharding.claim(NULL::jobs, '$name', $batch);
         claimed := coalesce(cardinality(ids), 0);
