@@ -9,6 +9,7 @@ OBJS = \
 	src/hash.o \
 	src/maps.o \
 	src/partitions.o \
+	src/queue.o \
 	src/rebalance.o \
 	src/route_cache.o
 

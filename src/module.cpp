@@ -10,9 +10,13 @@ void _PG_init(void);
 namespace sharding {
 // Per-topic initialisation hooks (cache callbacks and the like) are called
 // from here, once per backend.
+void queue_init();  // queue.cpp: relcache callback of the queue plan cache
 }
 
 /*
  * _PG_init: runs once when a backend loads sharding.so.
  */
-void _PG_init(void) { sharding::maps_init(); }
+void _PG_init(void) {
+    sharding::maps_init();
+    sharding::queue_init();
+}
