@@ -6,7 +6,8 @@ MODULE_big = sharding
 OBJS = \
 	src/boundary.o \
 	src/module.o \
-	src/hash.o
+	src/hash.o \
+	src/rank.o
 
 # The install script is assembled from one fragment per topic, in order.
 INSTALL_PARTS = $(sort $(wildcard sql/install/*.sql))

@@ -1,5 +1,6 @@
 // The loadable module: PostgreSQL's magic block and _PG_init.
 #include "pg.hpp"
+#include "rank.hpp"
 
 extern "C" {
 PG_MODULE_MAGIC;
@@ -15,4 +16,4 @@ namespace sharding {
 /*
  * _PG_init: runs once when a backend loads sharding.so.
  */
-void _PG_init(void) {}
+void _PG_init(void) { sharding::rank_init(); }
