@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 SRC=sharding_rank_dump_src
 DBS="sharding_rank_dump_plain sharding_rank_dump_custom sharding_rank_dump_table"
 WORK=$(mktemp -d)
-cleanup() { for d in $SRC $DBS; do dropdb --if-exists -q "$d" 2>/dev/null; done; rm -rf "$WORK"; }
+cleanup() { for d in $SRC $DBS; do dropdb --if-exists "$d" 2>/dev/null; done; rm -rf "$WORK"; }
 trap cleanup EXIT
 
 n=0 failed=0
@@ -16,7 +16,7 @@ ok() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok 
 is() { if [ "$1" = "$2" ]; then ok 0 "$3"; else ok 1 "$3"; echo "#   got: '$1'"; echo "#  want: '$2'"; fi; }
 echo "1..21"
 
-for d in $SRC $DBS; do dropdb --if-exists -q "$d" 2>/dev/null; done
+for d in $SRC $DBS; do dropdb --if-exists "$d" 2>/dev/null; done
 createdb $SRC || exit 1
 psql -XqAt -v ON_ERROR_STOP=1 -d $SRC >/dev/null <<'SQL' || { echo "Bail out! setup failed"; exit 1; }
 CREATE EXTENSION sharding;
