@@ -374,8 +374,12 @@ void bury(Column &c) {
 }
 void empty_graveyard() {
     if (graveyard == nullptr || active_calls > 1) return;
-    for (SPIPlanPtr p : graveyard->plans) SPI_freeplan(p);
-    for (MemoryContext m : graveyard->contexts) MemoryContextDelete(m);
+    if (graveyard->plans.empty() && graveyard->contexts.empty()) return;
+    Graveyard *g = graveyard;
+    pg_call([&] {
+        for (SPIPlanPtr p : g->plans) SPI_freeplan(p);
+        for (MemoryContext m : g->contexts) MemoryContextDelete(m);
+    });
     graveyard->plans.clear();
     graveyard->contexts.clear();
 }
@@ -407,11 +411,12 @@ struct Facts {
 Column &column_for(Oid relid, const char *colname, LOCKMODE mode) {
     pg_call([&] { LockRelationOid(relid, mode); });
     empty_graveyard();
-    const char *relname = pg_call([&] { return get_rel_name(relid); });
-    if (relname == nullptr) fail(ERRCODE_UNDEFINED_TABLE, "relation with OID %u does not exist", relid);
     AttrNumber attnum = pg_call([&] { return get_attnum(relid, colname); });
-    if (attnum <= 0)
+    if (attnum <= 0) {
+        const char *relname = pg_call([&] { return get_rel_name(relid); });
+        if (relname == nullptr) fail(ERRCODE_UNDEFINED_TABLE, "relation with OID %u does not exist", relid);
         fail(ERRCODE_UNDEFINED_COLUMN, "column \"%s\" of relation \"%s\" does not exist", colname, relname);
+    }
     if (columns == nullptr) columns = new ColumnMap();
     uint64 key = (static_cast<uint64>(relid) << 16) | static_cast<uint16>(attnum);
     Column &c = (*columns)[key];
