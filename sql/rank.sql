@@ -146,6 +146,26 @@ SELECT sharding.guard_rank('uk', 'status', ARRAY['a', 'b']);
 SELECT sharding.advance('uk', '00000000-0000-0000-0000-00000000000a'::uuid, 'b') AS uuid_key,
        sharding.advance('uk', '00000000-0000-0000-0000-00000000000B'::text, 'b') AS uuid_as_text;
 
+-- Partitioned tables: the guard is cloned to every partition, whatever its
+-- column numbers; guard_rank replaces and unguard_rank removes all clones.
+CREATE TABLE parts (id int PRIMARY KEY, status text) PARTITION BY RANGE (id);
+CREATE TABLE parts_1 PARTITION OF parts FOR VALUES FROM (0) TO (10);
+CREATE TABLE parts_2 (gone text, id int NOT NULL, status text);
+ALTER TABLE parts_2 DROP COLUMN gone;
+ALTER TABLE parts ATTACH PARTITION parts_2 FOR VALUES FROM (10) TO (20);
+INSERT INTO parts VALUES (1, 'a'), (15, 'a');
+SELECT sharding.guard_rank('parts', 'status', ARRAY['a', 'b']);
+SELECT sharding.guard_rank('parts', 'status', ARRAY['a', 'b', 'c']);
+SELECT tgrelid::regclass, tgattr FROM pg_trigger WHERE tgrelid::regclass::text LIKE 'parts%' ORDER BY 1;
+SELECT pg_temp.rows($$UPDATE parts SET status = 'c'$$) AS parts_fwd, pg_temp.rows($$UPDATE parts SET status = 'b'$$) AS parts_back;
+INSERT INTO parts VALUES (16, 'a');
+SELECT sharding.advance('parts', 15, 'a') AS parts_adv_back, sharding.advance('parts', 1, 'c') AS parts_adv_equal,
+       sharding.advance('parts', 16, 'b') AS parts_adv_fwd;
+SELECT pg_temp.err($$UPDATE parts SET status = 'z' WHERE id = 15$$);
+SELECT sharding.unguard_rank('parts', 'status');
+SELECT count(*) AS parts_triggers_left FROM pg_trigger WHERE tgrelid::regclass::text LIKE 'parts%';
+DROP TABLE parts;
+
 -- Enums: declared order, ADD VALUE BEFORE/AFTER respected ------------------
 CREATE TYPE ship_state AS ENUM ('preparing', 'shipped', 'delivered');
 CREATE TABLE eorders (id int PRIMARY KEY, status ship_state NOT NULL, note text);

@@ -391,7 +391,9 @@ struct ActiveCall {
     ActiveCall &operator=(const ActiveCall &) = delete;
 };
 
-using ColumnMap = CMap<uint64, Column>;
+// Keyed by table oid and column *name*: a hit needs no catalog lookup. A
+// rename invalidates the table's entries; the next call resolves the name again.
+using ColumnMap = CMap<std::string, Column>;
 ColumnMap *columns = nullptr;
 
 // The table's facts that a Column needs, gathered from the relcache.
@@ -409,18 +411,28 @@ struct Facts {
 
 // Column `colname` of table `relid`, locked in `mode` and rebuilt if stale.
 Column &column_for(Oid relid, const char *colname, LOCKMODE mode) {
+    // The lock also processes pending invalidations: a guard committed by
+    // another session is seen from here on.
     pg_call([&] { LockRelationOid(relid, mode); });
     empty_graveyard();
+    if (columns == nullptr) columns = new ColumnMap();
+    if (columns->size() >= 4096 && active_calls <= 1) {
+        // Many names seen (dropped tables, misspelt columns): start afresh.
+        // No call is running, so nothing refers to an entry.
+        for (auto &kv : *columns) bury(kv.second);
+        columns->clear();
+    }
+    std::string key(reinterpret_cast<const char *>(&relid), sizeof relid);
+    key += colname;
+    Column &c = (*columns)[key];
+    if (c.g.fresh()) return c;
+    c.g.valid = false;
     AttrNumber attnum = pg_call([&] { return get_attnum(relid, colname); });
     if (attnum <= 0) {
         const char *relname = pg_call([&] { return get_rel_name(relid); });
         if (relname == nullptr) fail(ERRCODE_UNDEFINED_TABLE, "relation with OID %u does not exist", relid);
         fail(ERRCODE_UNDEFINED_COLUMN, "column \"%s\" of relation \"%s\" does not exist", colname, relname);
     }
-    if (columns == nullptr) columns = new ColumnMap();
-    uint64 key = (static_cast<uint64>(relid) << 16) | static_cast<uint16>(attnum);
-    Column &c = (*columns)[key];
-    if (c.g.fresh()) return c;
 
     bury(c);
     c.g.valid = false;
@@ -578,7 +590,8 @@ void prepare_advance(Column &c) {
                 construct_array(k.rank_datum + r, n - r, ct.base, ct.typlen, ct.typbyval, ct.typalign));
         MemoryContextSwitchTo(old);
         if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-        SPIPlanPtr plan = SPI_prepare(sql, 3, argtypes);
+        // Always the generic plan (an index probe on the key): never planned again per call.
+        SPIPlanPtr plan = SPI_prepare_cursor(sql, 3, argtypes, CURSOR_OPT_GENERIC_PLAN);
         if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
         if (SPI_keepplan(plan) != 0) elog(ERROR, "SPI_keepplan failed");
         SPI_finish();
