@@ -63,6 +63,7 @@ namespace {
 
 MemoryContext rank_cxt = nullptr;  // "sharding rank cache", child of CacheMemoryContext
 uint64 enum_generation = 1;        // bumped by every pg_enum invalidation
+uint64 relcache_generation = 1;    // bumped by every relcache invalidation
 int active_calls = 0;              // rank_of / advance calls running in this backend
 
 // Allocates C++ containers of the caches in rank_cxt; throws bad_alloc
@@ -336,8 +337,12 @@ const Ranking &guard_for(TriggerData *td) {
         fail(ERRCODE_UNDEFINED_COLUMN, "rank guard \"%s\" on relation \"%s\" names no column of it", t->tgname,
              relname);
     Form_pg_attribute att = TupleDescAttr(desc, attnum - 1);
+    uint64 start = relcache_generation;
     build_ranking(g, RelationGetRelid(rel), attnum, att->atttypid, att->atttypmod, t->tgnargs, t->tgargs,
                   relname, NameStr(att->attname));
+    // An invalidation processed while building may have come too late for
+    // what was read: use the entry for this row, rebuild it for the next.
+    if (start != relcache_generation) g.valid = false;
     return g;
 }
 
@@ -427,6 +432,7 @@ Column &column_for(Oid relid, const char *colname, LOCKMODE mode) {
     Column &c = (*columns)[key];
     if (c.g.fresh()) return c;
     c.g.valid = false;
+    uint64 start = relcache_generation;
     AttrNumber attnum = pg_call([&] { return get_attnum(relid, colname); });
     if (attnum <= 0) {
         const char *relname = pg_call([&] { return get_rel_name(relid); });
@@ -502,6 +508,7 @@ Column &column_for(Oid relid, const char *colname, LOCKMODE mode) {
         c.g.ranks.clear();
         c.g.valid = true;
     }
+    if (start != relcache_generation) c.g.valid = false;  // see guard_for
     return c;
 }
 
@@ -606,6 +613,7 @@ bool int_type(Oid t) { return t == INT2OID || t == INT4OID || t == INT8OID; }
 // Invalidation callbacks: they only mark cache entries stale.
 extern "C" {
 static void rank_relcache_callback(Datum, Oid relid) {
+    relcache_generation++;
     if (guards != nullptr)
         for (auto &kv : *guards)
             if (relid == InvalidOid || kv.second.relid == relid) kv.second.valid = false;
