@@ -10,6 +10,7 @@ OBJS = \
 	src/maps.o \
 	src/partitions.o \
 	src/queue.o \
+	src/rank.o \
 	src/rebalance.o \
 	src/route_cache.o
 

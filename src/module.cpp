@@ -1,5 +1,5 @@
 // The loadable module: PostgreSQL's magic block and _PG_init.
-#include "maps.hpp"
+#include "pg.hpp"
 
 extern "C" {
 PG_MODULE_MAGIC;
@@ -7,11 +7,14 @@ PG_MODULE_MAGIC;
 void _PG_init(void);
 }
 
+// Per-topic initialisation, once per backend: each registers the one cache
+// invalidation callback its per-backend cache needs (PostgreSQL allows only a
+// few relcache callbacks per process, so each topic registers exactly one).
 namespace sharding {
-// Per-topic initialisation hooks (cache callbacks and the like) are called
-// from here, once per backend.
-void queue_init();  // queue.cpp: relcache callback of the queue plan cache
-}
+void maps_init();   // maps.cpp: routing cache
+void queue_init();  // queue.cpp: prepared claim plans
+void rank_init();   // rank.cpp: rank lists of guarded columns
+}  // namespace sharding
 
 /*
  * _PG_init: runs once when a backend loads sharding.so.
@@ -19,4 +22,5 @@ void queue_init();  // queue.cpp: relcache callback of the queue plan cache
 void _PG_init(void) {
     sharding::maps_init();
     sharding::queue_init();
+    sharding::rank_init();
 }
