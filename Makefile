@@ -7,8 +7,13 @@ OBJS = \
 	src/boundary.o \
 	src/module.o \
 	src/hash.o \
+	src/maps.o \
 	src/observe.o \
-	src/partitions.o
+	src/partitions.o \
+	src/queue.o \
+	src/rank.o \
+	src/rebalance.o \
+	src/route_cache.o
 
 # The install script is assembled from one fragment per topic, in order.
 INSTALL_PARTS = $(sort $(wildcard sql/install/*.sql))
@@ -53,7 +58,7 @@ BUILD_FLAGS := sanitize=$(SANITIZE) xxhash=$(XXHASH)
 ifneq ($(BUILD_FLAGS),$(shell cat .build-flags 2>/dev/null))
 $(shell echo '$(BUILD_FLAGS)' > .build-flags)
 endif
-$(OBJS): .build-flags src/*.hpp
+$(OBJS): .build-flags $(wildcard src/*.hpp)
 
 sql/sharding--$(EXTVERSION).sql: $(INSTALL_PARTS) sharding.control
 	cat $(INSTALL_PARTS) > $@

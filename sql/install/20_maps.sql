@@ -73,3 +73,412 @@ COMMENT ON FUNCTION sharding._touch_map(text) IS
 -- Internal: only the functions that change the config call it.
 REVOKE ALL ON FUNCTION sharding._touch_map(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._touch_map(text) TO sharding_admin;
+
+-- Routing cache invalidation: any change to maps, shards or pins, by the
+-- functions or by a direct write, makes every backend rebuild its routes
+-- (src/maps.cpp). Statement-level: one invalidation per statement.
+CREATE FUNCTION sharding._routing_changed() RETURNS trigger
+    AS 'MODULE_PATHNAME', '_routing_changed' LANGUAGE C;
+COMMENT ON FUNCTION sharding._routing_changed() IS
+    'internal: invalidates every backend''s routing cache when the map config changes';
+CREATE TRIGGER routing_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.maps
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.shards
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.pins
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+
+-- Validates a node list for create_map and rebalance: 22023 for NULL, empty,
+-- NULL-containing, empty-string, multi-dimensional or duplicate lists.
+CREATE FUNCTION sharding._check_nodes(nodes text[]) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    dup text;
+BEGIN
+    -- Not STRICT: a NULL list must raise, not silently do nothing.
+    IF nodes IS NULL OR pg_catalog.cardinality(nodes) = 0 THEN
+        RAISE EXCEPTION 'nodes must list at least one node, got %', coalesce(nodes::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.array_ndims(nodes) > 1 THEN
+        RAISE EXCEPTION 'nodes must be a one-dimensional array, got %', nodes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.array_position(nodes, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'nodes must not contain NULL, got %', nodes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF '' = ANY (nodes) THEN
+        RAISE EXCEPTION 'node names must not be empty, got %', nodes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT n INTO dup FROM pg_catalog.unnest(nodes) AS n GROUP BY n HAVING pg_catalog.count(*) > 1
+     ORDER BY n LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'node "%" is listed more than once in %', dup, nodes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._check_nodes(text[]) IS
+    'internal: validates the node list of create_map and rebalance (22023)';
+
+-- 42704 unless the map exists; the functions that change a map lock its row.
+CREATE FUNCTION sharding._require_map(map text, for_update boolean DEFAULT false) RETURNS integer
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+BEGIN
+    IF $1 IS NULL THEN
+        RAISE EXCEPTION 'map name must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF for_update THEN
+        SELECT m.logical_shards INTO l FROM sharding.maps m WHERE m.map = $1 FOR UPDATE;
+    ELSE
+        SELECT m.logical_shards INTO l FROM sharding.maps m WHERE m.map = $1;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
+    END IF;
+    RETURN l;
+END $$;
+COMMENT ON FUNCTION sharding._require_map(text, boolean) IS
+    'internal: logical shard count of a map, 42704 if it does not exist';
+
+-- 22023 unless 0 <= logical < logical_shards.
+CREATE FUNCTION sharding._check_logical(map text, logical integer, logical_shards integer) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF logical IS NULL OR logical < 0 OR logical >= logical_shards THEN
+        RAISE EXCEPTION 'logical shard must be between 0 and % for map "%", got %',
+            logical_shards - 1, map, coalesce(logical::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._check_logical(text, integer, integer) IS
+    'internal: validates a logical shard number (22023)';
+
+-- Map-changing functions below are not STRICT: a NULL argument raises 22023
+-- instead of silently changing nothing. They run as the caller (SECURITY
+-- INVOKER); EXECUTE is revoked from PUBLIC and granted to sharding_admin,
+-- whose members also hold the table privileges the bodies need.
+
+CREATE FUNCTION sharding.create_map(map text, logical_shards integer, nodes text[]) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    k integer;
+BEGIN
+    IF map IS NULL OR map = '' THEN
+        RAISE EXCEPTION 'map name must not be empty or NULL, got %', coalesce(quote_literal(map), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Upper bound: the routing cache holds one slot per logical shard in
+    -- every backend, and the map one row per shard.
+    IF logical_shards IS NULL OR logical_shards < 1 OR logical_shards > 1048576 THEN
+        RAISE EXCEPTION 'logical shard count must be between 1 and 1048576, got %',
+            coalesce(logical_shards::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._check_nodes(nodes);
+    k := pg_catalog.cardinality(nodes);
+
+    INSERT INTO sharding.maps AS m (map, logical_shards) VALUES ($1, $2) ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" already exists', map USING ERRCODE = 'duplicate_object';
+    END IF;
+    INSERT INTO sharding.nodes (node) SELECT n FROM pg_catalog.unnest(nodes) AS n
+        ON CONFLICT DO NOTHING;
+    -- Contiguous ranges, larger first: the rule of worker_shards/worker_of.
+    INSERT INTO sharding.shards (map, logical, node)
+    SELECT $1, g, nodes[sharding.worker_of(g, k, $2) + 1]
+      FROM pg_catalog.generate_series(0, $2 - 1) AS g;
+    PERFORM sharding._touch_map($1);
+END $$;
+COMMENT ON FUNCTION sharding.create_map(text, integer, text[]) IS
+    'creates a map of logical_shards logical shards dealt to nodes as contiguous ranges, larger ranges first';
+
+CREATE FUNCTION sharding.drop_map(map text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF map IS NULL THEN
+        RAISE EXCEPTION 'map name must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Wait for fenced writers and movers of this map.
+    PERFORM sharding._lock_map(map);
+    DELETE FROM sharding.maps m WHERE m.map = $1;  -- shards and pins cascade
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
+    END IF;
+    -- map_versions keeps its row, so cluster_version never falls.
+    PERFORM sharding._touch_map($1);
+END $$;
+COMMENT ON FUNCTION sharding.drop_map(text) IS
+    'drops a map with its shards and pins (its configuration version lives on)';
+
+CREATE FUNCTION sharding.pin(map text, key text, node text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'pin key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map($1, true);
+    INSERT INTO sharding.nodes (node) VALUES ($3) ON CONFLICT DO NOTHING;
+    INSERT INTO sharding.pins AS p (map, key, node) VALUES ($1, $2, $3)
+        ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET node = EXCLUDED.node;
+    PERFORM sharding._touch_map($1);
+END $$;
+COMMENT ON FUNCTION sharding.pin(text, text, text) IS
+    'pins (or re-pins) one key, by its text form, to a node, overriding its logical shard';
+
+CREATE FUNCTION sharding.unpin(map text, key text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'pin key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map($1, true);
+    DELETE FROM sharding.pins p WHERE p.map = $1 AND p.key = $2;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM sharding._touch_map($1);
+    RETURN true;
+END $$;
+COMMENT ON FUNCTION sharding.unpin(text, text) IS
+    'removes the pin of one key; true if there was one';
+
+CREATE FUNCTION sharding.move_shard(map text, logical integer, node text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+    cur record;
+    e bigint;
+BEGIN
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    l := sharding._require_map($1, false);
+    PERFORM sharding._check_logical($1, $2, l);
+    -- Waits for every writer fenced on the shard (and any rebalance).
+    PERFORM sharding._lock_shard($1, $2);
+    SELECT s.node, s.epoch INTO cur FROM sharding.shards s
+     WHERE s.map = $1 AND s.logical = $2 FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
+    END IF;
+    -- Moving a shard to its owner changes nothing: fenced writers stay valid.
+    IF cur.node = $3 THEN
+        RETURN cur.epoch;
+    END IF;
+    INSERT INTO sharding.nodes (node) VALUES ($3) ON CONFLICT DO NOTHING;
+    UPDATE sharding.shards s SET node = $3, epoch = s.epoch + 1
+     WHERE s.map = $1 AND s.logical = $2 RETURNING s.epoch INTO e;
+    PERFORM sharding._touch_map($1);
+    RETURN e;
+END $$;
+COMMENT ON FUNCTION sharding.move_shard(text, integer, text) IS
+    'moves one logical shard to a node after fenced writers commit; returns its new epoch (unchanged when already there)';
+
+CREATE FUNCTION sharding.rebalance(map text, nodes text[], dry_run boolean DEFAULT false)
+    RETURNS TABLE(logical integer, from_node text, to_node text)
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    owners text[];
+    mv record;
+    moved integer := 0;
+BEGIN
+    PERFORM sharding._check_nodes(nodes);
+    IF dry_run IS NULL THEN
+        RAISE EXCEPTION 'dry_run must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map($1, false);
+    IF NOT dry_run THEN
+        -- One map-wide lock: waits for fenced writers, keeps new ones out.
+        PERFORM sharding._lock_map($1);
+        PERFORM sharding._require_map($1, true);
+        INSERT INTO sharding.nodes (node) SELECT n FROM pg_catalog.unnest(nodes) AS n
+            ON CONFLICT DO NOTHING;
+    END IF;
+    SELECT pg_catalog.array_agg(s.node ORDER BY s.logical) INTO owners
+      FROM sharding.shards s WHERE s.map = $1;
+    FOR mv IN SELECT * FROM sharding._rebalance_plan(owners, nodes) LOOP
+        IF NOT dry_run THEN
+            UPDATE sharding.shards s SET node = mv.to_node, epoch = s.epoch + 1
+             WHERE s.map = $1 AND s.logical = mv.logical;
+        END IF;
+        moved := moved + 1;
+        logical := mv.logical;
+        from_node := mv.from_node;
+        to_node := mv.to_node;
+        RETURN NEXT;
+    END LOOP;
+    IF NOT dry_run AND moved > 0 THEN
+        PERFORM sharding._touch_map($1);
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding.rebalance(text, text[], boolean) IS
+    'spreads a map evenly over nodes with the fewest moves (each raises the shard''s epoch); dry_run only reports';
+
+-- Read side: every role may route and inspect. STRICT: NULL in, NULL out.
+-- STABLE: the answer follows the config tables.
+
+CREATE FUNCTION sharding.shards_of(map text, node text) RETURNS integer[]
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM sharding.maps m WHERE m.map = $1) THEN
+        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
+    END IF;
+    -- A node owning nothing (unknown, pin-only or drained) gets '{}'.
+    RETURN (SELECT coalesce(pg_catalog.array_agg(s.logical ORDER BY s.logical), '{}')
+              FROM sharding.shards s WHERE s.map = $1 AND s.node = $2);
+END $$;
+COMMENT ON FUNCTION sharding.shards_of(text, text) IS
+    'logical shards a node owns in a map, ascending (empty array if none)';
+
+CREATE FUNCTION sharding.epoch(map text, logical integer) RETURNS bigint
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+    e bigint;
+BEGIN
+    SELECT m.logical_shards INTO l FROM sharding.maps m WHERE m.map = $1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
+    END IF;
+    PERFORM sharding._check_logical($1, $2, l);
+    SELECT s.epoch INTO e FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2;
+    RETURN e;
+END $$;
+COMMENT ON FUNCTION sharding.epoch(text, integer) IS
+    'epoch of a logical shard: 1 when the map is created, +1 per move';
+
+CREATE FUNCTION sharding.fence(map text, logical integer, epoch bigint) RETURNS void
+    AS 'MODULE_PATHNAME', 'fence' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding.fence(text, integer, bigint) IS
+    'raises 55000 if the shard moved past epoch, else share-locks it until commit so moves wait for the writer';
+-- Not STRICT: fence(NULL, ...) must raise, never silently let a writer through.
+
+-- Internal lock helpers and planner (src/maps.cpp, src/rebalance.cpp).
+CREATE FUNCTION sharding._lock_shard(map text, logical integer) RETURNS void
+    AS 'MODULE_PATHNAME', '_lock_shard' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding._lock_shard(text, integer) IS
+    'internal: exclusive shard lock for move_shard (waits for fenced writers)';
+CREATE FUNCTION sharding._lock_map(map text) RETURNS void
+    AS 'MODULE_PATHNAME', '_lock_map' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding._lock_map(text) IS
+    'internal: map-wide exclusive lock for rebalance and drop_map';
+CREATE FUNCTION sharding._rebalance_plan(owners text[], nodes text[])
+    RETURNS TABLE(logical integer, from_node text, to_node text)
+    AS 'MODULE_PATHNAME', '_rebalance_plan' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding._rebalance_plan(text[], text[]) IS
+    'internal: the fewest moves spreading owners evenly over nodes, ordered by logical shard';
+
+-- Map-changing functions and their helpers: owner and sharding_admin only.
+REVOKE ALL ON FUNCTION sharding.create_map(text, integer, text[]), sharding.drop_map(text),
+    sharding.pin(text, text, text), sharding.unpin(text, text),
+    sharding.move_shard(text, integer, text), sharding.rebalance(text, text[], boolean),
+    sharding._lock_shard(text, integer), sharding._lock_map(text), sharding._require_map(text, boolean)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.create_map(text, integer, text[]), sharding.drop_map(text),
+    sharding.pin(text, text, text), sharding.unpin(text, text),
+    sharding.move_shard(text, integer, text), sharding.rebalance(text, text[], boolean),
+    sharding._lock_shard(text, integer), sharding._lock_map(text), sharding._require_map(text, boolean)
+    TO sharding_admin;
+
+-- Routing, from the per-backend cache (src/maps.cpp). STABLE: follows the
+-- config tables; STRICT: NULL in, NULL out; PARALLEL SAFE: workers build
+-- their own cache from the query's snapshot.
+CREATE FUNCTION sharding.logical_shard(map text, key text) RETURNS integer
+    AS 'MODULE_PATHNAME', 'logical_shard_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.logical_shard(text, text) IS
+    'logical shard of the key in the map: shard_of(key, logical shards of the map)';
+CREATE FUNCTION sharding.node_for(map text, key text) RETURNS text
+    AS 'MODULE_PATHNAME', 'node_for_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.node_for(text, text) IS
+    'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
+CREATE FUNCTION sharding.logical_shard(map text, key bytea) RETURNS integer
+    AS 'MODULE_PATHNAME', 'logical_shard_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.logical_shard(text, bytea) IS
+    'logical shard of the key in the map: shard_of(key, logical shards of the map)';
+CREATE FUNCTION sharding.node_for(map text, key bytea) RETURNS text
+    AS 'MODULE_PATHNAME', 'node_for_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.node_for(text, bytea) IS
+    'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
+CREATE FUNCTION sharding.logical_shard(map text, key smallint) RETURNS integer
+    AS 'MODULE_PATHNAME', 'logical_shard_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.logical_shard(text, smallint) IS
+    'logical shard of the key in the map: shard_of(key, logical shards of the map)';
+CREATE FUNCTION sharding.node_for(map text, key smallint) RETURNS text
+    AS 'MODULE_PATHNAME', 'node_for_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.node_for(text, smallint) IS
+    'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
+CREATE FUNCTION sharding.logical_shard(map text, key integer) RETURNS integer
+    AS 'MODULE_PATHNAME', 'logical_shard_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.logical_shard(text, integer) IS
+    'logical shard of the key in the map: shard_of(key, logical shards of the map)';
+CREATE FUNCTION sharding.node_for(map text, key integer) RETURNS text
+    AS 'MODULE_PATHNAME', 'node_for_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.node_for(text, integer) IS
+    'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
+CREATE FUNCTION sharding.logical_shard(map text, key bigint) RETURNS integer
+    AS 'MODULE_PATHNAME', 'logical_shard_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.logical_shard(text, bigint) IS
+    'logical shard of the key in the map: shard_of(key, logical shards of the map)';
+CREATE FUNCTION sharding.node_for(map text, key bigint) RETURNS text
+    AS 'MODULE_PATHNAME', 'node_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.node_for(text, bigint) IS
+    'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
+CREATE FUNCTION sharding.logical_shard(map text, key uuid) RETURNS integer
+    AS 'MODULE_PATHNAME', 'logical_shard_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.logical_shard(text, uuid) IS
+    'logical shard of the key in the map: shard_of(key, logical shards of the map)';
+CREATE FUNCTION sharding.node_for(map text, key uuid) RETURNS text
+    AS 'MODULE_PATHNAME', 'node_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding.node_for(text, uuid) IS
+    'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
+
+-- One row per map and node: what it owns, how many keys are pinned to it.
+CREATE VIEW sharding.map_overview AS
+SELECT m.map, n.node, m.logical_shards,
+       coalesce(s.owned, 0)::integer AS owned_shards,
+       coalesce(s.shards, '{}') AS shards,
+       coalesce(p.pinned, 0)::integer AS pinned_keys,
+       s.max_epoch
+  FROM sharding.maps m
+  JOIN (SELECT map, node FROM sharding.shards UNION SELECT map, node FROM sharding.pins) AS n
+    ON n.map = m.map
+  LEFT JOIN (SELECT map, node, pg_catalog.count(*) AS owned, pg_catalog.array_agg(logical ORDER BY logical) AS shards,
+                    pg_catalog.max(epoch) AS max_epoch
+               FROM sharding.shards GROUP BY map, node) AS s
+    ON s.map = n.map AND s.node = n.node
+  LEFT JOIN (SELECT map, node, pg_catalog.count(*) AS pinned FROM sharding.pins GROUP BY map, node) AS p
+    ON p.map = n.map AND p.node = n.node;
+COMMENT ON VIEW sharding.map_overview IS
+    'per map and node: logical shards owned (and which), keys pinned, highest epoch';
+GRANT SELECT ON sharding.map_overview TO PUBLIC;

@@ -1,0 +1,442 @@
+-- Section 7: nodes and multi-node routing through PL/Proxy.
+--
+-- A map's PL/Proxy cluster has one partition per logical shard (in order,
+-- each pointing at its owner's DSN) followed by one partition per node that
+-- only holds pins, ordered by name (byte order, COLLATE "C", so that every
+-- database and every client agrees). Several partitions sharing a DSN share
+-- one connection in PL/Proxy, and cluster_config sets modular_mapping, so a
+-- map of any size is a valid cluster. cluster_version follows
+-- sharding.map_versions, which every change to a map, its pins or its
+-- nodes' DSNs raises (sharding._touch_map), so a running proxy reloads on
+-- its next call.
+--
+-- The functions are plpgsql: they read the config tables with cached plans
+-- and raise the contract's SQLSTATEs. partition_for, the one called per
+-- proxied request, costs one C++ routing-cache lookup (logical_shard) and
+-- one index probe of sharding.pins.
+
+-- add_node(node text, dsn text): set or replace a node's connection string.
+-- Not STRICT: a NULL argument is a mistake worth an error, not a silent
+-- no-op.
+CREATE FUNCTION sharding.add_node(node text, dsn text) RETURNS void
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    changed boolean := false;
+BEGIN
+    IF add_node.node IS NULL OR add_node.node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %',
+                coalesce(quote_literal(add_node.node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF add_node.dsn IS NULL OR btrim(add_node.dsn) = '' THEN
+        RAISE EXCEPTION 'connection string of node "%" must not be empty or NULL, got %',
+                add_node.node, coalesce(quote_literal(add_node.dsn), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    INSERT INTO sharding.nodes AS n (node, dsn)
+    VALUES (add_node.node, add_node.dsn)
+    ON CONFLICT ON CONSTRAINT nodes_pkey DO UPDATE SET dsn = EXCLUDED.dsn
+        WHERE n.dsn IS DISTINCT FROM EXCLUDED.dsn
+    RETURNING true INTO changed;
+
+    -- A new DSN changes the PL/Proxy cluster of every map that routes to the
+    -- node: raise their versions (in name order, as every writer does) so
+    -- that running proxies reload.
+    IF changed THEN
+        PERFORM sharding._touch_map(u.map)
+           FROM (SELECT s.map FROM sharding.shards AS s WHERE s.node = add_node.node
+                 UNION
+                 SELECT p.map FROM sharding.pins AS p WHERE p.node = add_node.node) AS u
+          ORDER BY u.map;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION sharding.add_node(text, text) IS
+    'sets (or replaces) the connection string of a node; raises the cluster version of every map using it';
+-- Changing where maps route is an administrator's job (contract: 42501 otherwise).
+REVOKE ALL ON FUNCTION sharding.add_node(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.add_node(text, text) TO sharding_admin;
+
+-- drop_node(node text): forget a node. Not STRICT, for the same reason.
+CREATE FUNCTION sharding.drop_node(node text) RETURNS void
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    owned integer;
+    pinned integer;
+    used_by text;
+BEGIN
+    IF drop_node.node IS NULL THEN
+        RAISE EXCEPTION 'node name must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- FOR UPDATE conflicts with the key-share lock the foreign keys of
+    -- sharding.shards and sharding.pins take, so no move or pin to this
+    -- node can commit between the check and the delete.
+    PERFORM FROM sharding.nodes AS n WHERE n.node = drop_node.node FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'node "%" does not exist', drop_node.node
+            USING ERRCODE = 'undefined_object';
+    END IF;
+
+    SELECT count(*) INTO owned FROM sharding.shards AS s WHERE s.node = drop_node.node;
+    SELECT count(*) INTO pinned FROM sharding.pins AS p WHERE p.node = drop_node.node;
+    IF owned > 0 OR pinned > 0 THEN
+        SELECT string_agg(quote_ident(u.map), ', ' ORDER BY u.map) INTO used_by
+          FROM (SELECT s.map FROM sharding.shards AS s WHERE s.node = drop_node.node
+                UNION
+                SELECT p.map FROM sharding.pins AS p WHERE p.node = drop_node.node) AS u;
+        RAISE EXCEPTION 'node "%" still owns % logical shards and % pins', drop_node.node, owned, pinned
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = format('Maps using it: %s.', used_by),
+                  HINT = 'Move its shards away (sharding.move_shard or sharding.rebalance) and unpin its keys first.';
+    END IF;
+
+    DELETE FROM sharding.nodes AS n WHERE n.node = drop_node.node;
+END
+$$;
+COMMENT ON FUNCTION sharding.drop_node(text) IS
+    'forgets a node; refused (55000) while it owns logical shards or pins';
+-- Changing where maps route is an administrator's job (contract: 42501 otherwise).
+REVOKE ALL ON FUNCTION sharding.drop_node(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.drop_node(text) TO sharding_admin;
+
+-- _partition_for(map text, key anyelement): the body of every partition_for
+-- overload; polymorphic so that plpgsql compiles (and caches the plans of)
+-- one variant per key type. Unknown map: logical_shard raises 42704.
+CREATE FUNCTION sharding._partition_for(map text, key anyelement) RETURNS integer
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    shard integer := sharding.logical_shard(_partition_for.map, _partition_for.key);
+    pinned text;
+    first_owned integer;
+    shards integer;
+    pin_only_before integer;
+BEGIN
+    SELECT p.node INTO pinned
+      FROM sharding.pins AS p
+     WHERE p.map = _partition_for.map AND p.key = _partition_for.key::text;
+    IF NOT FOUND THEN
+        RETURN shard;
+    END IF;
+
+    -- A pinned key: the node's first logical partition if it owns one ...
+    SELECT min(s.logical) INTO first_owned
+      FROM sharding.shards AS s
+     WHERE s.map = _partition_for.map AND s.node = pinned;
+    IF first_owned IS NOT NULL THEN
+        RETURN first_owned;
+    END IF;
+
+    -- ... else its own partition after the logical ones.
+    SELECT m.logical_shards INTO shards FROM sharding.maps AS m WHERE m.map = _partition_for.map;
+    SELECT count(DISTINCT p.node) INTO pin_only_before
+      FROM sharding.pins AS p
+     WHERE p.map = _partition_for.map
+       AND p.node COLLATE "C" < pinned COLLATE "C"
+       AND NOT EXISTS (SELECT FROM sharding.shards AS s WHERE s.map = p.map AND s.node = p.node);
+    RETURN shards + pin_only_before;
+END
+$$;
+COMMENT ON FUNCTION sharding._partition_for(text, anyelement) IS
+    'internal: body of the partition_for overloads';
+
+-- partition_for(map text, key): the PL/Proxy RUN ON function, one overload
+-- per key type (an untyped literal resolves to text). STABLE: it reads the
+-- map. No SET search_path here: the body only calls a schema-qualified
+-- function with exactly typed arguments, and a SET clause would cost a GUC
+-- save and restore on every proxied call.
+CREATE FUNCTION sharding.partition_for(map text, key text) RETURNS integer
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+CREATE FUNCTION sharding.partition_for(map text, key bytea) RETURNS integer
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+CREATE FUNCTION sharding.partition_for(map text, key smallint) RETURNS integer
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+CREATE FUNCTION sharding.partition_for(map text, key integer) RETURNS integer
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+CREATE FUNCTION sharding.partition_for(map text, key bigint) RETURNS integer
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+CREATE FUNCTION sharding.partition_for(map text, key uuid) RETURNS integer
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+COMMENT ON FUNCTION sharding.partition_for(text, text) IS
+    'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
+COMMENT ON FUNCTION sharding.partition_for(text, bytea) IS
+    'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
+COMMENT ON FUNCTION sharding.partition_for(text, smallint) IS
+    'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
+COMMENT ON FUNCTION sharding.partition_for(text, integer) IS
+    'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
+COMMENT ON FUNCTION sharding.partition_for(text, bigint) IS
+    'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
+COMMENT ON FUNCTION sharding.partition_for(text, uuid) IS
+    'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
+
+-- cluster_partitions(map text): the DSNs of the map's PL/Proxy partitions.
+CREATE FUNCTION sharding.cluster_partitions(map text) RETURNS SETOF text
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    shards integer;
+    part record;
+BEGIN
+    SELECT m.logical_shards INTO shards FROM sharding.maps AS m WHERE m.map = cluster_partitions.map;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" does not exist', cluster_partitions.map
+            USING ERRCODE = 'undefined_object';
+    END IF;
+
+    FOR part IN
+        SELECT g.logical AS part_no, s.node, n.dsn
+          FROM pg_catalog.generate_series(0, shards - 1) AS g(logical)
+          LEFT JOIN sharding.shards AS s ON s.map = cluster_partitions.map AND s.logical = g.logical
+          LEFT JOIN sharding.nodes AS n ON n.node = s.node
+        UNION ALL
+        SELECT shards - 1 + row_number() OVER (ORDER BY po.node COLLATE "C"), po.node, n.dsn
+          FROM (SELECT DISTINCT p.node
+                  FROM sharding.pins AS p
+                 WHERE p.map = cluster_partitions.map
+                   AND NOT EXISTS (SELECT FROM sharding.shards AS s
+                                    WHERE s.map = p.map AND s.node = p.node)) AS po
+          JOIN sharding.nodes AS n ON n.node = po.node
+         ORDER BY 1
+    LOOP
+        IF part.node IS NULL THEN
+            RAISE EXCEPTION 'logical shard % of map "%" has no owner', part.part_no, cluster_partitions.map
+                USING ERRCODE = 'data_corrupted';
+        END IF;
+        IF part.dsn IS NULL THEN
+            RAISE EXCEPTION 'node "%" of map "%" has no connection string', part.node, cluster_partitions.map
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Set one with sharding.add_node(node, dsn).';
+        END IF;
+        RETURN NEXT part.dsn;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION sharding.cluster_partitions(text) IS
+    'PL/Proxy partitions of a map: the owner''s DSN of each logical shard, then one per pin-only node by name';
+
+-- cluster_version(map text): PL/Proxy calls it on every request.
+CREATE FUNCTION sharding.cluster_version(map text) RETURNS integer
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    found_map text;
+    v bigint;
+BEGIN
+    SELECT m.map, mv.version INTO found_map, v
+      FROM sharding.maps AS m
+      LEFT JOIN sharding.map_versions AS mv ON mv.map = m.map
+     WHERE m.map = cluster_version.map;
+    IF found_map IS NULL THEN
+        RAISE EXCEPTION 'map "%" does not exist', cluster_version.map
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    -- PL/Proxy takes an int4. Wrapping would make the version fall, so a
+    -- version past the range is an error rather than a silent reset.
+    IF v > 2147483647 THEN
+        RAISE EXCEPTION 'cluster version % of map "%" is out of range for integer', v, cluster_version.map
+            USING ERRCODE = 'numeric_value_out_of_range',
+                  HINT = 'PL/Proxy cluster versions are int4; sharding.version_seq has passed 2147483647.';
+    END IF;
+    -- A map whose rows were written directly, without _touch_map, has no
+    -- version yet: 0 still loads once, and its first touch raises it.
+    RETURN coalesce(v, 0)::integer;
+END
+$$;
+COMMENT ON FUNCTION sharding.cluster_version(text) IS
+    'PL/Proxy configuration version of a map: rises with every change to the map, its pins or its nodes'' DSNs';
+
+-- cluster_config(map text): PL/Proxy settings of a map's cluster.
+-- PL/Proxy rejects unknown keys, so only settings it knows are returned.
+CREATE FUNCTION sharding.cluster_config(map text) RETURNS TABLE(key text, val text)
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM FROM sharding.maps AS m WHERE m.map = cluster_config.map;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" does not exist', cluster_config.map
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    -- modular_mapping: any partition count, not only powers of two.
+    -- connection_lifetime: reconnect every 30 minutes, so that a node's
+    -- server-side settings and DNS changes are picked up eventually.
+    RETURN QUERY VALUES ('modular_mapping'::text, '1'::text),
+                        ('connection_lifetime', '1800');
+END
+$$;
+COMMENT ON FUNCTION sharding.cluster_config(text) IS
+    'PL/Proxy settings of a map''s cluster (modular_mapping = 1, connection_lifetime)';
+
+-- plproxy_install(): the opt-in bridge from PL/Proxy's cluster
+-- configuration API to the three functions above. The functions it creates
+-- carry a marker comment; anything else with their names is the user's and
+-- is never replaced.
+CREATE FUNCTION sharding.plproxy_install() RETURNS void
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    marker constant text := 'created by sharding.plproxy_install(): PL/Proxy cluster configuration from sharding maps';
+    fn text;
+    existing regprocedure;
+BEGIN
+    FOREACH fn IN ARRAY ARRAY['plproxy.get_cluster_version(text)',
+                              'plproxy.get_cluster_partitions(text)',
+                              'plproxy.get_cluster_config(text)'] LOOP
+        existing := to_regprocedure(fn);
+        IF existing IS NOT NULL AND obj_description(existing, 'pg_proc') IS DISTINCT FROM marker THEN
+            RAISE EXCEPTION 'function % already exists and was not created by sharding.plproxy_install()', fn
+                USING ERRCODE = 'duplicate_function',
+                      HINT = 'Drop or rename it to let sharding configure PL/Proxy, or keep configuring PL/Proxy yourself.';
+        END IF;
+    END LOOP;
+
+    IF to_regnamespace('plproxy') IS NULL THEN
+        CREATE SCHEMA plproxy;
+    END IF;
+
+    -- Plain SQL bodies without SET clauses, so that the planner inlines them
+    -- into PL/Proxy's prepared queries; everything in them is
+    -- schema-qualified and exactly typed.
+    CREATE OR REPLACE FUNCTION plproxy.get_cluster_version(cluster_name text) RETURNS integer
+        LANGUAGE sql STABLE STRICT
+        AS 'SELECT sharding.cluster_version(cluster_name)';
+    CREATE OR REPLACE FUNCTION plproxy.get_cluster_partitions(cluster_name text) RETURNS SETOF text
+        LANGUAGE sql STABLE STRICT
+        AS 'SELECT sharding.cluster_partitions(cluster_name)';
+    CREATE OR REPLACE FUNCTION plproxy.get_cluster_config(IN cluster_name text, OUT key text, OUT val text)
+        RETURNS SETOF record
+        LANGUAGE sql STABLE STRICT
+        AS 'SELECT c.key, c.val FROM sharding.cluster_config(cluster_name) AS c';
+
+    EXECUTE format('COMMENT ON FUNCTION plproxy.get_cluster_version(text) IS %L', marker);
+    EXECUTE format('COMMENT ON FUNCTION plproxy.get_cluster_partitions(text) IS %L', marker);
+    EXECUTE format('COMMENT ON FUNCTION plproxy.get_cluster_config(text) IS %L', marker);
+END
+$$;
+COMMENT ON FUNCTION sharding.plproxy_install() IS
+    'creates plproxy.get_cluster_version/partitions/config so that every map is a PL/Proxy cluster of the same name';
+-- It creates a schema and functions other roles call: administrators only.
+REVOKE ALL ON FUNCTION sharding.plproxy_install() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.plproxy_install() TO sharding_admin;
+
+-- copy_shard(map, logical, tbl, key_column, from_dsn, to_dsn): step 1 of a
+-- shard move (README, "Moving a shard"): copies the rows of `tbl` whose key
+-- is in logical shard `logical` of `map` and is not pinned, from the
+-- database at from_dsn to the one at to_dsn, with one INSERT ... SELECT
+-- that the destination runs against the source through dblink (rows go
+-- from source to destination directly). Rows already at the destination
+-- are skipped (ON CONFLICT DO NOTHING): give `tbl` a primary key and the
+-- copy can be repeated to pick up rows written since the last one. Returns
+-- the number of rows inserted.
+--
+-- Needs contrib's dblink here (to reach the destination) and at the
+-- destination (to reach the source), in the same schema, and `sharding` at
+-- the source (for shard_of). `tbl` must exist here, at the source and at
+-- the destination with the same columns. dblink runs SQL text, not
+-- parameters: every identifier is quoted with %I, every value with %L.
+CREATE FUNCTION sharding.copy_shard(map text, logical integer, tbl regclass, key_column name,
+                                    from_dsn text, to_dsn text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE STRICT PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    shards integer;
+    dblink_schema name;
+    key_type regtype;
+    rel text;
+    cols text;
+    coldefs text;
+    pinned text[];
+    src_query text;
+    dst_command text;
+    status text;
+BEGIN
+    SELECT m.logical_shards INTO shards FROM sharding.maps AS m WHERE m.map = copy_shard.map;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" does not exist', copy_shard.map USING ERRCODE = 'undefined_object';
+    END IF;
+    IF copy_shard.logical < 0 OR copy_shard.logical >= shards THEN
+        RAISE EXCEPTION 'logical shard must be between 0 and % for map "%", got %',
+                shards - 1, copy_shard.map, copy_shard.logical
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT a.atttypid::regtype INTO key_type
+      FROM pg_catalog.pg_attribute AS a
+     WHERE a.attrelid = copy_shard.tbl AND a.attname = copy_shard.key_column
+       AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of relation % does not exist', copy_shard.key_column, copy_shard.tbl
+            USING ERRCODE = 'undefined_column';
+    END IF;
+    IF key_type NOT IN ('text'::regtype, 'bytea'::regtype, 'smallint'::regtype, 'integer'::regtype,
+                        'bigint'::regtype, 'uuid'::regtype) THEN
+        RAISE EXCEPTION 'key column "%" of relation % has type %, not a shard key type',
+                copy_shard.key_column, copy_shard.tbl, key_type
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Shard keys are text, bytea, smallint, integer, bigint or uuid.';
+    END IF;
+
+    SELECT e.extnamespace::regnamespace::name INTO dblink_schema
+      FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dblink';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'copy_shard needs extension "dblink"'
+            USING ERRCODE = 'undefined_function',
+                  HINT = 'CREATE EXTENSION dblink here and at the destination.';
+    END IF;
+
+    -- The table by schema-qualified name (the other ends' search_path is
+    -- theirs), its stored columns, and the record type dblink returns.
+    SELECT format('%I.%I', n.nspname, c.relname) INTO rel
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = copy_shard.tbl;
+    SELECT string_agg(format('%I', a.attname), ', ' ORDER BY a.attnum),
+           string_agg(format('%I %s', a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)), ', '
+                      ORDER BY a.attnum)
+      INTO cols, coldefs
+      FROM pg_catalog.pg_attribute AS a
+     WHERE a.attrelid = copy_shard.tbl AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '';
+
+    -- Pinned keys live on their pin's node, not on the shard's owner.
+    SELECT coalesce(array_agg(p.key), '{}') INTO pinned
+      FROM sharding.pins AS p WHERE p.map = copy_shard.map;
+
+    src_query := format('SELECT %s FROM %s WHERE sharding.shard_of(%I, %s) = %s AND NOT (%I::text = ANY (%L::text[]))',
+                        cols, rel, copy_shard.key_column, shards, copy_shard.logical,
+                        copy_shard.key_column, pinned);
+    dst_command := format('INSERT INTO %s (%s) SELECT %s FROM %I.dblink(%L, %L) AS s(%s) ON CONFLICT DO NOTHING',
+                          rel, cols, cols, dblink_schema, copy_shard.from_dsn, src_query, coldefs);
+    EXECUTE format('SELECT %I.dblink_exec($1, $2)', dblink_schema)
+       INTO status USING copy_shard.to_dsn, dst_command;
+    -- The command tag: "INSERT 0 <rows>".
+    RETURN split_part(status, ' ', 3)::bigint;
+END
+$$;
+COMMENT ON FUNCTION sharding.copy_shard(text, integer, regclass, name, text, text) IS
+    'copies the unpinned rows of one logical shard of a table from one node to another (through dblink); returns rows inserted';
+-- It reads and writes other databases: administrators only.
+REVOKE ALL ON FUNCTION sharding.copy_shard(text, integer, regclass, name, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.copy_shard(text, integer, regclass, name, text, text) TO sharding_admin;

@@ -1,0 +1,59 @@
+// Building the in-memory routing table (see route_cache.hpp).
+#include "route_cache.hpp"
+
+#include <cstdint>
+#include <stdexcept>
+
+namespace sharding {
+
+void PinTable::build(const std::vector<std::string> &keys, const std::vector<uint64_t> &hashes,
+                     const std::vector<int32_t> &nodes) {
+    size_t total = 0;
+    for (const std::string &k : keys) total += k.size();
+    if (total > UINT32_MAX || keys.size() > INT32_MAX) throw std::length_error("too many pinned key bytes");
+    size_t cap = 16;
+    while (cap < keys.size() * 2) cap <<= 1;  // load factor <= 1/2 keeps probes short
+    size_t words = 8;
+    while (words * 64 < keys.size() * 8) words <<= 1;
+    std::vector<Slot> slots(cap, Slot{0, -1, 0, 0});
+    std::vector<uint64_t> filter(words, 0);
+    std::string text;
+    text.reserve(total);
+    const size_t mask = cap - 1;
+    size_t count = 0;
+    for (size_t k = 0; k < keys.size(); k++) {
+        const uint32_t tag = static_cast<uint32_t>(hashes[k] >> 32);
+        size_t i = static_cast<size_t>(hashes[k]) & mask;
+        bool replaced = false;
+        while (slots[i].node >= 0) {
+            // The primary key makes duplicates impossible; keep the last anyway.
+            if (slots[i].tag == tag && slots[i].len == keys[k].size() &&
+                text.compare(slots[i].offset, slots[i].len, keys[k]) == 0) {
+                slots[i].node = nodes[k];
+                replaced = true;
+                break;
+            }
+            i = (i + 1) & mask;
+        }
+        if (replaced) continue;
+        slots[i] = Slot{tag, nodes[k], static_cast<uint32_t>(text.size()), static_cast<uint32_t>(keys[k].size())};
+        text += keys[k];
+        filter[(hashes[k] >> 32) & (words - 1)] |= filter_bits(hashes[k]);
+        count++;
+    }
+    filter_.swap(filter);
+    slots_.swap(slots);
+    keys_.swap(text);
+    filter_mask_ = words - 1;
+    slot_mask_ = mask;
+    count_ = count;
+}
+
+int32_t MapRoutes::node_index(const char *node, size_t len) {
+    // Pins may name many dedicated nodes, so intern through a hash.
+    auto ins = node_ids_.emplace(std::string(node, len), static_cast<int32_t>(nodes.size()));
+    if (ins.second) nodes.push_back(ins.first->first);
+    return ins.first->second;
+}
+
+}  // namespace sharding
