@@ -132,38 +132,30 @@ $$;
 COMMENT ON FUNCTION sharding.whales(regclass, name, integer, float8) IS
     'keys of tbl holding at least min_share of their shard''s rows, largest first; one scan';
 
--- map_load routes each row as node_for does (the pinned node if the key's
--- text form is pinned, else the owner of its logical shard), by joining the
--- map's config tables in the same single scan rather than calling node_for
--- once per row. Every node owning shards or pins of the map is listed, also
--- with no rows: first the owners by their lowest logical shard, then
--- pin-only nodes by name (the PL/Proxy partition order).
+-- map_load counts each row where sharding.node_for (contract section 2)
+-- sends it, in one scan grouped by node_for(map, key): the router's own
+-- per-backend cache decides, so the picture can never disagree with routing.
+-- (Measured: as fast as a plain GROUP BY shard_of, and faster than joining
+-- the pins in SQL.) node_for is looked up when map_load runs, so this file
+-- installs in any order. Every node owning shards or pins of the map is
+-- listed, also with no rows: first the owners by their lowest logical shard,
+-- then pin-only nodes by name (the PL/Proxy partition order).
 CREATE FUNCTION sharding.map_load(map text, tbl regclass, key_column name)
     RETURNS TABLE (node text, logical_shards integer, pinned_keys integer, rows bigint, share float8,
                    bar text)
     LANGUAGE plpgsql STABLE STRICT PARALLEL RESTRICTED
     SET search_path = pg_catalog, pg_temp
     AS $$
-DECLARE
-    l integer;
-    t regtype;
 BEGIN
-    SELECT m.logical_shards INTO l FROM sharding.maps AS m WHERE m.map = map_load.map;
-    IF NOT FOUND THEN
+    IF NOT EXISTS (SELECT FROM sharding.maps AS m WHERE m.map = map_load.map) THEN
         RAISE EXCEPTION 'map "%" does not exist', map USING ERRCODE = 'undefined_object';
     END IF;
-    t := sharding._key_column_type(tbl, key_column);
+    PERFORM sharding._key_column_type(tbl, key_column);
     RETURN QUERY EXECUTE format(
-        $q$WITH per AS (
-                SELECT sharding.shard_of(t.%1$I, $2) AS logical, p.node AS pinned, pg_catalog.count(*) AS n
+        $q$WITH routed AS (
+                SELECT sharding.node_for($1, t.%1$I) AS node, pg_catalog.count(*) AS n
                   FROM %2$s AS t
-                  LEFT JOIN sharding.pins AS p ON p.map = $1 AND p.key = %3$s
                  WHERE t.%1$I IS NOT NULL
-                 GROUP BY 1, 2),
-            routed AS (
-                SELECT COALESCE(per.pinned, s.node) AS node, sum(per.n)::bigint AS n
-                  FROM per
-                  LEFT JOIN sharding.shards AS s ON s.map = $1 AND s.logical = per.logical
                  GROUP BY 1),
             nodes AS (
                 SELECT x.node, sum(x.owned)::integer AS owned, sum(x.pinned)::integer AS pinned,
@@ -171,7 +163,7 @@ BEGIN
                   FROM (SELECT s.node, 1 AS owned, 0 AS pinned, s.logical AS first
                           FROM sharding.shards AS s WHERE s.map = $1
                         UNION ALL
-                        SELECT p.node, 0, 0 + 1, NULL FROM sharding.pins AS p WHERE p.map = $1
+                        SELECT p.node, 0, 1, NULL FROM sharding.pins AS p WHERE p.map = $1
                         UNION ALL
                         SELECT r.node, 0, 0, NULL FROM routed AS r) AS x
                  GROUP BY x.node)
@@ -181,8 +173,8 @@ BEGIN
               FROM nodes AS d
               LEFT JOIN routed AS r ON r.node IS NOT DISTINCT FROM d.node
              ORDER BY d.first NULLS LAST, d.node COLLATE "C"$q$,
-        key_column, tbl, sharding._key_text_sql(pg_catalog.format('t.%I', key_column), t))
-    USING map, l;
+        key_column, tbl)
+    USING map;
 END
 $$;
 COMMENT ON FUNCTION sharding.map_load(text, regclass, name) IS
