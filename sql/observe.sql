@@ -193,13 +193,10 @@ SELECT p.oid::regprocedure AS function, p.provolatile, p.proisstrict, p.proparal
 -- map_load: where node_for sends the rows. A map of 8 logical shards over
 -- three nodes (3, 3, 2), the whale pinned to a dedicated node, and a pin for
 -- a key the table does not hold.
-INSERT INTO sharding.maps (map, logical_shards) VALUES ('tenants', 8);
-INSERT INTO sharding.nodes (node) VALUES ('n1'), ('n2'), ('n3'), ('dedicated');
-INSERT INTO sharding.shards (map, logical, node)
-SELECT 'tenants', l, (ARRAY['n1', 'n2', 'n3'])[sharding.worker_of(l, 3, 8) + 1]
-  FROM generate_series(0, 7) AS l;
-INSERT INTO sharding.pins (map, key, node) VALUES ('tenants', 't007', 'dedicated'), ('tenants', 'ghost', 'n2');
--- The routing rule spelled out, to compare with.
+SELECT sharding.create_map('tenants', 8, ARRAY['n1', 'n2', 'n3']) AS ok \gset
+SELECT sharding.pin('tenants', 't007', 'dedicated'), sharding.pin('tenants', 'ghost', 'n2') \gset
+-- The routing rule spelled out from the config tables, to compare with
+-- (test/pgtap/observe_map_load.sql compares with node_for itself).
 CREATE FUNCTION pg_temp.route(k text) RETURNS text LANGUAGE sql AS $$
     SELECT COALESCE((SELECT node FROM sharding.pins WHERE map = 'tenants' AND key = k),
                     (SELECT node FROM sharding.shards
@@ -212,11 +209,11 @@ SELECT bool_and(m.rows = COALESCE(r.n, 0)) AS rows_match_routing, sum(m.rows) AS
   LEFT JOIN (SELECT pg_temp.route(tenant) AS node, count(*) AS n FROM units
               WHERE tenant IS NOT NULL GROUP BY 1) AS r USING (node);
 -- Integer keys are pinned by their text form ('7'); pins never match other keys.
-INSERT INTO sharding.pins (map, key, node) VALUES ('tenants', '7', 'dedicated');
+SELECT sharding.pin('tenants', '7', 'dedicated') \gset
 SELECT node, rows FROM sharding.map_load('tenants', 'units', 'tenant_no') WHERE node = 'dedicated';
 SELECT node, rows FROM sharding.map_load('tenants', 'units', 'tenant_big') WHERE node = 'dedicated';
 -- bytea keys are pinned by their hex text form, whatever bytea_output says.
-INSERT INTO sharding.pins (map, key, node) VALUES ('tenants', '\x74303037', 'dedicated');
+SELECT sharding.pin('tenants', '\x74303037', 'dedicated') \gset
 SET bytea_output = 'escape';
 SELECT node, rows FROM sharding.map_load('tenants', 'units', 'tenant_bytes') WHERE node = 'dedicated';
 RESET bytea_output;
@@ -225,8 +222,7 @@ SELECT node, rows, share, bar FROM sharding.map_load('tenants', 'nothing', 'k');
 SELECT pg_temp.err($$SELECT * FROM sharding.map_load('no_such_map', 'units', 'tenant')$$);
 SELECT pg_temp.err($$SELECT * FROM sharding.map_load('tenants', 'units', 'nope')$$);
 SELECT pg_temp.err($$SELECT * FROM sharding.map_load('tenants', 'units', 'amount')$$);
-DELETE FROM sharding.maps WHERE map = 'tenants';
-DELETE FROM sharding.nodes WHERE node IN ('n1', 'n2', 'n3', 'dedicated');
+SELECT sharding.drop_map('tenants') \gset
 
 DROP TABLE units, nothing;
 DROP SCHEMA "Odd Schema" CASCADE;
