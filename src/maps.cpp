@@ -215,6 +215,7 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
         fresh->pins.build(keys, hashes, nodes);
     }
     fresh->finish_build();
+    fresh->compute_partitions();
     fresh->node_results.reserve(fresh->nodes.size());
     for (const std::string &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
     fresh->generation = started;  // stale at once if an invalidation came meanwhile
@@ -301,9 +302,11 @@ size_t key_text(FunctionCallInfo fcinfo, int argno, char *buf, size_t cap, char 
 }
 
 // Routes argument 1 of fcinfo through map argument 0: the logical shard,
-// and (when want_node) the pinned or owning node's index.
+// and (when want_node) the pinned or owning node's index, and (when
+// `pinned` is given) whether a pin decided it.
 template <KeyType K>
-inline int32 route(FunctionCallInfo fcinfo, const MapRoutes &m, bool want_node, int32 *node) {
+inline int32 route(FunctionCallInfo fcinfo, const MapRoutes &m, bool want_node, int32 *node,
+                   bool *pinned_out = nullptr) {
     if constexpr (K == KeyType::Text) {
         struct varlena *v = PG_GETARG_VARLENA_PP(1);
         const char *p = VARDATA_ANY(v);
@@ -313,6 +316,7 @@ inline int32 route(FunctionCallInfo fcinfo, const MapRoutes &m, bool want_node, 
         if (want_node) {
             int32 pinned = m.pins.size() ? m.pins.find(h, p, n) : -1;
             *node = pinned >= 0 ? pinned : m.owner[static_cast<size_t>(shard)];
+            if (pinned_out != nullptr) *pinned_out = pinned >= 0;
         }
         return shard;
     } else {
@@ -325,6 +329,7 @@ inline int32 route(FunctionCallInfo fcinfo, const MapRoutes &m, bool want_node, 
                 pinned = m.pins.find(sharding::hash_bytes(text, n), text, n);
             }
             *node = pinned >= 0 ? pinned : m.owner[static_cast<size_t>(shard)];
+            if (pinned_out != nullptr) *pinned_out = pinned >= 0;
         }
         return shard;
     }
@@ -338,6 +343,17 @@ Datum node_for_body(FunctionCallInfo fcinfo) {
     int32 node = -1;
     route<K>(fcinfo, m, true, &node);
     return PointerGetDatum(m.node_results[static_cast<size_t>(node)]);
+}
+
+// partition_for(map text, key) -> integer: the PL/Proxy partition of a key,
+// its logical shard unless a pin sends it to a node (section 7).
+template <KeyType K>
+Datum partition_for_body(FunctionCallInfo fcinfo) {
+    const MapRoutes &m = routes_for(fcinfo, PG_GETARG_TEXT_PP(0));
+    int32 node = -1;
+    bool pinned = false;
+    int32 shard = route<K>(fcinfo, m, true, &node, &pinned);
+    PG_RETURN_INT32(pinned ? m.node_partition[static_cast<size_t>(node)] : shard);
 }
 
 // logical_shard(map text, key) -> integer.
@@ -368,6 +384,7 @@ void maps_init() { CacheRegisterRelcacheCallback(routing_invalidate, (Datum)0); 
 }  // namespace sharding
 
 SHARDING_KEY_FUNCTIONS(node_for, node_for_body)
+SHARDING_KEY_FUNCTIONS(partition_for, partition_for_body)
 SHARDING_KEY_FUNCTIONS(logical_shard, logical_shard_body)
 
 /*

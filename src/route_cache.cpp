@@ -1,6 +1,8 @@
 // Building the in-memory routing table (see route_cache.hpp).
 #include "route_cache.hpp"
 
+#include <algorithm>
+
 #include <cstdint>
 #include <stdexcept>
 
@@ -47,6 +49,22 @@ void PinTable::build(const std::vector<std::string> &keys, const std::vector<uin
     filter_mask_ = words - 1;
     slot_mask_ = mask;
     count_ = count;
+}
+
+void MapRoutes::compute_partitions() {
+    node_partition.assign(nodes.size(), -1);
+    for (int32_t l = 0; l < logical_shards; l++) {
+        int32_t &p = node_partition[static_cast<size_t>(owner[static_cast<size_t>(l)])];
+        if (p < 0) p = l;
+    }
+    std::vector<int32_t> pin_only;
+    for (size_t n = 0; n < nodes.size(); n++)
+        if (node_partition[n] < 0) pin_only.push_back(static_cast<int32_t>(n));
+    // std::string compares like memcmp, then by length: PostgreSQL's "C" order.
+    std::sort(pin_only.begin(), pin_only.end(),
+              [this](int32_t a, int32_t b) { return nodes[static_cast<size_t>(a)] < nodes[static_cast<size_t>(b)]; });
+    for (size_t i = 0; i < pin_only.size(); i++)
+        node_partition[static_cast<size_t>(pin_only[i])] = logical_shards + static_cast<int32_t>(i);
 }
 
 int32_t MapRoutes::node_index(const char *node, size_t len) {

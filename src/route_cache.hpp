@@ -74,6 +74,7 @@ struct MapRoutes {
     std::vector<int32_t> owner;       // logical shard -> index into nodes
     std::vector<std::string> nodes;   // distinct node names
     std::vector<const void *> node_results;  // per node: the result node_for returns (maps.cpp)
+    std::vector<int32_t> node_partition;     // per node: its PL/Proxy partition (compute_partitions)
     PinTable pins;
     uint64_t generation = 0;          // cache generation it was built in
 
@@ -83,6 +84,11 @@ struct MapRoutes {
         if (shard_mask != 0) return static_cast<int32_t>(hash & shard_mask);
         return static_cast<int32_t>(hash % static_cast<uint64_t>(logical_shards));
     }
+    // PL/Proxy partitions (contract section 7, partition_for): a node that
+    // owns logical shards is reached through the lowest one it owns; a node
+    // that only holds pins gets its own partition after the logical ones, in
+    // byte order of node names (as cluster_partitions lists them).
+    void compute_partitions();
     // Interns a node name, returning its index (while building).
     int32_t node_index(const char *node, size_t len);
     // Drops what only building needed.

@@ -1,0 +1,97 @@
+-- Privileges (issue 9): routing and hashing for every role; changing maps,
+-- pins, nodes and rank guards only for the extension's owner or members of
+-- sharding_admin (42501 otherwise); no direct writes to the config tables by
+-- plain roles; claim and complete obey the caller's privileges on the queue.
+\set QUIET on
+BEGIN;
+SELECT plan(49);
+
+CREATE ROLE priv_plain NOLOGIN;
+CREATE ROLE priv_admin NOLOGIN IN ROLE sharding_admin;
+GRANT USAGE, CREATE ON SCHEMA public TO priv_plain, priv_admin;
+
+SELECT sharding.create_map('priv_map', 8, ARRAY['a', 'b']);
+SELECT sharding.pin('priv_map', 'whale', 'c');
+SELECT sharding.add_node('a', 'host=a.invalid');
+SELECT sharding.add_node('b', 'host=b.invalid');
+SELECT sharding.add_node('c', 'host=c.invalid');
+SELECT sharding.create_queue('public.priv_jobs');
+INSERT INTO public.priv_jobs (key, payload) SELECT 'k' || i, '{}' FROM generate_series(1, 10) AS i;
+CREATE TABLE public.priv_orders (id bigint PRIMARY KEY, status text);
+INSERT INTO public.priv_orders VALUES (1, 'new');
+
+SET LOCAL ROLE priv_plain;
+-- Routing and hashing: every role.
+SELECT lives_ok($$SELECT sharding.hash64('x'), sharding.shard_of('x', 8), sharding.jump_shard(1, 8)$$, 'plain: hashing');
+SELECT lives_ok($$SELECT sharding.worker_shards(0, 4, 64), sharding.worker_of(3, 4, 64)$$, 'plain: worker_shards, worker_of');
+SELECT is(sharding.node_for('priv_map', 'whale'), 'c', 'plain: node_for sees the pin');
+SELECT lives_ok($$SELECT sharding.logical_shard('priv_map', 42), sharding.node_for('priv_map', 42)$$, 'plain: logical_shard, node_for');
+SELECT lives_ok($$SELECT sharding.shards_of('priv_map', 'a'), sharding.epoch('priv_map', 0)$$, 'plain: shards_of, epoch');
+SELECT lives_ok($$SELECT sharding.fence('priv_map', 0, 1)$$, 'plain: fence (a writer needs no admin rights)');
+SELECT lives_ok($$SELECT sharding.partition_for('priv_map', 'k'), sharding.cluster_version('priv_map')$$, 'plain: partition_for, cluster_version');
+SELECT lives_ok($$SELECT * FROM sharding.cluster_partitions('priv_map')$$, 'plain: cluster_partitions');
+SELECT lives_ok($$SELECT * FROM sharding.cluster_config('priv_map')$$, 'plain: cluster_config');
+SELECT lives_ok($$SELECT count(*) FROM sharding.maps$$, 'plain: may read the config');
+-- Changing maps, pins, nodes, guards: refused.
+SELECT throws_ok($$SELECT sharding.create_map('priv_x', 4, ARRAY['a'])$$, '42501', NULL, 'plain: create_map refused');
+SELECT throws_ok($$SELECT sharding.drop_map('priv_map')$$, '42501', NULL, 'plain: drop_map refused');
+SELECT throws_ok($$SELECT sharding.pin('priv_map', 'k', 'a')$$, '42501', NULL, 'plain: pin refused');
+SELECT throws_ok($$SELECT sharding.unpin('priv_map', 'whale')$$, '42501', NULL, 'plain: unpin refused');
+SELECT throws_ok($$SELECT sharding.move_shard('priv_map', 0, 'b')$$, '42501', NULL, 'plain: move_shard refused');
+SELECT throws_ok($$SELECT * FROM sharding.rebalance('priv_map', ARRAY['a'])$$, '42501', NULL, 'plain: rebalance refused');
+SELECT throws_ok($$SELECT sharding.add_node('z', 'host=z')$$, '42501', NULL, 'plain: add_node refused');
+SELECT throws_ok($$SELECT sharding.drop_node('c')$$, '42501', NULL, 'plain: drop_node refused');
+SELECT throws_ok($$SELECT sharding.guard_rank('public.priv_orders', 'status', ARRAY['new', 'done'])$$, '42501', NULL, 'plain: guard_rank refused');
+SELECT throws_ok($$SELECT sharding.unguard_rank('public.priv_orders', 'status')$$, '42501', NULL, 'plain: unguard_rank refused');
+SELECT throws_ok($$SELECT sharding.plproxy_install()$$, '42501', NULL, 'plain: plproxy_install refused');
+-- Direct writes to the config tables: refused.
+SELECT throws_ok($$INSERT INTO sharding.maps (map, logical_shards) VALUES ('sneaky', 4)$$, '42501', NULL, 'plain: INSERT into maps');
+SELECT throws_ok($$UPDATE sharding.shards SET node = 'evil'$$, '42501', NULL, 'plain: UPDATE shards');
+SELECT throws_ok($$UPDATE sharding.shards SET epoch = epoch + 1$$, '42501', NULL, 'plain: UPDATE shard epochs');
+SELECT throws_ok($$DELETE FROM sharding.pins$$, '42501', NULL, 'plain: DELETE pins');
+SELECT throws_ok($$INSERT INTO sharding.nodes VALUES ('evil', 'host=evil')$$, '42501', NULL, 'plain: INSERT nodes');
+SELECT throws_ok($$UPDATE sharding.nodes SET dsn = 'host=evil'$$, '42501', NULL, 'plain: UPDATE node DSNs');
+SELECT throws_ok($$UPDATE sharding.map_versions SET version = 0$$, '42501', NULL, 'plain: UPDATE map_versions');
+SELECT throws_ok($$DELETE FROM sharding.rank_guards$$, '42501', NULL, 'plain: DELETE rank_guards');
+SELECT throws_ok($$TRUNCATE sharding.shards$$, '42501', NULL, 'plain: TRUNCATE shards');
+-- The queue: the caller's own privileges apply.
+SELECT throws_ok($$SELECT * FROM sharding.claim(NULL::public.priv_jobs, 'w', 1)$$, '42501', NULL, 'plain: claim without privileges on the queue');
+SELECT throws_ok($$SELECT sharding.complete('public.priv_jobs', 1, 'w')$$, '42501', NULL, 'plain: complete without privileges');
+SELECT throws_ok($$SELECT sharding.extend_lease('public.priv_jobs', 1, 'w', '1 minute')$$, '42501', NULL, 'plain: extend_lease without privileges');
+RESET ROLE;
+GRANT SELECT, UPDATE ON public.priv_jobs TO priv_plain;
+SET LOCAL ROLE priv_plain;
+SELECT is((SELECT count(*)::int FROM sharding.claim(NULL::public.priv_jobs, 'w', 3)), 3, 'plain: claim with SELECT, UPDATE granted');
+SELECT is(sharding.complete('public.priv_jobs', (SELECT min(id) FROM public.priv_jobs WHERE owner = 'w'), 'w'), true,
+          'plain: complete with privileges granted');
+RESET ROLE;
+
+-- A member of sharding_admin may change maps, pins, nodes; guards need TRIGGER on the table too.
+SET LOCAL ROLE priv_admin;
+SELECT lives_ok($$SELECT sharding.create_map('priv_admin_map', 4, ARRAY['a', 'b'])$$, 'admin: create_map');
+SELECT lives_ok($$SELECT sharding.pin('priv_admin_map', 'whale', 'c')$$, 'admin: pin');
+SELECT is(sharding.unpin('priv_admin_map', 'whale'), true, 'admin: unpin');
+SELECT is(sharding.move_shard('priv_admin_map', 0, 'b'), 2::bigint, 'admin: move_shard');
+SELECT lives_ok($$SELECT * FROM sharding.rebalance('priv_admin_map', ARRAY['a', 'b', 'c'])$$, 'admin: rebalance');
+SELECT lives_ok($$SELECT sharding.add_node('d', 'host=d.invalid')$$, 'admin: add_node');
+SELECT lives_ok($$SELECT sharding.drop_node('d')$$, 'admin: drop_node');
+SELECT lives_ok($$SELECT sharding.drop_map('priv_admin_map')$$, 'admin: drop_map');
+SELECT throws_ok($$SELECT sharding.guard_rank('public.priv_orders', 'status', ARRAY['new', 'done'])$$, '42501', NULL,
+                 'admin without TRIGGER on the table: guard_rank refused');
+RESET ROLE;
+GRANT TRIGGER ON public.priv_orders TO priv_admin;
+SET LOCAL ROLE priv_admin;
+SELECT lives_ok($$SELECT sharding.guard_rank('public.priv_orders', 'status', ARRAY['new', 'done'])$$, 'admin with TRIGGER: guard_rank');
+SELECT throws_ok($$SELECT sharding.unguard_rank('public.priv_orders', 'status')$$, '42501', NULL,
+                 'admin with TRIGGER but not owner: unguard_rank refused (DROP TRIGGER needs the owner)');
+CREATE TABLE public.priv_admin_orders (id bigint PRIMARY KEY, status text);
+SELECT lives_ok($$SELECT sharding.guard_rank('public.priv_admin_orders', 'status', ARRAY['new', 'done'])$$, 'admin owning the table: guard_rank');
+SELECT lives_ok($$SELECT sharding.unguard_rank('public.priv_admin_orders', 'status')$$, 'admin owning the table: unguard_rank');
+RESET ROLE;
+
+-- Every function is SECURITY INVOKER.
+SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
+            WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'sharding') AND p.prosecdef), 0,
+          'no function of the extension is SECURITY DEFINER');
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,47 @@
+// Unit tests of MapRoutes::compute_partitions (src/route_cache.hpp): the
+// PL/Proxy partition of every node of a map. Emits TAP.
+#include "route_cache.hpp"
+
+#include <cstdio>
+#include <cstring>
+
+namespace {
+int test_no = 0, failures = 0;
+void check(bool ok, const char *what) {
+    ++test_no;
+    if (!ok) ++failures;
+    std::printf("%s %d - %s\n", ok ? "ok" : "not ok", test_no, what);
+}
+
+int32_t intern(sharding::MapRoutes &m, const char *name) { return m.node_index(name, std::strlen(name)); }
+}  // namespace
+
+int main() {
+    std::printf("1..4\n");
+    // 8 logical shards: a owns 0-2, b owns 3-5, a again 6, c owns 7; pins on
+    // pin-only nodes "zeta", "Alpha", "beta" (byte order: Alpha < beta < zeta).
+    sharding::MapRoutes m;
+    m.logical_shards = 8;
+    const char *owners[8] = {"a", "a", "a", "b", "b", "b", "a", "c"};
+    for (const char *o : owners) m.owner.push_back(intern(m, o));
+    int32_t zeta = intern(m, "zeta"), alpha = intern(m, "Alpha"), beta = intern(m, "beta");
+    int32_t b = intern(m, "b");  // already known: same index
+    m.finish_build();
+    m.compute_partitions();
+    check(m.node_partition[static_cast<size_t>(m.owner[0])] == 0 && m.node_partition[static_cast<size_t>(b)] == 3 &&
+              m.node_partition[static_cast<size_t>(m.owner[7])] == 7,
+          "an owning node's partition is the lowest logical shard it owns");
+    check(m.node_partition[static_cast<size_t>(alpha)] == 8 && m.node_partition[static_cast<size_t>(beta)] == 9 &&
+              m.node_partition[static_cast<size_t>(zeta)] == 10,
+          "pin-only nodes follow the logical partitions in byte order of their names");
+    check(m.node_partition.size() == m.nodes.size(), "every node has a partition");
+
+    sharding::MapRoutes plain;
+    plain.logical_shards = 2;
+    plain.owner.push_back(intern(plain, "x"));
+    plain.owner.push_back(intern(plain, "y"));
+    plain.finish_build();
+    plain.compute_partitions();
+    check(plain.node_partition[0] == 0 && plain.node_partition[1] == 1, "a map without pins: owners only");
+    return failures ? 1 : 0;
+}
