@@ -15,9 +15,12 @@ OBJS = \
 	src/rebalance.o \
 	src/route_cache.o
 
-# The install script is assembled from one fragment per topic, in order.
+# The install script of the current version is assembled from one fragment
+# per topic, in order. Older versions' install scripts are kept as released,
+# with an upgrade script from each to the next.
 INSTALL_PARTS = $(sort $(wildcard sql/install/*.sql))
 DATA_built = sql/sharding--$(EXTVERSION).sql
+DATA = sql/sharding--1.0.sql sql/sharding--1.0--1.1.sql
 
 # pg_regress tests: every sql/<name>.sql against expected/<name>.out.
 REGRESS = $(sort $(filter-out sharding--%,$(basename $(notdir $(wildcard sql/*.sql)))))

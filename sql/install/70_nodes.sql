@@ -106,72 +106,23 @@ COMMENT ON FUNCTION sharding.drop_node(text) IS
 REVOKE ALL ON FUNCTION sharding.drop_node(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.drop_node(text) TO sharding_admin;
 
--- _partition_for(map text, key anyelement): the body of every partition_for
--- overload; polymorphic so that plpgsql compiles (and caches the plans of)
--- one variant per key type. Unknown map: logical_shard raises 42704.
-CREATE FUNCTION sharding._partition_for(map text, key anyelement) RETURNS integer
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-#variable_conflict use_column
-DECLARE
-    shard integer := sharding.logical_shard(_partition_for.map, _partition_for.key);
-    pinned text;
-    first_owned integer;
-    shards integer;
-    pin_only_before integer;
-BEGIN
-    SELECT p.node INTO pinned
-      FROM sharding.pins AS p
-     WHERE p.map = _partition_for.map AND p.key = _partition_for.key::text;
-    IF NOT FOUND THEN
-        RETURN shard;
-    END IF;
-
-    -- A pinned key: the node's first logical partition if it owns one ...
-    SELECT min(s.logical) INTO first_owned
-      FROM sharding.shards AS s
-     WHERE s.map = _partition_for.map AND s.node = pinned;
-    IF first_owned IS NOT NULL THEN
-        RETURN first_owned;
-    END IF;
-
-    -- ... else its own partition after the logical ones.
-    SELECT m.logical_shards INTO shards FROM sharding.maps AS m WHERE m.map = _partition_for.map;
-    SELECT count(DISTINCT p.node) INTO pin_only_before
-      FROM sharding.pins AS p
-     WHERE p.map = _partition_for.map
-       AND p.node COLLATE "C" < pinned COLLATE "C"
-       AND NOT EXISTS (SELECT FROM sharding.shards AS s WHERE s.map = p.map AND s.node = p.node);
-    RETURN shards + pin_only_before;
-END
-$$;
-COMMENT ON FUNCTION sharding._partition_for(text, anyelement) IS
-    'internal: body of the partition_for overloads';
-
 -- partition_for(map text, key): the PL/Proxy RUN ON function, one overload
--- per key type (an untyped literal resolves to text). STABLE: it reads the
--- map. No SET search_path here: the body only calls a schema-qualified
--- function with exactly typed arguments, and a SET clause would cost a GUC
--- save and restore on every proxied call.
+-- per key type (an untyped literal resolves to text). C++ (since 1.1): it
+-- routes from the same per-backend cache as node_for, so a pinned key matches
+-- exactly as node_for matches it, and a proxied call pays a hash and a probe
+-- instead of three queries. STABLE: it reads the map.
 CREATE FUNCTION sharding.partition_for(map text, key text) RETURNS integer
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+    AS 'MODULE_PATHNAME', 'partition_for_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key bytea) RETURNS integer
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+    AS 'MODULE_PATHNAME', 'partition_for_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key smallint) RETURNS integer
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+    AS 'MODULE_PATHNAME', 'partition_for_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key integer) RETURNS integer
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+    AS 'MODULE_PATHNAME', 'partition_for_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key bigint) RETURNS integer
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+    AS 'MODULE_PATHNAME', 'partition_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key uuid) RETURNS integer
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    AS $$ BEGIN RETURN sharding._partition_for(map, key); END $$;
+    AS 'MODULE_PATHNAME', 'partition_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_for(text, text) IS
     'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
 COMMENT ON FUNCTION sharding.partition_for(text, bytea) IS
