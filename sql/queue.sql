@@ -338,6 +338,43 @@ SELECT p.oid::regprocedure AS function, obj_description(p.oid, 'pg_proc') IS NOT
                      'set_max_attempts', 'queue_stats', 'enqueue')
  ORDER BY 1::text;
 
+-- A renamed schema: the cached statements must follow the table, never the
+-- old name (a new table under the old name is a decoy that must stay untouched).
+CREATE SCHEMA qs1;
+SELECT sharding.create_queue('qs1.q');
+INSERT INTO qs1.q (key, created) VALUES ('real-1', now() - interval '2 s'), ('real-2', now() - interval '1 s');
+SELECT key FROM sharding.claim(NULL::qs1.q, 'w', 1);
+ALTER SCHEMA qs1 RENAME TO qs2;
+CREATE SCHEMA qs1;
+SELECT sharding.create_queue('qs1.q');
+INSERT INTO qs1.q (key) VALUES ('decoy');
+SELECT key FROM sharding.claim(NULL::qs2.q, 'w', 5);
+SELECT sharding.complete('qs2.q', (SELECT id FROM qs2.q WHERE key = 'real-1'), 'w') AS completed_in_renamed;
+SELECT key, status FROM qs1.q;
+DROP SCHEMA qs1, qs2 CASCADE;
+
+-- A trigger on the queue that claims again (a nested call, with another key
+-- column) while the outer claim_shards is running: the outer call's plan
+-- must stay alive, and both claims take distinct rows.
+SELECT sharding.create_queue('nest_jobs');
+INSERT INTO nest_jobs (key, created)
+SELECT 'n' || i, now() - (10 - i) * interval '1 s' FROM generate_series(1, 6) AS i;
+CREATE FUNCTION public.nest_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.owner = 'outer' THEN
+        PERFORM count(*) FROM sharding.claim_shards(NULL::public.nest_jobs, 'inner', ARRAY[0], 1, 1,
+                                                    '1 minute', 'status');
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER nest AFTER UPDATE ON nest_jobs FOR EACH ROW EXECUTE FUNCTION public.nest_claim();
+SELECT key FROM sharding.claim_shards(NULL::nest_jobs, 'outer', ARRAY[0], 1, 2, '1 minute', 'key') ORDER BY key;
+SELECT owner, count(*) FROM nest_jobs GROUP BY owner ORDER BY owner;
+SELECT key FROM sharding.claim_shards(NULL::nest_jobs, 'outer', ARRAY[0], 1, 1, '1 minute', 'key');
+SELECT owner, count(*) FROM nest_jobs GROUP BY owner ORDER BY owner;
+DROP TABLE nest_jobs;
+DROP FUNCTION public.nest_claim();
+
 DROP TABLE jobs, other, "Work Q"."Big Jobs", "Work Q".second;
 DROP SCHEMA "Work Q";
 DROP EXTENSION sharding;

@@ -187,6 +187,11 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     fresh->logical_shards = raw.logical_shards;
     if ((raw.logical_shards & (raw.logical_shards - 1)) == 0 && raw.logical_shards > 1)
         fresh->shard_mask = static_cast<uint64_t>(raw.logical_shards) - 1;
+    // The shard rows bound the allocation: a logical_shards value edited by
+    // hand (say 2^31 - 1) must give a clean ERROR, not an 8 GB vector.
+    if (raw.nshards != static_cast<uint64>(raw.logical_shards))
+        sharding::fail(ERRCODE_DATA_CORRUPTED, "map \"%s\" has %d logical shards but %llu shard rows", key.c_str(),
+                       raw.logical_shards, static_cast<unsigned long long>(raw.nshards));
     fresh->owner.assign(static_cast<size_t>(raw.logical_shards), -1);
     for (uint64 i = 0; i < raw.nshards; i++) {
         int32 l = raw.logical[i];
@@ -459,6 +464,8 @@ SHARDING_FUNCTION(fence) {
 SHARDING_FUNCTION(_lock_shard) {
     text *map = PG_GETARG_TEXT_PP(0);
     int32 logical = PG_GETARG_INT32(1);
+    if (logical < 0)  // -1 would be the map-level lock tag
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "logical shard must not be negative, got %d", logical);
     lock_shard_tag(map, map_level, RowExclusiveLock);
     lock_shard_tag(map, static_cast<uint32>(logical), ExclusiveLock);
     PG_RETURN_VOID();

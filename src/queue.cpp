@@ -75,6 +75,12 @@ struct QueueEntry {
 
 MemoryContext queue_cxt = nullptr;
 HTAB *queue_cache = nullptr;
+// Plans and names a rebuild replaced. A call further up the stack (a trigger
+// on the queue table that calls claim or complete, say) may still be
+// executing them, so they are freed only at the end of the transaction, when
+// nothing can be running (queue_xact_callback).
+List *retired_plans = NIL;
+List *retired_names = NIL;
 SPIPlanPtr settings_plan = nullptr;  // SELECT max_attempts FROM sharding.queue_settings ...
 
 // Relcache callback: only marks entries stale (no catalog access here).
@@ -104,17 +110,44 @@ void ensure_cache() {
     queue_cache = hash_create("sharding queues", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 }
 
+void retire_plan(SPIPlanPtr plan) {
+    if (plan == nullptr) return;
+    MemoryContext old = MemoryContextSwitchTo(queue_cxt);
+    retired_plans = lappend(retired_plans, plan);
+    MemoryContextSwitchTo(old);
+}
+
 void reset_entry(QueueEntry *e) {
     for (int k = 0; k < PlanKinds; k++) {
-        if (e->plans[k] != nullptr) SPI_freeplan(e->plans[k]);
+        retire_plan(e->plans[k]);
         e->plans[k] = nullptr;
     }
-    if (e->shard_plan != nullptr) SPI_freeplan(e->shard_plan);
+    retire_plan(e->shard_plan);
     e->shard_plan = nullptr;
-    if (e->name != nullptr) pfree(e->name);
+    if (e->name != nullptr) {
+        MemoryContext old = MemoryContextSwitchTo(queue_cxt);
+        retired_names = lappend(retired_names, e->name);
+        MemoryContextSwitchTo(old);
+    }
     e->name = nullptr;
     e->valid = false;
 }
+
+// End of a transaction: nothing of ours is executing any more, so what
+// rebuilds replaced can be freed.
+void queue_xact_callback(XactEvent event, void *) {
+    if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_ABORT && event != XACT_EVENT_PREPARE) return;
+    ListCell *lc;
+    foreach (lc, retired_plans) SPI_freeplan(static_cast<SPIPlanPtr>(lfirst(lc)));
+    foreach (lc, retired_names) pfree(lfirst(lc));
+    list_free(retired_plans);
+    list_free(retired_names);
+    retired_plans = retired_names = NIL;
+}
+
+// A schema was renamed (or otherwise changed): the cached statements spell
+// tables by schema-qualified name, so every entry must be rebuilt.
+void queue_namespace_callback(Datum, int, uint32) { queue_relcache_callback(0, InvalidOid); }
 
 // The table's quoted, schema-qualified name (palloc'd).
 const char *qualified_name(Oid relid) {
@@ -411,7 +444,7 @@ char *shard_filter(Oid relid, const char *column) {
 
 SPIPlanPtr shard_plan_for(QueueEntry *e, const char *column) {
     if (e->shard_plan != nullptr && strcmp(NameStr(e->shard_column), column) == 0) return e->shard_plan;
-    if (e->shard_plan != nullptr) SPI_freeplan(e->shard_plan);
+    retire_plan(e->shard_plan);  // an outer claim_shards may be running it
     e->shard_plan = nullptr;
     Oid types[6] = {TEXTOID, INT4OID, INTERVALOID, INT4OID, INT4ARRAYOID, INT4OID};
     SPIPlanPtr p = keep(claim_sql(e, shard_filter(e->relid, column)), 6, types);
@@ -550,7 +583,11 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
 
 namespace sharding {
 // Called once from _PG_init.
-void queue_init() { CacheRegisterRelcacheCallback(queue_relcache_callback, (Datum)0); }
+void queue_init() {
+    CacheRegisterRelcacheCallback(queue_relcache_callback, (Datum)0);
+    CacheRegisterSyscacheCallback(NAMESPACEOID, queue_namespace_callback, (Datum)0);
+    RegisterXactCallback(queue_xact_callback, nullptr);
+}
 }  // namespace sharding
 
 /*

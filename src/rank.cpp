@@ -622,6 +622,9 @@ static void rank_relcache_callback(Datum, Oid relid) {
             if (relid == InvalidOid || kv.second.g.relid == relid) kv.second.g.valid = false;
 }
 static void rank_enum_callback(Datum, int, uint32) { enum_generation++; }
+// advance's prepared UPDATE spells the table by schema-qualified name: a
+// renamed schema must rebuild every entry.
+static void rank_namespace_callback(Datum, int, uint32) { rank_relcache_callback(0, InvalidOid); }
 }
 
 void rank_init() {
@@ -629,6 +632,7 @@ void rank_init() {
     rank_cxt = AllocSetContextCreate(CacheMemoryContext, "sharding rank cache", ALLOCSET_SMALL_SIZES);
     CacheRegisterRelcacheCallback(rank_relcache_callback, 0);
     CacheRegisterSyscacheCallback(ENUMOID, rank_enum_callback, 0);
+    CacheRegisterSyscacheCallback(NAMESPACEOID, rank_namespace_callback, 0);
 }
 
 }  // namespace sharding
@@ -715,6 +719,10 @@ SHARDING_FUNCTION(advance) {
     Column &c = sharding::column_for(relid, NameStr(*col), RowExclusiveLock);
     int r = sharding::rank_in(c, v);
     sharding::prepare_advance(c);
+    // Taken now: converting the id below may run user code (a domain check)
+    // that rebuilds this entry; retired plans stay alive while we run.
+    SPIPlanPtr plan = c.plan;
+    Datum rank_value = c.rank_datum[r], higher = c.higher[r];
 
     // The id as a value of the primary key's type.
     Oid pk_type = c.pk_type;
@@ -743,8 +751,7 @@ SHARDING_FUNCTION(advance) {
             });
         }
     }
-    Datum values[3] = {key, c.rank_datum[r], c.higher[r]};
-    SPIPlanPtr plan = c.plan;
+    Datum values[3] = {key, rank_value, higher};
     Datum *vp = values;
     uint64 processed = sharding::pg_call([&] {
         if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");

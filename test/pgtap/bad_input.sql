@@ -4,7 +4,7 @@
 -- before. test/run.sh then checks that the server never restarted.
 \set QUIET on
 BEGIN;
-SELECT plan(102);
+SELECT plan(103);
 
 -- A fingerprint of everything a failed call could disturb: every table of
 -- schema sharding, the test's own tables, and routing answers served from
@@ -180,6 +180,12 @@ SELECT is(pg_temp.bad($$SELECT * FROM sharding.cluster_partitions('bad_map')$$, 
 SELECT is(pg_temp.bad($$SELECT * FROM sharding.cluster_partitions('no map')$$, '42704'), 'ok', 'cluster_partitions unknown map');
 SELECT is(pg_temp.bad($$SELECT sharding.cluster_version('no map')$$, '42704'), 'ok', 'cluster_version unknown map');
 SELECT is(pg_temp.bad($$SELECT * FROM sharding.cluster_config('no map')$$, '42704'), 'ok', 'cluster_config unknown map');
+
+-- A map edited by hand into nonsense gives a clean ERROR (no 8 GB vector).
+SELECT sharding.create_map('bad_corrupt', 4, ARRAY['a']);
+UPDATE sharding.maps SET logical_shards = 2147483647 WHERE map = 'bad_corrupt';
+SELECT is(pg_temp.bad($$SELECT sharding.node_for('bad_corrupt', 'k')$$, 'XX001'), 'ok',
+          'node_for on a hand-corrupted map: data_corrupted, no huge allocation');
 
 -- Hostile values that are legal: stored as values, never run as SQL.
 SELECT sharding.create_map($n$x'); DROP TABLE sharding.maps; --$n$, 4, ARRAY[$n$n"1; DELETE FROM sharding.shards$n$]);
