@@ -66,10 +66,12 @@ $(OBJS): .build-flags $(wildcard src/*.hpp)
 sql/sharding--$(EXTVERSION).sql: $(INSTALL_PARTS) sharding.control
 	cat $(INSTALL_PARTS) > $@
 
-.PHONY: test demo sanitize
+.PHONY: test demo sanitize memcheck
 test:
 	bash test/run.sh
 sanitize:
 	bash test/sanitize.sh
+memcheck:
+	bash test/memcheck.sh
 demo:
 	bash demo/run.sh

@@ -89,18 +89,19 @@ start_cluster() {
     local port=${SHARDING_PORT:-$(free_port)}
     local opts="-p $port -k $dir -c listen_addresses='' -c fsync=off -c synchronous_commit=off \
         -c full_page_writes=off -c max_connections=120 -c log_min_messages=warning $*"
-    if [ -z "${SHARDING_SERVER_ENV:-}" ]; then
+    if [ -z "${SHARDING_SERVER_ENV:-}${SHARDING_SERVER_WRAPPER:-}" ]; then
         as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
             -o "$opts" >/dev/null || { cat "$dir/server.log" >&2; return 1; }
     else
         # SHARDING_SERVER_ENV: extra environment for the server process only
         # (the sanitizer run preloads the ASan runtime this way; pg_ctl itself
-        # must not run under it).
+        # must not run under it). SHARDING_SERVER_WRAPPER: a command the
+        # server runs under (test/memcheck.sh: valgrind).
         # shellcheck disable=SC2086
-        as_server_user env ${SHARDING_SERVER_ENV} sh -c \
-            "exec '$PG_BIN/postgres' -D '$dir/data' $opts >>'$dir/server.log' 2>&1 </dev/null &"
+        as_server_user env ${SHARDING_SERVER_ENV:-} sh -c \
+            "exec ${SHARDING_SERVER_WRAPPER:-} '$PG_BIN/postgres' -D '$dir/data' $opts >>'$dir/server.log' 2>&1 </dev/null &"
         local i
-        for i in $(seq 120); do
+        for i in $(seq 300); do
             "$PG_BIN/pg_isready" -q -h "$dir" -p "$port" && break
             sleep 0.5
         done
