@@ -21,7 +21,7 @@ chmod 777 "$logs"
 DIR=$(make_cluster_dir memcheck)
 trap 'stop_cluster "$DIR"; rm -rf "$DIR"' EXIT
 export SHARDING_SERVER_WRAPPER="valgrind --quiet --trace-children=yes --num-callers=40 --error-limit=no --log-file=$logs/vg.%p"
-start_cluster "$DIR" "-c max_connections=20" || exit 1
+start_cluster "$DIR" "-c max_connections=20 -c max_locks_per_transaction=512" || exit 1
 make -s installcheck PG_CONFIG=$PG_CONFIG 2>&1 | grep -E '^test |tests? (passed|failed)'
 regress_rc=${PIPESTATUS[0]}
 stop_cluster "$DIR"
