@@ -21,6 +21,7 @@
 #include "rebalance.hpp"
 #include "route_cache.hpp"
 
+#include <iterator>
 #include <memory>
 #include <unordered_map>
 
@@ -45,6 +46,7 @@ using sharding::MapRoutes;
 uint64_t generation = 1;           // bumped by every relevant invalidation
 Oid maps_relid = InvalidOid;       // sharding.maps, once known
 const MapRoutes *last = nullptr;   // the map the previous call used
+uint64_t swept = 0;                // generation of the last sweep of stale entries
 std::unordered_map<std::string, std::unique_ptr<MapRoutes>> cache;
 
 // Node names as ready-made text values, shared by all maps and never freed,
@@ -256,6 +258,15 @@ inline const MapRoutes &routes_for(FunctionCallInfo fcinfo, text *map) {
     if (m != nullptr && m->generation == generation && m->name.size() == len &&
         memcmp(m->name.data(), name, len) == 0)
         return *m;
+    if (swept != generation) {
+        // Something changed: drop every stale entry (maps dropped since, or
+        // not used again, would otherwise keep their memory); each map is
+        // rebuilt on its next use.
+        for (auto it = cache.begin(); it != cache.end();)
+            it = it->second->generation != generation ? cache.erase(it) : std::next(it);
+        last = nullptr;
+        swept = generation;
+    }
     {
         auto it = cache.find(std::string(name, len));
         if (it != cache.end() && it->second->generation == generation) {
