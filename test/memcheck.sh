@@ -9,7 +9,8 @@
 # PostgreSQL itself is not built for Valgrind, so memcheck also reports
 # PostgreSQL's own known noise (uninitialised padding written to WAL, the
 # dynamic loader's strncmp). The run fails only on error records whose stack
-# passes through our library, sharding.so, and prints them.
+# passes through our library (a frame "(in .../sharding.so)", or, with debug
+# information, a frame in one of our .cpp/.hpp files), and prints them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . test/lib/cluster.sh
@@ -27,7 +28,7 @@ regress_rc=${PIPESTATUS[0]}
 stop_cluster "$DIR"
 # One error record = the lines from "==pid== <headline>" to the next blank "==pid== ".
 ours=$(awk '/^==[0-9]+== [A-Z]/ {rec = $0 "\n"; inrec = 1; next}
-            inrec && /^==[0-9]+== *$/ {if (rec ~ /sharding\.so/) printf "%s\n", rec; inrec = 0; next}
+            inrec && /^==[0-9]+== *$/ {if (rec ~ /sharding\.so|\.(cpp|hpp):[0-9]+\)/) printf "%s\n", rec; inrec = 0; next}
             inrec {rec = rec $0 "\n"}' "$logs"/vg.* 2>/dev/null)
 total=$(grep -h '^==[0-9]*== [A-Z]' "$logs"/vg.* 2>/dev/null | wc -l)
 n=$(printf '%s' "$ours" | grep -c '^==[0-9]*== [A-Z]')
