@@ -14,10 +14,15 @@ cd "$(dirname "$0")/.."
 
 passed=0
 failed=0
+skipped=0
 count() { passed=$((passed + $1)); failed=$((failed + $2)); }
 
 finish() {
-    echo "$passed passed, $failed failed"
+    if [ "$skipped" -gt 0 ]; then
+        echo "$passed passed, $failed failed, $skipped skipped"
+    else
+        echo "$passed passed, $failed failed"
+    fi
     [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
     exit $?
 }
@@ -32,10 +37,14 @@ start_cluster "$TESTDIR" || { count 0 1; finish; }
 export SHARDING_TESTDIR=$TESTDIR
 start_time=$(psql -XAtqd postgres -c 'SELECT pg_postmaster_start_time()')
 
-# Counts TAP lines on stdin: "ok N" and "not ok N" (nested ones included).
+# Counts TAP lines of a file: "ok N" and "not ok N" (nested ones included);
+# "ok N ... # SKIP" counts as skipped, not passed.
 tap_count() {
-    local out=$1 rc=$2 ok nok
+    local out=$1 rc=$2 ok nok skip
     ok=$(grep -cE '^\s*ok [0-9]+' "$out")
+    skip=$(grep -cE '^\s*ok [0-9]+.*# ?SKIP' "$out")
+    ok=$((ok - skip))
+    skipped=$((skipped + skip))
     nok=$(grep -cE '^\s*not ok [0-9]+' "$out")
     # A script that died before reporting (bad plan, crash) is one failure.
     if [ "$rc" -ne 0 ] && [ "$nok" -eq 0 ]; then nok=1; fi
