@@ -187,8 +187,7 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     auto fresh = std::make_unique<MapRoutes>();
     fresh->name = key;
     fresh->logical_shards = raw.logical_shards;
-    if ((raw.logical_shards & (raw.logical_shards - 1)) == 0 && raw.logical_shards > 1)
-        fresh->shard_mask = static_cast<uint64_t>(raw.logical_shards) - 1;
+    fresh->shard_mod.set(static_cast<uint64_t>(raw.logical_shards));
     // The shard rows bound the allocation: a logical_shards value edited by
     // hand (say 2^31 - 1) must give a clean ERROR, not an 8 GB vector.
     if (raw.nshards != static_cast<uint64>(raw.logical_shards))

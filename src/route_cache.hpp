@@ -6,6 +6,8 @@
 // MapRoutes::build and then only read.
 #pragma once
 
+#include "hash_core.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -70,7 +72,7 @@ class PinTable {
 struct MapRoutes {
     std::string name;
     int32_t logical_shards = 0;
-    uint64_t shard_mask = 0;          // logical_shards - 1 when a power of two, else 0
+    FastMod shard_mod;                // h mod logical_shards, as shard_of computes it
     std::vector<int32_t> owner;       // logical shard -> index into nodes
     std::vector<std::string> nodes;   // distinct node names
     std::vector<const void *> node_results;  // per node: the result node_for returns (maps.cpp)
@@ -78,12 +80,9 @@ struct MapRoutes {
     PinTable pins;
     uint64_t generation = 0;          // cache generation it was built in
 
-    // shard_from_hash(hash, logical_shards), without the 64-bit division
-    // when the count is a power of two (the same value: h mod 2^n = h & (2^n - 1)).
-    int32_t shard_of_hash(uint64_t hash) const {
-        if (shard_mask != 0) return static_cast<int32_t>(hash & shard_mask);
-        return static_cast<int32_t>(hash % static_cast<uint64_t>(logical_shards));
-    }
+    // shard_from_hash(hash, logical_shards), without a 64-bit division (the
+    // same FastMod shard_of uses).
+    int32_t shard_of_hash(uint64_t hash) const { return static_cast<int32_t>(shard_mod.mod(hash)); }
     // PL/Proxy partitions (contract section 7, partition_for): a node that
     // owns logical shards is reached through the lowest one it owns; a node
     // that only holds pins gets its own partition after the logical ones, in
