@@ -7,13 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PGDATABASE=sharding_queue_cache
 
-n=0
-failures=0
-ok() {
-    n=$((n + 1))
-    if [ "$1" = t ]; then echo "ok $n - $2"; else echo "not ok $n - $2 (got: $1)"; failures=$((failures + 1)); fi
-}
-q() { psql -XqAtc "$1"; }
+. test/lib/tap.sh
 wait_for() {  # wait_for STEP: until the worker has reached STEP
     for _ in $(seq 1 200); do
         [ "$(q "SELECT step FROM flag")" = "$1" ] && return 0
@@ -23,7 +17,7 @@ wait_for() {  # wait_for STEP: until the worker has reached STEP
 }
 
 echo "1..5"
-dropdb --if-exists "$PGDATABASE" 2>/dev/null; createdb "$PGDATABASE" || exit 1
+fresh_db || exit 1
 psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL' || exit 1
 CREATE EXTENSION sharding;
 SELECT sharding.create_queue('jobs');

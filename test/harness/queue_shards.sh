@@ -8,16 +8,10 @@ cd "$(dirname "$0")/../.."
 export PGDATABASE=sharding_queue_shards
 JOBS=6000
 
-n=0
-failures=0
-ok() {
-    n=$((n + 1))
-    if [ "$1" = t ]; then echo "ok $n - $2"; else echo "not ok $n - $2 (got: $1)"; failures=$((failures + 1)); fi
-}
-q() { psql -XqAtc "$1"; }
+. test/lib/tap.sh
 
 echo "1..6"
-dropdb --if-exists "$PGDATABASE" 2>/dev/null; createdb "$PGDATABASE" || exit 1
+fresh_db || exit 1
 psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<SQL || exit 1
 CREATE EXTENSION sharding;
 SELECT sharding.create_queue('jobs');

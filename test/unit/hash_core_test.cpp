@@ -1,17 +1,13 @@
 // Unit tests of the pure C++ core (src/hash_core.hpp), no PostgreSQL needed.
 // Emits TAP. Built and run by test/harness/unit.sh.
 #include "hash_core.hpp"
+#include "tap.hpp"
 
 #include <cstdio>
 #include <random>
 
 namespace {
-int test_no = 0, failures = 0;
-void check(bool ok, const char *what) {
-    ++test_no;
-    if (!ok) ++failures;
-    std::printf("%s %d - %s\n", ok ? "ok" : "not ok", test_no, what);
-}
+using tap::check;
 }  // namespace
 
 int main() {
@@ -86,5 +82,5 @@ int main() {
     bool ten = sharding::dealt_range(0, 4, 10).count == 3 && sharding::dealt_range(1, 4, 10).count == 3 &&
                sharding::dealt_range(2, 4, 10).count == 2 && sharding::dealt_range(3, 4, 10).count == 2;
     check(ten, "10 over 4: 3,3,2,2");
-    return failures ? 1 : 0;
+    return tap::status();
 }

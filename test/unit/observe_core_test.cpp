@@ -1,6 +1,7 @@
 // Unit tests of the pure C++ bar and imbalance (src/observe_core.hpp), no
 // PostgreSQL needed. Emits TAP. Built and run by test/harness/unit.sh.
 #include "observe_core.hpp"
+#include "tap.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -8,12 +9,7 @@
 #include <string>
 
 namespace {
-int test_no = 0, failures = 0;
-void check(bool ok, const char *what) {
-    ++test_no;
-    if (!ok) ++failures;
-    std::printf("%s %d - %s\n", ok ? "ok" : "not ok", test_no, what);
-}
+using tap::check;
 
 // Length of a bar in eighths of a character, parsed back from its UTF-8.
 long eighths_of(const std::string &bar) {
@@ -72,5 +68,5 @@ int main() {
               std::fabs(seed.value() - 490.0 / (790.0 / 4)) < 1e-12,
           "imbalance is max / mean");
     check(!zero.defined() && !none.defined(), "imbalance is undefined for no loads or all zero");
-    return failures == 0 ? 0 : 1;
+    return tap::status();
 }

@@ -1,17 +1,13 @@
 // Unit tests of MapRoutes::compute_partitions (src/route_cache.hpp): the
 // PL/Proxy partition of every node of a map. Emits TAP.
 #include "route_cache.hpp"
+#include "tap.hpp"
 
 #include <cstdio>
 #include <cstring>
 
 namespace {
-int test_no = 0, failures = 0;
-void check(bool ok, const char *what) {
-    ++test_no;
-    if (!ok) ++failures;
-    std::printf("%s %d - %s\n", ok ? "ok" : "not ok", test_no, what);
-}
+using tap::check;
 
 int32_t intern(sharding::MapRoutes &m, const char *name) { return m.node_index(name, std::strlen(name)); }
 }  // namespace
@@ -43,5 +39,5 @@ int main() {
     plain.finish_build();
     plain.compute_partitions();
     check(plain.node_partition[0] == 0 && plain.node_partition[1] == 1, "a map without pins: owners only");
-    return failures ? 1 : 0;
+    return tap::status();
 }
