@@ -19,8 +19,13 @@ OBJS = \
 # per topic, in order. Older versions' install scripts are kept as released,
 # with an upgrade script from each to the next.
 INSTALL_PARTS = $(sort $(wildcard sql/install/*.sql))
-DATA_built = sql/sharding--$(EXTVERSION).sql
-DATA = sql/sharding--1.0.sql sql/sharding--1.0--1.1.sql
+DATA_built = sql/sharding--$(EXTVERSION).sql sql/sharding--1.1--1.2.sql
+DATA = sql/sharding--1.0.sql sql/sharding--1.0--1.1.sql sql/sharding--1.1.sql
+
+# The upgrade 1.1 -> 1.2 (not yet released, so still assembled): changes to
+# objects 1.1 had (sql/upgrade/1.1--1.2/*.sql) and the install fragments of
+# topics new in 1.2 (sql/install/8*.sql, 9*.sql), in order of file name.
+UPGRADE_1_2_PARTS = $(wildcard sql/upgrade/1.1--1.2/*.sql sql/install/8*.sql sql/install/9*.sql)
 
 # pg_regress tests: every sql/<name>.sql against expected/<name>.out.
 REGRESS = $(sort $(filter-out sharding--%,$(basename $(notdir $(wildcard sql/*.sql)))))
@@ -65,6 +70,9 @@ $(OBJS): .build-flags $(wildcard src/*.hpp)
 
 sql/sharding--$(EXTVERSION).sql: $(INSTALL_PARTS) sharding.control
 	cat $(INSTALL_PARTS) > $@
+
+sql/sharding--1.1--1.2.sql: $(UPGRADE_1_2_PARTS)
+	for f in $(UPGRADE_1_2_PARTS); do echo "$$(basename $$f) $$f"; done | sort | cut -d' ' -f2 | xargs cat > $@
 
 .PHONY: test demo sanitize memcheck
 test:

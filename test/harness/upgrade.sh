@@ -8,17 +8,23 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OLD=sharding_upgrade_old
 NEW=sharding_upgrade_new
-for db in $OLD $NEW; do dropdb --if-exists $db 2>/dev/null; createdb $db || exit 1; done
-trap 'dropdb --if-exists $OLD 2>/dev/null; dropdb --if-exists $NEW 2>/dev/null' EXIT
 current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
-
-echo "1..8"
+# Every released version upgrades to the current one.
+FROMS="1.0 1.1"
+echo "1..$((8 * $(echo $FROMS | wc -w)))"
 n=0
 fail=0
 ok() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fail=1; fi; }
+trap 'dropdb --if-exists $OLD 2>/dev/null; dropdb --if-exists $NEW 2>/dev/null' EXIT
 
+# upgrade_from VERSION: install VERSION, use it, update, compare with a fresh install.
+upgrade_from() {
+local from=$1
+for db in $OLD $NEW; do dropdb --if-exists $db 2>/dev/null; createdb $db || exit 1; done
+
+
+psql -XqAtd $OLD -v ON_ERROR_STOP=1 -c "CREATE EXTENSION sharding VERSION '$from'" >/dev/null &&
 psql -XqAtd $OLD -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
-CREATE EXTENSION sharding VERSION '1.0';
 SELECT sharding.create_map('docs', 32, ARRAY['n1', 'n2', 'n3']);
 SELECT sharding.pin('docs', 'whale', 'dedicated');
 SELECT sharding.pin('docs', '42', 'n2');
@@ -30,7 +36,7 @@ SELECT sharding.guard_rank('orders', 'status', ARRAY['new', 'shipped', 'delivere
 SELECT sharding.create_queue('jobs');
 INSERT INTO jobs (key) SELECT 'k' || i FROM generate_series(1, 5) AS i;
 SQL
-ok $? "version 1.0 installs and works"
+ok $? "version $from installs and works"
 
 routes="SELECT string_agg(sharding.partition_for('docs', k)::text || '/' || sharding.node_for('docs', k), ',' ORDER BY k)
           FROM (SELECT 'key-' || i AS k FROM generate_series(1, 300) i UNION ALL SELECT 'whale' UNION ALL SELECT '42') t"
@@ -42,7 +48,7 @@ data="SELECT (SELECT string_agg(map || logical || node || epoch, ',' ORDER BY ma
 data_before=$(psql -XAtd $OLD -c "$data")
 
 psql -XqAtd $OLD -v ON_ERROR_STOP=1 -c 'ALTER EXTENSION sharding UPDATE' >/dev/null
-ok $? "ALTER EXTENSION sharding UPDATE from 1.0"
+ok $? "ALTER EXTENSION sharding UPDATE from $from"
 psql -XqAtd $NEW -v ON_ERROR_STOP=1 -c 'CREATE EXTENSION sharding' >/dev/null
 got=$(psql -XAtd $OLD -c "SELECT extversion FROM pg_extension WHERE extname = 'sharding'")
 [ "$got" = "$current" ]
@@ -117,5 +123,8 @@ data_after=$(psql -XAtd $OLD -c "$data")
 ok $? "maps, epochs, pins, DSNs, queue rows and cluster_version survive the update"
 got=$(psql -XAtd $OLD -c "UPDATE orders SET status = 'new' WHERE id = 1" -c "SELECT status FROM orders WHERE id = 1" 2>&1 | tail -1)
 [ "$got" = "delivered" ]
-ok $? "the rank guard installed under 1.0 still guards after the update"
+ok $? "the rank guard installed under $from still guards after the update"
+}
+
+for v in $FROMS; do upgrade_from "$v"; done
 exit $fail

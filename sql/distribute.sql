@@ -1,0 +1,56 @@
+-- Section 8 (part): distribute / undistribute and the distributed_tables
+-- config table.
+CREATE EXTENSION sharding;
+
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+SELECT sharding.create_map('docs', 16, ARRAY['n1', 'n2']);
+CREATE SCHEMA "App Data";
+CREATE TABLE "App Data"."Documents" (id bigint, workspace text, body text, PRIMARY KEY (workspace, id));
+CREATE TABLE comments (id bigint PRIMARY KEY, workspace text NOT NULL, body text);
+CREATE DOMAIN tenant_id AS bigint;
+CREATE TABLE tenants (id tenant_id PRIMARY KEY, name text);
+CREATE TABLE nopk (workspace text);
+CREATE TABLE wrongtype (id bigint PRIMARY KEY, workspace numeric);
+
+SELECT sharding.distribute('"App Data"."Documents"', 'workspace', 'docs');
+SELECT sharding.distribute('comments', 'workspace', 'docs');
+SELECT sharding.distribute('tenants', 'id', 'docs');
+SELECT * FROM sharding.distributed_tables ORDER BY schema_name, table_name;
+
+-- Errors, each changing nothing.
+SELECT pg_temp.err($$SELECT sharding.distribute('comments', 'workspace', 'nomap')$$);
+SELECT pg_temp.err($$SELECT sharding.distribute('comments', 'nocol', 'docs')$$);
+SELECT pg_temp.err($$SELECT sharding.distribute('wrongtype', 'workspace', 'docs')$$);
+SELECT pg_temp.err($$SELECT sharding.distribute('comments', 'workspace', 'docs')$$);
+SELECT pg_temp.err($$SELECT sharding.distribute('nopk', 'workspace', 'docs')$$);
+SELECT pg_temp.err($$SELECT sharding.distribute(NULL, 'workspace', 'docs')$$);
+SELECT pg_temp.err($$SELECT sharding.distribute('comments', NULL, 'docs')$$);
+SELECT pg_temp.err($$SELECT sharding.distribute('comments', 'workspace', NULL)$$);
+SELECT pg_temp.err($$SELECT sharding.undistribute(NULL)$$);
+SELECT count(*) AS still_three FROM sharding.distributed_tables;
+
+-- Readable by everyone, changeable by admins only.
+CREATE ROLE sharding_dist_plain;
+SET ROLE sharding_dist_plain;
+SELECT count(*) FROM sharding.distributed_tables;
+SELECT pg_temp.err($$SELECT sharding.distribute('nopk', 'workspace', 'docs')$$);
+SELECT pg_temp.err($$SELECT sharding.undistribute('comments')$$);
+RESET ROLE;
+
+SELECT sharding.undistribute('comments') AS was, sharding.undistribute('comments') AS again;
+-- drop_map forgets the map's distributed tables.
+SELECT sharding.drop_map('docs');
+SELECT count(*) AS after_drop_map FROM sharding.distributed_tables;
+
+DROP ROLE sharding_dist_plain;
+DROP EXTENSION sharding;
+DROP SCHEMA "App Data" CASCADE;
+DROP TABLE comments, tenants, nopk, wrongtype;
+DROP DOMAIN tenant_id;
