@@ -95,7 +95,7 @@ if [ ${#tap_files[@]} -gt 0 ]; then
 fi
 
 # 3. TAP harnesses (each creates its own databases or clusters)
-for h in test/harness/*.sh test/multinode/run.sh; do
+for h in test/harness/*.sh test/multinode/*.sh; do
     [ -f "$h" ] && selected "$h" || continue
     log "harness $h"
     h_out=$(mktemp)
