@@ -5,6 +5,7 @@ EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.contro
 MODULE_big = sharding
 OBJS = \
 	src/boundary.o \
+	src/cache.o \
 	src/module.o \
 	src/hash.o \
 	src/maps.o \
@@ -29,6 +30,10 @@ UPGRADE_1_2_PARTS = $(wildcard sql/upgrade/1.1--1.2/*.sql sql/install/8*.sql sql
 
 # pg_regress tests: every sql/<name>.sql against expected/<name>.out.
 REGRESS = $(sort $(filter-out sharding--%,$(basename $(notdir $(wildcard sql/*.sql)))))
+
+# Isolation tests (pg_isolation_regress, from PGXS): every specs/<name>.spec
+# against expected/<name>.out; make installcheck runs them after REGRESS.
+ISOLATION = $(sort $(basename $(notdir $(wildcard specs/*.spec))))
 
 PG_CONFIG ?= pg_config
 PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) -Isrc
@@ -75,8 +80,10 @@ sql/sharding--1.1--1.2.sql: $(UPGRADE_1_2_PARTS)
 	for f in $(UPGRADE_1_2_PARTS); do echo "$$(basename $$f) $$f"; done | sort | cut -d' ' -f2 | xargs cat > $@
 
 .PHONY: test demo sanitize memcheck
+# make test never installs packages: it reports what is missing instead
+# (bash test/run.sh, run as root by hand, may apt-get them).
 test:
-	bash test/run.sh
+	SHARDING_NO_APT=1 bash test/run.sh
 sanitize:
 	bash test/sanitize.sh
 memcheck:

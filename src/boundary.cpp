@@ -1,8 +1,13 @@
 // The C/C++ boundary: see boundary.hpp for the rules.
 #include "boundary.hpp"
 
+extern "C" {
+#include "mb/pg_wchar.h"
+}
+
 #include <cstdarg>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -39,6 +44,14 @@ void fail(int sqlstate, const char *fmt, ...) {
     throw Error(sqlstate, std::move(out));
 }
 
+void fail(int sqlstate, Explain explain, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::string out = vformat(fmt, ap);
+    va_end(ap);
+    throw Error(sqlstate, std::move(out), std::move(explain.detail), std::move(explain.hint));
+}
+
 namespace detail {
 
 // What the failed call left behind. Plain storage, no destructor: it must
@@ -53,9 +66,15 @@ struct Captured {
 };
 Captured captured;
 
+// Copies src into dst[size], cut (if it must be) at a character boundary
+// of the server encoding, never in the middle of a multibyte character.
 void copy_text(char *dst, size_t size, const char *src) {
-    std::strncpy(dst, src ? src : "", size - 1);
-    dst[size - 1] = '\0';
+    if (src == nullptr) src = "";
+    size_t len = std::strlen(src);
+    if (len >= size) len = static_cast<size_t>(pg_mbcliplen(src, static_cast<int>(std::min(len, size_t{1} << 30)),
+                                                            static_cast<int>(size - 1)));
+    std::memcpy(dst, src, len);
+    dst[len] = '\0';
 }
 }  // namespace
 
@@ -90,9 +109,18 @@ void raise_captured() {
         captured.pg = nullptr;
         ReThrowError(edata);
     }
-    ereport(ERROR, (errcode(captured.sqlstate), errmsg_internal("%s", captured.message),
-                    captured.detail[0] ? errdetail_internal("%s", captured.detail) : 0,
+    ereport(ERROR, (errcode(captured.sqlstate), errmsg("%s", captured.message),
+                    captured.detail[0] ? errdetail("%s", captured.detail) : 0,
                     captured.hint[0] ? errhint("%s", captured.hint) : 0));
+    pg_unreachable();
+}
+
+void raise_drift(sigjmp_buf *stack, ErrorContextCallback *context) {
+    PG_exception_stack = stack;
+    error_context_stack = context;
+    ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("sharding left PostgreSQL's error stack changed"),
+                    errdetail("A call returned with PG_exception_stack or error_context_stack not restored."),
+                    errhint("This is a bug in the sharding extension; please report it.")));
     pg_unreachable();
 }
 
@@ -144,6 +172,17 @@ SHARDING_FUNCTION(_boundary_selftest) {
             ereport(ERROR, (errcode(ERRCODE_DIVISION_BY_ZERO), errmsg("division by zero raised by PostgreSQL"),
                             errdetail("Raised inside pg_call.")));
         });
+    } else if (kind == "drift") {
+        // A PG_TRY left open, as an exception thrown inside one would leave
+        // it: guarded() must notice, restore the stack and raise an ERROR.
+        static sigjmp_buf leaked;
+        PG_exception_stack = &leaked;
+        return Int64GetDatum(0);
+    } else if (kind == "long_utf8") {
+        // A message longer than the capture buffer, of 3-byte characters.
+        std::string m = "x";  // so that the capture buffer (1024) ends inside a character
+        while (m.size() < 3000) m += "\xe2\x82\xac";
+        throw sharding::Error(ERRCODE_INVALID_PARAMETER_VALUE, m);
     } else if (kind == "pg_value") {
         int32 v = sharding::pg_call([&] { return pg_strtoint32("1234"); });
         return Int64GetDatum(v);

@@ -70,6 +70,14 @@ std::string format(const char *fmt, ...) pg_attribute_printf(1, 2);
 // Throw an Error: fail(ERRCODE_INVALID_PARAMETER_VALUE, "bad %d", x).
 [[noreturn]] void fail(int sqlstate, const char *fmt, ...) pg_attribute_printf(2, 3);
 
+// The same with a detail and a hint (complete sentences; either may be
+// empty): fail(ERRCODE_..., Explain{"The shard moved.", "Retry."}, "...", ...).
+struct Explain {
+    std::string detail;
+    std::string hint;
+};
+[[noreturn]] void fail(int sqlstate, Explain explain, const char *fmt, ...) pg_attribute_printf(3, 4);
+
 namespace detail {
 // Records the exception being handled (called inside a catch block only).
 void capture_current_exception() noexcept;
@@ -77,16 +85,38 @@ void capture_current_exception() noexcept;
 // block has ended, so no C++ object of the failed call is alive any more.
 [[noreturn]] void raise_captured();
 void rethrow_as_pg_error(MemoryContext cxt);
+// A call left PG_exception_stack or error_context_stack other than it found
+// them (a PG_TRY left by an exception): restores them and raises an ERROR.
+[[noreturn]] void raise_drift(sigjmp_buf *stack, ErrorContextCallback *context);
+// The cache module's retirement (cache.hpp): calls of this extension now
+// running in this backend, and whether retired objects wait for depth 0.
+extern int call_depth;
+extern bool retired_pending;
+void free_retired() noexcept;
 }  // namespace detail
 
-// The wrapper around every SQL-callable function (see rule 1).
+// The wrapper around every SQL-callable function (see rule 1). It also
+// counts the calls running (the cache frees what rebuilds replaced when the
+// outermost call returns) and checks that the call left PostgreSQL's error
+// stack as it found it.
 template <Datum (*Impl)(FunctionCallInfo)>
 inline Datum guarded(FunctionCallInfo fcinfo) {
+    sigjmp_buf *const stack = PG_exception_stack;
+    ErrorContextCallback *const context = error_context_stack;
+    ++detail::call_depth;
     try {
-        return Impl(fcinfo);
+        Datum result = Impl(fcinfo);
+        --detail::call_depth;
+        if (unlikely(PG_exception_stack != stack || error_context_stack != context))
+            detail::raise_drift(stack, context);
+        if (detail::call_depth == 0 && unlikely(detail::retired_pending)) detail::free_retired();
+        return result;
     } catch (...) {
         detail::capture_current_exception();
     }
+    --detail::call_depth;
+    if (unlikely(PG_exception_stack != stack || error_context_stack != context))
+        detail::raise_drift(stack, context);
     detail::raise_captured();
 }
 

@@ -25,7 +25,6 @@
 // memory of a replaced entry are freed only when no call is running, so a
 // nested call (a trigger calling advance) never frees what an outer call uses.
 #include "boundary.hpp"
-#include "rank.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
