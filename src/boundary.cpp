@@ -36,7 +36,7 @@ std::string format(const char *fmt, ...) {
     return out;
 }
 
-void fail(int sqlstate, const char *fmt, ...) {
+void fail(Raised sqlstate, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     std::string out = vformat(fmt, ap);
@@ -44,7 +44,7 @@ void fail(int sqlstate, const char *fmt, ...) {
     throw Error(sqlstate, std::move(out));
 }
 
-void fail(int sqlstate, Explain explain, const char *fmt, ...) {
+void fail(Raised sqlstate, Explain explain, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     std::string out = vformat(fmt, ap);
@@ -59,10 +59,14 @@ namespace detail {
 namespace {
 struct Captured {
     int sqlstate;
+    const char *file;  // where it was raised: string literals, static
+    int line;
+    const char *func;
     ErrorData *pg;  // set when a PostgreSQL ERROR is being carried
     char message[1024];
     char detail[1024];
     char hint[512];
+    char schema[NAMEDATALEN], table[NAMEDATALEN], column[NAMEDATALEN];
 };
 Captured captured;
 
@@ -81,15 +85,29 @@ void copy_text(char *dst, size_t size, const char *src) {
 void capture_current_exception() noexcept {
     captured.pg = nullptr;
     captured.detail[0] = captured.hint[0] = '\0';
+    captured.schema[0] = captured.table[0] = captured.column[0] = '\0';
+    captured.file = __FILE__;
+    captured.line = __LINE__;
+    captured.func = __func__;
     try {
         throw;
     } catch (const PgError &e) {
         captured.pg = e.data();
     } catch (const Error &e) {
         captured.sqlstate = e.sqlstate();
+        captured.file = e.raised().file;
+        captured.line = e.raised().line;
+        captured.func = e.raised().func;
         copy_text(captured.message, sizeof captured.message, e.what());
         copy_text(captured.detail, sizeof captured.detail, e.detail().c_str());
         copy_text(captured.hint, sizeof captured.hint, e.hint().c_str());
+        copy_text(captured.schema, sizeof captured.schema, e.schema().c_str());
+        copy_text(captured.table, sizeof captured.table, e.table().c_str());
+        copy_text(captured.column, sizeof captured.column, e.column().c_str());
+    } catch (const std::invalid_argument &e) {
+        // The pure core's way of refusing bad input (rank_core.hpp, ...).
+        captured.sqlstate = ERRCODE_INVALID_PARAMETER_VALUE;
+        copy_text(captured.message, sizeof captured.message, e.what());
     } catch (const std::bad_alloc &) {
         captured.sqlstate = ERRCODE_OUT_OF_MEMORY;
         copy_text(captured.message, sizeof captured.message, "out of memory in sharding");
@@ -109,9 +127,17 @@ void raise_captured() {
         captured.pg = nullptr;
         ReThrowError(edata);
     }
-    ereport(ERROR, (errcode(captured.sqlstate), errmsg("%s", captured.message),
-                    captured.detail[0] ? errdetail("%s", captured.detail) : 0,
-                    captured.hint[0] ? errhint("%s", captured.hint) : 0));
+    // ereport, with the location of the code that raised it.
+    if (errstart(ERROR, TEXTDOMAIN)) {
+        errcode(captured.sqlstate);
+        errmsg("%s", captured.message);
+        if (captured.detail[0]) errdetail("%s", captured.detail);
+        if (captured.hint[0]) errhint("%s", captured.hint);
+        if (captured.schema[0]) err_generic_string(PG_DIAG_SCHEMA_NAME, captured.schema);
+        if (captured.table[0]) err_generic_string(PG_DIAG_TABLE_NAME, captured.table);
+        if (captured.column[0]) err_generic_string(PG_DIAG_COLUMN_NAME, captured.column);
+        errfinish(captured.file, captured.line, captured.func);
+    }
     pg_unreachable();
 }
 
@@ -150,7 +176,7 @@ struct Witness {
 };
 }  // namespace
 
-SHARDING_FUNCTION(_boundary_selftest) {
+SHARDING_FUNCTION(sharding__boundary_selftest) {
     text *kind_text = PG_GETARG_TEXT_PP(0);
     std::string kind(VARDATA_ANY(kind_text), VARSIZE_ANY_EXHDR(kind_text));
     Witness witness;

@@ -442,9 +442,9 @@ namespace sharding {
 void maps_init() { cache::register_kind(&routing_kind); }
 }  // namespace sharding
 
-SHARDING_KEY_FUNCTIONS(node_for, node_for_body)
-SHARDING_KEY_FUNCTIONS(partition_for, partition_for_body)
-SHARDING_KEY_FUNCTIONS(logical_shard, logical_shard_body)
+SHARDING_KEY_FUNCTIONS(sharding_node_for, node_for_body)
+SHARDING_KEY_FUNCTIONS(sharding_partition_for, partition_for_body)
+SHARDING_KEY_FUNCTIONS(sharding_logical_shard, logical_shard_body)
 
 /*
  * fence(map text, logical integer, epoch bigint) RETURNS void
@@ -456,7 +456,7 @@ SHARDING_KEY_FUNCTIONS(logical_shard, logical_shard_body)
  * because a move may have committed while we waited. A heavyweight lock
  * rather than SELECT ... FOR SHARE: writers need no UPDATE privilege.
  */
-SHARDING_FUNCTION(fence) {
+SHARDING_FUNCTION(sharding_fence) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "fence needs a map, a logical shard and an epoch, got NULL");
     text *map = PG_GETARG_TEXT_PP(0);
@@ -515,7 +515,7 @@ SHARDING_FUNCTION(fence) {
  * Internal, for move_shard: waits for every writer fenced on the shard and
  * for any rebalance of the map, and keeps new ones out until commit.
  */
-SHARDING_FUNCTION(_lock_shard) {
+SHARDING_FUNCTION(sharding__lock_shard) {
     text *map = PG_GETARG_TEXT_PP(0);
     int32 logical = PG_GETARG_INT32(1);
     if (logical < 0)  // -1 would be the map-level lock tag
@@ -532,7 +532,7 @@ SHARDING_FUNCTION(_lock_shard) {
  * fence and move_shard on the map, however many shards move (a lock per
  * shard could exhaust the shared lock table on large maps).
  */
-SHARDING_FUNCTION(_lock_map) {
+SHARDING_FUNCTION(sharding__lock_map) {
     lock_shard_tag(PG_GETARG_TEXT_PP(0), map_level, ExclusiveLock);
     PG_RETURN_VOID();
 }
@@ -544,7 +544,7 @@ SHARDING_FUNCTION(_lock_map) {
  * Internal: the pure C++ planner (rebalance.cpp) seen from SQL. owners[i]
  * is the owner of logical shard i; the caller validated targets.
  */
-SHARDING_FUNCTION(_rebalance_plan) {
+SHARDING_FUNCTION(sharding__rebalance_plan) {
     ArrayType *owners_arr = PG_GETARG_ARRAYTYPE_P(0), *targets_arr = PG_GETARG_ARRAYTYPE_P(1);
     Datum *owner_d, *target_d;
     bool *owner_n, *target_n;
@@ -591,7 +591,7 @@ SHARDING_FUNCTION(_rebalance_plan) {
  * change, through the functions or by a direct write, invalidates every
  * backend's routing cache (see the comment at the top of this file).
  */
-SHARDING_FUNCTION(_routing_changed) {
+SHARDING_FUNCTION(sharding__routing_changed) {
     if (!CALLED_AS_TRIGGER(fcinfo))
         sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "_routing_changed must be called as a trigger");
     Oid relid = lookup_maps_relid();
