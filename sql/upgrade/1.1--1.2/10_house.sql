@@ -120,27 +120,7 @@ CREATE OR REPLACE FUNCTION sharding.partition_hash_extended(key uuid, seed bigin
     AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- Issue 16, finding 6: SQLSTATEs written as condition names.
-CREATE OR REPLACE FUNCTION sharding._rank_guard() RETURNS trigger
-    AS 'MODULE_PATHNAME', 'sharding__rank_guard' LANGUAGE C;
-COMMENT ON FUNCTION sharding._rank_guard() IS
-    'internal: the rank guard trigger; arguments (column, on_regress, ranks lowest first...)';
-
--- Internal: the guard trigger(s) of one column of a table, found by function
--- and column number, so renamed tables and columns are still found.
-CREATE FUNCTION sharding._rank_guard_triggers(tbl regclass, attnum smallint) RETURNS SETOF name
-    LANGUAGE sql STABLE STRICT
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-        SELECT t.tgname FROM pg_catalog.pg_trigger AS t
-         WHERE t.tgrelid = $1 AND t.tgfoid = 'sharding._rank_guard()'::pg_catalog.regprocedure
-           AND pg_catalog.cardinality(t.tgattr::pg_catalog.int2[]) = 1
-           AND $2 = ANY (t.tgattr::pg_catalog.int2[]) AND NOT t.tgisinternal
-    $$;
-COMMENT ON FUNCTION sharding._rank_guard_triggers(regclass, smallint) IS
-    'internal: names of the rank guard triggers on one column';
-
--- Internal: a user column of tbl (42703 otherwise). Shared by guard_rank and unguard_rank.
-CREATE FUNCTION sharding._rank_column(tbl regclass, col name, OUT attnum smallint, OUT atttypid oid,
+CREATE OR REPLACE FUNCTION sharding._rank_column(tbl regclass, col name, OUT attnum smallint, OUT atttypid oid,
                                       OUT typmod integer)
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
@@ -158,7 +138,6 @@ BEGIN
     END IF;
 END
 $$;
-
 CREATE OR REPLACE FUNCTION sharding.guard_rank(tbl regclass, col name, ranks text[] DEFAULT NULL,
                                     on_regress text DEFAULT 'skip') RETURNS void
     LANGUAGE plpgsql VOLATILE
@@ -248,130 +227,7 @@ BEGIN
     DO UPDATE SET ranks = excluded.ranks, on_regress = excluded.on_regress, created = now();
 END
 $$;
-
-CREATE OR REPLACE FUNCTION sharding.partition_hash(key text) RETURNS integer
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash(text) IS
-    'hash support function 1 of sharding.text_shard_ops: the low 32 bits of hash64(key)';
-CREATE FUNCTION sharding.partition_hash_extended(key text, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash_extended(text, bigint) IS
-    'hash support function 2 of sharding.text_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
-
-CREATE FUNCTION sharding.partition_hash(key bytea) RETURNS integer
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash(bytea) IS
-    'hash support function 1 of sharding.bytea_shard_ops: the low 32 bits of hash64(key)';
-CREATE FUNCTION sharding.partition_hash_extended(key bytea, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash_extended(bytea, bigint) IS
-    'hash support function 2 of sharding.bytea_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
-
-CREATE FUNCTION sharding.partition_hash(key smallint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash(smallint) IS
-    'hash support function 1 of sharding.int2_shard_ops: the low 32 bits of hash64(key)';
-CREATE FUNCTION sharding.partition_hash_extended(key smallint, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash_extended(smallint, bigint) IS
-    'hash support function 2 of sharding.int2_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
-
-CREATE FUNCTION sharding.partition_hash(key integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash(integer) IS
-    'hash support function 1 of sharding.int4_shard_ops: the low 32 bits of hash64(key)';
-CREATE FUNCTION sharding.partition_hash_extended(key integer, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash_extended(integer, bigint) IS
-    'hash support function 2 of sharding.int4_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
-
-CREATE FUNCTION sharding.partition_hash(key bigint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash(bigint) IS
-    'hash support function 1 of sharding.int8_shard_ops: the low 32 bits of hash64(key)';
-CREATE FUNCTION sharding.partition_hash_extended(key bigint, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash_extended(bigint, bigint) IS
-    'hash support function 2 of sharding.int8_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
-
-CREATE FUNCTION sharding.partition_hash(key uuid) RETURNS integer
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash(uuid) IS
-    'hash support function 1 of sharding.uuid_shard_ops: the low 32 bits of hash64(key)';
-CREATE FUNCTION sharding.partition_hash_extended(key uuid, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION sharding.partition_hash_extended(uuid, bigint) IS
-    'hash support function 2 of sharding.uuid_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
-
--- Not DEFAULT: PostgreSQL's own hash opclasses stay the default for these
--- types; users name ours explicitly.
-
-CREATE OPERATOR CLASS sharding.text_shard_ops FOR TYPE text USING hash AS
-    OPERATOR 1 pg_catalog.= (text, text),
-    FUNCTION 1 sharding.partition_hash(text),
-    FUNCTION 2 sharding.partition_hash_extended(text, bigint);
-COMMENT ON OPERATOR CLASS sharding.text_shard_ops USING hash IS
-    'hash partitions aligned with shard_of: MODULUS n REMAINDER r holds the rows with shard_of(key, n) = r';
-
-CREATE OPERATOR CLASS sharding.bytea_shard_ops FOR TYPE bytea USING hash AS
-    OPERATOR 1 pg_catalog.= (bytea, bytea),
-    FUNCTION 1 sharding.partition_hash(bytea),
-    FUNCTION 2 sharding.partition_hash_extended(bytea, bigint);
-COMMENT ON OPERATOR CLASS sharding.bytea_shard_ops USING hash IS
-    'hash partitions aligned with shard_of: MODULUS n REMAINDER r holds the rows with shard_of(key, n) = r';
-
-CREATE OPERATOR CLASS sharding.uuid_shard_ops FOR TYPE uuid USING hash AS
-    OPERATOR 1 pg_catalog.= (uuid, uuid),
-    FUNCTION 1 sharding.partition_hash(uuid),
-    FUNCTION 2 sharding.partition_hash_extended(uuid, bigint);
-COMMENT ON OPERATOR CLASS sharding.uuid_shard_ops USING hash IS
-    'hash partitions aligned with shard_of: MODULUS n REMAINDER r holds the rows with shard_of(key, n) = r';
-
--- smallint, integer and bigint form one family, like PostgreSQL's
--- integer_ops: every width hashes the value widened to int64, so equal values
--- hash alike and cross-type comparisons (bigint_key = 5) prune partitions.
-CREATE OPERATOR FAMILY sharding.integer_shard_ops USING hash;
-COMMENT ON OPERATOR FAMILY sharding.integer_shard_ops USING hash IS
-    'int2_shard_ops, int4_shard_ops and int8_shard_ops, with cross-type equality';
-
-CREATE OPERATOR CLASS sharding.int2_shard_ops FOR TYPE smallint USING hash
-    FAMILY sharding.integer_shard_ops AS
-    OPERATOR 1 pg_catalog.= (smallint, smallint),
-    FUNCTION 1 sharding.partition_hash(smallint),
-    FUNCTION 2 sharding.partition_hash_extended(smallint, bigint);
-COMMENT ON OPERATOR CLASS sharding.int2_shard_ops USING hash IS
-    'hash partitions aligned with shard_of: MODULUS n REMAINDER r holds the rows with shard_of(key, n) = r';
-
-CREATE OPERATOR CLASS sharding.int4_shard_ops FOR TYPE integer USING hash
-    FAMILY sharding.integer_shard_ops AS
-    OPERATOR 1 pg_catalog.= (integer, integer),
-    FUNCTION 1 sharding.partition_hash(integer),
-    FUNCTION 2 sharding.partition_hash_extended(integer, bigint);
-COMMENT ON OPERATOR CLASS sharding.int4_shard_ops USING hash IS
-    'hash partitions aligned with shard_of: MODULUS n REMAINDER r holds the rows with shard_of(key, n) = r';
-
-CREATE OPERATOR CLASS sharding.int8_shard_ops FOR TYPE bigint USING hash
-    FAMILY sharding.integer_shard_ops AS
-    OPERATOR 1 pg_catalog.= (bigint, bigint),
-    FUNCTION 1 sharding.partition_hash(bigint),
-    FUNCTION 2 sharding.partition_hash_extended(bigint, bigint);
-COMMENT ON OPERATOR CLASS sharding.int8_shard_ops USING hash IS
-    'hash partitions aligned with shard_of: MODULUS n REMAINDER r holds the rows with shard_of(key, n) = r';
-
-ALTER OPERATOR FAMILY sharding.integer_shard_ops USING hash ADD
-    OPERATOR 1 pg_catalog.= (smallint, integer),
-    OPERATOR 1 pg_catalog.= (smallint, bigint),
-    OPERATOR 1 pg_catalog.= (integer, smallint),
-    OPERATOR 1 pg_catalog.= (integer, bigint),
-    OPERATOR 1 pg_catalog.= (bigint, smallint),
-    OPERATOR 1 pg_catalog.= (bigint, integer);
-
--- create_partitions: DDL, so VOLATILE and PARALLEL UNSAFE. STRICT: with a
--- NULL parent or count there is nothing to create. It runs as its caller,
--- who must own the parent as for CREATE TABLE ... PARTITION OF. Everything
--- is checked before the first partition is created, and the call is one
--- statement, so a failure leaves no partition behind.
-CREATE FUNCTION sharding.create_partitions(parent regclass, shards integer) RETURNS void
+CREATE OR REPLACE FUNCTION sharding.create_partitions(parent regclass, shards integer) RETURNS void
     LANGUAGE plpgsql VOLATILE STRICT PARALLEL UNSAFE SECURITY INVOKER
     SET search_path = pg_catalog, pg_temp
 AS $fn$
