@@ -8,9 +8,12 @@ PG_MODULE_MAGIC;
 SHARDING_EXPORT void _PG_init(void);
 }
 
-// Per-topic initialisation, once per backend: each registers the one cache
-// invalidation callback its per-backend cache needs (PostgreSQL allows only a
-// few relcache callbacks per process, so each topic registers exactly one).
+// Per-topic initialisation, once per backend (or once in the postmaster under
+// shared_preload_libraries: nothing here allocates or reads a catalog). A
+// topic with a per-backend cache registers its entry kind with the cache
+// module (cache::register_kind, src/cache.hpp), which owns the one relcache
+// and one syscache callback; queue.cpp still registers its own until it moves
+// onto the module. One line per topic.
 namespace sharding {
 void maps_init();   // maps.cpp: routing cache
 void queue_init();  // queue.cpp: prepared claim plans
