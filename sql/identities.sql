@@ -128,6 +128,8 @@ SELECT (SELECT count(*) FROM sharding.pins WHERE map = 'dm') AS pins,
 SELECT pg_temp.err($$SELECT sharding.create_map('dm2', 4, ARRAY['db1', 'db-new'])$$);
 SELECT pg_temp.err($$SELECT sharding.create_map('dm2', 4, ARRAY['db-new', 'db2'])$$);
 SELECT count(*) AS dm2_created FROM sharding.maps WHERE map = 'dm2';
+-- An existing map is still 42710 first, whatever its nodes.
+SELECT pg_temp.err($$SELECT sharding.create_map('dm', 4, ARRAY['db1', 'db-new'])$$);
 -- A known node without DSN is refused as well.
 SELECT sharding.create_map('wm2', 2, ARRAY['bare']);
 SELECT pg_temp.err($$SELECT sharding.move_shard('dm', 0, 'bare')$$);

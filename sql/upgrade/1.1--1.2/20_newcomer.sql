@@ -23,13 +23,13 @@ BEGIN
     END IF;
     PERFORM sharding._check_nodes(nodes);
     k := pg_catalog.cardinality(nodes);
-    -- A database map (some node has a DSN) needs a DSN for every node.
-    PERFORM sharding._check_database_nodes($1, nodes);
 
     INSERT INTO sharding.maps AS m (map, logical_shards) VALUES ($1, $2) ON CONFLICT DO NOTHING;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'map "%" already exists', map USING ERRCODE = 'duplicate_object';
     END IF;
+    -- A database map (some node has a DSN) needs a DSN for every node.
+    PERFORM sharding._check_database_nodes($1, nodes);
     INSERT INTO sharding.nodes (node) SELECT n FROM pg_catalog.unnest(nodes) AS n
         ON CONFLICT DO NOTHING;
     -- Contiguous ranges, larger first: the rule of worker_shards/worker_of.
