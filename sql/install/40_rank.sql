@@ -24,8 +24,9 @@ SELECT pg_catalog.pg_extension_config_dump('sharding.rank_guards', '');
 GRANT SELECT ON sharding.rank_guards TO PUBLIC;
 -- Guards are changed through guard_rank/unguard_rank, which run as the
 -- caller: the extension's owner, members of sharding_admin and (since 1.2)
--- the guarded table's owner. Row-level security lets an owner write only the
--- rows of tables it owns (sharding._may_guard).
+-- the guarded table's owner. A row trigger lets an owner write only the rows
+-- of tables it owns (sharding._may_guard). Not row-level security: that
+-- would make every pg_dump by a non-superuser fail on this config table.
 GRANT INSERT, UPDATE, DELETE ON sharding.rank_guards TO sharding_admin;
 
 -- Internal: may the current user change the rank guards of table
@@ -47,15 +48,35 @@ CREATE FUNCTION sharding._may_guard(schema_name text, table_name text) RETURNS b
 COMMENT ON FUNCTION sharding._may_guard(text, text) IS
     'internal: whether the current user may change the rank guards of a table (its owner, sharding_admin, the extension''s owner)';
 
-ALTER TABLE sharding.rank_guards ENABLE ROW LEVEL SECURITY;
-CREATE POLICY rank_guards_read ON sharding.rank_guards FOR SELECT USING (true);
-CREATE POLICY rank_guards_insert ON sharding.rank_guards FOR INSERT
-    WITH CHECK (sharding._may_guard(schema_name, table_name));
-CREATE POLICY rank_guards_update ON sharding.rank_guards FOR UPDATE
-    USING (sharding._may_guard(schema_name, table_name)) WITH CHECK (sharding._may_guard(schema_name, table_name));
-CREATE POLICY rank_guards_delete ON sharding.rank_guards FOR DELETE
-    USING (sharding._may_guard(schema_name, table_name));
--- Table owners need the privilege; the policies above keep them to their tables.
+-- Internal: the row trigger of sharding.rank_guards; 42501 for a row (old
+-- or new) of a table the current user may not guard. Not revoked: EXECUTE of
+-- a trigger function is checked only when the trigger is created.
+CREATE FUNCTION sharding._rank_guards_check() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') AND NOT sharding._may_guard(OLD.schema_name, OLD.table_name) THEN
+        RAISE EXCEPTION 'permission denied to change the rank guards of table %', format('%I.%I', OLD.schema_name, OLD.table_name)
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Rank guards are changed by the table''s owner, the extension''s owner or members of role sharding_admin.';
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') AND NOT sharding._may_guard(NEW.schema_name, NEW.table_name) THEN
+        RAISE EXCEPTION 'permission denied to change the rank guards of table %', format('%I.%I', NEW.schema_name, NEW.table_name)
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Rank guards are changed by the table''s owner, the extension''s owner or members of role sharding_admin.';
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION sharding._rank_guards_check() IS
+    'internal: keeps writes to sharding.rank_guards to tables the current user may guard';
+CREATE TRIGGER may_guard BEFORE INSERT OR UPDATE OR DELETE ON sharding.rank_guards
+    FOR EACH ROW EXECUTE FUNCTION sharding._rank_guards_check();
+-- Table owners need the privilege; the trigger above keeps them to their tables.
 GRANT INSERT, UPDATE, DELETE ON sharding.rank_guards TO PUBLIC;
 
 -- Internal: 42501 unless the current user may change the guards of tbl.
