@@ -28,6 +28,10 @@ The convention (the README follows it, this script enforces it):
   `stmt;  -- ERROR 55000` (optionally `-- ERROR 55000: prose`) checks that the
   statement fails with that SQLSTATE. Any other comment is prose; every
   statement without a check must succeed.
+* nodes mode only: a checked plain SELECT (calling nothing that changes
+  state) whose value does not match yet is re-run every 0.2 s for up to
+  README_SETTLE seconds (default 10), since followers apply the
+  coordinator's changes asynchronously. single mode never re-runs anything.
 
 Output is TAP: one line per checked statement, one per section ("every other
 statement succeeded"), one `# SKIP` line per block that cannot run. The exit
@@ -43,6 +47,15 @@ import threading
 import time
 
 TIMEOUT = float(os.environ.get('README_TIMEOUT', '120'))  # seconds per statement
+# nodes mode: a checked read-only SELECT whose value does not match yet is
+# re-run for up to this many seconds (followers apply changes asynchronously).
+SETTLE = float(os.environ.get('README_SETTLE', '10'))
+# Functions that change something: a statement calling one is never re-run.
+MUTATING = re.compile(r'(?i)\b(create_map|drop_map|pin|unpin|move_shard|move_shard_online|rebalance|rebalance_by_load|'
+                      r'add_node|drop_node|distribute|undistribute|attach_node|detach_node|isolate|claim\w*|complete|'
+                      r'fail|extend_lease|enqueue\w*|advance|guard_rank|unguard_rank|create_queue|create_partitions|'
+                      r'plproxy_install|fanout_reset|purge|set_\w+|nextval|setval|pg_advisory\w*|dblink\w*|'
+                      r'pg_sleep\w*|insert_\w+|update_\w+|delete_\w+)\s*\(')
 SKIP_LANGS = ('go', 'java')
 
 
@@ -397,7 +410,8 @@ def value_matches(expected, got):
 class Checker:
     """Runs statements and reports the checks of a section."""
 
-    def __init__(self, tap, section, where=''):
+    def __init__(self, tap, section, where='', settle=0.0):
+        self.settle = settle
         self.tap = tap
         self.section = section
         self.where = where
@@ -415,6 +429,17 @@ class Checker:
             return
         ok, out, sqlstate, message, err = session.run(stmt)
         got = ', '.join(out)
+        if (self.settle > 0 and ok and stmt.check and stmt.check[0] == 'value'
+                and not value_matches(stmt.check[1], got) and rereadable(stmt)):
+            deadline, tries = time.time() + self.settle, 1
+            while time.time() < deadline:
+                time.sleep(0.2)
+                ok, out, sqlstate, message, err = session.run(stmt)
+                got, tries = ', '.join(out), tries + 1
+                if not ok or value_matches(stmt.check[1], got):
+                    break
+            if ok and value_matches(stmt.check[1], got):
+                self.tap.comment('line %d%s: matched after %d tries' % (stmt.line, where, tries))
         if stmt.check is None:
             if not ok:
                 self.problems.append('line %d%s: %s\n  failed: %s %s' % (stmt.line, where, stmt.short(), sqlstate or '', message or err.strip()))
@@ -439,6 +464,13 @@ class Checker:
         problems = list(extra) + self.problems
         if self.count or problems:
             self.tap.ok(not problems, '%s: every other statement succeeded%s' % (self.section.title, self.where), problems)
+
+
+def rereadable(stmt):
+    """A plain SELECT calling nothing that changes state: safe to run again."""
+    text = strip_comments(stmt.text)
+    return (not stmt.meta and re.match(r'(?is)^\s*(select|table|values)\b', text) is not None
+            and not MUTATING.search(text) and not re.search(r'(?i)\b(into|for\s+update|for\s+share)\b', text))
 
 
 def psql_admin(sql):
@@ -523,7 +555,7 @@ def run_nodes(path, specs):
         blocks = [b for b in sec.blocks if b.is_sql and not b.norun and b.node is not None]
         if not blocks:
             continue
-        checker = Checker(tap, sec)
+        checker = Checker(tap, sec, settle=SETTLE)
         extra = []
         for b in blocks:
             if b.node not in conns:
