@@ -24,7 +24,7 @@ COMMENT ON FUNCTION sharding._may_guard(text, text) IS
 -- Internal: the row trigger of sharding.rank_guards; 42501 for a row (old
 -- or new) of a table the current user may not guard. Not revoked: EXECUTE of
 -- a trigger function is checked only when the trigger is created.
-CREATE FUNCTION sharding._rank_guards_check() RETURNS trigger
+CREATE FUNCTION sharding._guard_registry_check() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
     AS $$
@@ -45,10 +45,10 @@ BEGIN
     RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION sharding._rank_guards_check() IS
+COMMENT ON FUNCTION sharding._guard_registry_check() IS
     'internal: keeps writes to sharding.rank_guards to tables the current user may guard';
 CREATE TRIGGER may_guard BEFORE INSERT OR UPDATE OR DELETE ON sharding.rank_guards
-    FOR EACH ROW EXECUTE FUNCTION sharding._rank_guards_check();
+    FOR EACH ROW EXECUTE FUNCTION sharding._guard_registry_check();
 -- Table owners need the privilege; the trigger above keeps them to their tables.
 GRANT INSERT, UPDATE, DELETE ON sharding.rank_guards TO PUBLIC;
 
