@@ -4,6 +4,7 @@
     python3 test/lib/readme_examples.py single README.md
     python3 test/lib/readme_examples.py nodes README.md n1='host=... dbname=...' n2=...
     python3 test/lib/readme_examples.py list README.md      # what would run (no database)
+    README_SECTIONS='Maps*' python3 test/lib/readme_examples.py single README.md   # some sections only
 
 The convention (the README follows it, this script enforces it):
 
@@ -37,6 +38,7 @@ Output is TAP: one line per checked statement, one per section ("every other
 statement succeeded"), one `# SKIP` line per block that cannot run. The exit
 status is non-zero when any check failed.
 """
+import fnmatch
 import os
 import re
 import secrets
@@ -108,7 +110,18 @@ HEADING = re.compile(r'^(#{2,3})\s+(.*?)\s*#*\s*$')
 
 
 def parse_readme(path):
-    """Sections with their fenced blocks, in document order."""
+    """Sections with their fenced blocks, in document order; README_SECTIONS
+    (a shell pattern on section titles, for developers) keeps only some."""
+    sections = _parse_readme(path)
+    only = os.environ.get('README_SECTIONS')
+    if only:
+        for sec in sections:
+            if not fnmatch.fnmatchcase(sec.title, only):
+                sec.blocks = []
+    return sections
+
+
+def _parse_readme(path):
     lines = open(path, encoding='utf-8').read().split('\n')
     sections = [Section(0, '(top)', 1)]
     i = 0
