@@ -17,7 +17,8 @@ The convention (the README follows it, this script enforces it):
   (test/harness/clients.sh runs the Python and Node snippets).
 * single mode: each section's single-node blocks run in order in ONE psql
   session against a fresh database readme_<n> (created first, with
-  `CREATE EXTENSION sharding` unless the section runs that itself; dropped
+  `CREATE EXTENSION sharding` unless the section runs that itself: a copy
+  of database readme_template, made once with the extension; dropped
   afterwards, together with any role the section created). The connection
   comes from PGHOST/PGPORT/PGUSER; the database `postgres` is used to create
   and drop the per-section databases.
@@ -510,10 +511,30 @@ def report_skips(tap, sections):
                 tap.skip('%s: line %d: %s block' % (sec.title, b.line, b.lang), 'not runnable here')
 
 
+TEMPLATE = 'readme_template'
+
+
+def make_template():
+    """A database with the extension, copied for each section that does not
+    create the extension itself (cheaper than CREATE EXTENSION each time).
+    None (and every section creates the extension itself) if it fails."""
+    psql_admin('DROP DATABASE IF EXISTS %s WITH (FORCE)' % TEMPLATE)
+    ok, _, _ = psql_admin('CREATE DATABASE %s' % TEMPLATE)
+    if not ok:
+        return None
+    r = subprocess.run(['psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', TEMPLATE, '-c', 'CREATE EXTENSION sharding'],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        psql_admin('DROP DATABASE IF EXISTS %s WITH (FORCE)' % TEMPLATE)
+        return None
+    return TEMPLATE
+
+
 def run_single(path):
     tap = Tap()
     sections = parse_readme(path)
     node_blocks = 0
+    template = None
     for sec in sections:
         blocks = [b for b in sec.blocks if b.is_sql and not b.norun and b.node is None]
         node_blocks += sum(1 for b in sec.blocks if b.is_sql and not b.norun and b.node is not None)
@@ -523,15 +544,19 @@ def run_single(path):
         if not stmts:
             continue
         db = 'readme_%d' % sec.index
+        own_extension = any(not s.meta and CREATE_EXT.match(strip_comments(s.text)) for s in stmts)
+        if not own_extension and template is None:
+            template = make_template() or ''
         before = roles()
         psql_admin('DROP DATABASE IF EXISTS %s WITH (FORCE)' % db)
-        ok, _, err = psql_admin('CREATE DATABASE %s' % db)
+        use_template = not own_extension and template
+        ok, _, err = psql_admin('CREATE DATABASE %s%s' % (db, ' TEMPLATE ' + template if use_template else ''))
         checker = Checker(tap, sec)
         if not ok:
             checker.finish(['cannot create database %s: %s' % (db, err.strip())])
             continue
         setup = []
-        if not any(not s.meta and CREATE_EXT.match(strip_comments(s.text)) for s in stmts):
+        if not own_extension and not use_template:
             setup.append(Statement('CREATE EXTENSION sharding;', sec.line))
         session = Session(['-d', db])
         extra = []
@@ -544,8 +569,10 @@ def run_single(path):
         session.close()
         checker.finish(extra)
         psql_admin('DROP DATABASE IF EXISTS %s WITH (FORCE)' % db)
-        for r in sorted(roles() - before):
+        for r in sorted(roles() - before - {'sharding_admin'}):
             psql_admin('DROP ROLE IF EXISTS %s' % quote_ident(r))
+    if template:
+        psql_admin('DROP DATABASE IF EXISTS %s WITH (FORCE)' % template)
     report_skips(tap, sections)
     if node_blocks:
         tap.comment('%d "sql node=NAME" block(s) left to the nodes mode (multi-node harness)' % node_blocks)
