@@ -193,6 +193,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'map "%" already exists', map USING ERRCODE = 'duplicate_object';
     END IF;
+    -- A database map (some node has a DSN) needs a DSN for every node.
+    PERFORM sharding._check_database_nodes($1, nodes);
     INSERT INTO sharding.nodes (node) SELECT n FROM pg_catalog.unnest(nodes) AS n
         ON CONFLICT DO NOTHING;
     -- Contiguous ranges, larger first: the rule of worker_shards/worker_of.
@@ -237,6 +239,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM sharding._require_map($1, true);
+    -- On a database map, a pin to a node without DSN would break every proxied call.
+    PERFORM sharding._check_database_nodes($1, ARRAY[$3]);
     INSERT INTO sharding.nodes (node) VALUES ($3) ON CONFLICT DO NOTHING;
     INSERT INTO sharding.pins AS p (map, key, node) VALUES ($1, $2, $3)
         ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET node = EXCLUDED.node;
@@ -279,6 +283,8 @@ BEGIN
     END IF;
     l := sharding._require_map($1, false);
     PERFORM sharding._check_logical($1, $2, l);
+    -- On a database map the new owner needs a DSN.
+    PERFORM sharding._check_database_nodes($1, ARRAY[$3]);
     -- Waits for every writer fenced on the shard (and any rebalance).
     PERFORM sharding._lock_shard($1, $2);
     SELECT s.node, s.epoch INTO cur FROM sharding.shards s
@@ -314,6 +320,8 @@ BEGIN
         RAISE EXCEPTION 'dry_run must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM sharding._require_map($1, false);
+    -- On a database map every listed node needs a DSN (a dry run says so too).
+    PERFORM sharding._check_database_nodes($1, nodes);
     IF NOT dry_run THEN
         -- One map-wide lock: waits for fenced writers, keeps new ones out.
         PERFORM sharding._lock_map($1);

@@ -22,8 +22,80 @@ COMMENT ON TABLE sharding.rank_guards IS
 COMMENT ON COLUMN sharding.rank_guards.ranks IS 'values lowest first; NULL: the enum''s declared order';
 SELECT pg_catalog.pg_extension_config_dump('sharding.rank_guards', '');
 GRANT SELECT ON sharding.rank_guards TO PUBLIC;
--- Admins change guards through the functions, which run as the caller.
+-- Guards are changed through guard_rank/unguard_rank, which run as the
+-- caller: the extension's owner, members of sharding_admin and (since 1.2)
+-- the guarded table's owner. A row trigger lets an owner write only the rows
+-- of tables it owns (sharding._may_guard). Not row-level security: that
+-- would make every pg_dump by a non-superuser fail on this config table.
 GRANT INSERT, UPDATE, DELETE ON sharding.rank_guards TO sharding_admin;
+
+-- Internal: may the current user change the rank guards of table
+-- schema_name.table_name? Members of sharding_admin, the extension's owner,
+-- and members of the table's owning role may.
+CREATE FUNCTION sharding._may_guard(schema_name text, table_name text) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        SELECT pg_catalog.pg_has_role('sharding_admin', 'USAGE')
+            OR EXISTS (SELECT FROM pg_catalog.pg_extension AS e
+                        WHERE e.extname OPERATOR(pg_catalog.=) 'sharding'
+                          AND pg_catalog.pg_has_role(e.extowner, 'USAGE'))
+            OR EXISTS (SELECT FROM pg_catalog.pg_class AS c
+                         JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                        WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND c.relname OPERATOR(pg_catalog.=) $2
+                          AND pg_catalog.pg_has_role(c.relowner, 'USAGE'))
+    $$;
+COMMENT ON FUNCTION sharding._may_guard(text, text) IS
+    'internal: whether the current user may change the rank guards of a table (its owner, sharding_admin, the extension''s owner)';
+
+-- Internal: the row trigger of sharding.rank_guards; 42501 for a row (old
+-- or new) of a table the current user may not guard. Not revoked: EXECUTE of
+-- a trigger function is checked only when the trigger is created.
+CREATE FUNCTION sharding._guard_registry_check() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') AND NOT sharding._may_guard(OLD.schema_name, OLD.table_name) THEN
+        RAISE EXCEPTION 'permission denied to change the rank guards of table %', format('%I.%I', OLD.schema_name, OLD.table_name)
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Rank guards are changed by the table''s owner, the extension''s owner or members of role sharding_admin.';
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') AND NOT sharding._may_guard(NEW.schema_name, NEW.table_name) THEN
+        RAISE EXCEPTION 'permission denied to change the rank guards of table %', format('%I.%I', NEW.schema_name, NEW.table_name)
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Rank guards are changed by the table''s owner, the extension''s owner or members of role sharding_admin.';
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION sharding._guard_registry_check() IS
+    'internal: keeps writes to sharding.rank_guards to tables the current user may guard';
+CREATE TRIGGER may_guard BEFORE INSERT OR UPDATE OR DELETE ON sharding.rank_guards
+    FOR EACH ROW EXECUTE FUNCTION sharding._guard_registry_check();
+-- Table owners need the privilege; the trigger above keeps them to their tables.
+GRANT INSERT, UPDATE, DELETE ON sharding.rank_guards TO PUBLIC;
+
+-- Internal: 42501 unless the current user may change the guards of tbl.
+CREATE FUNCTION sharding._require_may_guard(tbl regclass) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_class AS r JOIN pg_namespace AS n ON n.oid = r.relnamespace
+                    WHERE r.oid = tbl AND sharding._may_guard(n.nspname, r.relname)) THEN
+        RAISE EXCEPTION 'permission denied to change the rank guards of table %', tbl
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Rank guards are changed by the table''s owner, the extension''s owner or members of role sharding_admin.',
+                  HINT = 'Ask the table''s owner, or GRANT sharding_admin to this role.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION sharding._require_may_guard(regclass) IS
+    'internal: 42501 unless the current user may change the rank guards of the table';
 
 -- The trigger function. Not revoked: PostgreSQL checks EXECUTE only when a
 -- trigger is created (a restore by the table's owner must be able to), and it
@@ -85,6 +157,9 @@ DECLARE
     args text;
 BEGIN
     -- Not STRICT: ranks NULL means "the enum's declared order".
+    IF tbl IS NOT NULL THEN
+        PERFORM sharding._require_may_guard(tbl);
+    END IF;
     IF on_regress IS NULL OR on_regress NOT IN ('skip', 'error') THEN
         RAISE EXCEPTION 'on_regress must be ''skip'' or ''error'', got %', coalesce(quote_literal(on_regress), 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
@@ -170,6 +245,7 @@ DECLARE
     trig name;
     dropped boolean := false;
 BEGIN
+    PERFORM sharding._require_may_guard(tbl);
     c := sharding._rank_column(tbl, col);
     FOR trig IN SELECT * FROM sharding._rank_guard_triggers(tbl, c.attnum) LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', trig, tbl);
@@ -185,11 +261,17 @@ END
 $$;
 COMMENT ON FUNCTION sharding.unguard_rank(regclass, name) IS 'remove the rank guard of a column';
 
--- Changing guards needs the extension's owner or sharding_admin.
+-- Changing guards needs the extension's owner, sharding_admin, or (since
+-- 1.2) the table's owner: EXECUTE for everyone, and the functions refuse
+-- anyone else with 42501 (sharding._require_may_guard). The grants are
+-- written as 1.1's followed by 1.2's, so that a fresh install and an
+-- updated 1.1 hold the same ACL.
 REVOKE ALL ON FUNCTION sharding.guard_rank(regclass, name, text[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sharding.unguard_rank(regclass, name) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.guard_rank(regclass, name, text[], text) TO sharding_admin;
 GRANT EXECUTE ON FUNCTION sharding.unguard_rank(regclass, name) TO sharding_admin;
+GRANT EXECUTE ON FUNCTION sharding.guard_rank(regclass, name, text[], text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.unguard_rank(regclass, name) TO PUBLIC;
 
 CREATE FUNCTION sharding.rank_of(tbl regclass, col name, value text) RETURNS integer
     AS 'MODULE_PATHNAME', 'sharding_rank_of' LANGUAGE C STABLE STRICT PARALLEL SAFE;

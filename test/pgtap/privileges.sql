@@ -52,7 +52,9 @@ SELECT throws_ok($$DELETE FROM sharding.pins$$, '42501', NULL, 'plain: DELETE pi
 SELECT throws_ok($$INSERT INTO sharding.nodes VALUES ('evil', 'host=evil')$$, '42501', NULL, 'plain: INSERT nodes');
 SELECT throws_ok($$UPDATE sharding.nodes SET dsn = 'host=evil'$$, '42501', NULL, 'plain: UPDATE node DSNs');
 SELECT throws_ok($$UPDATE sharding.map_versions SET version = 0$$, '42501', NULL, 'plain: UPDATE map_versions');
-SELECT throws_ok($$DELETE FROM sharding.rank_guards$$, '42501', NULL, 'plain: DELETE rank_guards');
+-- (1.2: owners may write the rank_guards rows of their own tables; others' are refused.)
+SELECT throws_ok($$INSERT INTO sharding.rank_guards (schema_name, table_name, column_name, ranks, on_regress)
+                   VALUES ('public', 'priv_orders', 'status', '{a}', 'skip')$$, '42501', NULL, 'plain: INSERT rank_guards of a table it does not own');
 SELECT throws_ok($$TRUNCATE sharding.shards$$, '42501', NULL, 'plain: TRUNCATE shards');
 -- The queue: the caller's own privileges apply.
 SELECT throws_ok($$SELECT * FROM sharding.claim(NULL::public.priv_jobs, 'w', 1)$$, '42501', NULL, 'plain: claim without privileges on the queue');
