@@ -294,7 +294,7 @@ void load_settings(QueueEntry *e) {
     if (settings_plan == nullptr) {
         Oid types[2] = {TEXTOID, TEXTOID};
         SPIPlanPtr p = SPI_prepare(
-            "SELECT s.max_attempts, s.backoff_base, s.backoff_max FROM sharding.queue_settings AS s "
+            "SELECT s.* FROM sharding.queue_settings AS s "
             "WHERE s.schema_name OPERATOR(pg_catalog.=) $1 AND s.table_name OPERATOR(pg_catalog.=) $2",
             2, types);
         if (p == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
@@ -308,15 +308,22 @@ void load_settings(QueueEntry *e) {
     if (SPI_processed != 1) return;
     HeapTuple row = SPI_tuptable->vals[0];
     TupleDesc desc = SPI_tuptable->tupdesc;
+    // Columns by name; one a version has not created yet (a 1.1 catalog
+    // under this library, before ALTER EXTENSION UPDATE) reads as NULL.
+    auto column = [&](const char *name, bool *isnull) -> Datum {
+        int att = SPI_fnumber(desc, name);
+        *isnull = true;
+        return att > 0 ? SPI_getbinval(row, desc, att, isnull) : (Datum)0;
+    };
     bool isnull;
-    Datum d = SPI_getbinval(row, desc, SPI_fnumber(desc, "max_attempts"), &isnull);
+    Datum d = column("max_attempts", &isnull);
     if (!isnull) {
         e->has_max_attempts = true;
         e->max_attempts = DatumGetInt32(d);
     }
     bool base_null, max_null;
-    Datum base = SPI_getbinval(row, desc, SPI_fnumber(desc, "backoff_base"), &base_null);
-    Datum max = SPI_getbinval(row, desc, SPI_fnumber(desc, "backoff_max"), &max_null);
+    Datum base = column("backoff_base", &base_null);
+    Datum max = column("backoff_max", &max_null);
     if (!base_null && !max_null) {
         e->has_backoff = true;
         e->backoff_base = *DatumGetIntervalP(base);
@@ -542,7 +549,7 @@ char *statement_sql(const QueueEntry *e, PlanKind kind) {
             // $1 ids, $2 worker, $3 attempts (a NULL attempt: not checked)
             appendStringInfo(&s,
                              "UPDATE %s AS sharding_done SET status = 'done', claim_expires = " NOW " "
-                             "FROM pg_catalog.unnest($1, $3) AS f(id, attempt) "
+                             "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($3)) AS f(id, attempt) "
                              "WHERE sharding_done.id" EQ "f.id AND sharding_done.status" EQ "'processing' "
                              "AND sharding_done.owner" EQ "$2 %s RETURNING sharding_done.id",
                              e->name,

@@ -77,7 +77,7 @@ BEGIN
         RETURN '{}'::bigint[];
     END IF;
     EXECUTE format('WITH ins AS (INSERT INTO %s (key, payload%s%s) '
-                   'SELECT k.key, k.payload%s%s FROM pg_catalog.unnest($1, $2) WITH ORDINALITY AS k(key, payload, ord) '
+                   'SELECT k.key, k.payload%s%s FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) WITH ORDINALITY AS k(key, payload, ord) '
                    'ORDER BY k.ord RETURNING id) '
                    'SELECT pg_catalog.array_agg(ins.id ORDER BY ins.id) FROM ins',
                    queue,
