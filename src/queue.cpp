@@ -42,6 +42,7 @@ extern "C" {
 #include "executor/spi.h"
 #include "executor/tstoreReceiver.h"
 #include "lib/stringinfo.h"
+#include "optimizer/cost.h"
 #include "storage/lmgr.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -193,9 +194,11 @@ struct QueueEntry {
     char *name;   // quoted, schema-qualified; in queue_cxt
     char *order;  // claim order, unprefixed; in queue_cxt
     SPIPlanPtr plans[PlanKinds];
+    bool built[PlanKinds];  // whether the plan has run (built its generic plan)
     // claim_shards: the two plans for the key column used last.
     NameData shard_column;
     SPIPlanPtr shard_plans[2];  // sweep, resume
+    bool shard_built[2];
     Position pos, shard_pos;
     SweepClock sweep, shard_sweep;
 };
@@ -255,10 +258,12 @@ void reset_entry(QueueEntry *e) {
     for (int k = 0; k < PlanKinds; k++) {
         retire_plan(e->plans[k]);
         e->plans[k] = nullptr;
+        e->built[k] = false;
     }
-    for (SPIPlanPtr &p : e->shard_plans) {
-        retire_plan(p);
-        p = nullptr;
+    for (int k = 0; k < 2; k++) {
+        retire_plan(e->shard_plans[k]);
+        e->shard_plans[k] = nullptr;
+        e->shard_built[k] = false;
     }
     retire_name(e->name);
     retire_name(e->order);
@@ -393,6 +398,28 @@ SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
     if (p == nullptr) elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql, SPI_result_code_string(SPI_result));
     SPI_keepplan(p);
     return p;
+}
+
+// Runs exec(), one SPI execution of `plan`, with sequential scans disabled
+// when that execution is going to (re)build the plan's generic plan: the
+// first run, or after an invalidation (new statistics, ALTER TABLE). A
+// generic plan built while the table was small would otherwise keep a
+// sequential scan for the id lookups until the next invalidation, while the
+// table grows fast (done rows, and dead ones while the horizon is pinned).
+// The setting is restored before anything else runs, on error too.
+template <typename F>
+int execute_preferring_indexes(SPIPlanPtr plan, bool *built, F exec) {
+    if (*built && SPI_plan_is_valid(plan)) return exec();
+    bool saved = enable_seqscan;
+    enable_seqscan = false;
+    volatile int rc = 0;
+    PG_TRY();
+    { rc = exec(); }
+    PG_FINALLY();
+    { enable_seqscan = saved; }
+    PG_END_TRY();
+    *built = true;
+    return rc;
 }
 
 // Shorthands for the qualified operators of the generated SQL.
@@ -661,9 +688,10 @@ char *shard_filter(Oid relid, const char *column) {
 
 SPIPlanPtr shard_plan_for(QueueEntry *e, const char *column, bool resume) {
     if (strcmp(NameStr(e->shard_column), column) != 0) {
-        for (SPIPlanPtr &p : e->shard_plans) {
-            retire_plan(p);  // an outer claim_shards may be running it
-            p = nullptr;
+        for (int k = 0; k < 2; k++) {
+            retire_plan(e->shard_plans[k]);  // an outer claim_shards may be running it
+            e->shard_plans[k] = nullptr;
+            e->shard_built[k] = false;
         }
         e->shard_pos.valid = false;
         e->shard_sweep = SweepClock{0, 0};
@@ -709,7 +737,9 @@ bool run_fenced(Oid relid, PlanKind kind, Datum *values, const char *nulls) {
     if ((kind == CompleteAttemptPlan || kind == ExtendAttemptPlan) && !e->cols.has_attempts)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s has no attempts column to check attempt %d",
                        e->name, DatumGetInt32(values[kind == CompleteAttemptPlan ? 2 : 3]));
-    int rc = SPI_execute_plan(plan_for(e, kind), values, nulls, false, 0);
+    SPIPlanPtr plan = plan_for(e, kind);
+    int rc = execute_preferring_indexes(plan, &e->built[kind],
+                                        [&] { return SPI_execute_plan(plan, values, nulls, false, 0); });
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     SPI_finish();
@@ -872,17 +902,18 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
     SweepClock &clock = by_shard ? e->shard_sweep : e->sweep;
     bool sweep = should_sweep(pos, clock, filter_hash);
     // A plan built by this call costs its planning: not a measure of the scan.
-    bool fresh_plan;
+    bool *built;
     SPIPlanPtr plan;
     if (by_shard) {
         if (strcmp(NameStr(e->shard_column), key_column) != 0) sweep = true;
-        fresh_plan = strcmp(NameStr(e->shard_column), key_column) != 0 || e->shard_plans[sweep ? 0 : 1] == nullptr;
         plan = shard_plan_for(e, key_column, !sweep);
+        built = &e->shard_built[sweep ? 0 : 1];
     } else {
         PlanKind kind = sweep ? ClaimSweepPlan : ClaimResumePlan;
-        fresh_plan = e->plans[kind] == nullptr;
         plan = plan_for(e, kind);
+        built = &e->built[kind];
     }
+    bool fresh_plan = !*built || !SPI_plan_is_valid(plan);
     Datum values[ClaimParams] = {PG_GETARG_DATUM(1),
                                  Int32GetDatum(batch),
                                  lease,
@@ -931,7 +962,7 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
     options.params = params;
     options.dest = &capture->pub;
     int64 cpu_start = thread_cpu_us();
-    int rc = SPI_execute_plan_extended(plan, &options);
+    int rc = execute_preferring_indexes(plan, built, [&] { return SPI_execute_plan_extended(plan, &options); });
     int64 cpu = thread_cpu_us() - cpu_start;
     if (rc != SPI_OK_SELECT) elog(ERROR, "claim failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
@@ -984,7 +1015,10 @@ Datum fail_one(FunctionCallInfo fcinfo, bool int4_id) {
     if (attempt && !e->cols.has_attempts)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s has no attempts column to check attempt %d",
                        e->name, PG_GETARG_INT32(4));
-    int rc = SPI_execute_plan(plan_for(e, attempt ? FailAttemptPlan : FailPlan), values, nulls, false, 0);
+    PlanKind kind = attempt ? FailAttemptPlan : FailPlan;
+    SPIPlanPtr plan = plan_for(e, kind);
+    int rc = execute_preferring_indexes(plan, &e->built[kind],
+                                        [&] { return SPI_execute_plan(plan, values, nulls, false, 0); });
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     // A job this backend sent back to pending may lie behind its position.
@@ -1068,7 +1102,9 @@ SHARDING_FUNCTION(sharding_complete_many) {
     Datum values[2] = {PG_GETARG_DATUM(1), PG_GETARG_DATUM(2)};
     connect_spi();
     QueueEntry *e = lookup(relid);
-    int rc = SPI_execute_plan(plan_for(e, CompleteManyPlan), values, nullptr, false, 0);
+    SPIPlanPtr plan = plan_for(e, CompleteManyPlan);
+    int rc = execute_preferring_indexes(plan, &e->built[CompleteManyPlan],
+                                        [&] { return SPI_execute_plan(plan, values, nullptr, false, 0); });
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     SPI_finish();
@@ -1116,7 +1152,9 @@ SHARDING_FUNCTION(sharding_complete_attempts) {
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s has no attempts column to check attempts",
                        e->name);
     Datum values[3] = {PointerGetDatum(ids), PG_GETARG_DATUM(2), PointerGetDatum(attempts)};
-    int rc = SPI_execute_plan(plan_for(e, CompleteAttemptsPlan), values, nullptr, false, 0);
+    SPIPlanPtr plan = plan_for(e, CompleteAttemptsPlan);
+    int rc = execute_preferring_indexes(plan, &e->built[CompleteAttemptsPlan],
+                                        [&] { return SPI_execute_plan(plan, values, nullptr, false, 0); });
     if (rc != SPI_OK_UPDATE_RETURNING) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 done = SPI_processed;
     int64 *passed = static_cast<int64 *>(SPI_palloc(sizeof(int64) * (done + 1)));
