@@ -176,8 +176,9 @@ struct Position {
 // When this backend last scanned a queue's pending index from its start,
 // and what that cost.
 struct SweepClock {
-    int64 last_end_us;  // monotonic clock
-    int64 cost_us;      // CPU time of that claim; 0: unknown
+    int64 last_end_us;   // monotonic clock
+    int64 cost_us;       // CPU time of that claim; 0: unknown
+    int64 cpu_since_us;  // CPU time of the resumed claims since
 };
 
 // One queue table as this backend knows it.
@@ -269,7 +270,7 @@ void reset_entry(QueueEntry *e) {
     retire_name(e->order);
     e->name = e->order = nullptr;
     e->pos.valid = e->shard_pos.valid = false;
-    e->sweep = e->shard_sweep = SweepClock{0, 0};
+    e->sweep = e->shard_sweep = SweepClock{0, 0, 0};
     e->valid = false;
 }
 
@@ -694,7 +695,7 @@ SPIPlanPtr shard_plan_for(QueueEntry *e, const char *column, bool resume) {
             e->shard_built[k] = false;
         }
         e->shard_pos.valid = false;
-        e->shard_sweep = SweepClock{0, 0};
+        e->shard_sweep = SweepClock{0, 0, 0};
         namestrcpy(&e->shard_column, column);
     }
     SPIPlanPtr &p = e->shard_plans[resume ? 1 : 0];
@@ -761,12 +762,17 @@ bool run_fenced(Oid relid, PlanKind kind, Datum *values, const char *nulls) {
 // scans from the start, exactly in claim order, and also takes expired
 // leases) finds them. A claim sweeps when this backend has no position,
 // when the last sweep was cheap (under kCheapSweepUs of CPU: no dead rows
-// worth skipping, then every claim is exact), and otherwise once at least
-// kSweepRatio times the last sweep's cost has elapsed since it ended, so
-// sweeps take at most about 1/kSweepRatio of a busy worker's time and a job
-// behind the position waits at most about kSweepRatio sweeps' cost.
+// worth skipping, then every claim is exact), and otherwise once the claims
+// resumed since the last sweep have used kSweepRatio times its CPU cost, or
+// kSweepWallRatio times its cost of wall-clock time has passed (a worker
+// that claims rarely). So sweeps take at most about 1/kSweepRatio of a
+// worker's claim time, whatever the number of workers and however starved
+// the machine is for CPU (a budget of wall-clock time alone let many
+// workers' sweeps eat it all), and a job behind the position waits at most
+// that long.
 constexpr int64 kCheapSweepUs = 1000;
 constexpr int64 kSweepRatio = 16;
+constexpr int64 kSweepWallRatio = 256;
 
 int64 monotonic_us() {
     struct timespec ts;
@@ -783,7 +789,8 @@ int64 thread_cpu_us() {
 bool should_sweep(const Position &pos, const SweepClock &clock, uint32 filter_hash) {
     if (!pos.valid || pos.filter_hash != filter_hash) return true;
     if (clock.cost_us < kCheapSweepUs) return true;
-    return monotonic_us() - clock.last_end_us >= kSweepRatio * clock.cost_us;
+    return clock.cpu_since_us >= kSweepRatio * clock.cost_us ||
+           monotonic_us() - clock.last_end_us >= kSweepWallRatio * clock.cost_us;
 }
 
 // A DestReceiver that passes the claimed rows on to the tuplestore receiver
@@ -969,7 +976,10 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
     // Defence in depth for the contract's "never more than batch".
     if (n > static_cast<uint64>(batch))
         elog(ERROR, "claim took %llu rows for a batch of %d", static_cast<unsigned long long>(n), batch);
-    if (sweep && !fresh_plan) clock = SweepClock{monotonic_us(), cpu};
+    if (sweep && !fresh_plan)
+        clock = SweepClock{monotonic_us(), cpu, 0};
+    else if (!sweep)
+        clock.cpu_since_us += cpu;
     // The last row claimed is the new position. A claim that took nothing
     // keeps the old one: it found nothing past it either.
     if (n > 0) {
