@@ -552,8 +552,12 @@ char *statement_sql(const QueueEntry *e, PlanKind kind) {
     StringInfoData s;
     initStringInfo(&s);
     // The fence: processing, owned by the worker, and (optionally) the
-    // attempt number of the claim.
-    const char *fence = "status" EQ "'processing' AND owner" EQ "$2";
+    // attempt number of the claim. The status test is written as a function
+    // call on purpose: as an operator it would match the predicate of the
+    // lease index (claim_expires) WHERE status = 'processing', and a generic
+    // plan built while that index was nearly empty would scan all of it,
+    // dead entries included, on every call, instead of looking the id up.
+    const char *fence = "pg_catalog.texteq(status, 'processing') AND owner" EQ "$2";
     bool attempt = kind == CompleteAttemptPlan || kind == FailAttemptPlan || kind == ExtendAttemptPlan;
     switch (kind) {
         case ClaimSweepPlan:
@@ -578,7 +582,7 @@ char *statement_sql(const QueueEntry *e, PlanKind kind) {
             appendStringInfo(&s,
                              "UPDATE %s AS sharding_done SET status = 'done', claim_expires = " NOW " "
                              "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($3)) AS f(id, attempt) "
-                             "WHERE sharding_done.id" EQ "f.id AND sharding_done.status" EQ "'processing' "
+                             "WHERE sharding_done.id" EQ "f.id AND pg_catalog.texteq(sharding_done.status, 'processing') "
                              "AND sharding_done.owner" EQ "$2 %s RETURNING sharding_done.id",
                              e->name,
                              e->cols.has_attempts ? "AND (f.attempt IS NULL OR sharding_done.attempts" EQ "f.attempt)"
