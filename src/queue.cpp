@@ -278,6 +278,14 @@ void reset_entry(QueueEntry *e) {
 // rebuilds replaced can be freed.
 void queue_xact_callback(XactEvent event, void *) {
     if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_ABORT && event != XACT_EVENT_PREPARE) return;
+    // A claim rolled back returns its jobs to pending behind this backend's
+    // positions: the next claims sweep.
+    if (event == XACT_EVENT_ABORT && queue_cache != nullptr) {
+        HASH_SEQ_STATUS seq;
+        hash_seq_init(&seq, queue_cache);
+        while (QueueEntry *e = static_cast<QueueEntry *>(hash_seq_search(&seq)))
+            e->pos.valid = e->shard_pos.valid = false;
+    }
     ListCell *lc;
     foreach (lc, retired_plans) SPI_freeplan(static_cast<SPIPlanPtr>(lfirst(lc)));
     foreach (lc, retired_names) pfree(lfirst(lc));
