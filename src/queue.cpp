@@ -3,10 +3,12 @@
 //
 // Every queue statement is prepared once per backend per (queue table,
 // statement kind) and kept (SPI_keepplan). The plans live in a hash table
-// keyed by the table's oid; a relcache callback marks an entry stale when
-// its table changes (ALTER TABLE, DROP, new index, or a changed row in
-// sharding.queue_settings, whose trigger sends the table's relcache
-// invalidation), and the next call rebuilds it completely.
+// keyed by the table's oid, in the cache module's memory (cache.hpp): its
+// relcache callback marks an entry stale when its table changes (ALTER
+// TABLE, DROP, new index, or a changed row in sharding.queue_settings, whose
+// trigger sends the table's relcache invalidation), and the next call
+// rebuilds it completely; what a rebuild replaces is retired by the module's
+// one rule.
 //
 // The generated SQL qualifies every function and operator it uses
 // (pg_catalog.now(), OPERATOR(pg_catalog.=)), so the functions run under
@@ -26,6 +28,7 @@
 #include "queue.hpp"
 
 #include "boundary.hpp"
+#include "cache.hpp"
 #include "keys.hpp"
 
 #include <time.h>
@@ -33,6 +36,8 @@
 extern "C" {
 #include "access/htup_details.h"
 #include "access/table.h"
+#include "access/transam.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "common/hashfn.h"
 #include "catalog/pg_class.h"
@@ -171,6 +176,7 @@ struct Position {
     TimestampTz created;
     int64 id;
     uint32 filter_hash;  // claim_shards: which shards/key column it is for
+    TransactionId xid;   // the (sub)transaction of the claim that set it
 };
 
 // When this backend last scanned a queue's pending index from its start,
@@ -192,8 +198,8 @@ struct QueueEntry {
     bool has_backoff;
     Interval backoff_base;
     Interval backoff_max;
-    char *name;   // quoted, schema-qualified; in queue_cxt
-    char *order;  // claim order, unprefixed; in queue_cxt
+    char *name;   // quoted, schema-qualified; in the cache context
+    char *order;  // claim order, unprefixed; in the cache context
     SPIPlanPtr plans[PlanKinds];
     bool built[PlanKinds];  // whether the plan has run (built its generic plan)
     // claim_shards: the two plans for the key column used last.
@@ -204,18 +210,11 @@ struct QueueEntry {
     SweepClock sweep, shard_sweep;
 };
 
-MemoryContext queue_cxt = nullptr;
 HTAB *queue_cache = nullptr;
-// Plans and names a rebuild replaced. A call further up the stack (a trigger
-// on the queue table that calls claim or complete, say) may still be
-// executing them, so they are freed only at the end of the transaction, when
-// nothing can be running (queue_xact_callback).
-List *retired_plans = NIL;
-List *retired_names = NIL;
 SPIPlanPtr settings_plan = nullptr;  // SELECT ... FROM sharding.queue_settings ...
 
-// Relcache callback: only marks entries stale (no catalog access here).
-void queue_relcache_callback(Datum, Oid relid) {
+// Cache module callbacks: they only mark entries stale.
+void queue_relation_changed(Oid relid) {
     if (queue_cache == nullptr) return;
     if (relid == InvalidOid) {
         HASH_SEQ_STATUS seq;
@@ -230,29 +229,34 @@ void queue_relcache_callback(Datum, Oid relid) {
     }
 }
 
+// A schema was renamed (or otherwise changed): the cached statements spell
+// tables by schema-qualified name, so every entry must be rebuilt.
+void queue_namespace_changed(int, uint32) { queue_relation_changed(InvalidOid); }
+
+const sharding::cache::Kind queue_kind = {"queue", queue_relation_changed, queue_namespace_changed, 1,
+                                          {NAMESPACEOID, 0, 0, 0}};
+
 void ensure_cache() {
     if (queue_cache != nullptr) return;
-    queue_cxt = AllocSetContextCreate(CacheMemoryContext, "sharding queue cache", ALLOCSET_SMALL_SIZES);
     HASHCTL ctl;
     memset(&ctl, 0, sizeof ctl);
     ctl.keysize = sizeof(Oid);
     ctl.entrysize = sizeof(QueueEntry);
-    ctl.hcxt = queue_cxt;
+    ctl.hcxt = sharding::cache::context();
     queue_cache = hash_create("sharding queues", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 }
 
+// What a rebuild replaces may still be executing further up the stack (a
+// trigger on the queue table that calls claim or complete): the cache
+// module frees it once no call of the extension runs any more.
 void retire_plan(SPIPlanPtr plan) {
-    if (plan == nullptr) return;
-    MemoryContext old = MemoryContextSwitchTo(queue_cxt);
-    retired_plans = lappend(retired_plans, plan);
-    MemoryContextSwitchTo(old);
+    if (plan != nullptr) sharding::cache::retire_plan(plan);
 }
 
+void free_name(void *name) { pfree(name); }
+
 void retire_name(char *name) {
-    if (name == nullptr) return;
-    MemoryContext old = MemoryContextSwitchTo(queue_cxt);
-    retired_names = lappend(retired_names, name);
-    MemoryContextSwitchTo(old);
+    if (name != nullptr) sharding::cache::retire(free_name, name);
 }
 
 void reset_entry(QueueEntry *e) {
@@ -273,30 +277,6 @@ void reset_entry(QueueEntry *e) {
     e->sweep = e->shard_sweep = SweepClock{0, 0, 0};
     e->valid = false;
 }
-
-// End of a transaction: nothing of ours is executing any more, so what
-// rebuilds replaced can be freed.
-void queue_xact_callback(XactEvent event, void *) {
-    if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_ABORT && event != XACT_EVENT_PREPARE) return;
-    // A claim rolled back returns its jobs to pending behind this backend's
-    // positions: the next claims sweep.
-    if (event == XACT_EVENT_ABORT && queue_cache != nullptr) {
-        HASH_SEQ_STATUS seq;
-        hash_seq_init(&seq, queue_cache);
-        while (QueueEntry *e = static_cast<QueueEntry *>(hash_seq_search(&seq)))
-            e->pos.valid = e->shard_pos.valid = false;
-    }
-    ListCell *lc;
-    foreach (lc, retired_plans) SPI_freeplan(static_cast<SPIPlanPtr>(lfirst(lc)));
-    foreach (lc, retired_names) pfree(lfirst(lc));
-    list_free(retired_plans);
-    list_free(retired_names);
-    retired_plans = retired_names = NIL;
-}
-
-// A schema was renamed (or otherwise changed): the cached statements spell
-// tables by schema-qualified name, so every entry must be rebuilt.
-void queue_namespace_callback(Datum, int, uint32) { queue_relcache_callback(0, InvalidOid); }
 
 // Reads the queue's settings from sharding.queue_settings (by schema and
 // table name, so that they survive dump and restore; columns by name).
@@ -389,8 +369,8 @@ QueueEntry *lookup(Oid relid) {
     load_settings(e);
     if (!e->cols.has_attempts) e->has_max_attempts = false;
     if (!e->cols.has_run_at) e->has_backoff = false;
-    e->name = MemoryContextStrdup(queue_cxt, qualified_name(relid));
-    e->order = MemoryContextStrdup(queue_cxt, sharding::queue::claim_order(e->cols, ""));
+    e->name = MemoryContextStrdup(sharding::cache::context(), qualified_name(relid));
+    e->order = MemoryContextStrdup(sharding::cache::context(), sharding::queue::claim_order(e->cols, ""));
     // Last: a failure above leaves the entry invalid, and so does an
     // invalidation that arrived while it was being built (this call uses
     // it; the next one rebuilds it).
@@ -798,8 +778,17 @@ int64 thread_cpu_us() {
     return static_cast<int64>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
 }
 
+// Whether the claim that set the position was rolled back (its jobs are
+// pending again, behind the position). A position too old to tell is no
+// position.
+bool rolled_back(const Position &pos) {
+    if (!TransactionIdIsValid(pos.xid)) return false;
+    if (TransactionIdPrecedes(pos.xid, ShmemVariableCache->oldestClogXid)) return true;
+    return TransactionIdDidAbort(pos.xid);
+}
+
 bool should_sweep(const Position &pos, const SweepClock &clock, uint32 filter_hash) {
-    if (!pos.valid || pos.filter_hash != filter_hash) return true;
+    if (!pos.valid || pos.filter_hash != filter_hash || rolled_back(pos)) return true;
     if (clock.cost_us < kCheapSweepUs) return true;
     return clock.cpu_since_us >= kSweepRatio * clock.cost_us ||
            monotonic_us() - clock.last_end_us >= kSweepWallRatio * clock.cost_us;
@@ -997,6 +986,7 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
     if (n > 0) {
         pos = capture->last;
         pos.filter_hash = filter_hash;
+        pos.xid = GetCurrentTransactionIdIfAny();
     }
     capture->pub.rDestroy(&capture->pub);
     SPI_finish();
@@ -1070,9 +1060,7 @@ int compare_int64(const void *a, const void *b) {
 namespace sharding {
 // Called once from _PG_init.
 void queue_init() {
-    CacheRegisterRelcacheCallback(queue_relcache_callback, (Datum)0);
-    CacheRegisterSyscacheCallback(NAMESPACEOID, queue_namespace_callback, (Datum)0);
-    RegisterXactCallback(queue_xact_callback, nullptr);
+    sharding::cache::register_kind(&queue_kind);
 }
 }  // namespace sharding
 
@@ -1301,10 +1289,6 @@ SHARDING_FUNCTION(sharding__queue_settings_changed) {
 // The C symbols the frozen install scripts of versions 1.0 and 1.1 name
 // (CREATE EXTENSION sharding VERSION '1.1' must still load them; the 1.2
 // upgrade points every function at its sharding_ symbol).
-extern "C" {
-#define SHARDING_LEGACY_SYMBOL(old, current)                          \
-    PG_FUNCTION_INFO_V1(old);                                         \
-    Datum old(PG_FUNCTION_ARGS) { return current(fcinfo); }
 SHARDING_LEGACY_SYMBOL(claim, sharding_claim)
 SHARDING_LEGACY_SYMBOL(claim_shards, sharding_claim_shards)
 SHARDING_LEGACY_SYMBOL(complete, sharding_complete)
@@ -1313,4 +1297,3 @@ SHARDING_LEGACY_SYMBOL(fail, sharding_fail)
 SHARDING_LEGACY_SYMBOL(extend_lease, sharding_extend_lease)
 SHARDING_LEGACY_SYMBOL(_queue_sql, sharding__queue_sql)
 SHARDING_LEGACY_SYMBOL(_queue_settings_changed, sharding__queue_settings_changed)
-}
