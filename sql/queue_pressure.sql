@@ -2,7 +2,7 @@
 -- enqueue_many, backoff, purge, queue_health, batch complete with attempts,
 -- integer ids. Wakeups and queue_health's horizon holder need a second
 -- session: test/harness/queue_pressure.sh.
-CREATE EXTENSION IF NOT EXISTS sharding;
+CREATE EXTENSION sharding;
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE q;
@@ -155,3 +155,4 @@ SELECT id FROM sharding.claim(NULL::old_q, 'w1', 3);
 
 DROP TABLE pq, plain_q, old_q;
 DROP ROLE pq_stranger;
+DROP EXTENSION sharding;
