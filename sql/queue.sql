@@ -328,8 +328,10 @@ SELECT p.proname || '(' || pg_get_function_arguments(p.oid) || ') -> ' || pg_get
    AND p.proname IN ('create_queue', 'claim', 'claim_shards', 'complete', 'fail', 'extend_lease',
                      'set_max_attempts', 'queue_stats', 'enqueue')
  ORDER BY 1;
--- Every function of this section has a comment and a pinned search_path
--- (create_queue resolves its name against the caller's path on purpose).
+-- Every function of this section has a comment. The SQL-language helpers pin
+-- search_path; the C functions do not (their generated SQL is qualified:
+-- test/pgtap/search_path.sql), nor does create_queue (it resolves its name
+-- against the caller's path on purpose).
 SELECT p.oid::regprocedure AS function, obj_description(p.oid, 'pg_proc') IS NOT NULL AS commented,
        coalesce(array_to_string(p.proconfig, ','), '') AS config, p.prosecdef AS definer
   FROM pg_proc p

@@ -13,10 +13,13 @@ CREATE TABLE sharding.queue_settings (
     schema_name  text NOT NULL,
     table_name   text NOT NULL,
     max_attempts integer CHECK (max_attempts >= 1),
-    PRIMARY KEY (schema_name, table_name)
+    PRIMARY KEY (schema_name, table_name),
+    -- 1.2: retry backoff (set_backoff); both set or both NULL.
+    backoff_base interval CHECK (backoff_base > interval '0'),
+    backoff_max  interval CHECK (backoff_max > interval '0')
 );
 COMMENT ON TABLE sharding.queue_settings IS
-    'per-queue settings (max_attempts), keyed by the queue table''s schema and name';
+    'per-queue settings (max_attempts, retry backoff), keyed by the queue table''s schema and name';
 SELECT pg_catalog.pg_extension_config_dump('sharding.queue_settings', '');
 
 -- Whether the current user owns (is a member of the owner of) a table.
@@ -43,7 +46,7 @@ CREATE POLICY queue_settings_delete ON sharding.queue_settings FOR DELETE
 GRANT SELECT, INSERT, UPDATE, DELETE ON sharding.queue_settings TO PUBLIC;
 
 CREATE FUNCTION sharding._queue_settings_changed() RETURNS trigger
-    AS 'MODULE_PATHNAME', '_queue_settings_changed' LANGUAGE C;
+    AS 'MODULE_PATHNAME', 'sharding__queue_settings_changed' LANGUAGE C;
 COMMENT ON FUNCTION sharding._queue_settings_changed() IS
     'internal: invalidates the cached plans and settings of the queue a sharding.queue_settings row names';
 -- A trigger function; nobody calls it directly.
@@ -52,8 +55,10 @@ CREATE TRIGGER queue_settings_changed AFTER INSERT OR UPDATE OR DELETE ON shardi
     FOR EACH ROW EXECUTE FUNCTION sharding._queue_settings_changed();
 
 -- create_queue: the table and the two partial indexes that keep claims an
--- index scan however many done rows pile up: pending rows in claim order,
--- and live leases by expiry (so expired ones are found without a scan).
+-- index scan however many done rows pile up: pending rows in claim order
+-- (priority DESC, run_at, created, id), and live leases by expiry (so
+-- expired ones are found without a scan); and the statement trigger that
+-- sends the wakeup NOTIFY (sharding._queue_notify).
 -- Trade-off: claim_expires is indexed, so extend_lease is not a HOT update
 -- (it adds one entry to the primary key and one to the small lease index).
 CREATE FUNCTION sharding._create_queue(parts text[], default_schema text) RETURNS regclass
@@ -81,6 +86,11 @@ BEGIN
         RAISE EXCEPTION 'improper queue name "%": expected table or schema.table',
             array_to_string(parts, '.') USING ERRCODE = '22023';
     END IF;
+    -- A missing schema is reported plainly, not as a failed CREATE TABLE.
+    IF NOT EXISTS (SELECT FROM pg_namespace n WHERE n.nspname = nsp) THEN
+        RAISE EXCEPTION 'schema "%" does not exist', nsp USING ERRCODE = 'invalid_schema_name',
+            HINT = 'Create it first (CREATE SCHEMA), or name a queue in an existing schema.';
+    END IF;
     q := format('%I.%I', nsp, rel);
     EXECUTE format($sql$
         CREATE TABLE %s (
@@ -92,10 +102,14 @@ BEGIN
             owner         text,
             claim_expires timestamptz,
             created       timestamptz NOT NULL DEFAULT now(),
-            attempts      integer NOT NULL DEFAULT 0
+            attempts      integer NOT NULL DEFAULT 0,
+            run_at        timestamptz NOT NULL DEFAULT now(),
+            priority      smallint NOT NULL DEFAULT 0
         )$sql$, q);
-    EXECUTE format('CREATE INDEX ON %s (created, id) WHERE status = %L', q, 'pending');
+    EXECUTE format('CREATE INDEX ON %s (priority DESC, run_at, created, id) WHERE status = %L', q, 'pending');
     EXECUTE format('CREATE INDEX ON %s (claim_expires) WHERE status = %L', q, 'processing');
+    EXECUTE format('CREATE TRIGGER sharding_notify AFTER INSERT ON %s REFERENCING NEW TABLE AS sharding_new '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION sharding._queue_notify()', q);
     RETURN q::regclass;
 END
 $$;
@@ -109,24 +123,25 @@ CREATE FUNCTION sharding.create_queue(queue text) RETURNS regclass
     LANGUAGE sql VOLATILE PARALLEL UNSAFE
     AS $$ SELECT sharding._create_queue(pg_catalog.parse_ident(queue), pg_catalog.current_schema()) $$;
 COMMENT ON FUNCTION sharding.create_queue(text) IS
-    'creates a queue table (id, key, payload, status, owner, claim_expires, created, attempts) with its claim indexes';
+    'creates a queue table (id, key, payload, status, owner, claim_expires, created, attempts, run_at, priority) with its claim indexes and wakeup trigger';
 
 -- claim and claim_shards are not STRICT: the queue argument is NULL::table
--- by design; other NULL arguments raise 22023.
+-- by design; other NULL arguments raise 22023. The C functions of this file
+-- pin no search_path (a GUC save and restore per call on the hottest path,
+-- and user triggers on the queue would run under pg_catalog): every name and
+-- operator of the SQL they generate is schema-qualified instead.
 CREATE FUNCTION sharding.claim(queue anyelement, worker text, batch integer DEFAULT 50,
                                lease interval DEFAULT '5 minutes')
     RETURNS SETOF anyelement
-    AS 'MODULE_PATHNAME', 'claim' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 50
-    SET search_path = pg_catalog, pg_temp;
+    AS 'MODULE_PATHNAME', 'sharding_claim' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 50;
 COMMENT ON FUNCTION sharding.claim(anyelement, text, integer, interval) IS
-    'leases up to batch pending or expired rows of the queue table to worker, oldest first (FOR UPDATE SKIP LOCKED)';
+    'leases up to batch due pending or expired rows of the queue table to worker in claim order (priority, run_at, created, id; FOR UPDATE SKIP LOCKED) and returns them in that order';
 
 CREATE FUNCTION sharding.claim_shards(queue anyelement, worker text, shards integer[], shard_count integer,
                                       batch integer DEFAULT 50, lease interval DEFAULT '5 minutes',
                                       key_column name DEFAULT 'key')
     RETURNS SETOF anyelement
-    AS 'MODULE_PATHNAME', 'claim_shards' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 50
-    SET search_path = pg_catalog, pg_temp;
+    AS 'MODULE_PATHNAME', 'sharding_claim_shards' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 50;
 COMMENT ON FUNCTION sharding.claim_shards(anyelement, text, integer[], integer, integer, interval, name) IS
     'as claim, only rows whose shard_of(key_column, shard_count) is one of shards';
 
@@ -134,37 +149,32 @@ COMMENT ON FUNCTION sharding.claim_shards(anyelement, text, integer[], integer, 
 -- check the attempt"; any other NULL argument raises 22023.
 CREATE FUNCTION sharding.complete(queue regclass, id bigint, worker text, attempt integer DEFAULT NULL)
     RETURNS boolean
-    AS 'MODULE_PATHNAME', 'complete' LANGUAGE C VOLATILE PARALLEL UNSAFE
-    SET search_path = pg_catalog, pg_temp;
+    AS 'MODULE_PATHNAME', 'sharding_complete' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding.complete(regclass, bigint, text, integer) IS
     'marks the job done if it is processing, owned by worker and (if given) in claim number attempt';
 
 CREATE FUNCTION sharding.complete(queue regclass, ids bigint[], worker text)
     RETURNS integer
-    AS 'MODULE_PATHNAME', 'complete_many' LANGUAGE C VOLATILE PARALLEL UNSAFE
-    SET search_path = pg_catalog, pg_temp;
+    AS 'MODULE_PATHNAME', 'sharding_complete_many' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding.complete(regclass, bigint[], text) IS
     'marks done every listed job that is processing and owned by worker, in one statement; returns how many';
 
 CREATE FUNCTION sharding.fail(queue regclass, id bigint, worker text, retry boolean DEFAULT true,
                               attempt integer DEFAULT NULL)
     RETURNS boolean
-    AS 'MODULE_PATHNAME', 'fail' LANGUAGE C VOLATILE PARALLEL UNSAFE
-    SET search_path = pg_catalog, pg_temp;
+    AS 'MODULE_PATHNAME', 'sharding_fail' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding.fail(regclass, bigint, text, boolean, integer) IS
-    'same fence as complete; back to pending (retry, while max_attempts allows) or failed';
+    'same fence as complete; back to pending (retry, while max_attempts allows; run_at pushed back by the queue''s backoff) or failed';
 
 CREATE FUNCTION sharding.extend_lease(queue regclass, id bigint, worker text, lease interval,
                                       attempt integer DEFAULT NULL)
     RETURNS boolean
-    AS 'MODULE_PATHNAME', 'extend_lease' LANGUAGE C VOLATILE PARALLEL UNSAFE
-    SET search_path = pg_catalog, pg_temp;
+    AS 'MODULE_PATHNAME', 'sharding_extend_lease' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding.extend_lease(regclass, bigint, text, interval, integer) IS
     'same fence as complete; sets claim_expires = now() + lease';
 
 CREATE FUNCTION sharding._queue_sql(queue regclass, kind text) RETURNS text
-    AS 'MODULE_PATHNAME', '_queue_sql' LANGUAGE C VOLATILE PARALLEL UNSAFE
-    SET search_path = pg_catalog, pg_temp;
+    AS 'MODULE_PATHNAME', 'sharding__queue_sql' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding._queue_sql(regclass, text) IS
     'internal: SQL text of a queue statement as claim/complete/fail/extend_lease prepare it (for EXPLAIN)';
 
@@ -189,7 +199,9 @@ BEGIN
         RAISE EXCEPTION 'must be owner of queue table %', queue USING ERRCODE = '42501';
     END IF;
     IF max_attempts IS NULL THEN
-        DELETE FROM sharding.queue_settings s WHERE s.schema_name = nsp AND s.table_name = rel;
+        UPDATE sharding.queue_settings s SET max_attempts = NULL WHERE s.schema_name = nsp AND s.table_name = rel;
+        DELETE FROM sharding.queue_settings s
+         WHERE s.schema_name = nsp AND s.table_name = rel AND s.backoff_base IS NULL AND s.max_attempts IS NULL;
         RETURN;
     END IF;
     IF max_attempts < 1 THEN

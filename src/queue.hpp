@@ -1,0 +1,36 @@
+// Queue tables (sections 3, 9, 10 of the contract): the checks and column
+// discovery every claim needs, shared by queue.cpp and queue_ordered.cpp.
+//
+// Glue: these functions call PostgreSQL (syscache, relcache) and throw
+// sharding::Error for user errors, so call them only where no owning C++
+// object is alive (boundary.hpp, rule 2).
+#pragma once
+
+#include "pg.hpp"
+
+namespace sharding {
+namespace queue {
+
+// The optional columns a queue table has (the required ones are checked).
+struct QueueColumns {
+    bool has_attempts;  // attempts integer: counts claims, fencing token
+    bool has_run_at;    // run_at timestamptz: not claimed before it
+    bool has_priority;  // priority smallint: highest first
+};
+
+// The table's quoted, schema-qualified name (palloc'd).
+const char *qualified_name(Oid relid);
+
+// Checks that relid is a queue table: an ordinary or partitioned table with
+// id bigint (unique, non-partial index on it alone), status text, owner
+// text, claim_expires timestamptz, created timestamptz; attempts integer
+// when present. 22023 otherwise. run_at and priority count only with the
+// contract's types (timestamptz, smallint); other types are ignored.
+QueueColumns check_queue_table(Oid relid);
+
+// The claim order for the present columns, each column prefixed by
+// `prefix` ("" or "t."): "priority DESC, run_at, created, id".
+const char *claim_order(const QueueColumns &cols, const char *prefix);
+
+}  // namespace queue
+}  // namespace sharding
