@@ -11,6 +11,7 @@ OBJS = \
 	src/observe.o \
 	src/partitions.o \
 	src/queue.o \
+	src/queue_ordered.o \
 	src/rank.o \
 	src/rebalance.o \
 	src/route_cache.o
