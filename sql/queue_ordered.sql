@@ -1,7 +1,17 @@
 -- Section 9: claim_ordered (per-key order) and claim_node (map-routed, with
 -- handoff). Tables are built by hand (section 3's columns), one also with
 -- section 10's run_at and priority.
+CREATE EXTENSION sharding;
 SET client_min_messages = warning;
+
+-- Errors as SQLSTATE and message.
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
 CREATE SCHEMA ord;
 CREATE TABLE ord.jobs (
     id            bigint PRIMARY KEY,
@@ -83,20 +93,20 @@ SELECT id, tenant FROM sharding.claim_ordered(NULL::ord.jobs, 'w2', 50, key_colu
 ALTER TABLE ord.jobs DROP COLUMN tenant;
 
 -- Argument errors: 22023, naming the value; nothing changes.
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shards => ARRAY[1]);
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shard_count => 4);
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shards => ARRAY[1], shard_count => 0);
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shards => ARRAY[4], shard_count => 4);
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shards => ARRAY[NULL]::int[], shard_count => 4);
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 0);
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, '-1 second');
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, NULL);
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, key_column => 'nope');
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, key_column => 'payload_missing');
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, key_column => 'claim_expires');
-SELECT * FROM sharding.claim_ordered(NULL::int, 'w');
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shards => ARRAY[1])$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shard_count => 4)$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shards => ARRAY[1], shard_count => 0)$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shards => ARRAY[4], shard_count => 4)$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, shards => ARRAY[NULL]::int[], shard_count => 4)$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 0)$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, '-1 second')$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, NULL)$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, key_column => 'nope')$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, key_column => 'payload_missing')$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5, key_column => 'claim_expires')$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::int, 'w')$$);
 CREATE TABLE ord.bad (id bigint PRIMARY KEY, key text, status text, owner text, created timestamptz);
-SELECT * FROM sharding.claim_ordered(NULL::ord.bad, 'w');
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.bad, 'w')$$);
 SELECT count(*) FILTER (WHERE status = 'processing') AS processing FROM ord.jobs;
 
 -- max_attempts: an expired head past it goes to failed and unblocks its key.
@@ -170,11 +180,11 @@ SELECT id, key, owner FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', 'na', '
 SELECT id, key, owner FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', 'nb', 'wb', 50);
 SELECT id, key, owner FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', 'whale-node', 'ww', 50);
 SELECT count(*) FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', 'nobody', 'wx', 50);
-SELECT * FROM sharding.claim_node(NULL::ord.jobs, 'no_such_map', 'na', 'wa');
-SELECT * FROM sharding.claim_node(NULL::ord.jobs, NULL, 'na', 'wa');
-SELECT * FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', NULL, 'wa');
-SELECT * FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', 'na', 'wa', 0);
-SELECT * FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', 'na', 'wa', 5, '-1 minute');
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_node(NULL::ord.jobs, 'no_such_map', 'na', 'wa')$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_node(NULL::ord.jobs, NULL, 'na', 'wa')$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', NULL, 'wa')$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', 'na', 'wa', 0)$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_node(NULL::ord.jobs, 'ordmap', 'na', 'wa', 5, '-1 minute')$$);
 SELECT map, worker, node FROM sharding.claim_node_workers ORDER BY worker;
 
 -- Handoff: the shard of key-2 moves from na to nb while wa holds key-2's
@@ -220,7 +230,7 @@ CREATE ROLE ord_reader;
 GRANT USAGE ON SCHEMA ord TO ord_reader;
 GRANT SELECT ON ord.jobs TO ord_reader;
 SET ROLE ord_reader;
-SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w');
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w')$$);
 RESET ROLE;
 
 DROP SCHEMA ord CASCADE;
@@ -228,3 +238,4 @@ SELECT sharding.drop_map('ordmap');
 DELETE FROM sharding.claim_node_workers WHERE map = 'ordmap';
 DROP OWNED BY ord_reader;
 DROP ROLE ord_reader;
+DROP EXTENSION sharding;
