@@ -55,6 +55,7 @@ extern "C" {
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
+#include "utils/guc.h"
 #include "utils/array.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
@@ -208,8 +209,11 @@ void check_unique_id(Oid relid, const char *qname) {
 
 // What the SQL text of a claim on one queue is built from.
 struct Shape {
+    Oid relid;
     const char *qname;
-    const char *key;  // quoted key column
+    const char *key;       // quoted key column
+    const char *key_type;  // its type, as format_type_be spells it
+    int key_att;           // its attribute number
     bool has_attempts, has_run_at, has_priority;
 };
 
@@ -220,8 +224,8 @@ void append_order(StringInfo s, const Shape &q, const char *a) {
     appendStringInfo(s, "%s.created, %s.id", a, a);
 }
 
-// The filter every candidate row `c` passes: key not NULL, shard or node
-// filter, handoff exclusions, due.
+// The filter every candidate row `c` passes: key not NULL, due, shard or
+// node filter with the handoff exclusions.
 void append_filter(StringInfo s, const Shape &q, uint32 variant) {
     appendStringInfo(s, " AND c.%s IS NOT NULL", q.key);
     if (q.has_run_at) appendStringInfoString(s, " AND NOT (c.run_at > pg_catalog.now())");
@@ -233,19 +237,97 @@ void append_filter(StringInfo s, const Shape &q, uint32 variant) {
                          " OR NOT (c.%s::text COLLATE \"C\" = ANY ((SELECT b.keys FROM blocked b)::text[])"
                          " OR sharding.logical_shard($6, c.%s) = ANY ((SELECT b.shards FROM blocked b)::integer[])))",
                          q.key, q.key, q.key);
-    if (variant & Ordered)
-        // Head of its key: no older pending job, no older processing job,
-        // no other job under a live lease (the last only arises when plain
-        // claim and claim_ordered share a queue). OFFSET 0 keeps the last a
-        // probe of the key's few processing rows per candidate, where an
-        // anti join would scan every live lease per candidate.
-        appendStringInfo(s,
-                         " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
-                         " AND (o.created, o.id) < (c.created, c.id))"
-                         " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'processing'"
-                         " AND o.id <> c.id AND ((o.created, o.id) < (c.created, c.id)"
-                         " OR o.claim_expires >= pg_catalog.now()) OFFSET 0)",
-                         q.qname, q.key, q.key, q.qname, q.key, q.key);
+}
+
+// Head of its key: no older pending job, no older processing job, no other
+// job under a live lease (the last only arises when plain claim and
+// claim_ordered share a queue). OFFSET 0 keeps the second a probe of the
+// key's few processing rows per candidate, where an anti join would scan
+// every live lease per candidate.
+void append_head_check(StringInfo s, const Shape &q) {
+    appendStringInfo(s,
+                     " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
+                     " AND (o.created, o.id) < (c.created, c.id))"
+                     " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'processing'"
+                     " AND o.id <> c.id AND ((o.created, o.id) < (c.created, c.id)"
+                     " OR o.claim_expires >= pg_catalog.now()) OFFSET 0)",
+                     q.qname, q.key, q.key, q.qname, q.key, q.key);
+}
+
+// The pending part of an ordered claim. Claimable rows are heads, one per
+// key, and a claim must not walk the backlog behind a blocked key. So:
+//
+// 1. walk: the first 2 x batch + 16 pending rows in claim order, bounded
+//    whatever lies behind; fresh: of each key walked, its oldest walked
+//    job if it is the key's head, locked with SKIP LOCKED, in claim order,
+//    up to batch.
+// 2. fallback, only when the walk was cut short and found fewer than batch
+//    (a blocked backlog fills the front of the line): a skip scan over the
+//    distinct keys with pending jobs (one index descent per key, on the
+//    (key, status, created, id) index), taking each key's oldest pending
+//    job if it is a head, until batch is reached. It starts after the key
+//    where this backend's previous fallback stopped (session setting
+//    sharding_ordered.c<table oid>_<key attnum>) and wraps around, so keys take turns.
+//    Its cost is batch plus the keys it passes, never the jobs behind a
+//    blocked key. In this mode keys are served round-robin rather than
+//    strictly oldest head first.
+// $9 is the cursor: the key's text form, or NULL.
+void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const char *cols) {
+    appendStringInfo(s, "walk AS MATERIALIZED (SELECT %s, c.%s AS walk_key FROM %s c WHERE c.status = 'pending'",
+                     cols, q.key, q.qname);
+    append_filter(s, q, variant);
+    appendStringInfoString(s, " ORDER BY ");
+    append_order(s, q, "c");
+    appendStringInfoString(s, " LIMIT $2 * 2 + 16), ");
+    // Only a key's oldest walked job can be its head: one head test per
+    // key walked, however many of its jobs the walk saw. Then, in claim
+    // order, each candidate is tested and locked until batch are taken.
+    appendStringInfo(s,
+                     "fresh AS MATERIALIZED (SELECT %s FROM "
+                     "(SELECT * FROM (SELECT DISTINCT ON (w.walk_key) * FROM walk w "
+                     "ORDER BY w.walk_key, w.created, w.id) d ORDER BY ",
+                     cols);
+    append_order(s, q, "d");
+    appendStringInfo(s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM %s c "
+                        "WHERE c.id = w.id AND c.status = 'pending'", q.qname);
+    append_head_check(s, q);
+    appendStringInfoString(s, " FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2), ");
+    // Keys after the cursor, then from the first key up to the cursor.
+    appendStringInfo(s,
+                     "keys_after(k) AS (SELECT (SELECT min(o.%s) FROM %s o WHERE o.status = 'pending' "
+                     "AND o.%s > $9::%s) "
+                     "UNION ALL SELECT (SELECT min(o.%s) FROM %s o WHERE o.status = 'pending' AND o.%s > a.k) "
+                     "FROM keys_after a WHERE a.k IS NOT NULL), ",
+                     q.key, q.qname, q.key, q.key_type, q.key, q.qname, q.key);
+    appendStringInfo(s,
+                     "keys_before(k) AS (SELECT (SELECT min(o.%s) FROM %s o WHERE o.status = 'pending') "
+                     "UNION ALL SELECT (SELECT min(o.%s) FROM %s o WHERE o.status = 'pending' AND o.%s > b.k) "
+                     "FROM keys_before b WHERE b.k IS NOT NULL AND ($9 IS NULL OR b.k < $9::%s)), ",
+                     q.key, q.qname, q.key, q.qname, q.key, q.key_type);
+    appendStringInfo(s,
+                     "need AS MATERIALIZED (SELECT (SELECT count(*) FROM walk) = $2 * 2 + 16 "
+                     "AND (SELECT count(*) FROM fresh) + (SELECT count(*) FROM expired) < $2 AS more), "
+                     "fallback_rows AS MATERIALIZED (SELECT h.* FROM "
+                     "(SELECT a.k FROM keys_after a WHERE a.k IS NOT NULL "
+                     "UNION ALL SELECT b.k FROM keys_before b WHERE b.k IS NOT NULL "
+                     "AND ($9 IS NULL OR b.k <= $9::%s)) AS ks "
+                     "CROSS JOIN LATERAL (SELECT %s, c.%s AS fallback_key FROM %s c "
+                     "WHERE c.id = (SELECT o.id FROM %s o WHERE o.%s = ks.k AND o.status = 'pending' "
+                     "ORDER BY o.created, o.id LIMIT 1) AND c.status = 'pending'",
+                     q.key_type, cols, q.key, q.qname, q.qname, q.key);
+    append_filter(s, q, variant);
+    append_head_check(s, q);
+    appendStringInfoString(s,
+                           " AND c.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::bigint[]) "
+                           "FOR UPDATE OF c SKIP LOCKED) AS h WHERE (SELECT n.more FROM need n) "
+                           "LIMIT (SELECT $2 - count(*) FROM (SELECT id FROM fresh UNION ALL SELECT id FROM expired) x)), ");
+    // The cursor: the last key taken, in rotation order.
+    appendStringInfo(s,
+                     "cursor_mark AS MATERIALIZED (SELECT pg_catalog.set_config('sharding_ordered.c%u_%d', "
+                     "coalesce(max(r.fallback_key) FILTER (WHERE r.fallback_key <= $9::%s), max(r.fallback_key))::text, "
+                     "false) FROM fallback_rows r HAVING count(*) > 0), "
+                     "fallback AS (SELECT %s FROM fallback_rows c), ",
+                     q.relid, q.key_att, q.key_type, cols);
 }
 
 // The claim statement. Parameters: $1 worker, $2 batch, $3 lease,
@@ -262,7 +344,7 @@ char *claim_sql(const Shape &q, uint32 variant) {
                                                        : "c.id, c.created";
     StringInfoData s;
     initStringInfo(&s);
-    appendStringInfoString(&s, "WITH ");
+    appendStringInfoString(&s, (variant & Ordered) ? "WITH RECURSIVE " : "WITH ");
     if (variant & Reap)
         appendStringInfo(&s,
                          "reaped AS (UPDATE %s AS sharding_reaped SET status = 'failed' "
@@ -289,24 +371,34 @@ char *claim_sql(const Shape &q, uint32 variant) {
                      cols, q.qname);
     if (variant & Reap) appendStringInfoString(&s, " AND (c.attempts IS NULL OR c.attempts < $8)");
     append_filter(&s, q, variant);
+    if (variant & Ordered) append_head_check(&s, q);
     appendStringInfoString(&s, " ORDER BY ");
     append_order(&s, q, "c");
     appendStringInfoString(&s, " LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
-    appendStringInfo(&s, "fresh AS MATERIALIZED (SELECT %s FROM %s c WHERE c.status = 'pending'", cols, q.qname);
-    append_filter(&s, q, variant);
-    appendStringInfoString(&s, " ORDER BY ");
-    append_order(&s, q, "c");
-    appendStringInfoString(&s, " LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
+    if (variant & Ordered) {
+        append_ordered_fresh(&s, q, variant, cols);
+    } else {
+        appendStringInfo(&s, "fresh AS MATERIALIZED (SELECT %s FROM %s c WHERE c.status = 'pending'", cols,
+                         q.qname);
+        append_filter(&s, q, variant);
+        appendStringInfoString(&s, " ORDER BY ");
+        append_order(&s, q, "c");
+        appendStringInfoString(&s, " LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
+    }
     // The picked ids go to the UPDATE as one array (an InitPlan, computed
     // once): a primary key lookup per id, and the LIMIT evaluated once.
     appendStringInfo(&s,
                      "claimed AS (UPDATE %s AS u SET owner = $1, claim_expires = pg_catalog.now() + $3, "
                      "status = 'processing'%s "
                      "WHERE u.id = ANY ((SELECT pg_catalog.array_agg(p.id) FROM "
-                     "(SELECT c.id FROM (SELECT * FROM expired UNION ALL SELECT * FROM fresh) AS c ORDER BY ",
-                     q.qname, q.has_attempts ? ", attempts = coalesce(u.attempts, 0) + 1" : "");
+                     "(SELECT c.id FROM (SELECT * FROM expired UNION ALL SELECT * FROM fresh%s) AS c ORDER BY ",
+                     q.qname, q.has_attempts ? ", attempts = coalesce(u.attempts, 0) + 1" : "",
+                     (variant & Ordered) ? " UNION ALL SELECT * FROM fallback" : "");
     append_order(&s, q, "c");
-    appendStringInfoString(&s, " LIMIT $2) AS p)::bigint[]) RETURNING u.*) SELECT * FROM claimed c ORDER BY ");
+    appendStringInfoString(&s, " LIMIT $2) AS p)::bigint[]) RETURNING u.*) SELECT * FROM claimed c");
+    // The fallback's cursor is set only if the statement references it.
+    if (variant & Ordered) appendStringInfoString(&s, " WHERE (SELECT count(*) FROM cursor_mark) >= 0");
+    appendStringInfoString(&s, " ORDER BY ");
     append_order(&s, q, "c");
     return s.data;
 }
@@ -328,8 +420,14 @@ SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
     LockRelationOid(relid, RowExclusiveLock);
 
     Shape q;
+    q.relid = relid;
     q.qname = qualified_name(relid);
     q.key = quote_identifier(key_column);
+    {
+        AttrNumber ka = get_attnum(relid, key_column);
+        q.key_type = ka == InvalidAttrNumber ? "text" : format_type_be_qualified(get_atttype(relid, ka));
+        q.key_att = ka;
+    }
     AttrNumber att;
     q.has_attempts = (att = get_attnum(relid, "attempts")) != InvalidAttrNumber && get_atttype(relid, att) == INT4OID;
     q.has_run_at = get_attnum(relid, "run_at") != InvalidAttrNumber;
@@ -360,6 +458,7 @@ SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
     }
     if (e->plan != nullptr && e->signature != nullptr && strcmp(e->signature, sig.data) == 0) return e->plan;
 
+    elog(DEBUG1, "sharding: preparing ordered claim variant %u on %s", variant, q.qname);
     retire(e->plan);
     e->plan = nullptr;
     if (e->signature != nullptr) pfree(e->signature);
@@ -381,8 +480,8 @@ SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
     check_key_column(relid, q.qname, key_column);
     check_unique_id(relid, q.qname);
 
-    Oid types[8] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID};
-    SPIPlanPtr p = keep(claim_sql(q, variant), 8, types);
+    Oid types[9] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID};
+    SPIPlanPtr p = keep(claim_sql(q, variant), 9, types);
     e->signature = MemoryContextStrdup(ordered_cxt, sig.data);
     e->plan = p;
     return p;
@@ -536,20 +635,29 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
         max_att = max_attempts(relid);
     if (max_att > 0) plan = plan_for(relid, variant | Reap, key_column);
 
-    Datum values[8] = {PG_GETARG_DATUM(a.worker),
+    // The ordered fallback's cursor (see append_ordered_fresh).
+    const char *cursor = nullptr;
+    if (variant & Ordered) {
+        char guc[64];
+        snprintf(guc, sizeof guc, "sharding_ordered.c%u_%d", relid, get_attnum(relid, key_column));
+        cursor = GetConfigOption(guc, true, false);
+        if (cursor != nullptr && cursor[0] == '\0') cursor = nullptr;
+    }
+    Datum values[9] = {PG_GETARG_DATUM(a.worker),
                        Int32GetDatum(batch),
                        lease,
                        (variant & ByShard) ? PG_GETARG_DATUM(a.shards) : (Datum)0,
                        Int32GetDatum(shard_count),
                        (variant & ByNode) ? PG_GETARG_DATUM(a.map) : (Datum)0,
                        (variant & ByNode) ? PG_GETARG_DATUM(a.node) : (Datum)0,
-                       Int32GetDatum(max_att)};
-    bool isnull[8] = {false, false, false, !(variant & ByShard), false, !(variant & ByNode), !(variant & ByNode),
-                      max_att <= 0};
-    Oid types[8] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID};
-    ParamListInfo params = makeParamList(8);
-    params->numParams = 8;
-    for (int i = 0; i < 8; i++) {
+                       Int32GetDatum(max_att),
+                       cursor != nullptr ? CStringGetTextDatum(cursor) : (Datum)0};
+    bool isnull[9] = {false, false, false, !(variant & ByShard), false, !(variant & ByNode), !(variant & ByNode),
+                      max_att <= 0, cursor == nullptr};
+    Oid types[9] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID};
+    ParamListInfo params = makeParamList(9);
+    params->numParams = 9;
+    for (int i = 0; i < 9; i++) {
         params->params[i].value = values[i];
         params->params[i].isnull = isnull[i];
         params->params[i].pflags = PARAM_FLAG_CONST;
@@ -631,8 +739,14 @@ SHARDING_FUNCTION(sharding__claim_ordered_sql) {
     if (variant < 0 || variant > 15)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "variant must be between 0 and 15, got %d", variant);
     Shape q;
+    q.relid = relid;
     q.qname = qualified_name(relid);
     q.key = quote_identifier(NameStr(*PG_GETARG_NAME(2)));
+    {
+        AttrNumber ka = get_attnum(relid, NameStr(*PG_GETARG_NAME(2)));
+        q.key_type = ka == InvalidAttrNumber ? "text" : format_type_be_qualified(get_atttype(relid, ka));
+        q.key_att = ka;
+    }
     AttrNumber att = get_attnum(relid, "attempts");
     q.has_attempts = att != InvalidAttrNumber && get_atttype(relid, att) == INT4OID;
     q.has_run_at = get_attnum(relid, "run_at") != InvalidAttrNumber;

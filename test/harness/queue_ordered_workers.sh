@@ -8,7 +8,7 @@
 # once; each key's completions follow (created, id); never two jobs of one
 # key in flight, and never two of one key in a batch; the dead worker's jobs
 # come back (attempt 2) after its lease; the whale does not starve the other
-# keys. Bounded: workers stop after 150 s whatever happens.
+# keys. Bounded: workers stop after 240 s whatever happens.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PGDATABASE=sharding_queue_ordered
@@ -64,25 +64,24 @@ BEGIN
 END $$;
 CREATE TRIGGER audit AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION audit_jobs();
 
--- A worker: claim a batch (commit), complete it (commit), until nothing is
--- left or the time is up.
+-- A worker: claims a batch (commit), then completes it and claims the next
+-- batch in one transaction (commit), until nothing is left or the time is up.
 CREATE PROCEDURE work(w text, seconds integer) LANGUAGE plpgsql AS $$
 DECLARE
     ids bigint[];
     t0 timestamptz := clock_timestamp();
 BEGIN
     LOOP
+        IF ids IS NOT NULL THEN
+            PERFORM sharding.complete('jobs', ids, w);
+        END IF;
         SELECT array_agg(c.id) INTO ids FROM sharding.claim_ordered(NULL::jobs, w, 50, '60 seconds') c;
         COMMIT;
-        IF ids IS NULL THEN
-            EXIT WHEN NOT EXISTS (SELECT FROM jobs WHERE status IN ('pending', 'processing'))
-                   OR clock_timestamp() - t0 > seconds * interval '1 second';
-            PERFORM pg_sleep(0.01);
-            CONTINUE;
-        END IF;
-        PERFORM sharding.complete('jobs', ids, w);
-        COMMIT;
         EXIT WHEN clock_timestamp() - t0 > seconds * interval '1 second';
+        IF ids IS NULL THEN
+            EXIT WHEN NOT EXISTS (SELECT FROM jobs WHERE status IN ('pending', 'processing'));
+            PERFORM pg_sleep(0.02);
+        END IF;
     END LOOP;
 END $$;
 SQL
@@ -104,7 +103,7 @@ victim_ids=$(head -1 "$TMP/victim")
 
 start=$(date +%s)
 for w in 1 2 3 4 5 6 7 8; do
-    psql -XqAt -c "CALL work('w$w', 150)" >"$TMP/w$w" 2>&1 &
+    psql -XqAt -c "CALL work('w$w', 240)" >"$TMP/w$w" 2>&1 &
     pids+=($!)
 done
 sleep 0.5
