@@ -156,5 +156,5 @@ ok "$(q "SELECT $whale_at_others_end < 4000")" \
 ok "$(q "SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
                                                    AND backend_type = 'client backend'")" "no worker left behind"
 
-dropdb "$PGDATABASE"
+[ -n "${SHARDING_KEEP_DB:-}" ] || dropdb "$PGDATABASE"
 [ "$failures" -eq 0 ]
