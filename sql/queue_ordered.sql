@@ -69,6 +69,14 @@ UPDATE ord.jobs SET claim_expires = now() - interval '1 second' WHERE id = 2;
 -- Expired, but 1 is older: 1 is the head, and 2 is not claimable before it.
 SELECT id FROM sharding.claim_ordered(NULL::ord.jobs, 'w1');
 
+-- An expired head and a pending head of another key compete by age.
+TRUNCATE ord.jobs;
+INSERT INTO ord.jobs (id, key, created) VALUES
+    (1, 'p', '2026-01-01 00:00:02+00'), (2, 'e', '2026-01-01 00:00:01+00');
+UPDATE ord.jobs SET status = 'processing', owner = 'gone', claim_expires = now() - interval '1 second' WHERE id = 2;
+SELECT id, key, owner FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
+SELECT id, key, owner FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
+
 -- Claimed from a function, and the rows are the table's row type.
 CREATE FUNCTION ord.take(w text) RETURNS SETOF ord.jobs LANGUAGE sql AS
     $$ SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, w, 5) $$;

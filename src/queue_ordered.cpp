@@ -320,7 +320,7 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
     appendStringInfoString(s,
                            " AND c.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::bigint[]) "
                            "FOR UPDATE OF c SKIP LOCKED) AS h WHERE (SELECT n.more FROM need n) "
-                           "LIMIT (SELECT $2 - count(*) FROM (SELECT id FROM fresh UNION ALL SELECT id FROM expired) x)), ");
+                           "LIMIT (SELECT GREATEST($2 - count(*), 0) FROM (SELECT id FROM fresh UNION ALL SELECT id FROM expired) x)), ");
     // The cursor: the last key taken, in rotation order.
     appendStringInfo(s,
                      "cursor_mark AS MATERIALIZED (SELECT pg_catalog.set_config('sharding_ordered.c%u_%d', "
