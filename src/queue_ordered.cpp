@@ -16,10 +16,10 @@
 // (FOR UPDATE SKIP LOCKED, rechecked on the latest row version).
 //
 // Handoff (claim_node). A claim through node B leaves alone every key whose
-// job is processing under a live lease and was claimed by a worker not
-// registered for B (sharding.claim_node_workers: one row per worker, the
-// node it last claimed through), and every logical shard such an unpinned
-// key lies in: after a move A -> B, B takes nothing of the shard until A's
+// job is processing under a live lease and was claimed through another node
+// (its owner is registered in sharding.claim_node_workers, one row per
+// worker: the node it last claimed through, for a node other than B), and
+// every logical shard such an unpinned key lies in: after a move A -> B, B takes nothing of the shard until A's
 // leases end. claim_node holds a share lock on the map's lock tag (the one
 // move_shard and rebalance take exclusively) for the rest of its
 // transaction, so a move waits for the claims in flight and a claim after
@@ -357,8 +357,8 @@ char *claim_sql(const Shape &q, uint32 variant) {
                          "foreign_leases AS MATERIALIZED (SELECT f.%s AS k FROM %s f "
                          "WHERE f.status = 'processing' AND f.claim_expires >= pg_catalog.now() "
                          "AND f.%s IS NOT NULL "
-                         "AND NOT EXISTS (SELECT FROM sharding.claim_node_workers w "
-                         "WHERE w.map = $6 AND w.node = $7 AND w.worker = f.owner) "
+                         "AND EXISTS (SELECT FROM sharding.claim_node_workers w "
+                         "WHERE w.map = $6 AND w.worker = f.owner AND w.node <> $7) "
                          "AND sharding.node_for($6, f.%s) = $7), "
                          "blocked AS MATERIALIZED (SELECT count(*) = 0 AS empty, "
                          "coalesce(array_agg(k::text), '{}') AS keys, "

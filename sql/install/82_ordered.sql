@@ -4,8 +4,8 @@
 
 -- The node each worker last claimed through with claim_node, per map: one
 -- row per worker name (never per key). claim_node treats a live lease held
--- by a worker not registered for the claiming node as held through another
--- node, and leaves its key (and the logical shard of an unpinned key) alone
+-- by a worker registered for another node as held through that node, and
+-- leaves its key (and the logical shard of an unpinned key) alone
 -- until the lease ends: the handoff rule. Workers register themselves on
 -- every claim_node call that changes their node, so everyone may write it.
 CREATE TABLE sharding.claim_node_workers (
