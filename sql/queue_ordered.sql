@@ -115,6 +115,7 @@ SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.jobs, 'w', 5
 SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::int, 'w')$$);
 CREATE TABLE ord.bad (id bigint PRIMARY KEY, key text, status text, owner text, created timestamptz);
 SELECT pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::ord.bad, 'w')$$);
+SELECT pg_temp.err($$SELECT sharding._claim_ordered_sql(4294967295::oid::regclass, 1)$$);
 SELECT count(*) FILTER (WHERE status = 'processing') AS processing FROM ord.jobs;
 
 -- max_attempts: an expired head past it goes to failed and unblocks its key.

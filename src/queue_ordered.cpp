@@ -735,6 +735,8 @@ SHARDING_FUNCTION(sharding__claim_ordered_sql) {
     require(fcinfo, 1, "variant");
     require(fcinfo, 2, "key_column");
     Oid relid = PG_GETARG_OID(0);
+    if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+        sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
     int32 variant = PG_GETARG_INT32(1);
     if (variant < 0 || variant > 15)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "variant must be between 0 and 15, got %d", variant);
