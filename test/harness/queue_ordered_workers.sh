@@ -114,6 +114,7 @@ for p in "${pids[@]:1}"; do wait "$p"; done
 elapsed=$(( $(date +%s) - start ))
 cat "$TMP"/w? | grep -v '^$' | head -5 >&2
 
+q "CREATE INDEX ON audit (key, seq)" >/dev/null
 ok "$(q "SELECT count(*) = 20000 AND bool_and(status = 'done') FROM jobs")" "all 20,000 jobs are done (${elapsed}s)"
 ok "$(q "SELECT count(*) = 20000 AND count(DISTINCT job_id) = 20000 FROM audit WHERE event = 'done'")" \
    "every job was completed exactly once"
