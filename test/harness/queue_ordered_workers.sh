@@ -143,10 +143,10 @@ ok "$(q "SELECT count(*) = 0 FROM (SELECT j.key, min(j.id) AS first FROM jobs j 
 ok "$(q "SELECT count(*) = cardinality('$victim_ids'::bigint[]) AND bool_and(a.worker <> 'victim' AND a.attempts = 2)
            FROM audit a WHERE a.event = 'done' AND a.job_id = ANY ('$victim_ids'::bigint[])")" \
    "the killed worker's jobs were reclaimed after its lease (attempt 2) and done by others"
-ok "$(q "SELECT bool_and(a.at >= v.expires) FROM audit a
-           JOIN audit v ON v.key = a.key AND v.worker = 'victim' AND v.event = 'claim'
-          WHERE a.event = 'claim' AND a.worker <> 'victim' AND a.seq > v.seq
-            AND a.seq = (SELECT min(b.seq) FROM audit b WHERE b.key = a.key AND b.seq > v.seq AND b.event = 'claim')")" \
+ok "$(q "SELECT count(*) = cardinality('$victim_ids'::bigint[]) AND bool_and(n.at >= v.expires)
+           FROM audit v CROSS JOIN LATERAL (SELECT b.at FROM audit b WHERE b.key = v.key AND b.seq > v.seq
+                                              AND b.event = 'claim' ORDER BY b.seq LIMIT 1) n
+          WHERE v.worker = 'victim' AND v.event = 'claim'")" \
    "the victim's keys stayed blocked until its lease expired"
 # Starvation: the whale's jobs can only go one at a time; the other keys'
 # 12,000 must not wait behind them.
