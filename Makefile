@@ -13,6 +13,7 @@ OBJS = \
 	src/observe.o \
 	src/partitions.o \
 	src/queue.o \
+	src/queue_ordered.o \
 	src/rank.o \
 	src/rebalance.o \
 	src/route_cache.o

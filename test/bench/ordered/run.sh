@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Benchmark (not a test) of section 9's claims, each as a ratio against a
+# baseline measured in the same run on identical data (pgbench, 8 clients,
+# batch 50, claim then batch complete, -M prepared, jit off):
+#
+#   1. ordered:   claim_ordered vs claim, 100,000 keys, one whale key with
+#                 50% of the jobs (keys interleaved); jobs/s. Target >= 0.7.
+#   2. burst:     claim_ordered with a whale burst (1,000,000 jobs of one
+#                 key, all older than every other job) vs without it; jobs/s
+#                 of the other keys. Target >= 0.5.
+#   3. node:      claim_node(map, 'n1') vs claim_shards(shards_of(map, 'n1'))
+#                 on a 16-shard map over 4 nodes; jobs/s. Target >= 0.9.
+#
+#   SHARDING_PGROOT=/tmp/pgroot-mine bash test/bench/ordered/run.sh [seconds] [runs]
+#
+# Both tables of a comparison are made by create_queue plus
+# create_ordered_indexes (the same indexes on both). Each measurement
+# refills its table from a template, VACUUM ANALYZEs it, and runs pgbench
+# for `seconds`; ours and the baseline alternate; the report is the median
+# of `runs` runs and the ratio of the medians.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+. test/lib/cluster.sh
+SECONDS_PER_RUN=${1:-5}
+RUNS=${2:-3}
+CLIENTS=8
+BATCH=50
+HERE=test/bench/ordered
+
+build_and_install
+DIR=$(make_cluster_dir bench)
+trap 'stop_cluster "$DIR"; rm -rf "$DIR"' EXIT
+start_cluster "$DIR" -c jit=off -c shared_buffers=512MB -c max_wal_size=4GB
+export PGDATABASE=postgres
+psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
+CREATE EXTENSION sharding;
+SELECT sharding.create_queue('ours');
+SELECT sharding.create_queue('base');
+SELECT sharding.create_ordered_indexes('ours');
+SELECT sharding.create_ordered_indexes('base');
+ALTER TABLE ours SET (autovacuum_enabled = false);
+ALTER TABLE base SET (autovacuum_enabled = false);
+SELECT sharding.create_map('bm', 16, ARRAY['n1', 'n2', 'n3', 'n4']);
+-- Templates. mixed: 400,000 jobs, every other one the whale's, the rest
+-- over 100,000 keys. others: 200,000 jobs over 100,000 keys. burst: a
+-- million whale jobs older than all of others'.
+CREATE UNLOGGED TABLE t_mixed AS
+SELECT CASE WHEN g % 2 = 0 THEN 'whale' ELSE 'k' || (g / 2 % 100000) END AS key,
+       '2026-01-01'::timestamptz + g * interval '1 millisecond' AS created
+  FROM generate_series(1, 400000) g;
+CREATE UNLOGGED TABLE t_others AS
+SELECT 'k' || (g % 100000) AS key, '2026-01-02'::timestamptz + g * interval '1 millisecond' AS created
+  FROM generate_series(1, 200000) g;
+CREATE UNLOGGED TABLE t_burst AS
+SELECT 'whale' AS key, '2026-01-01'::timestamptz + g * interval '1 microsecond' AS created
+  FROM generate_series(1, 1000000) g;
+CREATE UNLOGGED TABLE t_random AS
+SELECT 'job-' || g AS key, '2026-01-01'::timestamptz + g * interval '1 millisecond' AS created
+  FROM generate_series(1, 400000) g;
+SQL
+
+# fill TABLE TEMPLATE...: the table holds exactly the templates' rows, pending.
+fill() {
+    local table=$1 sql="TRUNCATE $1;"
+    shift
+    for t in "$@"; do sql="$sql INSERT INTO $table (key, payload, created) SELECT key, '{\"x\": 1}', created FROM $t;"; done
+    psql -XqAt -v ON_ERROR_STOP=1 -c "$sql" -c "VACUUM ANALYZE $table" -c "CHECKPOINT" >/dev/null
+}
+
+# run TABLE SCRIPT COUNT_FILTER -> jobs/s of the done rows matching COUNT_FILTER
+run() {
+    local table=$1 script=$2 filter=$3 out tps txns done_jobs
+    psql -XqAt -c "DELETE FROM sharding.claim_node_workers" >/dev/null
+    out=$(pgbench -n -M prepared -c $CLIENTS -j $CLIENTS -T "$SECONDS_PER_RUN" -D batch=$BATCH \
+        -f "$HERE/$script" 2>&1) || { echo "$out" >&2; return 1; }
+    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' <<<"$out")
+    txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
+    done_jobs=$(psql -XqAtc "SELECT count(*) FROM $table WHERE status = 'done' AND $filter")
+    left=$(psql -XqAtc "SELECT count(*) FROM $table WHERE status = 'pending' AND $filter")
+    [ "$left" -gt 0 ] || echo "warning: $table ran dry; raise the pending rows" >&2
+    python3 -c "import sys; print(round(float(sys.argv[1]) * float(sys.argv[2]) / float(sys.argv[3])))" \
+        "$done_jobs" "$tps" "$txns"
+}
+
+median() { python3 -c "import statistics, sys; print(round(statistics.median(map(float, sys.argv[1:]))))" "$@"; }
+ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$1" "$2"; }
+
+echo "# $CLIENTS clients, batch $BATCH, $SECONDS_PER_RUN s per run, median of $RUNS runs"
+echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(psql -XqAtc 'SELECT version()' | cut -d, -f1)"
+
+ours=() base=()
+for _ in $(seq 1 "$RUNS"); do
+    fill ours t_mixed
+    ours+=("$(run ours claim_ordered.sql true)")
+    fill base t_mixed
+    base+=("$(run base claim.sql true)")
+done
+mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
+echo "ordered: claim_ordered ${mo} jobs/s (runs: ${ours[*]}), claim ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.7)"
+
+ours=() base=()
+for _ in $(seq 1 "$RUNS"); do
+    fill ours t_burst t_others
+    ours+=("$(run ours claim_ordered.sql "key <> 'whale'")")
+    fill ours t_others
+    base+=("$(run ours claim_ordered.sql "key <> 'whale'")")
+done
+mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
+echo "burst: other keys' jobs/s with a 1,000,000-job whale burst ${mo} (runs: ${ours[*]}), without ${mb} (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.5)"
+
+ours=() base=()
+for _ in $(seq 1 "$RUNS"); do
+    fill ours t_random
+    ours+=("$(run ours claim_node.sql true)")
+    fill base t_random
+    base+=("$(run base claim_shards.sql true)")
+done
+mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
+echo "node: claim_node ${mo} jobs/s (runs: ${ours[*]}), claim_shards same shards ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.9)"
