@@ -702,7 +702,10 @@ BEGIN
                    ELSE '' END)
        INTO rows, s
       USING map, logical;
-    s := mod(s, 18446744073709551616);
+    s := mod(s, 18446744073709551616);  -- takes the sign of the sum
+    IF s < 0 THEN
+        s := s + 18446744073709551616;
+    END IF;
     IF s >= 9223372036854775808 THEN
         s := s - 18446744073709551616;
     END IF;
