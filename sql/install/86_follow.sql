@@ -147,7 +147,9 @@ BEGIN
                         || '00') THEN
         RETURN true;
     END IF;
-    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS zz_sharding_guard ON %s', rel);
+    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'zz_sharding_guard') THEN
+        EXECUTE pg_catalog.format('DROP TRIGGER zz_sharding_guard ON %s', rel);
+    END IF;
     EXECUTE pg_catalog.format('CREATE TRIGGER zz_sharding_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
                               'FOR EACH ROW EXECUTE FUNCTION sharding._guard(%L, %L)', rel, map, key_column);
     RETURN true;
@@ -165,8 +167,9 @@ CREATE FUNCTION sharding._drop_guard(schema_name text, table_name text) RETURNS 
 DECLARE
     rel regclass := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
 BEGIN
-    IF rel IS NOT NULL THEN
-        EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS zz_sharding_guard ON %s', rel);
+    IF rel IS NOT NULL
+       AND EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'zz_sharding_guard') THEN
+        EXECUTE pg_catalog.format('DROP TRIGGER zz_sharding_guard ON %s', rel);
     END IF;
 EXCEPTION WHEN OTHERS THEN
     RAISE WARNING 'could not unguard table %: %', rel, SQLERRM;

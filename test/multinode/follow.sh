@@ -205,7 +205,7 @@ check "n2 refuses an UPDATE moving an owned key to n1's (55000)" "|55000" \
     "$(guard "INSERT INTO docs VALUES ('$own1', 1)")|$(guard "UPDATE docs SET k = '$foreign1' WHERE k = '$own1'")"
 check "n2 refuses a bigint key n3 owns, on items (55000)" 55000 "$(guard "INSERT INTO items VALUES ($int_foreign, 1)")"
 check "the refusal names map, key and owner" 1 \
-    "$(d n2 -c "INSERT INTO docs VALUES ('$foreign1', 1)" 2>&1 | grep -c "key $foreign1 of map \"m\" belongs to node \"n1\", not to this node \"n2\"")"
+    "$(d n2 -c "INSERT INTO docs VALUES ('$foreign1', 1)" 2>&1 | grep -c "key \"$foreign1\" of map \"m\" belongs to node \"n1\", not to this node \"n2\"")"
 check "nothing of the refused writes reached docs or items on n2" "2|0|0|0" \
     "$(d n2 -c "SELECT count(*) || '|' || min(v) FILTER (WHERE k = '$foreign2') || '|' || count(*) FILTER (WHERE k = '$foreign1') FROM docs")|$(d n2 -c 'SELECT count(*) FROM items')"
 owned=$(d n2 <<SQL
