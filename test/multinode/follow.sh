@@ -266,6 +266,39 @@ check "_freeze_shard waited for the writer holding the share lock (${waited} ms)
     "$([ "$waited" -ge 400 ] && echo 1 || echo 0)|$(d n2 -c "SELECT v FROM docs WHERE k = '$own5'")"
 d n2 -c "SELECT sharding._thaw_shard('m', $s5)" >/dev/null
 
+# ---------------------------------------------------------------- guards follow distribute
+# A table distributed on the coordinator is guarded on a node where it
+# exists; a distributed table created on the node later is guarded at once;
+# undistributing removes the guard.
+d n2 -c "CREATE TABLE early (k text PRIMARY KEY)" >/dev/null
+c -c "CREATE TABLE early (k text PRIMARY KEY); CREATE TABLE late (k uuid PRIMARY KEY)" \
+  -c "SELECT sharding.distribute('early', 'k', 'm'), sharding.distribute('late', 'k', 'm')" >/dev/null
+lag=$(mn_wait i2 data "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'early'::regclass AND tgname = 'zz_sharding_guard'" 1 30)
+check "distribute on the coordinator guards the table on the node (${lag} ms)" 0 $?
+mn_wait i2 data "SELECT count(*) FROM sharding.distributed_tables WHERE table_name = 'late'" 1 30 >/dev/null
+d n2 -c "CREATE TABLE late (k uuid PRIMARY KEY)" >/dev/null
+uuid_foreign=$(c -c "SELECT u FROM (SELECT md5(i::text)::uuid AS u FROM generate_series(1, 100) AS i) AS t
+                     WHERE sharding.node_for('m', u) <> 'n2' LIMIT 1")
+check "a distributed table created on the node afterwards is guarded at once (uuid key refused: 55000)" "1|55000" \
+    "$(d n2 -c "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'late'::regclass AND tgname = 'zz_sharding_guard'")|$(guard "INSERT INTO late VALUES ('$uuid_foreign')")"
+c -c "SELECT sharding.undistribute('early')" >/dev/null
+lag=$(mn_wait i2 data "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'early'::regclass AND tgname = 'zz_sharding_guard'" 0 30)
+check "undistribute on the coordinator removes the node's guard (${lag} ms)" 0 $?
+
+# ---------------------------------------------------------------- attach refusals
+q i2 postgres -c 'CREATE DATABASE bare' >/dev/null
+slots_before=$(c -c "SELECT count(*) FROM pg_replication_slots")
+c >/dev/null <<SQL
+SELECT sharding.add_node('self', 'host=127.0.0.1 port=${PORT[i1]} dbname=coord');
+SELECT sharding.add_node('n2again', '${DSN[i2]}');
+SELECT sharding.add_node('bare', 'host=127.0.0.1 port=${PORT[i2]} dbname=bare');
+SQL
+check "attach_node refuses the coordinator itself, a database following as another node, one without the extension (55000)" \
+    "55000|55000|55000" \
+    "$(c -c "SELECT sqlstate_of(\$\$SELECT sharding.attach_node('self')\$\$) || '|' || sqlstate_of(\$\$SELECT sharding.attach_node('n2again')\$\$) || '|' || sqlstate_of(\$\$SELECT sharding.attach_node('bare')\$\$)")"
+check "... leaving no slot behind, and n2 following as n2" "$slots_before|n2|true" \
+    "$(c -c "SELECT count(*) FROM pg_replication_slots")|$(d n2 -c 'SELECT node || $$|$$ || following FROM sharding.local_node')"
+
 # ---------------------------------------------------------------- shard_checksum
 # The same rows of one logical shard on n2 and n3 (copied past the guard, in
 # another order) give the same checksum; one changed value changes it.
