@@ -6,6 +6,7 @@ MODULE_big = sharding
 OBJS = \
 	src/boundary.o \
 	src/cache.o \
+	src/guard.o \
 	src/module.o \
 	src/hash.o \
 	src/legacy.o \
