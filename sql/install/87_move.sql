@@ -320,42 +320,6 @@ CREATE FUNCTION sharding._move_tables(map text)
 COMMENT ON FUNCTION sharding._move_tables(text) IS
     'internal: the distributed tables of a map with the column lists an online move needs';
 
--- _conninfo_quote(v): a value quoted for a libpq connection string.
-CREATE FUNCTION sharding._conninfo_quote(v text) RETURNS text
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-        SELECT '''' OPERATOR(pg_catalog.||)
-               pg_catalog.replace(pg_catalog.replace($1, '\', '\\'), '''', '\''')
-               OPERATOR(pg_catalog.||) ''''
-    $$;
-COMMENT ON FUNCTION sharding._conninfo_quote(text) IS 'internal: quotes a value for a libpq connection string';
-
--- _move_self_dsn(): how the coordinator reaches itself for the steps that
--- must commit on their own while move_shard_online runs (the journal, the
--- switch): setting sharding.coordinator_dsn if set, else the local socket,
--- port, database and user of this session.
-CREATE FUNCTION sharding._move_self_dsn() RETURNS text
-    LANGUAGE plpgsql STABLE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    d text := pg_catalog.current_setting('sharding.coordinator_dsn', true);
-    sock text := pg_catalog.split_part(pg_catalog.current_setting('unix_socket_directories'), ',', 1);
-BEGIN
-    IF coalesce(d, '') <> '' THEN
-        RETURN d;
-    END IF;
-    RETURN pg_catalog.format('host=%s port=%s dbname=%s user=%s application_name=sharding_move',
-                             sharding._conninfo_quote(CASE WHEN pg_catalog.btrim(sock) = '' THEN '127.0.0.1'
-                                                           ELSE pg_catalog.btrim(sock) END),
-                             pg_catalog.current_setting('port'),
-                             sharding._conninfo_quote(pg_catalog.current_database()),
-                             sharding._conninfo_quote(current_user::text));
-END $$;
-COMMENT ON FUNCTION sharding._move_self_dsn() IS
-    'internal: connection string of this database for the autocommit steps of an online move';
-
 -- _move_filter_sql(rel_key_column, key_type, shards, logical, key, pins):
 -- the WHERE condition selecting what a move carries, evaluated where the
 -- rows are (source or destination): an unpinned key of the shard, or the
@@ -536,8 +500,10 @@ BEGIN
     END LOOP;
     name := sharding._move_name(map, logical);
     PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
+    RAISE DEBUG 'move %: thawed at %', name, pg_catalog.clock_timestamp();
     PERFORM sharding._move_drop_replication(name);
     PERFORM sharding._move_drop_triggers(map, name);
+    RAISE DEBUG 'move %: replication dropped at %', name, pg_catalog.clock_timestamp();
     deleted := sharding._move_delete_rows('sharding_move_src', map, logical, key);
     PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
         'DELETE FROM sharding.moves WHERE map = %L AND logical = %s', map, logical));
@@ -586,7 +552,7 @@ BEGIN
         END IF;
     END LOOP;
     PERFORM sharding._dblink_schema();
-    PERFORM sharding._dbl_connect('sharding_move_self', sharding._move_self_dsn());
+    PERFORM sharding._dbl_connect('sharding_move_self', sharding._coordinator_dsn());
     PERFORM sharding._dbl_connect('sharding_move_src', (SELECT x.dsn FROM sharding.nodes x WHERE x.node = source));
     PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT x.dsn FROM sharding.nodes x WHERE x.node = destination));
 END $$;
@@ -716,8 +682,31 @@ BEGIN
         RETURN;
     END IF;
 
+    -- The source's slot waits for every transaction holding a transaction
+    -- id to end, this one included when the source shares its instance.
+    IF pg_catalog.txid_current_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'moving a shard online must run in a transaction that has not written yet'
+            USING ERRCODE = 'active_sql_transaction',
+                  HINT = 'Call it in its own transaction.';
+    END IF;
     PERFORM sharding._move_connect(source, node);
-    -- Prerequisites, before anything changes anywhere.
+    -- Prerequisites, before anything changes anywhere. Both ends follow this
+    -- coordinator: their guards refuse the shard's keys wherever the
+    -- followed map says they are not the owner, which makes the cutover hold
+    -- for every writer.
+    FOREACH filter IN ARRAY ARRAY[source, node] LOOP
+        tables := CASE filter WHEN source THEN 'sharding_move_src' ELSE 'sharding_move_dst' END;
+        IF sharding._dbl_value(tables, 'SELECT pg_catalog.to_regclass(''sharding.local_node'') IS NOT NULL') <> 't'
+           OR sharding._dbl_value(tables, 'SELECT l.node FROM sharding.local_node AS l WHERE l.following')
+              IS DISTINCT FROM filter THEN
+            PERFORM sharding._move_disconnect();
+            RAISE EXCEPTION 'node "%" does not follow this coordinator', filter
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'Both ends of an online move must be attached: their guards enforce the cutover.',
+                      HINT = pg_catalog.format('Call sharding.attach_node(%L) first.', filter);
+        END IF;
+    END LOOP;
+    tables := NULL;
     IF sharding._dbl_value('sharding_move_src', 'SHOW wal_level') IS DISTINCT FROM 'logical' THEN
         PERFORM sharding._move_disconnect();
         RAISE EXCEPTION 'wal_level of node "%" is not logical', source
@@ -761,6 +750,7 @@ BEGIN
         'INSERT INTO sharding.moves (map, logical, key, source, destination, state) VALUES (%L, %s, %L, %L, %L, ''setup'')',
         map, logical, key, source, node));
     BEGIN
+        RAISE DEBUG 'move %: publication and slot at %', name, pg_catalog.clock_timestamp();
         -- 2. Publication, then the slot: changes from here on are kept.
         PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
             'CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update, delete'')', name, tables));
@@ -769,6 +759,7 @@ BEGIN
 
         -- 3. Copy, filtered at the source.
         step := 'copying';
+        RAISE DEBUG 'move %: copying at %', name, pg_catalog.clock_timestamp();
         PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
             'UPDATE sharding.moves SET state = %L WHERE map = %L AND logical = %s', step, map, logical));
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
@@ -804,6 +795,7 @@ BEGIN
         -- 6. Catch up until a round is short: the backlog left for the
         -- frozen phase is then a fraction of a second of writes.
         step := 'catchup';
+        RAISE DEBUG 'move %: catchup at %', name, pg_catalog.clock_timestamp();
         PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
             'UPDATE sharding.moves SET state = %L WHERE map = %L AND logical = %s', step, map, logical));
         FOR i IN 1 .. 100 LOOP
@@ -814,10 +806,13 @@ BEGIN
         -- 7. Cutover: freeze the source (waits for its in-flight writers),
         -- let the destination apply the source's last change, switch.
         step := 'cutover';
+        RAISE DEBUG 'move %: cutover at %', name, pg_catalog.clock_timestamp();
         PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
             'UPDATE sharding.moves SET state = %L WHERE map = %L AND logical = %s', step, map, logical));
         PERFORM sharding._move_call('sharding_move_src', '_freeze_shard', map, logical);
+        RAISE DEBUG 'move %: frozen at %', name, pg_catalog.clock_timestamp();
         PERFORM sharding._move_wait_flush(name, 60);
+        RAISE DEBUG 'move %: caught up at %', name, pg_catalog.clock_timestamp();
         IF key IS NULL THEN
             new_epoch := sharding._dbl_value('sharding_move_self', pg_catalog.format(
                 'WITH m AS (SELECT sharding.move_shard(%L, %s, %L) AS e), '
@@ -830,6 +825,7 @@ BEGIN
                 map, key, node, map, logical));
         END IF;
         step := 'switched';
+        RAISE DEBUG 'move %: switched at %', name, pg_catalog.clock_timestamp();
 
         -- 8. Clean up after the switch.
         moved := sharding._move_finish(map, logical, key, node, new_epoch);
@@ -923,7 +919,7 @@ REVOKE ALL ON FUNCTION sharding.move_shard_online(text, integer, text), sharding
     sharding._move_connect(text, text), sharding._move_disconnect(), sharding._move_wait_flush(text, float8),
     sharding._move_delete_rows(text, text, integer, text), sharding._move_drop_replication(text),
     sharding._move_drop_triggers(text, text), sharding._move_call(text, text, text, integer),
-    sharding._move_sees_switch(text, text, integer, text, text, bigint), sharding._move_self_dsn(),
+    sharding._move_sees_switch(text, text, integer, text, text, bigint),
     sharding._move_tables(text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.move_shard_online(text, integer, text), sharding.isolate(text, text, text),
@@ -932,6 +928,6 @@ GRANT EXECUTE ON FUNCTION sharding.move_shard_online(text, integer, text), shard
     sharding._move_connect(text, text), sharding._move_disconnect(), sharding._move_wait_flush(text, float8),
     sharding._move_delete_rows(text, text, integer, text), sharding._move_drop_replication(text),
     sharding._move_drop_triggers(text, text), sharding._move_call(text, text, text, integer),
-    sharding._move_sees_switch(text, text, integer, text, text, bigint), sharding._move_self_dsn(),
+    sharding._move_sees_switch(text, text, integer, text, text, bigint),
     sharding._move_tables(text)
     TO sharding_admin;
