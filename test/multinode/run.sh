@@ -1,47 +1,29 @@
 #!/usr/bin/env bash
-# Multi-node harness (contract section 7): the shard map drives PL/Proxy
-# across four live PostgreSQL instances on loopback. Emits TAP; exits
+# Multi-node harness (contract sections 7 and 8): the shard map drives
+# PL/Proxy across four live PostgreSQL instances on loopback, and every data
+# node follows the map's home through logical replication. Emits TAP; exits
 # non-zero on any failure. Run by test/run.sh, or alone:
 #
 #   SHARDING_PGROOT=/tmp/pgroot bash test/multinode/run.sh
 #
-# Topology. Instances n1..n4, each with its own port on 127.0.0.1 and its own
-# socket directory under one private temporary directory, run as the
-# `postgres` OS user when we are root. Each has a database `data` holding
-# `documents`; n1..n3 own the 12 logical shards of map `docs` (4 each), n4
-# owns none and holds a pinned whale workspace. The database `proxy` on n1
-# is the map's home: create_map, add_node, pin and move_shard happen there,
-# and PL/Proxy routes from there with RUN ON sharding.partition_for(...).
+# Topology. Instances n1..n4 (test/multinode/lib.sh: wal_level = logical),
+# each with a database `data` holding `documents`; n1..n3 own the 12 logical
+# shards of map `docs` (4 each), n4 owns none and holds a pinned whale
+# workspace. The database `proxy` on n1 is the coordinator: create_map,
+# add_node, pin, distribute and move_shard happen there, and PL/Proxy routes
+# from there with RUN ON sharding.partition_for(...).
 #
-# How the map reaches the data nodes. Every data node needs the map too: its
-# writers fence against it. The harness copies the home's config tables to
-# each data node once (COPY of sharding.nodes, maps, shards, pins,
-# map_versions), and applies every later change with the same function call
-# on each node: a shard move is made on the source node first (fencing its
-# writers), then on the other nodes, then on the home (the switch that
-# proxies see). Data-node writers (insert_document) fence on the local map:
-# sharding.fence(map, shard, epoch) plus "node_for names me", so a node
-# refuses (55000) writes for a shard it has given away.
+# How the map reaches the data nodes: sharding.attach_node on the
+# coordinator makes each `data` database follow it (publication
+# sharding_config, one subscription per node), so every later change reaches
+# every node by itself. Each node knows its own name (sharding.this_node())
+# and guards the distributed table `documents`: a write of a workspace the
+# node does not own is refused (55000), so the data-node writer
+# (insert_document) names no node. test/multinode/follow.sh proves the
+# following and the guards in detail; this harness proves PL/Proxy on top.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-. test/lib/cluster.sh
-
-started=$(date +%s.%N)
-t=0
-fails=0
-ok() { t=$((t + 1)); echo "ok $t - $*"; }
-not_ok() { t=$((t + 1)); fails=$((fails + 1)); echo "not ok $t - $*"; }
-diag() { echo "# $*"; }
-elapsed() { awk -v s="$started" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
-# check DESCRIPTION EXPECTED ACTUAL
-check() {
-    if [ "$2" = "$3" ]; then ok "$1"; else
-        not_ok "$1"
-        diag "  expected: $2"
-        diag "       got: $3"
-    fi
-}
-bail() { not_ok "$*"; echo "1..$t"; exit 1; }
+. test/multinode/lib.sh
 
 # Alone, build and install first; test/run.sh has done it already.
 if [ -z "${SHARDING_TESTDIR:-}" ]; then
@@ -49,55 +31,12 @@ if [ -z "${SHARDING_TESTDIR:-}" ]; then
 fi
 
 NODES=(n1 n2 n3 n4)
-declare -A DIR PORT DSN
-ROOT=$(make_cluster_dir multinode)
-[ "$(id -u)" -eq 0 ] && chown postgres: "$ROOT"
-chmod 755 "$ROOT"
 writer_pid=
 inflight_pid=
-cleanup() {
-    [ -n "$writer_pid" ] && kill "$writer_pid" 2>/dev/null
-    [ -n "$inflight_pid" ] && kill "$inflight_pid" 2>/dev/null
-    for n in "${NODES[@]}"; do [ -n "${DIR[$n]:-}" ] && stop_cluster "${DIR[$n]}"; done
-    rm -rf "$ROOT"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# q NODE DB [psql args]: psql on an instance's socket, stop at the first error.
-q() {
-    local n=$1 db=$2
-    shift 2
-    psql -XAtq -v ON_ERROR_STOP=1 -h "${DIR[$n]}" -p "${PORT[$n]}" -U postgres -d "$db" "$@"
-}
-
-# ---------------------------------------------------------------- instances
-for n in "${NODES[@]}"; do
-    DIR[$n]=$ROOT/$n
-    while :; do
-        p=$(free_port)
-        dup=0
-        for m in "${NODES[@]}"; do [ "${PORT[$m]:-}" = "$p" ] && dup=1; done
-        [ $dup -eq 0 ] && break
-    done
-    PORT[$n]=$p
-    DSN[$n]="host=127.0.0.1 port=$p dbname=data"
-done
-pids=()
-for n in "${NODES[@]}"; do
-    (SHARDING_PORT=${PORT[$n]} start_cluster "${DIR[$n]}" -c listen_addresses=127.0.0.1 \
-        -c max_prepared_transactions=0) &
-    pids+=($!)
-done
-up=0
-for p in "${pids[@]}"; do wait "$p" && up=$((up + 1)); done
-check "four PostgreSQL instances listen on 127.0.0.1 (ports ${PORT[*]})" 4 "$up"
-[ "$up" -eq 4 ] || bail "instances did not start"
-for n in "${NODES[@]}"; do
-    if ! psql -XAtq "host=127.0.0.1 port=${PORT[$n]} user=postgres dbname=postgres" -c 'SELECT 1' >/dev/null; then
-        bail "instance $n reachable over TCP"
-    fi
-done
+mn_start "${NODES[@]}"
+check "four PostgreSQL instances (wal_level = logical) listen on 127.0.0.1 (ports ${PORT[*]})" 0 $?
+[ "$fails" -eq 0 ] || bail "instances did not start"
+trap 'kill $writer_pid $inflight_pid 2>/dev/null; mn_cleanup' EXIT
 
 diag "$(elapsed) s: data nodes"
 # ---------------------------------------------------------------- data nodes
@@ -109,25 +48,14 @@ CREATE EXTENSION sharding;
 CREATE EXTENSION dblink;
 CREATE TABLE documents (workspace_id text NOT NULL, id bigint PRIMARY KEY, body text);
 CREATE INDEX ON documents (workspace_id);
-CREATE FUNCTION this_node() RETURNS text LANGUAGE sql IMMUTABLE AS \$\$ SELECT '$n'::text \$\$;
 
--- The data node's writer: fenced on the local copy of the map, so that a
--- move of the shard waits for it, and refused (55000) once the shard or the
--- workspace's pin belongs to another node.
+-- The data node's writer. No node name in it: the guard on documents
+-- refuses (55000) a workspace this node does not own now, and makes a move
+-- of its shard wait for the writer.
 CREATE FUNCTION insert_document(workspace_id text, id bigint, body text) RETURNS void
-    LANGUAGE plpgsql AS \$\$
-DECLARE
-    s integer := sharding.logical_shard('docs', insert_document.workspace_id);
-    owner text;
-BEGIN
-    PERFORM sharding.fence('docs', s, sharding.epoch('docs', s));
-    owner := sharding.node_for('docs', insert_document.workspace_id);
-    IF owner <> this_node() THEN
-        RAISE EXCEPTION 'workspace % belongs to node %, not %', insert_document.workspace_id, owner, this_node()
-            USING ERRCODE = 'object_not_in_prerequisite_state';
-    END IF;
-    INSERT INTO documents VALUES (insert_document.workspace_id, insert_document.id, insert_document.body);
-END \$\$;
+    LANGUAGE sql AS \$\$
+    INSERT INTO documents VALUES (workspace_id, id, body)
+\$\$;
 CREATE FUNCTION get_documents(workspace_id text) RETURNS TABLE(id bigint, body text)
     LANGUAGE sql STABLE AS \$\$
     SELECT d.id, d.body FROM documents AS d WHERE d.workspace_id = \$1 ORDER BY d.id
@@ -157,15 +85,21 @@ check "sharding, dblink and documents on every data node" 4 "$ready"
 
 # ---------------------------------------------------------------- the proxy
 q n1 postgres -c 'CREATE DATABASE proxy' >/dev/null
+# The coordinator's own DSN, which the data nodes' subscriptions use.
+q n1 postgres -c "ALTER DATABASE proxy SET sharding.coordinator_dsn = 'host=127.0.0.1 port=${PORT[n1]} dbname=proxy'" >/dev/null
 proxy_setup=$(
     q n1 proxy 2>&1 <<SQL
 CREATE EXTENSION plproxy;
 CREATE EXTENSION sharding;
-SELECT sharding.create_map('docs', 12, ARRAY['n1', 'n2', 'n3']);
+CREATE EXTENSION dblink;
 SELECT sharding.add_node('n1', '${DSN[n1]}'), sharding.add_node('n2', '${DSN[n2]}'),
        sharding.add_node('n3', '${DSN[n3]}'), sharding.add_node('n4', '${DSN[n4]}');
+SELECT sharding.create_map('docs', 12, ARRAY['n1', 'n2', 'n3']);
 SELECT sharding.pin('docs', 'whale', 'n4');
 SELECT sharding.plproxy_install();
+-- The table's definition, to distribute it (its rows live on the nodes).
+CREATE TABLE documents (workspace_id text NOT NULL, id bigint PRIMARY KEY, body text);
+SELECT sharding.distribute('documents', 'workspace_id', 'docs');
 
 CREATE FUNCTION insert_document(workspace_id text, id bigint, body text) RETURNS void
     LANGUAGE plproxy AS \$\$
@@ -221,20 +155,21 @@ rc=$?
 check "proxy database: map docs, node DSNs, whale pin, plproxy_install, PL/Proxy functions" 0 "$rc"
 [ "$rc" -eq 0 ] || { echo "$proxy_setup" | sed 's/^/# /'; bail "proxy setup"; }
 
-# Copy the map to every data node (see the header).
-copy_map() {
-    local n=$1 tbl
-    for tbl in nodes maps shards pins map_versions; do
-        q n1 proxy -c "\\copy sharding.$tbl TO STDOUT" | q "$n" data -c "\\copy sharding.$tbl FROM STDIN" || return 1
-    done
-}
-map_digest='SELECT md5(string_agg(format($$%s/%s/%s/%s$$, map, logical, node, epoch), $$,$$ ORDER BY map, logical)) FROM sharding.shards'
-copied=0
-home_digest=$(q n1 proxy -c "$map_digest")
+# Every data node follows the coordinator.
+attached=0
 for n in "${NODES[@]}"; do
-    copy_map "$n" && [ "$(q "$n" data -c "$map_digest")" = "$home_digest" ] && copied=$((copied + 1))
+    q n1 proxy -c "SELECT sharding.attach_node('$n')" >/dev/null && attached=$((attached + 1))
 done
-check "the home's map is copied to every data node" 4 "$copied"
+check "attach_node: the four data nodes follow the coordinator" 4 "$attached"
+map_digest='SELECT md5(string_agg(format($$%s/%s/%s/%s$$, map, logical, node, epoch), $$,$$ ORDER BY map, logical)) FROM sharding.shards'
+home_digest=$(q n1 proxy -c "$map_digest")
+same=0
+for n in "${NODES[@]}"; do
+    [ "$(q "$n" data -c "$map_digest")|$(q "$n" data -c 'SELECT sharding.this_node()')" = "$home_digest|$n" ] && same=$((same + 1))
+done
+check "every data node has the coordinator's map and knows its own name (this_node)" 4 "$same"
+check "every data node guards documents" "n1=1 n2=1 n3=1 n4=1" \
+    "$(for n in "${NODES[@]}"; do printf '%s=%s ' "$n" "$(q "$n" data -c "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'documents'::regclass AND tgname = 'zz_sharding_guard'")"; done | sed 's/ $//')"
 
 check "13 PL/Proxy partitions: 12 logical shards, then the pin-only node n4" \
     "13|${DSN[n1]}|${DSN[n4]}|12" \
@@ -268,7 +203,7 @@ actual_counts=$(for n in "${NODES[@]}"; do printf '%s=%s ' "$n" "$(q "$n" data -
 check "each instance holds exactly the rows node_for sends it" "$expected_counts" "${actual_counts% }"
 misplaced=0
 for n in "${NODES[@]}"; do
-    m=$(q "$n" data -c "SELECT count(*) FROM documents WHERE sharding.node_for('docs', workspace_id) <> this_node()")
+    m=$(q "$n" data -c "SELECT count(*) FROM documents WHERE sharding.node_for('docs', workspace_id) <> sharding.this_node()")
     misplaced=$((misplaced + m))
 done
 check "no row lives on an instance node_for does not name" 0 "$misplaced"
@@ -324,11 +259,8 @@ SQL
 writer_pid=$!
 sleep 0.3
 
-# 1. Copy: n2 pulls shard 0's rows from n1 (the writer keeps writing to n1).
-copied1=$(q n2 data -c "SELECT sharding.copy_shard('docs', $SHARD, 'documents', 'workspace_id', '${DSN[n1]}', '${DSN[n2]}')")
-check "copy_shard copied shard $SHARD's rows to n2" 1 "$([ "${copied1:-0}" -ge "$before_shard" ] && echo 1 || echo 0)"
-
-# A writer in flight on n1, fenced on shard 0, that commits a second later.
+# A writer in flight on n1: its guarded insert holds shard 0's share lock
+# until it commits, a second later.
 q n1 data >"$ROOT/inflight.out" 2>&1 <<SQL &
 BEGIN;
 SELECT insert_document('$first_ws', 40000, 'in flight during the move');
@@ -336,43 +268,63 @@ SELECT pg_sleep(1);
 COMMIT;
 SQL
 inflight_pid=$!
-# Until it holds the fence (it is sleeping inside its transaction).
+# Until it holds the lock (it is sleeping inside its transaction).
 for _ in $(seq 100); do
     [ "$(q n1 data -c "SELECT count(*) FROM pg_stat_activity WHERE datname = 'data' AND wait_event = 'PgSleep'")" = 1 ] && break
     sleep 0.05
 done
 
-# 2. Fence/switch on the source: waits for the in-flight writer; from then
-#    on n1 refuses writes to shard 0.
+# This harness moves the shard by hand, the way move_shard_online cuts over
+# (without its online copy): freeze at the source, copy, switch the owner on
+# the coordinator, thaw.
+# 1. Freeze shard 0 on n1: waits for the in-flight writer; from then on n1
+#    refuses every write of the shard, whoever writes.
 t0=$(date +%s%N)
-epoch_n1=$(q n1 data -c "SELECT sharding.move_shard('docs', $SHARD, 'n2')")
+q n1 data -c "SELECT sharding._freeze_shard('docs', $SHARD)" >/dev/null
 waited_ms=$((($(date +%s%N) - t0) / 1000000))
-check "move_shard on the source waited for the fenced writer (${waited_ms} ms)" 1 "$([ "$waited_ms" -ge 400 ] && echo 1 || echo 0)"
+check "_freeze_shard on the source waited for the writer holding the shard's share lock (${waited_ms} ms)" 1 \
+    "$([ "$waited_ms" -ge 400 ] && echo 1 || echo 0)"
 wait "$inflight_pid"
 inflight_rc=$?
 inflight_pid=
-check "the fenced in-flight writer committed" 0 "$inflight_rc"
+check "the in-flight writer committed" 0 "$inflight_rc"
+check "n1 now refuses a write of its own (frozen) shard $SHARD: 55000" 55000 \
+    "$(q n1 data -c "SELECT sqlstate_of(\$\$SELECT insert_document('$first_ws', 50001, 'frozen')\$\$)")"
 
-# 3. Copy what was written since the first copy, then switch everyone else;
-#    the home last (that is when proxies reroute).
-copied2=$(q n2 data -c "SELECT sharding.copy_shard('docs', $SHARD, 'documents', 'workspace_id', '${DSN[n1]}', '${DSN[n2]}')")
-epochs="$epoch_n1"
-for n in n2 n3 n4; do epochs="$epochs $(q "$n" data -c "SELECT sharding.move_shard('docs', $SHARD, 'n2')")"; done
-epochs="$epochs $(q n1 proxy -c "SELECT sharding.move_shard('docs', $SHARD, 'n2')")"
-check "every copy of the map moved shard $SHARD to epoch 2" "2 2 2 2 2" "$epochs"
-diag "copied $copied1 rows, then $copied2 written meanwhile"
-
-# 4. Verify: every row of shard 0 on n1 is on n2.
-missing=$(q n2 data -c "SELECT count(*) FROM dblink('${DSN[n1]}',
-            'SELECT id FROM documents WHERE sharding.logical_shard(''docs'', workspace_id) = $SHARD') AS a(id bigint)
-          WHERE NOT EXISTS (SELECT FROM documents AS d WHERE d.id = a.id)")
+# 2. Copy the shard's rows to n2 as replication apply writes them
+#    (session_replication_role = replica: the guard stands aside).
+copied=$(q n2 data -c "SET session_replication_role = replica;
+    WITH c AS (INSERT INTO documents
+               SELECT * FROM dblink('${DSN[n1]}',
+                   'SELECT workspace_id, id, body FROM documents
+                     WHERE sharding.logical_shard(''docs'', workspace_id) = $SHARD
+                       AND workspace_id NOT IN (SELECT key FROM sharding.pins WHERE map = ''docs'')')
+                   AS d(workspace_id text, id bigint, body text)
+               RETURNING 1)
+    SELECT count(*) FROM c")
 src_count=$(q n1 data -c "SELECT count(*) FROM documents WHERE sharding.logical_shard('docs', workspace_id) = $SHARD")
-dst_count=$(q n2 data -c "SELECT count(*) FROM documents WHERE sharding.logical_shard('docs', workspace_id) = $SHARD")
-check "verify: all $src_count rows of shard $SHARD on n1 are on n2 ($dst_count there)" 0 "$missing"
+check "all $src_count rows of shard $SHARD copied to n2" "$src_count" "$copied"
+sum1=$(q n1 data -c "SELECT rows || '/' || checksum FROM sharding.shard_checksum('docs', $SHARD, 'documents')")
+sum2=$(q n2 data -c "SELECT rows || '/' || checksum FROM sharding.shard_checksum('docs', $SHARD, 'documents')")
+check "shard_checksum of shard $SHARD is the same on n1 and n2 ($sum1)" "$sum1" "$sum2"
 
-# 5. Delete from the source what it no longer owns.
-deleted=$(q n1 data -c "WITH d AS (DELETE FROM documents WHERE sharding.node_for('docs', workspace_id) <> this_node() RETURNING 1)
-                        SELECT count(*) FROM d")
+# 3. Switch on the coordinator: every follower sees the new owner and epoch.
+check "move_shard on the coordinator: epoch 2" 2 "$(q n1 proxy -c "SELECT sharding.move_shard('docs', $SHARD, 'n2')")"
+lags=
+seen=0
+for n in "${NODES[@]}"; do
+    lag=$(mn_wait "$n" data "SELECT sharding.node_for('docs', '$first_ws') || '/' || sharding.epoch('docs', $SHARD)" "n2/2" 30) &&
+        seen=$((seen + 1))
+    lags="$lags $n=${lag}ms"
+done
+check "every follower routes shard $SHARD to n2 at epoch 2 (seen after:$lags)" 4 "$seen"
+
+# 4. Thaw, and delete at the source what it no longer owns (replica role:
+#    the guard refuses these keys now).
+check "_thaw_shard on n1" t "$(q n1 data -c "SELECT sharding._thaw_shard('docs', $SHARD)")"
+deleted=$(q n1 data -c "SET session_replication_role = replica;
+    WITH d AS (DELETE FROM documents WHERE sharding.node_for('docs', workspace_id) <> sharding.this_node() RETURNING 1)
+    SELECT count(*) FROM d")
 check "the source deleted exactly the moved rows" "$src_count" "$deleted"
 
 wait "$writer_pid"
@@ -394,7 +346,7 @@ check "through the proxy: every document is still found (count_all, get_document
     "$(q n1 proxy -c 'SELECT sum(c) FROM count_all() AS c')|$(q n1 proxy -c "SELECT count(*) FROM unnest(string_to_array('$ws_list', ',')) AS w, LATERAL get_documents(w)")"
 misplaced=0
 for n in "${NODES[@]}"; do
-    m=$(q "$n" data -c "SELECT count(*) FROM documents WHERE sharding.node_for('docs', workspace_id) <> this_node()")
+    m=$(q "$n" data -c "SELECT count(*) FROM documents WHERE sharding.node_for('docs', workspace_id) <> sharding.this_node()")
     misplaced=$((misplaced + m))
 done
 check "after the move, still no row outside the instance node_for names" 0 "$misplaced"
@@ -402,7 +354,7 @@ check "after the move, still no row outside the instance node_for names" 0 "$mis
 # ---------------------------------------------------------------- fencing on the data node
 check "on n1, a writer fenced on the old epoch is refused (55000)" 55000 \
     "$(q n1 data -c "SELECT sqlstate_of(\$\$SELECT sharding.fence('docs', $SHARD, 1)\$\$)")"
-check "on n1, a direct write to the moved shard is refused (55000)" 55000 \
+check "on n1, a direct write to the moved shard is refused by the guard (55000)" 55000 \
     "$(q n1 data -c "SELECT sqlstate_of(\$\$SELECT insert_document('$first_ws', 50000, 'stale')\$\$)")"
 check "on n2, the new epoch passes the fence and the old one does not" "|55000" \
     "$(q n2 data -c "SELECT sqlstate_of(\$\$SELECT sharding.fence('docs', $SHARD, 2)\$\$) || '|' || sqlstate_of(\$\$SELECT sharding.fence('docs', $SHARD, 1)\$\$)")"
@@ -432,6 +384,4 @@ else
     not_ok "latency measured with pgbench (proxy '${via_proxy}', direct '${direct}')"
 fi
 
-diag "multinode harness took $(elapsed) s"
-echo "1..$t"
-[ "$fails" -eq 0 ]
+mn_finish
