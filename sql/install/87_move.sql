@@ -481,14 +481,15 @@ DECLARE
     seen boolean;
     deleted bigint;
 BEGIN
-    -- The source's guard must see the new owner before its shard thaws;
-    -- the destination accepts writes once it sees it.
+    -- The source's guard must see the new owner before its shard thaws
+    -- (then it refuses by ownership); the destination accepts writes once it
+    -- sees it, so the call returns only then.
     FOREACH name IN ARRAY ARRAY['sharding_move_src', 'sharding_move_dst'] LOOP
         seen := false;
         FOR i IN 1 .. 3000 LOOP   -- 60 s
             seen := sharding._move_sees_switch(name, map, logical, key, destination, new_epoch);
             EXIT WHEN seen;
-            PERFORM pg_catalog.pg_sleep(0.02);
+            PERFORM pg_catalog.pg_sleep(0.005);
         END LOOP;
         IF NOT seen THEN
             RAISE EXCEPTION 'node % of the move of logical shard % of map "%" does not show the switch after 60 s',
@@ -497,10 +498,13 @@ BEGIN
                       DETAIL = 'The coordinator has switched; the source stays frozen until it follows.',
                       HINT = 'Check the node''s subscription sharding_config_<node>, then call sharding.move_shard_online again to finish.';
         END IF;
+        IF name = 'sharding_move_src' THEN
+            PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
+            RAISE DEBUG 'move %: thawed at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
+        END IF;
     END LOOP;
+    RAISE DEBUG 'move %: destination follows at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
     name := sharding._move_name(map, logical);
-    PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
-    RAISE DEBUG 'move %: thawed at %', name, pg_catalog.clock_timestamp();
     PERFORM sharding._move_drop_replication(name);
     PERFORM sharding._move_drop_triggers(map, name);
     RAISE DEBUG 'move %: replication dropped at %', name, pg_catalog.clock_timestamp();

@@ -226,9 +226,9 @@ for p in "${wpids[@]}"; do wait "$p" || wfail=$((wfail + 1)); done
 check "four writers ran to the end without error" "0" "$wfail$(cat "$ROOT"/writer*.out | grep -v '^$' | head -3)"
 echo "$move_out" | grep -E 'DEBUG:  move sharding_move' | sed 's/^DEBUG:  /# /'
 frozen_at=$(echo "$move_out" | sed -n 's/.*: frozen at \(.*\)$/\1/p')
-thawed_at=$(echo "$move_out" | sed -n 's/.*: thawed at \(.*\)$/\1/p')
+thawed_at=$(echo "$move_out" | sed -n 's/.*: destination follows at \(.*\)$/\1/p')
 window_ms=$(qn coord -c "SELECT round(extract(epoch FROM '$thawed_at'::timestamptz - '$frozen_at'::timestamptz) * 1000)")
-check "move_shard_online returned the epoch raised by exactly one (${move_ms} ms; source frozen ${window_ms} ms)" \
+check "move_shard_online returned the epoch raised by exactly one (${move_ms} ms; writes refused for ${window_ms} ms)" \
     "$((epoch0 + 1))" "$epoch1"
 check "the coordinator names n2 as the owner at that epoch" "n2|$((epoch0 + 1))" \
     "$(qn coord -c "SELECT node || '|' || epoch FROM sharding.shards WHERE map = 'bank' AND logical = $S")"
