@@ -362,4 +362,19 @@ check "unknown map 42704, bad shard 22023, NULL node 22023, NULL key 22023" "427
     "$(sqlstate "SELECT sharding.move_shard_online('nomap', 1, 'n2')") $(sqlstate "SELECT sharding.move_shard_online('bank', 8, 'n2')") $(sqlstate "SELECT sharding.move_shard_online('bank', 1, NULL)") $(sqlstate "SELECT sharding.isolate('bank', NULL, 'n2')")"
 check "the refused calls changed nothing and left nothing" "$CLEAN" "$(leftovers)"
 
+# ------------------------------------------------------------------ 5. copy_shard (kept, inserts only)
+# Pins hold a bytea key in hex; a source whose bytea_output is 'escape' must
+# still see the pinned key as pinned.
+diag "$(elapsed) s: copy_shard"
+for n in coord n1 n3; do qn "$n" -c 'CREATE TABLE blobs (k bytea PRIMARY KEY, v text)' >/dev/null; done
+qn n1 -c "INSERT INTO blobs SELECT decode(lpad(to_hex(i), 4, '0'), 'hex'), 'b' || i FROM generate_series(1, 400) i" \
+      -c 'ALTER DATABASE n1 SET bytea_output = escape' >/dev/null
+pinned_blob=$(qn coord -c "SELECT '\\x' || encode(k, 'hex') FROM (SELECT decode(lpad(to_hex(i), 4, '0'), 'hex') AS k
+                             FROM generate_series(1, 400) i) x WHERE sharding.logical_shard('bank', k) = 0 LIMIT 1")
+qn coord -c "SELECT sharding.pin('bank', '$pinned_blob', 'n3')" >/dev/null
+in_shard0=$(qn n1 -c "SELECT count(*) FROM blobs WHERE sharding.shard_of(k, 8) = 0")
+check "copy_shard skips a pinned bytea key even where bytea_output = escape ($((in_shard0 - 1)) of $in_shard0 rows)" \
+    "$((in_shard0 - 1))|0" \
+    "$(qn coord -c "SELECT sharding.copy_shard('bank', 0, 'blobs', 'k', '$(ndsn n1)', '$(ndsn n3)')")|$(qn n3 -c "SELECT count(*) FROM blobs WHERE '\\x' || encode(k, 'hex') = '$pinned_blob'")"
+
 mn_finish

@@ -63,6 +63,7 @@ move() {
     f=$(echo "$out" | sed -n 's/.*: frozen at \(.*\)$/\1/p')
     d=$(echo "$out" | sed -n 's/.*: destination follows at \(.*\)$/\1/p')
     if [ -z "$f" ] || [ -z "$d" ]; then echo "move failed: $out" >&2; echo "0 0"; return 1; fi
+    [ -n "${BENCH_VERBOSE:-}" ] && echo "$out" | grep 'DEBUG:  move' | sed 's/^DEBUG:  /#   /' >&2
     echo "$total $(qn coord -c "SELECT round(extract(epoch FROM '$d'::timestamptz - '$f'::timestamptz) * 1000, 1)")"
 }
 # copy SHARD FROM TO: COPY pipe of the shard's rows into copy_target; prints ms.
