@@ -117,10 +117,15 @@ BEGIN
         EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', s) USING conn;
     END IF;
     EXECUTE pg_catalog.format('SELECT %I.dblink_connect($1, $2)', s) USING conn, dsn;
-    -- Remote statements run with a predictable search_path; every name in
-    -- them is qualified anyway.
+    -- Remote statements run with a predictable search_path (every name in
+    -- them is qualified anyway), and commit synchronously: a commit whose
+    -- WAL waited for the WAL writer (synchronous_commit = off, up to
+    -- wal_writer_delay) would reach walsenders, and so the destination and
+    -- the followers, that much later, inside the cutover's refusal window.
     EXECUTE pg_catalog.format('SELECT %I.dblink_exec($1, $2)', s)
         USING conn, 'SET search_path = pg_catalog, pg_temp';
+    EXECUTE pg_catalog.format('SELECT %I.dblink_exec($1, $2)', s)
+        USING conn, 'SET synchronous_commit = on';
 END $$;
 
 CREATE FUNCTION sharding._dbl_disconnect(conn text) RETURNS void
@@ -601,7 +606,7 @@ COMMENT ON FUNCTION sharding._move_cleanup(text, integer) IS
     'internal: finishes or undoes an interrupted online move of a shard, as its journal row says';
 
 -- _move_wait_flush(name, seconds): waits until the move's slot at the
--- source has confirmed the source's current WAL position; returns the
+-- source has confirmed the source's flushed WAL position; returns the
 -- seconds waited. 55000 after `seconds` (the apply is stuck: see the
 -- destination's log).
 CREATE FUNCTION sharding._move_wait_flush(name text, seconds float8) RETURNS float8
@@ -609,7 +614,9 @@ CREATE FUNCTION sharding._move_wait_flush(name text, seconds float8) RETURNS flo
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    target pg_lsn := sharding._dbl_value('sharding_move_src', 'SELECT pg_catalog.pg_current_wal_lsn()')::pg_lsn;
+    -- The flushed position: walsenders send no further, and everything the
+    -- move must carry is there once the freeze has committed (synchronously).
+    target pg_lsn := sharding._dbl_value('sharding_move_src', 'SELECT pg_catalog.pg_current_wal_flush_lsn()')::pg_lsn;
     started timestamptz := pg_catalog.clock_timestamp();
     flushed pg_lsn;
     sleep float8 := 0.001;
