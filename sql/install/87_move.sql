@@ -717,6 +717,10 @@ BEGIN
                       HINT = pg_catalog.format('Call sharding.attach_node(%L) first.', filter);
         END IF;
     END LOOP;
+    -- Guards on every distributed table at both ends, even one created
+    -- while its distribute() was still on its way (idempotent).
+    PERFORM sharding._dbl_run('sharding_move_src', 'SELECT sharding._install_guards()');
+    PERFORM sharding._dbl_run('sharding_move_dst', 'SELECT sharding._install_guards()');
     tables := NULL;
     IF sharding._dbl_value('sharding_move_src', 'SHOW wal_level') IS DISTINCT FROM 'logical' THEN
         PERFORM sharding._move_disconnect();

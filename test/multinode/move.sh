@@ -377,4 +377,19 @@ check "copy_shard skips a pinned bytea key even where bytea_output = escape ($((
     "$((in_shard0 - 1))|0" \
     "$(qn coord -c "SELECT sharding.copy_shard('bank', 0, 'blobs', 'k', '$(ndsn n1)', '$(ndsn n3)')")|$(qn n3 -c "SELECT count(*) FROM blobs WHERE '\\x' || encode(k, 'hex') = '$pinned_blob'")"
 
+# ------------------------------------------------------------------ 6. the README's example
+# The "sql node=NAME" blocks of README section "Moving a shard", on this
+# harness's coordinator and data nodes (n1 and n2 have DSNs and follow).
+diag "$(elapsed) s: README, Moving a shard"
+awk '/^### Moving a shard/ { p = 1 } p && /^##/ && !/^### Moving a shard/ { exit } p' README.md >"$ROOT/moving.md"
+readme_out=$(python3 test/lib/readme_examples.py nodes "$ROOT/moving.md" \
+    "coord=$(ndsn coord)" "n1=$(ndsn n1)" "n2=$(ndsn n2)" 2>&1)
+readme_rc=$?
+echo "$readme_out" | grep -E '^(not ok|#)' | sed 's/^/#   /'
+if [ "$readme_rc" -ne 0 ]; then
+    diag "n1: $(qn n1 -c "SELECT string_agg(tgname || '/' || tgenabled, ',') FROM pg_trigger WHERE tgrelid = 'entries'::regclass") $(qn n1 -c "SELECT string_agg(logical || '=' || node || '/' || epoch, ',') FROM sharding.shards WHERE map = 'ledger'") $(qn n1 -c "SELECT string_agg(id::text, ',') FROM entries WHERE id > 20000")"
+fi
+check "README 'Moving a shard': every multi-node example runs as written ($(echo "$readme_out" | grep -c '^ok') checks)" \
+    "0|0" "$readme_rc|$(echo "$readme_out" | grep -c '^not ok')"
+
 mn_finish
