@@ -325,6 +325,13 @@ CREATE FUNCTION sharding._move_tables(map text)
 COMMENT ON FUNCTION sharding._move_tables(text) IS
     'internal: the distributed tables of a map with the column lists an online move needs';
 
+-- _shell_quote(v): a single-quoted POSIX shell word.
+CREATE FUNCTION sharding._shell_quote(v text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT '''' OPERATOR(pg_catalog.||) pg_catalog.replace($1, '''', '''\''''') OPERATOR(pg_catalog.||) '''' $$;
+COMMENT ON FUNCTION sharding._shell_quote(text) IS 'internal: quotes a word for the POSIX shell (COPY FROM PROGRAM)';
+
 -- _move_filter_sql(rel_key_column, key_type, shards, logical, key, pins):
 -- the WHERE condition selecting what a move carries, evaluated where the
 -- rows are (source or destination): an unpinned key of the shard, or the
@@ -665,6 +672,9 @@ DECLARE
     err_detail text;
     err_hint text;
     err_context text;
+    copied boolean;
+    copy_program boolean := true;
+    dst_encoding text;
 BEGIN
     -- One move per shard at a time (a transaction-level lock: a crashed
     -- caller's lock goes with it, and its journal row tells the next call).
@@ -778,14 +788,41 @@ BEGIN
         PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
             'UPDATE sharding.moves SET state = %L WHERE map = %L AND logical = %s', step, map, logical));
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
+        dst_encoding := sharding._dbl_value('sharding_move_dst', 'SELECT pg_catalog.getdatabaseencoding()');
         FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
             filter := sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins);
             -- Leftovers of the shard at the destination (it does not own them).
             PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DELETE FROM %s WHERE %s', t.rel, filter));
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                'INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %I.dblink(%L, %L) AS s(%s)',
-                t.rel, t.cols, t.cols, dst_dblink, src_dsn,
-                pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter), t.coldefs));
+            -- COPY from the source, as fast as `psql -c 'COPY ... TO STDOUT' |
+            -- psql -c 'COPY ... FROM STDIN'` because it is that: the
+            -- destination's server runs psql (COPY FROM PROGRAM: a
+            -- superuser's, as the move's connections are). Where it has no
+            -- psql, INSERT ... SELECT FROM dblink (slower: row by row).
+            copied := false;
+            IF copy_program THEN
+                BEGIN
+                    PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+                        'COPY %s (%s) FROM PROGRAM %L WITH (FORMAT text, ENCODING %L)', t.rel, t.cols,
+                        pg_catalog.format('PGCLIENTENCODING=%s psql -XAtq -v ON_ERROR_STOP=1 -d %s -c %s', dst_encoding,
+                                          sharding._shell_quote(src_dsn),
+                                          sharding._shell_quote(pg_catalog.format('COPY (SELECT %s FROM %s WHERE %s) TO STDOUT',
+                                                                                  t.cols, t.rel, filter))),
+                        dst_encoding));
+                    copied := true;
+                EXCEPTION WHEN OTHERS THEN
+                    GET STACKED DIAGNOSTICS err_msg = MESSAGE_TEXT;
+                    RAISE DEBUG 'move %: COPY FROM PROGRAM failed (%), copying through dblink', name, err_msg;
+                    copy_program := false;
+                    PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT n.dsn FROM sharding.nodes n WHERE n.node = _move_online.node));
+                    PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
+                END;
+            END IF;
+            IF NOT copied THEN
+                PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+                    'INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %I.dblink(%L, %L) AS s(%s)',
+                    t.rel, t.cols, t.cols, dst_dblink, src_dsn,
+                    pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter), t.coldefs));
+            END IF;
         END LOOP;
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = origin');
 
