@@ -317,7 +317,7 @@ void check_row(GuardQuery *g, TriggerData *td, HeapTuple tuple) {
         char *o = text_to_cstring(owner);
         throw sharding::Error(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            sharding::format("key %s of map \"%s\" belongs to node \"%s\", not to this node \"%s\"", k,
+            sharding::format("key \"%s\" of map \"%s\" belongs to node \"%s\", not to this node \"%s\"", k,
                              g->map_name, o, s.node),
             sharding::format("Table \"%s\" is distributed by map \"%s\" (logical shard %d); this node writes only "
                              "the keys it owns.",
@@ -328,7 +328,7 @@ void check_row(GuardQuery *g, TriggerData *td, HeapTuple tuple) {
         const char *k = key_out(g, key);
         throw sharding::Error(
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            sharding::format("key %s of map \"%s\" is in logical shard %d, which is frozen on node \"%s\"", k,
+            sharding::format("key \"%s\" of map \"%s\" is in logical shard %d, which is frozen on node \"%s\"", k,
                              g->map_name, logical, s.node),
             "The shard is being cut over to another node (sharding.frozen_shards).",
             "Retry shortly: after the cutover, route the key again with sharding.node_for.");

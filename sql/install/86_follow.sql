@@ -147,7 +147,9 @@ BEGIN
                         || '00') THEN
         RETURN true;
     END IF;
-    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS zz_sharding_guard ON %s', rel);
+    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'zz_sharding_guard') THEN
+        EXECUTE pg_catalog.format('DROP TRIGGER zz_sharding_guard ON %s', rel);
+    END IF;
     EXECUTE pg_catalog.format('CREATE TRIGGER zz_sharding_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
                               'FOR EACH ROW EXECUTE FUNCTION sharding._guard(%L, %L)', rel, map, key_column);
     RETURN true;
@@ -165,8 +167,9 @@ CREATE FUNCTION sharding._drop_guard(schema_name text, table_name text) RETURNS 
 DECLARE
     rel regclass := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
 BEGIN
-    IF rel IS NOT NULL THEN
-        EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS zz_sharding_guard ON %s', rel);
+    IF rel IS NOT NULL
+       AND EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'zz_sharding_guard') THEN
+        EXECUTE pg_catalog.format('DROP TRIGGER zz_sharding_guard ON %s', rel);
     END IF;
 EXCEPTION WHEN OTHERS THEN
     RAISE WARNING 'could not unguard table %: %', rel, SQLERRM;
@@ -493,6 +496,8 @@ DECLARE
     node_versions bigint[];
     pending integer;
     deadline timestamptz;
+    sub_conninfo text;
+    sub_enabled boolean;
 BEGIN
     IF attach_node.node IS NULL OR attach_node.node = '' THEN
         RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(attach_node.node), 'NULL')
@@ -526,12 +531,15 @@ BEGIN
     sub := sharding._config_subscription(attach_node.node);
     slot := sharding._config_slot(attach_node.node);
 
-    -- The node: this extension (1.2) there, not this very database.
-    EXECUTE format($q$SELECT * FROM %I.dblink($1, $2) AS f(sysid bigint, db text, has_follow boolean)$q$, dl)
+    -- The node: this extension (1.2) there, not this very database, not
+    -- following as another node. Nothing has changed anywhere yet.
+    EXECUTE format($q$SELECT * FROM %I.dblink($1, $2)
+                        AS f(sysid bigint, db text, has_follow boolean, following_as text)$q$, dl)
        INTO facts
       USING dsn, $r$SELECT (SELECT system_identifier FROM pg_catalog.pg_control_system())::bigint,
                            pg_catalog.current_database()::text,
-                           pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL$r$;
+                           pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL,
+                           NULL::text$r$;
     IF NOT facts.has_follow THEN
         RAISE EXCEPTION 'node "%" has no sharding extension of version 1.2 or later', attach_node.node
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -543,41 +551,62 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   DETAIL = format('Its connection string %s leads back here.', dsn);
     END IF;
+    facts.following_as := sharding._remote(dsn, 'SELECT node FROM sharding.local_node WHERE following');
+    IF facts.following_as IS DISTINCT FROM attach_node.node AND facts.following_as IS NOT NULL THEN
+        RAISE EXCEPTION 'the database of node "%" already follows a coordinator as node "%"',
+                attach_node.node, facts.following_as
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Detach it first: sharding.detach_node(%L) on its coordinator.', facts.following_as);
+    END IF;
     EXECUTE format($q$SELECT array_agg(f.map), array_agg(f.version) FROM %I.dblink($1, $2) AS f(map text, version bigint)$q$, dl)
        INTO node_maps, node_versions
       USING dsn, 'SELECT map, version FROM sharding.map_versions';
 
-    -- Coordinator side, committed before the node subscribes.
+    -- Coordinator side, committed before the node subscribes (a publication
+    -- nobody subscribes to, and versions that rose, are harmless leftovers
+    -- of a failure below).
     PERFORM sharding._remote(me, format('SELECT sharding._publish_config(%L, %L)::text', node_maps, node_versions));
 
-    -- Node side.
-    PERFORM sharding._remote(dsn, format('SELECT sharding._follow(%L, %L)::text', attach_node.node, me));
-    EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
-       INTO pending
-      USING dsn, format($s$SELECT count(*)::integer FROM pg_catalog.pg_subscription WHERE subname = %L$s$, sub);
-    IF pending = 0 THEN
-        -- The slot first, from here: a CREATE SUBSCRIPTION that creates its
-        -- slot hangs when the node lives in this same PostgreSQL instance.
+    -- The subscription, disabled: creating it proves the node reaches us
+    -- before its configuration is touched. Its slot is made from here first:
+    -- a CREATE SUBSCRIPTION that creates its slot hangs when the node lives
+    -- in this same PostgreSQL instance.
+    EXECUTE format($q$SELECT f.c, f.e FROM %I.dblink($1, $2) AS f(c text, e boolean)$q$, dl)
+       INTO sub_conninfo, sub_enabled
+      USING dsn, format($s$SELECT subconninfo, subenabled FROM pg_catalog.pg_subscription
+                            WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
+                                                               WHERE datname = pg_catalog.current_database())$s$, sub);
+    IF sub_conninfo IS NULL THEN
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots AS r WHERE r.slot_name = slot) THEN
-            EXECUTE format($q$SELECT f.s FROM %I.dblink($1, $2) AS f(s text)$q$, dl)
-              USING me, format($s$SELECT slot_name::text FROM pg_catalog.pg_create_logical_replication_slot(%L, 'pgoutput')$s$,
-                               slot);
+            PERFORM sharding._remote(me, format(
+                $s$SELECT slot_name::text FROM pg_catalog.pg_create_logical_replication_slot(%L, 'pgoutput')$s$, slot));
         END IF;
         BEGIN
-            EXECUTE format('SELECT %I.dblink_exec($1, $2)', dl)
-              USING dsn, format('CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION sharding_config '
-                                'WITH (slot_name = %L, create_slot = false)', sub, me, slot);
+            PERFORM sharding._remote_exec(dsn, format(
+                'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION sharding_config '
+                'WITH (slot_name = %L, create_slot = false, enabled = false)', sub, me, slot));
         EXCEPTION WHEN OTHERS THEN
             -- Leave no slot behind (it would hold WAL back forever).
-            EXECUTE format($q$SELECT f.s FROM %I.dblink($1, $2) AS f(s text)$q$, dl)
-              USING me, format($s$SELECT 'dropped' FROM pg_catalog.pg_drop_replication_slot(%L)$s$, slot);
+            PERFORM sharding._remote(me, format(
+                $s$SELECT 'dropped' FROM pg_catalog.pg_drop_replication_slot(%L)$s$, slot));
             RAISE;
         END;
-    ELSE
-        EXECUTE format('SELECT %I.dblink_exec($1, $2)', dl)
-          USING dsn, format('ALTER SUBSCRIPTION %I CONNECTION %L', sub, me);
-        EXECUTE format('SELECT %I.dblink_exec($1, $2)', dl)
-          USING dsn, format('ALTER SUBSCRIPTION %I ENABLE', sub);
+        sub_enabled := false;
+    ELSIF sub_conninfo IS DISTINCT FROM me THEN
+        PERFORM sharding._remote_exec(dsn, format('ALTER SUBSCRIPTION %I CONNECTION %L', sub, me));
+    END IF;
+
+    -- The node's configuration gives way to ours, then the copy starts.
+    BEGIN
+        PERFORM sharding._remote(dsn, format('SELECT sharding._follow(%L, %L)::text', attach_node.node, me));
+    EXCEPTION WHEN OTHERS THEN
+        IF NOT sub_enabled THEN
+            PERFORM sharding._remote_exec(dsn, format('DROP SUBSCRIPTION %I', sub));
+        END IF;
+        RAISE;
+    END;
+    IF NOT sub_enabled THEN
+        PERFORM sharding._remote_exec(dsn, format('ALTER SUBSCRIPTION %I ENABLE', sub));
     END IF;
 
     -- The full copy: wait (up to a minute) until every table is synchronised.
@@ -626,12 +655,22 @@ BEGIN
     END IF;
     dl := sharding._dblink_schema('detach_node');
     sub := sharding._config_subscription(detach_node.node);
-    EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
-       INTO n
-      USING dsn, format($s$SELECT count(*)::integer FROM pg_catalog.pg_subscription WHERE subname = %L$s$, sub);
+    BEGIN
+        EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
+           INTO n
+          USING dsn, format($s$SELECT count(*)::integer FROM pg_catalog.pg_subscription
+                                WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
+                                                                   WHERE datname = pg_catalog.current_database())$s$,
+                            sub);
+    EXCEPTION WHEN sqlclient_unable_to_establish_sqlconnection OR connection_exception THEN
+        RAISE EXCEPTION 'cannot reach node "%" to detach it: %', detach_node.node, SQLERRM
+            USING ERRCODE = 'sqlclient_unable_to_establish_sqlconnection',
+                  HINT = format('If the node is gone for good, drop its replication slot here: '
+                                'SELECT pg_drop_replication_slot(%L);', sharding._config_slot(detach_node.node));
+    END;
     IF n > 0 THEN
         -- Drops the subscription's slot here too.
-        EXECUTE format('SELECT %I.dblink_exec($1, $2)', dl) USING dsn, format('DROP SUBSCRIPTION %I', sub);
+        PERFORM sharding._remote_exec(dsn, format('DROP SUBSCRIPTION %I', sub));
     END IF;
     PERFORM sharding._remote(dsn, 'SELECT sharding._unfollow()::text');
 END $$;
@@ -702,7 +741,10 @@ BEGIN
                    ELSE '' END)
        INTO rows, s
       USING map, logical;
-    s := mod(s, 18446744073709551616);
+    s := mod(s, 18446744073709551616);  -- takes the sign of the sum
+    IF s < 0 THEN
+        s := s + 18446744073709551616;
+    END IF;
     IF s >= 9223372036854775808 THEN
         s := s - 18446744073709551616;
     END IF;

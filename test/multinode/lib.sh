@@ -99,7 +99,7 @@ mn_restart() {
     local n=$1
     as_server_user "$PG_BIN/pg_ctl" -D "${DIR[$n]}/data" -l "${DIR[$n]}/server.log" -w -t 60 start \
         -o "-p ${PORT[$n]} -k ${DIR[$n]} -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
-            -c max_connections=120 -c log_min_messages=warning $MN_SERVER_OPTS" >/dev/null
+            -c max_connections=120 -c log_min_messages=warning $(echo $MN_SERVER_OPTS)" >/dev/null
 }
 
 # mn_wait NODE DB QUERY EXPECTED TIMEOUT_S: polls QUERY (every 10 ms) until

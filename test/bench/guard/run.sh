@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): the cost of guarded writes on a data node.
+#
+#   SHARDING_PGROOT=/tmp/pgroot-mine bash test/bench/guard/run.sh [seconds] [runs]
+#
+# One instance (wal_level = logical) with a coordinator database `coord` and
+# a data node `data` attached to it as node n1 (sharding.attach_node), which
+# owns every logical shard of map `m` (64 shards). On `data`, table docs
+# (100,000 rows, text key) is distributed, so it carries the guard trigger.
+# pgbench, 8 clients, -M prepared: each transaction updates one random
+# existing row and inserts one new row (two guarded rows). The baseline is
+# the same workload on the same tables with the guard disabled (ALTER TABLE
+# ... DISABLE TRIGGER zz_sharding_guard). Guarded and baseline runs
+# alternate; the report is the median transactions/s of `runs` runs of each
+# and the cost ratio baseline_tps / guarded_tps (the issue's bound: 1.10).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+. test/lib/cluster.sh
+SECONDS_PER_RUN=${1:-8}
+RUNS=${2:-5}
+CLIENTS=8
+HERE=test/bench/guard
+
+build_and_install
+DIR=$(make_cluster_dir bench)
+[ "$(id -u)" -eq 0 ] && chown postgres: "$DIR"
+chmod 755 "$DIR"
+trap 'stop_cluster "$DIR/pg"; rm -rf "$DIR"' EXIT
+start_cluster "$DIR/pg" -c jit=off -c shared_buffers=256MB -c max_wal_size=4GB -c wal_level=logical \
+    -c max_replication_slots=4 -c max_wal_senders=4
+export PGDATABASE=postgres
+psql -XqAt -v ON_ERROR_STOP=1 -c 'CREATE DATABASE coord' -c 'CREATE DATABASE data' >/dev/null
+schema="CREATE EXTENSION sharding;
+CREATE TABLE docs (k text PRIMARY KEY, v integer NOT NULL);
+CREATE TABLE events (id bigserial PRIMARY KEY, k text NOT NULL, v integer NOT NULL);"
+psql -XqAt -v ON_ERROR_STOP=1 -d data -c "$schema" >/dev/null
+psql -XqAt -v ON_ERROR_STOP=1 -d coord >/dev/null <<SQL
+$schema
+CREATE EXTENSION dblink;
+SELECT sharding.add_node('n1', 'host=$PGHOST port=$PGPORT dbname=data');
+SELECT sharding.create_map('m', 64, ARRAY['n1']);
+SELECT sharding.distribute('docs', 'k', 'm');
+SELECT sharding.distribute('events', 'k', 'm');
+SELECT sharding.attach_node('n1');
+SQL
+psql -XqAt -v ON_ERROR_STOP=1 -d data >/dev/null <<'SQL'
+INSERT INTO docs SELECT 'k' || i, 0 FROM generate_series(1, 100000) AS i;
+VACUUM ANALYZE docs;
+SQL
+guards=$(psql -XAt -d data -c "SELECT count(*) FROM pg_trigger WHERE tgname = 'zz_sharding_guard' AND tgenabled = 'O'")
+[ "$guards" = 2 ] || { echo "expected 2 enabled guards on data, got $guards" >&2; exit 1; }
+
+cat >"$DIR/write.sql" <<'SQL'
+\set id random(1, 100000)
+UPDATE docs SET v = v + 1 WHERE k = 'k' || :id;
+INSERT INTO events (k, v) VALUES ('k' || :id, 1);
+SQL
+
+run() {
+    pgbench -n -M prepared -c $CLIENTS -j 2 -T "$SECONDS_PER_RUN" -f "$DIR/write.sql" data 2>/dev/null |
+        sed -n 's/^tps = \([0-9.]*\) .*/\1/p'
+}
+guard() {
+    psql -XqAt -d data -c "ALTER TABLE docs $1 TRIGGER zz_sharding_guard" -c "ALTER TABLE events $1 TRIGGER zz_sharding_guard"
+}
+guarded=()
+plain=()
+# Alternating ABBA, so that a drift of the machine's load (or of the
+# tables' size) favours neither side.
+for r in $(seq "$RUNS"); do
+    if [ $((r % 2)) -eq 1 ]; then
+        guard ENABLE; guarded+=("$(run)")
+        guard DISABLE; plain+=("$(run)")
+    else
+        guard DISABLE; plain+=("$(run)")
+        guard ENABLE; guarded+=("$(run)")
+    fi
+    echo "run $r: guarded ${guarded[-1]} tps, guard disabled ${plain[-1]} tps" >&2
+done
+
+# The guard's own cost per row, without pgbench: one INSERT of 100,000 rows
+# into events, guarded and not (alternating, median of `runs`).
+bulk() {
+    psql -Xq -d data -c "TRUNCATE events" -c '\timing on' \
+        -c "INSERT INTO events (k, v) SELECT 'k' || i, i FROM generate_series(1, 100000) AS i" |
+        sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | tail -1
+}
+bulk_g=()
+bulk_p=()
+for r in $(seq "$RUNS"); do
+    guard ENABLE; bulk_g+=("$(bulk)")
+    guard DISABLE; bulk_p+=("$(bulk)")
+done
+guard ENABLE
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+g=$(median "${guarded[@]}")
+p=$(median "${plain[@]}")
+echo "guarded writes (UPDATE + INSERT per transaction, $CLIENTS clients, ${SECONDS_PER_RUN} s x $RUNS runs, median):"
+echo "  guard enabled:  $g tps"
+echo "  guard disabled: $p tps"
+awk -v g="$g" -v p="$p" 'BEGIN { printf "  cost ratio (disabled tps / guarded tps): %.3f (bound 1.10)\n", p / g }'
+bg=$(median "${bulk_g[@]}")
+bp=$(median "${bulk_p[@]}")
+echo "one INSERT of 100,000 rows (median of $RUNS): guarded $bg ms, guard disabled $bp ms"
+awk -v g="$bg" -v p="$bp" 'BEGIN { printf "  ratio %.3f; the guard costs %.2f us per row\n", g / p, (g - p) * 1000 / 100000 }'
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
