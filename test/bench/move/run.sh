@@ -11,7 +11,8 @@
 #      table with the same primary key (target: at most 2).
 #
 # Median of BENCH_RUNS runs (default 3); moves alternate direction (n1 -> n2,
-# then back). Not part of the test command (minutes, not seconds):
+# then back). Three instances: the coordinator, n1, n2. Not part of the test
+# command (minutes, not seconds):
 #
 #   SHARDING_PGROOT=/tmp/pgroot bash test/bench/move/run.sh
 set -uo pipefail
@@ -24,8 +25,10 @@ BIG=${BENCH_BIG_ROWS:-1000000}
 SMALL=${BENCH_SMALL_ROWS:-10000}
 ensure_packages || exit 1
 build_and_install || exit 1
-mn_start i1 i2 || { echo "instances did not start"; exit 1; }
-declare -A HOST=([coord]=i1 [n1]=i1 [n2]=i2)
+# The coordinator on an instance of its own, as in production: the
+# followers' slots live there, and their WAL senders decode only its WAL.
+mn_start i0 i1 i2 || { echo "instances did not start"; exit 1; }
+declare -A HOST=([coord]=i0 [n1]=i1 [n2]=i2)
 ndsn() { echo "host=127.0.0.1 port=${PORT[${HOST[$1]}]} dbname=$1 user=postgres"; }
 qn() { local n=$1; shift; q "${HOST[$n]}" "$n" "$@"; }
 
