@@ -84,8 +84,8 @@ CREATE FUNCTION sharding._move_name(map text, logical integer) RETURNS text
 COMMENT ON FUNCTION sharding._move_name(text, integer) IS
     'internal: name of the publication, slot, subscription and trigger of an online move';
 
--- _dblink_schema(): where contrib's dblink lives here; 55000 if nowhere.
-CREATE FUNCTION sharding._dblink_schema() RETURNS name
+-- _move_dblink_schema(): where contrib's dblink lives here; 55000 if nowhere.
+CREATE FUNCTION sharding._move_dblink_schema() RETURNS name
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
     AS $$
@@ -100,7 +100,7 @@ BEGIN
     END IF;
     RETURN s;
 END $$;
-COMMENT ON FUNCTION sharding._dblink_schema() IS 'internal: schema of extension dblink (55000 if missing)';
+COMMENT ON FUNCTION sharding._move_dblink_schema() IS 'internal: schema of extension dblink (55000 if missing)';
 
 -- Thin wrappers over dblink, which may live in any schema: every call is
 -- qualified with it, SQL text travels as a parameter.
@@ -109,7 +109,7 @@ CREATE FUNCTION sharding._dbl_connect(conn text, dsn text) RETURNS void
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    s name := sharding._dblink_schema();
+    s name := sharding._move_dblink_schema();
     open text[];
 BEGIN
     EXECUTE pg_catalog.format('SELECT %I.dblink_get_connections()', s) INTO open;
@@ -133,7 +133,7 @@ CREATE FUNCTION sharding._dbl_disconnect(conn text) RETURNS void
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    s name := sharding._dblink_schema();
+    s name := sharding._move_dblink_schema();
     open text[];
     busy integer;
 BEGIN
@@ -161,7 +161,7 @@ CREATE FUNCTION sharding._dbl_value(conn text, sql text) RETURNS text
 DECLARE
     v text;
 BEGIN
-    EXECUTE pg_catalog.format('SELECT t.v FROM %I.dblink($1, $2) AS t(v text) LIMIT 1', sharding._dblink_schema())
+    EXECUTE pg_catalog.format('SELECT t.v FROM %I.dblink($1, $2) AS t(v text) LIMIT 1', sharding._move_dblink_schema())
         INTO v USING conn, sql;
     RETURN v;
 END $$;
@@ -176,7 +176,7 @@ CREATE FUNCTION sharding._dbl_run(conn text, sql text) RETURNS text
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    s name := sharding._dblink_schema();
+    s name := sharding._move_dblink_schema();
     busy integer;
     tag text;
     last_tag text;
@@ -199,10 +199,10 @@ BEGIN
     RETURN last_tag;
 END $$;
 
-REVOKE ALL ON FUNCTION sharding._dblink_schema(), sharding._dbl_connect(text, text),
+REVOKE ALL ON FUNCTION sharding._move_dblink_schema(), sharding._dbl_connect(text, text),
     sharding._dbl_disconnect(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._dblink_schema(), sharding._dbl_connect(text, text),
+GRANT EXECUTE ON FUNCTION sharding._move_dblink_schema(), sharding._dbl_connect(text, text),
     sharding._dbl_disconnect(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
     TO sharding_admin;
 COMMENT ON FUNCTION sharding._dbl_connect(text, text) IS 'internal: opens a named dblink connection (reopens a stale one)';
@@ -558,7 +558,7 @@ DECLARE
     n text;
     d text;
 BEGIN
-    FOREACH n IN ARRAY ARRAY[source, destination] LOOP
+    FOREACH n IN ARRAY ARRAY[destination, source] LOOP   -- the argument first
         SELECT x.dsn INTO d FROM sharding.nodes x WHERE x.node = n;
         IF d IS NULL THEN
             RAISE EXCEPTION 'node "%" has no connection string', n
@@ -567,7 +567,7 @@ BEGIN
                       HINT = pg_catalog.format('Call sharding.add_node(%L, ''<dsn>'') first.', n);
         END IF;
     END LOOP;
-    PERFORM sharding._dblink_schema();
+    PERFORM sharding._move_dblink_schema();
     PERFORM sharding._dbl_connect('sharding_move_self', sharding._coordinator_dsn());
     PERFORM sharding._dbl_connect('sharding_move_src', (SELECT x.dsn FROM sharding.nodes x WHERE x.node = source));
     PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT x.dsn FROM sharding.nodes x WHERE x.node = destination));
