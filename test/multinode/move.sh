@@ -360,6 +360,22 @@ check "a node that does not follow this coordinator: 55000" "55000" \
     "$(sqlstate "SELECT sharding.move_shard_online('bank', 1, 'n9')")"
 check "unknown map 42704, bad shard 22023, NULL node 22023, NULL key 22023" "42704 22023 22023 22023" \
     "$(sqlstate "SELECT sharding.move_shard_online('nomap', 1, 'n2')") $(sqlstate "SELECT sharding.move_shard_online('bank', 8, 'n2')") $(sqlstate "SELECT sharding.move_shard_online('bank', 1, NULL)") $(sqlstate "SELECT sharding.isolate('bank', NULL, 'n2')")"
+# A source whose wal_level is not logical: an instance of its own (i3),
+# attached, owning an empty shard.
+DIR[i3]=$ROOT/i3
+PORT[i3]=$(free_port)
+MN_NODES+=(i3)
+if (SHARDING_PORT=${PORT[i3]} start_cluster "${DIR[i3]}" -c listen_addresses=127.0.0.1 -c wal_level=replica) >/dev/null 2>&1; then
+    HOST[n4]=i3
+    q i3 postgres -c 'CREATE DATABASE n4' >/dev/null
+    qn n4 -c 'CREATE EXTENSION sharding' -c 'CREATE EXTENSION dblink' -c "$TABLES" >/dev/null
+    qn coord -c "SELECT sharding.add_node('n4', '$(ndsn n4)')" -c "SELECT sharding.attach_node('n4')" \
+             -c "SELECT sharding.move_shard('bank', 7, 'n4')" >/dev/null 2>&1
+    check "a source whose wal_level is not logical: 55000, and nothing changes" "55000 n4|$(qn coord -c "SELECT epoch FROM sharding.shards WHERE map = 'bank' AND logical = 7")" \
+        "$(sqlstate "SELECT sharding.move_shard_online('bank', 7, 'n2')") $(qn coord -c "SELECT node || '|' || epoch FROM sharding.shards WHERE map = 'bank' AND logical = 7")"
+else
+    not_ok "a third instance with wal_level = replica started"
+fi
 check "the refused calls changed nothing and left nothing" "$CLEAN" "$(leftovers)"
 
 # ------------------------------------------------------------------ 5. copy_shard (kept, inserts only)
