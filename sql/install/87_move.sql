@@ -839,9 +839,13 @@ BEGIN
                 'ALTER TABLE %s ENABLE REPLICA TRIGGER %I', t.rel, name));
         END LOOP;
 
-        -- 5. Stream from the slot made before the copy.
+        -- 5. Stream from the slot made before the copy. synchronous_commit
+        -- on: the apply worker confirms a position only once its commit is
+        -- flushed here, so with 'off' (the default for subscriptions) each
+        -- confirmation would wait for the WAL writer, inside the cutover.
         PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-            'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I WITH (create_slot = false, slot_name = %L, copy_data = false)',
+            'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I '
+            'WITH (create_slot = false, slot_name = %L, copy_data = false, synchronous_commit = ''on'')',
             name, src_dsn, name, name));
 
         -- 6. Catch up until a round is short: the backlog left for the
