@@ -889,6 +889,16 @@ BEGIN
         GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_msg = MESSAGE_TEXT,
                                 err_detail = PG_EXCEPTION_DETAIL, err_hint = PG_EXCEPTION_HINT, err_context = PG_EXCEPTION_CONTEXT;
         RAISE DEBUG 'move % failed at step %: % (%)', name, step, err_msg, err_context;
+        IF step <> 'switched' THEN
+            -- First of all the source writes again, even if the destination
+            -- is out of reach for the rest of the undo.
+            BEGIN
+                PERFORM sharding._dbl_connect('sharding_move_src', src_dsn);
+                PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
+            EXCEPTION WHEN OTHERS THEN
+                NULL;
+            END;
+        END IF;
         BEGIN
             -- Connections may be in any state: start from fresh ones.
             PERFORM sharding._move_connect(source, node);
