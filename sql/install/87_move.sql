@@ -253,6 +253,11 @@ CREATE FUNCTION sharding._move_filter() RETURNS trigger
 DECLARE
     n integer;
 BEGIN
+    -- Only replication apply is filtered; anything else passes untouched
+    -- (the trigger is ENABLE REPLICA: this is a second line of defence).
+    IF pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
     IF TG_OP = 'INSERT' THEN
         IF NOT sharding._move_key_in(pg_catalog.to_jsonb(NEW), TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]::integer,
                                      TG_ARGV[3]::integer, TG_ARGV[4], TG_ARGV[5], TG_ARGV[6]) THEN
@@ -827,16 +832,19 @@ BEGIN
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = origin');
 
         -- 4. The destination's filter, for replication apply only.
+        -- Created and switched to ENABLE REPLICA in one transaction (one
+        -- multi-statement command): other sessions never see it enabled
+        -- for their own writes.
         FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
             PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
                 'CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW '
-                'EXECUTE FUNCTION sharding._move_filter(%L, %L, %L, %L, %L, %L, %L, %L, %L)',
+                'EXECUTE FUNCTION sharding._move_filter(%L, %L, %L, %L, %L, %L, %L, %L, %L); '
+                'ALTER TABLE %s ENABLE REPLICA TRIGGER %I',
                 name, t.rel, t.key_column, pg_catalog.format_type(t.key_type, NULL), shards, logical, map,
                 CASE WHEN key IS NULL THEN 'shard' ELSE 'key' END, coalesce(key, ''),
                 pg_catalog.format('UPDATE %s AS t SET (%s) = ROW(%s) WHERE %s', t.rel, t.cols, t.vals, t.pk_match),
-                pg_catalog.format('DELETE FROM %s AS t WHERE %s', t.rel, t.pk_match)));
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                'ALTER TABLE %s ENABLE REPLICA TRIGGER %I', t.rel, name));
+                pg_catalog.format('DELETE FROM %s AS t WHERE %s', t.rel, t.pk_match),
+                t.rel, name));
         END LOOP;
 
         -- 5. Stream from the slot made before the copy. synchronous_commit
