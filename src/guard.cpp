@@ -29,6 +29,8 @@ extern "C" {
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
+#include "nodes/value.h"
+#include "parser/parse_func.h"
 #include "executor/spi.h"
 #include "storage/lock.h"
 #include "utils/datum.h"
@@ -38,20 +40,6 @@ extern "C" {
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
-// The routing functions of src/maps.cpp (SQL node_for / logical_shard), by
-// their C symbols.
-Datum node_for_text(PG_FUNCTION_ARGS);
-Datum node_for_bytea(PG_FUNCTION_ARGS);
-Datum node_for_int2(PG_FUNCTION_ARGS);
-Datum node_for_int4(PG_FUNCTION_ARGS);
-Datum node_for_int8(PG_FUNCTION_ARGS);
-Datum node_for_uuid(PG_FUNCTION_ARGS);
-Datum logical_shard_text(PG_FUNCTION_ARGS);
-Datum logical_shard_bytea(PG_FUNCTION_ARGS);
-Datum logical_shard_int2(PG_FUNCTION_ARGS);
-Datum logical_shard_int4(PG_FUNCTION_ARGS);
-Datum logical_shard_int8(PG_FUNCTION_ARGS);
-Datum logical_shard_uuid(PG_FUNCTION_ARGS);
 }
 
 namespace {
@@ -192,19 +180,6 @@ struct GuardQuery {
     FmgrInfo logical_shard;
 };
 
-void init_flinfo(FmgrInfo *f, PGFunction fn, MemoryContext cxt) {
-    memset(f, 0, sizeof *f);
-    f->fn_addr = fn;
-    f->fn_oid = InvalidOid;
-    f->fn_nargs = 2;
-    f->fn_strict = true;
-    f->fn_retset = false;
-    f->fn_stats = 0;  // TRACK_FUNC_OFF
-    f->fn_extra = nullptr;
-    f->fn_mcxt = cxt;
-    f->fn_expr = nullptr;
-}
-
 GuardQuery *guard_query(FunctionCallInfo fcinfo, TriggerData *td) {
     auto *g = static_cast<GuardQuery *>(fcinfo->flinfo->fn_extra);
     Relation rel = td->tg_relation;
@@ -238,36 +213,32 @@ GuardQuery *guard_query(FunctionCallInfo fcinfo, TriggerData *td) {
     if (g->key_att == InvalidAttrNumber)
         sharding::fail(ERRCODE_UNDEFINED_COLUMN, "key column \"%s\" of distributed table \"%s\" does not exist",
                        g->key_column, RelationGetRelationName(rel));
+    // The SQL routing functions sharding.node_for(text, <key type>) and
+    // sharding.logical_shard(...), looked up by signature, so that the
+    // guard routes exactly as SQL does, whatever their C symbols.
     Oid base = getBaseType(g->key_type);
-    PGFunction nf = nullptr, ls = nullptr;
+    Oid argtypes[2] = {TEXTOID, InvalidOid};
     switch (base) {
         case TEXTOID:
         case VARCHAROID:
-        case BPCHAROID:
-            nf = node_for_text, ls = logical_shard_text;
+            argtypes[1] = TEXTOID;
             break;
         case BYTEAOID:
-            nf = node_for_bytea, ls = logical_shard_bytea;
-            break;
         case INT2OID:
-            nf = node_for_int2, ls = logical_shard_int2;
-            break;
         case INT4OID:
-            nf = node_for_int4, ls = logical_shard_int4;
-            break;
         case INT8OID:
-            nf = node_for_int8, ls = logical_shard_int8;
-            break;
         case UUIDOID:
-            nf = node_for_uuid, ls = logical_shard_uuid;
+            argtypes[1] = base;
             break;
         default:
             sharding::fail(ERRCODE_DATATYPE_MISMATCH,
                            "key column \"%s\" of distributed table \"%s\" is of type %s, not a shard key type",
                            g->key_column, RelationGetRelationName(rel), format_type_be(g->key_type));
     }
-    init_flinfo(&g->node_for, nf, cxt);
-    init_flinfo(&g->logical_shard, ls, cxt);
+    List *nf = list_make2(makeString(pstrdup("sharding")), makeString(pstrdup("node_for")));
+    List *ls = list_make2(makeString(pstrdup("sharding")), makeString(pstrdup("logical_shard")));
+    fmgr_info_cxt(LookupFuncName(nf, 2, argtypes, false), &g->node_for, cxt);
+    fmgr_info_cxt(LookupFuncName(ls, 2, argtypes, false), &g->logical_shard, cxt);
     fcinfo->flinfo->fn_extra = g;
     return g;
 }

@@ -426,6 +426,11 @@ DECLARE
     cur record;
     d record;
 BEGIN
+    IF $1 IS NULL OR $1 = '' OR $2 IS NULL THEN
+        RAISE EXCEPTION 'node name and coordinator DSN must not be NULL or empty, got %, %',
+                coalesce(quote_literal($1), 'NULL'), coalesce(quote_literal($2), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     SELECT * INTO cur FROM sharding.local_node;
     IF FOUND AND cur.following THEN
         IF cur.node <> $1 THEN

@@ -10,6 +10,12 @@
 #   mn_wait n2 data "SELECT ..." expected 30   # polls; prints the ms waited
 #   mn_stop n3; mn_restart n3
 #   mn_finish                   # prints the plan, exit status
+# test/run.sh runs every test/multinode/*.sh: run on its own, this file
+# only says what it is.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    echo "# test/multinode/lib.sh: helpers sourced by the multi-node harnesses, no tests of its own"
+    exit 0
+fi
 . test/lib/cluster.sh
 
 mn_started=$(date +%s.%N)
