@@ -332,6 +332,25 @@ qn coord -c "INSERT INTO sharding.moves (map, logical, source, destination, stat
 check "a same-owner call returns the current epoch and cleans up the leftovers of a crashed move" "$epoch3 $CLEAN" \
     "$(qn coord -c "SELECT sharding.move_shard_online('bank', $S3, 'n1')") $(leftovers)"
 
+# The same after the switch: journal state 'switched', the old source n1
+# still frozen and holding stale rows of shard $S (owned by n2 since test 1),
+# its publication and slot still there. The next call finishes the move.
+name1=$(qn coord -c "SELECT sharding._move_name('bank', $S)")
+n2_before=$(digest n2 "$in_s")
+epoch_s=$(qn coord -c "SELECT sharding.epoch('bank', $S)")
+qn n1 -c "SET session_replication_role = replica" \
+      -c "INSERT INTO accounts SELECT tenant, 50000000 + row_number() OVER (), 'stale' FROM (SELECT unnest('$HOT'::text[]) AS tenant) t, generate_series(1, 5)" \
+      -c "CREATE PUBLICATION $name1 FOR TABLE accounts" -c "SELECT pg_create_logical_replication_slot('$name1', 'pgoutput')" \
+      -c "SELECT sharding._freeze_shard('bank', $S)" >/dev/null
+qn coord -c "INSERT INTO sharding.moves (map, logical, source, destination, state) VALUES ('bank', $S, 'n1', 'n2', 'switched')"
+check "leftovers of a switched move in place: stale rows, a frozen shard, publication and slot at n1" \
+    "$(( $(echo "$HOT" | tr ',' '\n' | wc -l) * 5 ))|1|1|1" \
+    "$(qn n1 -c "SELECT (SELECT count(*) FROM accounts WHERE $in_s) || '|' || (SELECT count(*) FROM sharding.frozen_shards)
+                   || '|' || (SELECT count(*) FROM pg_publication WHERE pubname = '$name1') || '|' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$name1')")"
+check "a crashed move that had switched: the next call finishes it (stale rows at the old source deleted, nothing left)" \
+    "$epoch_s 0:- $n2_before $CLEAN" \
+    "$(qn coord -c "SELECT sharding.move_shard_online('bank', $S, 'n2')") $(digest n1 "$in_s") $(digest n2 "$in_s") $(leftovers)"
+
 # ------------------------------------------------------------------ 3. isolate
 diag "$(elapsed) s: isolate"
 wsrc=$(qn coord -c "SELECT sharding.node_for('bank', 'whale'::text)")
