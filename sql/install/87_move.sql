@@ -12,9 +12,11 @@
 --               logical replication slot (pgoutput): from here on every
 --               committed change of those tables is kept for the move;
 --   3. copy     the destination pulls the shard's rows from the source
---               (INSERT ... SELECT FROM dblink, filtered AT THE SOURCE by
---               shard_of, so only the shard's rows travel), under
---               session_replication_role = replica (no triggers, no guard);
+--               (COPY FROM PROGRAM psql running COPY ... TO STDOUT there, or
+--               INSERT ... SELECT FROM dblink where it has no psql),
+--               filtered AT THE SOURCE by shard_of, so only the shard's rows
+--               travel, under session_replication_role = replica (no
+--               triggers fire, the guard neither);
 --   4. filter   a BEFORE ROW trigger on each table at the destination,
 --               ENABLE REPLICA so that it fires only for replication apply:
 --               it drops changes of rows outside the moving shard (the
@@ -28,14 +30,15 @@
 --               absence) by primary key, in commit order, so replaying them
 --               over the copy ends in the source's state;
 --   6. catch up until the slot's confirmed_flush_lsn reaches the source's
---               pg_current_wal_lsn() quickly (the backlog is small);
+--               flushed WAL position quickly (the backlog is small);
 --   7. cutover  _freeze_shard at the source (waits for its in-flight
 --               writers, then its guard refuses the shard's keys), wait
 --               until the destination confirmed the source's last WAL
 --               position, switch the owner on the coordinator (move_shard:
---               epoch + 1; isolate: pin), wait until the source and the
---               destination show it (they follow the coordinator), thaw;
---   8. clean    DROP SUBSCRIPTION (and with it the slot), the trigger, the
+--               epoch + 1; isolate: pin), wait until the source shows it
+--               (it follows the coordinator), thaw it (it now refuses by
+--               ownership), wait until the destination shows it;
+--   8. clean    drop the subscription, the slot, the trigger and the
 --               publication, then delete the shard's rows at the source.
 -- The refusal window is step 7 only: a few round trips and the last
 -- moments of replication lag, whatever the shard's size.
