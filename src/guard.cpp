@@ -26,6 +26,7 @@
 
 extern "C" {
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
@@ -33,6 +34,7 @@ extern "C" {
 #include "parser/parse_func.h"
 #include "executor/spi.h"
 #include "storage/lock.h"
+#include "storage/proc.h"
 #include "utils/datum.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
@@ -170,6 +172,7 @@ bool lock_shard_shared(const char *map, size_t len, int32 logical) {
 // cache takes in invalidations once per statement, as it does for SQL calls.
 struct GuardQuery {
     Oid relid;
+    MemoryContext cxt;  // the trigger's fn_mcxt: lives for the query
     text *map;
     const char *map_name;
     size_t map_len;
@@ -178,7 +181,43 @@ struct GuardQuery {
     Oid key_type;  // the column's type (for error messages)
     FmgrInfo node_for;
     FmgrInfo logical_shard;
+    // Shards whose locks this (sub)transaction is known to hold, so that a
+    // statement writing many rows asks the lock manager once per shard.
+    // Valid for one (transaction, subtransaction): a lock taken in a
+    // subtransaction that aborts is released, and the ids change.
+    LocalTransactionId locked_lxid;
+    SubTransactionId locked_subxid;
+    uint64 *locked;  // bit per logical shard
+    int32 locked_words;
 };
+
+// Takes the shard's share lock unless this (sub)transaction is known to
+// hold it; true if it was acquired afresh (see lock_shard_shared).
+bool lock_shard_cached(GuardQuery *g, int32 logical) {
+    const LocalTransactionId lxid = MyProc->lxid;
+    const SubTransactionId subxid = GetCurrentSubTransactionId();
+    if (g->locked_lxid != lxid || g->locked_subxid != subxid) {
+        if (g->locked != nullptr) memset(g->locked, 0, sizeof(uint64) * g->locked_words);
+        g->locked_lxid = lxid;
+        g->locked_subxid = subxid;
+    }
+    const int32 word = logical / 64;
+    const uint64 bit = uint64{1} << (logical % 64);
+    if (word < g->locked_words && (g->locked[word] & bit) != 0) return false;
+    bool fresh = lock_shard_shared(g->map_name, g->map_len, logical);
+    if (word >= g->locked_words) {
+        int32 words = word + 1;
+        uint64 *grown = static_cast<uint64 *>(MemoryContextAllocZero(g->cxt, sizeof(uint64) * words));
+        if (g->locked != nullptr) {
+            memcpy(grown, g->locked, sizeof(uint64) * g->locked_words);
+            pfree(g->locked);
+        }
+        g->locked = grown;
+        g->locked_words = words;
+    }
+    g->locked[word] |= bit;
+    return fresh;
+}
 
 GuardQuery *guard_query(FunctionCallInfo fcinfo, TriggerData *td) {
     auto *g = static_cast<GuardQuery *>(fcinfo->flinfo->fn_extra);
@@ -192,6 +231,7 @@ GuardQuery *guard_query(FunctionCallInfo fcinfo, TriggerData *td) {
     MemoryContext cxt = fcinfo->flinfo->fn_mcxt;
     g = static_cast<GuardQuery *>(MemoryContextAllocZero(cxt, sizeof(GuardQuery)));
     g->relid = RelationGetRelid(rel);
+    g->cxt = cxt;
     g->map_name = MemoryContextStrdup(cxt, trig->tgargs[0]);
     g->map_len = strlen(g->map_name);
     g->key_column = MemoryContextStrdup(cxt, trig->tgargs[1]);
@@ -274,7 +314,7 @@ void check_row(GuardQuery *g, TriggerData *td, HeapTuple tuple) {
                                                g->key_column, table),
                               sharding::format("Table \"%s\" is placed by map \"%s\".", table, g->map_name));
     int32 logical = DatumGetInt32(call2(&g->logical_shard, PointerGetDatum(g->map), key));
-    if (lock_shard_shared(g->map_name, g->map_len, logical)) {
+    if (lock_shard_cached(g, logical)) {
         // Granted afresh: a freeze or a move may have committed while we
         // waited; take in their invalidations before deciding.
         AcceptInvalidationMessages();

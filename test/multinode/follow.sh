@@ -296,6 +296,8 @@ SQL
 check "attach_node refuses the coordinator itself, a database following as another node, one without the extension (55000)" \
     "55000|55000|55000" \
     "$(c -c "SELECT sqlstate_of(\$\$SELECT sharding.attach_node('self')\$\$) || '|' || sqlstate_of(\$\$SELECT sharding.attach_node('n2again')\$\$) || '|' || sqlstate_of(\$\$SELECT sharding.attach_node('bare')\$\$)")"
+check "attach_node in a transaction that has already written: 25001 (the node's slot would wait for it)" 25001 \
+    "$(c -c "BEGIN; INSERT INTO plain VALUES ('x', 1); SELECT sqlstate_of(\$\$SELECT sharding.attach_node('n2')\$\$); ROLLBACK" | head -1)"
 check "... leaving no slot behind, and n2 following as n2" "$slots_before|n2|true" \
     "$(c -c "SELECT count(*) FROM pg_replication_slots")|$(d n2 -c 'SELECT node || $$|$$ || following FROM sharding.local_node')"
 
