@@ -292,15 +292,16 @@ COMMENT ON FUNCTION sharding.plproxy_install() IS
 REVOKE ALL ON FUNCTION sharding.plproxy_install() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.plproxy_install() TO sharding_admin;
 
--- copy_shard(map, logical, tbl, key_column, from_dsn, to_dsn): step 1 of a
--- shard move (README, "Moving a shard"): copies the rows of `tbl` whose key
--- is in logical shard `logical` of `map` and is not pinned, from the
--- database at from_dsn to the one at to_dsn, with one INSERT ... SELECT
--- that the destination runs against the source through dblink (rows go
--- from source to destination directly). Rows already at the destination
--- are skipped (ON CONFLICT DO NOTHING): give `tbl` a primary key and the
--- copy can be repeated to pick up rows written since the last one. Returns
--- the number of rows inserted.
+-- copy_shard(map, logical, tbl, key_column, from_dsn, to_dsn): a low-level
+-- copy, kept from 1.1 (moves use move_shard_online since 1.2): copies the
+-- rows of `tbl` whose key is in logical shard `logical` of `map` and is not
+-- pinned, from the database at from_dsn to the one at to_dsn, with one
+-- INSERT ... SELECT that the destination runs against the source through
+-- dblink (rows go from source to destination directly). Rows already at
+-- the destination are skipped (ON CONFLICT DO NOTHING), so a repeated copy
+-- carries INSERTS ONLY: rows updated or deleted at the source since the
+-- last copy keep their old state at the destination. Returns the number of
+-- rows inserted.
 --
 -- Needs contrib's dblink here (to reach the destination) and at the
 -- destination (to reach the source), in the same schema, and `sharding` at
@@ -375,9 +376,11 @@ BEGIN
     SELECT coalesce(array_agg(p.key), '{}') INTO pinned
       FROM sharding.pins AS p WHERE p.map = copy_shard.map;
 
-    src_query := format('SELECT %s FROM %s WHERE sharding.shard_of(%I, %s) = %s AND NOT (%I::text = ANY (%L::text[]))',
+    -- Pins hold the key's canonical text form (bytea in hex): compare that
+    -- form, not ::text, which for bytea follows the source's bytea_output.
+    src_query := format('SELECT %s FROM %s WHERE sharding.shard_of(%I, %s) = %s AND NOT (%s = ANY (%L::text[]))',
                         cols, rel, copy_shard.key_column, shards, copy_shard.logical,
-                        copy_shard.key_column, pinned);
+                        sharding._key_text_sql(format('%I', copy_shard.key_column), key_type), pinned);
     dst_command := format('INSERT INTO %s (%s) SELECT %s FROM %I.dblink(%L, %L) AS s(%s) ON CONFLICT DO NOTHING',
                           rel, cols, cols, dblink_schema, copy_shard.from_dsn, src_query, coldefs);
     EXECUTE format('SELECT %I.dblink_exec($1, $2)', dblink_schema)
@@ -387,7 +390,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sharding.copy_shard(text, integer, regclass, name, text, text) IS
-    'copies the unpinned rows of one logical shard of a table from one node to another (through dblink); returns rows inserted';
+    'copies the unpinned rows of one logical shard of a table from one node to another (through dblink; a repeat carries inserts only); returns rows inserted';
 -- It reads and writes other databases: administrators only.
 REVOKE ALL ON FUNCTION sharding.copy_shard(text, integer, regclass, name, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.copy_shard(text, integer, regclass, name, text, text) TO sharding_admin;

@@ -1,0 +1,1010 @@
+-- Section 8 (part): online moves. move_shard_online(map, logical, node) and
+-- isolate(map, key, node) carry rows between data nodes on PostgreSQL's own
+-- logical replication, driven from the coordinator over dblink (CREATE and
+-- DROP SUBSCRIPTION cannot run in a transaction block, so every remote step
+-- is its own autocommit statement on a separate connection).
+--
+-- How a move runs (named objects: see _move_name):
+--   1. journal  a row in sharding.moves, committed at once through a
+--               loopback connection, so that a later call knows what a
+--               crashed or failed one left behind and undoes it;
+--   2. source   CREATE PUBLICATION of the map's distributed tables, then a
+--               logical replication slot (pgoutput): from here on every
+--               committed change of those tables is kept for the move;
+--   3. copy     the destination pulls the shard's rows from the source
+--               (COPY FROM PROGRAM psql running COPY ... TO STDOUT there, or
+--               INSERT ... SELECT FROM dblink where it has no psql),
+--               filtered AT THE SOURCE by shard_of, so only the shard's rows
+--               travel, under session_replication_role = replica (no
+--               triggers fire, the guard neither);
+--   4. filter   a BEFORE ROW trigger on each table at the destination,
+--               ENABLE REPLICA so that it fires only for replication apply:
+--               it drops changes of rows outside the moving shard (the
+--               publication carries whole tables: PG 15 row filters cannot
+--               call shard_of) and turns a replayed INSERT of a row the copy
+--               already holds into an UPDATE;
+--   5. stream   CREATE SUBSCRIPTION (copy_data = false, the slot of step 2):
+--               it replays every change committed since the slot was made.
+--               The copy's snapshot is newer than the slot, so some changes
+--               are in both; each replayed change sets a whole row (or its
+--               absence) by primary key, in commit order, so replaying them
+--               over the copy ends in the source's state;
+--   6. catch up until the slot's confirmed_flush_lsn reaches the source's
+--               flushed WAL position quickly (the backlog is small);
+--   7. cutover  _freeze_shard at the source (waits for its in-flight
+--               writers, then its guard refuses the shard's keys), wait
+--               until the destination confirmed the source's last WAL
+--               position, switch the owner on the coordinator (move_shard:
+--               epoch + 1; isolate: pin), wait until the source shows it
+--               (it follows the coordinator), thaw it (it now refuses by
+--               ownership), wait until the destination shows it;
+--   8. clean    drop the subscription, the slot, the trigger and the
+--               publication, then delete the shard's rows at the source.
+-- The refusal window is step 7 only: a few round trips and the last
+-- moments of replication lag, whatever the shard's size.
+--
+-- Failure or cancel before the switch: the EXCEPTION handler undoes steps
+-- 2-7 (drops the subscription, slot, publication and trigger, deletes what
+-- the copy put at the destination, thaws) and re-raises; the old owner never
+-- stopped owning. After the switch: the handler finishes step 8. If the
+-- handler itself cannot (a node is down, the coordinator crashed), the
+-- journal row stays and the next call for that shard, with any node, does it
+-- first.
+
+-- The move journal: local to the coordinator (not followed), one row per
+-- move in progress. A row left here means a move was interrupted; the next
+-- move_shard_online or isolate on that shard cleans it up.
+CREATE TABLE sharding.moves (
+    map         text NOT NULL,
+    logical     integer NOT NULL,
+    key         text,               -- isolate: the key; NULL for a shard move
+    source      text NOT NULL,
+    destination text NOT NULL,
+    state       text NOT NULL CHECK (state IN ('setup', 'copying', 'catchup', 'cutover', 'switched')),
+    started     timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (map, logical)
+);
+COMMENT ON TABLE sharding.moves IS
+    'online moves in progress (or interrupted: the next move of the shard cleans them up)';
+SELECT pg_catalog.pg_extension_config_dump('sharding.moves', '');
+GRANT SELECT ON sharding.moves TO PUBLIC;
+GRANT INSERT, UPDATE, DELETE ON sharding.moves TO sharding_admin;
+
+-- _move_name(map, logical): the name of the publication, slot, subscription
+-- and trigger of a move. Deterministic, so that a later call finds what a
+-- crashed one left; slot names allow only [a-z0-9_], so other map names are
+-- folded and told apart by a hash.
+CREATE FUNCTION sharding._move_name(map text, logical integer) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        SELECT 'sharding_move_'
+            || CASE WHEN $1 ~ '^[a-z0-9_]{1,24}$' THEN $1
+                    ELSE pg_catalog.left(pg_catalog.regexp_replace(pg_catalog.lower($1), '[^a-z0-9_]', '_', 'g'), 16)
+                         || '_' || pg_catalog.left(pg_catalog.md5($1), 8) END
+            || '_' || $2::text
+    $$;
+COMMENT ON FUNCTION sharding._move_name(text, integer) IS
+    'internal: name of the publication, slot, subscription and trigger of an online move';
+
+-- _move_dblink_schema(): where contrib's dblink lives here; 55000 if nowhere.
+CREATE FUNCTION sharding._move_dblink_schema() RETURNS name
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    s name;
+BEGIN
+    SELECT e.extnamespace::regnamespace::name INTO s FROM pg_catalog.pg_extension e WHERE e.extname = 'dblink';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'moving shards online needs extension "dblink" on the coordinator'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'CREATE EXTENSION dblink here and on every data node.';
+    END IF;
+    RETURN s;
+END $$;
+COMMENT ON FUNCTION sharding._move_dblink_schema() IS 'internal: schema of extension dblink (55000 if missing)';
+
+-- Thin wrappers over dblink, which may live in any schema: every call is
+-- qualified with it, SQL text travels as a parameter.
+CREATE FUNCTION sharding._dbl_connect(conn text, dsn text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    s name := sharding._move_dblink_schema();
+    open text[];
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.dblink_get_connections()', s) INTO open;
+    IF conn = ANY (coalesce(open, '{}')) THEN
+        EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', s) USING conn;
+    END IF;
+    EXECUTE pg_catalog.format('SELECT %I.dblink_connect($1, $2)', s) USING conn, dsn;
+    -- Remote statements run with a predictable search_path (every name in
+    -- them is qualified anyway), and commit synchronously: a commit whose
+    -- WAL waited for the WAL writer (synchronous_commit = off, up to
+    -- wal_writer_delay) would reach walsenders, and so the destination and
+    -- the followers, that much later, inside the cutover's refusal window.
+    EXECUTE pg_catalog.format('SELECT %I.dblink_exec($1, $2)', s)
+        USING conn, 'SET search_path = pg_catalog, pg_temp';
+    EXECUTE pg_catalog.format('SELECT %I.dblink_exec($1, $2)', s)
+        USING conn, 'SET synchronous_commit = on';
+END $$;
+
+CREATE FUNCTION sharding._dbl_disconnect(conn text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    s name := sharding._move_dblink_schema();
+    open text[];
+    busy integer;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.dblink_get_connections()', s) INTO open;
+    IF conn = ANY (coalesce(open, '{}')) THEN
+        BEGIN
+            -- A statement still running there (we were cancelled) is
+            -- cancelled too, not left to finish.
+            EXECUTE pg_catalog.format('SELECT %I.dblink_is_busy($1)', s) INTO busy USING conn;
+            IF busy = 1 THEN
+                EXECUTE pg_catalog.format('SELECT %I.dblink_cancel_query($1)', s) USING conn;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            NULL;
+        END;
+        EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', s) USING conn;
+    END IF;
+END $$;
+
+-- _dbl_value(conn, sql): the first column of the first row of a query, as text.
+CREATE FUNCTION sharding._dbl_value(conn text, sql text) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    v text;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT t.v FROM %I.dblink($1, $2) AS t(v text) LIMIT 1', sharding._move_dblink_schema())
+        INTO v USING conn, sql;
+    RETURN v;
+END $$;
+
+-- _dbl_run(conn, sql): runs a statement there and waits for it in
+-- interruptible sleeps (PG 15's dblink_exec blocks in libpq, where a cancel
+-- is not seen), so that a cancel or statement_timeout stops a long copy.
+-- Returns the command tag of the last statement; a remote error is raised
+-- here with its SQLSTATE.
+CREATE FUNCTION sharding._dbl_run(conn text, sql text) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    s name := sharding._move_dblink_schema();
+    busy integer;
+    tag text;
+    last_tag text;
+    sleep float8 := 0.0005;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.dblink_send_query($1, $2)', s) USING conn, sql;
+    LOOP
+        EXECUTE pg_catalog.format('SELECT %I.dblink_is_busy($1)', s) INTO busy USING conn;
+        EXIT WHEN busy = 0;
+        PERFORM pg_catalog.pg_sleep(sleep);
+        sleep := LEAST(sleep * 2, 0.02);
+    END LOOP;
+    -- One result per statement, then an empty one.
+    LOOP
+        EXECUTE pg_catalog.format('SELECT pg_catalog.count(*), pg_catalog.max(t.v) FROM %I.dblink_get_result($1) AS t(v text)', s)
+            INTO busy, tag USING conn;
+        EXIT WHEN busy = 0;
+        last_tag := tag;
+    END LOOP;
+    RETURN last_tag;
+END $$;
+
+REVOKE ALL ON FUNCTION sharding._move_dblink_schema(), sharding._dbl_connect(text, text),
+    sharding._dbl_disconnect(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._move_dblink_schema(), sharding._dbl_connect(text, text),
+    sharding._dbl_disconnect(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
+    TO sharding_admin;
+COMMENT ON FUNCTION sharding._dbl_connect(text, text) IS 'internal: opens a named dblink connection (reopens a stale one)';
+COMMENT ON FUNCTION sharding._dbl_disconnect(text) IS 'internal: cancels and closes a named dblink connection if open';
+COMMENT ON FUNCTION sharding._dbl_value(text, text) IS 'internal: first value of a query over a named dblink connection';
+COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a named dblink connection, interruptibly';
+
+-- _move_key_in(row, ...): whether a row (as jsonb) belongs to what a move
+-- carries: in shard mode, an unpinned key of logical shard `logical` of
+-- `shards`; in key mode, exactly `key` (canonical text form).
+CREATE FUNCTION sharding._move_key_in(r jsonb, key_column text, key_type text, shards integer,
+                                      logical integer, map text, mode text, key text) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    k text := r OPERATOR(pg_catalog.->>) key_column;
+    s integer;
+BEGIN
+    IF k IS NULL THEN
+        RETURN false;
+    END IF;
+    IF mode = 'key' THEN
+        RETURN k = key;
+    END IF;
+    s := CASE key_type
+             WHEN 'bytea' THEN sharding.shard_of(pg_catalog.decode(pg_catalog.substr(k, 3), 'hex'), shards)
+             WHEN 'smallint' THEN sharding.shard_of(k::bigint, shards)
+             WHEN 'integer' THEN sharding.shard_of(k::bigint, shards)
+             WHEN 'bigint' THEN sharding.shard_of(k::bigint, shards)
+             WHEN 'uuid' THEN sharding.shard_of(k::uuid, shards)
+             ELSE sharding.shard_of(k, shards) END;
+    RETURN s = logical
+       AND NOT EXISTS (SELECT FROM sharding.pins p WHERE p.map = _move_key_in.map AND p.key = k);
+END $$;
+COMMENT ON FUNCTION sharding._move_key_in(jsonb, text, text, integer, integer, text, text, text) IS
+    'internal: whether a row belongs to what an online move carries (its shard''s unpinned keys, or one key)';
+
+-- The destination's filter during a move (step 4 above), ENABLE REPLICA:
+-- it fires for replication apply only. Arguments: key column, key type,
+-- shard count, logical shard, map, mode ('shard' or 'key'), key, and the
+-- UPDATE statement that turns a replayed INSERT of a row already there into
+-- an update of it.
+CREATE FUNCTION sharding._move_filter() RETURNS trigger
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    n integer;
+BEGIN
+    -- Only replication apply is filtered; anything else passes untouched
+    -- (the trigger is ENABLE REPLICA: this is a second line of defence).
+    IF pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        IF NOT sharding._move_key_in(pg_catalog.to_jsonb(NEW), TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]::integer,
+                                     TG_ARGV[3]::integer, TG_ARGV[4], TG_ARGV[5], TG_ARGV[6]) THEN
+            RETURN NULL;
+        END IF;
+        EXECUTE TG_ARGV[7] USING NEW;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        IF n > 0 THEN
+            RETURN NULL;
+        END IF;
+        RETURN NEW;
+    ELSIF TG_OP = 'UPDATE' THEN
+        IF NOT sharding._move_key_in(pg_catalog.to_jsonb(OLD), TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]::integer,
+                                     TG_ARGV[3]::integer, TG_ARGV[4], TG_ARGV[5], TG_ARGV[6]) THEN
+            RETURN NULL;   -- a row of another shard that happens to share the primary key
+        END IF;
+        IF NOT sharding._move_key_in(pg_catalog.to_jsonb(NEW), TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]::integer,
+                                     TG_ARGV[3]::integer, TG_ARGV[4], TG_ARGV[5], TG_ARGV[6]) THEN
+            -- The key left the shard at the source: the row is no longer ours.
+            EXECUTE TG_ARGV[8] USING OLD;
+            RETURN NULL;
+        END IF;
+        RETURN NEW;
+    ELSE
+        IF NOT sharding._move_key_in(pg_catalog.to_jsonb(OLD), TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]::integer,
+                                     TG_ARGV[3]::integer, TG_ARGV[4], TG_ARGV[5], TG_ARGV[6]) THEN
+            RETURN NULL;
+        END IF;
+        RETURN OLD;
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._move_filter() IS
+    'internal: replica-only trigger at a move''s destination: keeps the moving rows, upserts replayed inserts';
+
+-- _move_tables(map): the map's distributed tables with what a move needs:
+-- qualified name, key column and type, column lists, primary key.
+CREATE FUNCTION sharding._move_tables(map text)
+    RETURNS TABLE(rel text, key_column text, key_type regtype, cols text, coldefs text, vals text,
+                  pk_match text)
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        SELECT pg_catalog.format('%I.%I', d.schema_name, d.table_name),
+               d.key_column,
+               (SELECT CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END::pg_catalog.regtype
+                  FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+                 WHERE a.attrelid = c.oid AND a.attname = d.key_column),
+               (SELECT pg_catalog.string_agg(pg_catalog.format('%I', a.attname), ', ' ORDER BY a.attnum)
+                  FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+               (SELECT pg_catalog.string_agg(pg_catalog.format('%I %s', a.attname,
+                                                               pg_catalog.format_type(a.atttypid, a.atttypmod)),
+                                             ', ' ORDER BY a.attnum)
+                  FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+               (SELECT pg_catalog.string_agg(pg_catalog.format('($1).%I', a.attname), ', ' ORDER BY a.attnum)
+                  FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+               (SELECT pg_catalog.string_agg(pg_catalog.format('t.%I OPERATOR(pg_catalog.=) ($1).%I',
+                                                               a.attname, a.attname), ' AND ')
+                  FROM pg_catalog.pg_index i
+                  JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+                 WHERE i.indrelid = c.oid AND i.indisprimary)
+          FROM sharding.distributed_tables d
+          JOIN pg_catalog.pg_namespace n ON n.nspname = d.schema_name
+          JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = d.table_name
+         WHERE d.map = $1
+         ORDER BY d.schema_name, d.table_name
+    $$;
+COMMENT ON FUNCTION sharding._move_tables(text) IS
+    'internal: the distributed tables of a map with the column lists an online move needs';
+
+-- _shell_quote(v): a single-quoted POSIX shell word.
+CREATE FUNCTION sharding._shell_quote(v text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT '''' OPERATOR(pg_catalog.||) pg_catalog.replace($1, '''', '''\''''') OPERATOR(pg_catalog.||) '''' $$;
+COMMENT ON FUNCTION sharding._shell_quote(text) IS 'internal: quotes a word for the POSIX shell (COPY FROM PROGRAM)';
+
+-- _move_filter_sql(rel_key_column, key_type, shards, logical, key, pins):
+-- the WHERE condition selecting what a move carries, evaluated where the
+-- rows are (source or destination): an unpinned key of the shard, or the
+-- one key (compared in the column's type, so that an index can serve it).
+CREATE FUNCTION sharding._move_filter_sql(key_column text, key_type regtype, shards integer, logical integer,
+                                          key text, pins text[]) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        SELECT CASE WHEN $5 IS NOT NULL
+                    THEN pg_catalog.format('%I OPERATOR(pg_catalog.=) %L::%s', $1, $5, $2::text)
+                    ELSE pg_catalog.format('sharding.shard_of(%I, %s) OPERATOR(pg_catalog.=) %s', $1, $3, $4)
+                         || CASE WHEN pg_catalog.cardinality($6) > 0
+                                 THEN pg_catalog.format(' AND NOT (%s OPERATOR(pg_catalog.=) ANY (%L::text[]))',
+                                                        sharding._key_text_sql(pg_catalog.format('%I', $1), $2), $6)
+                                 ELSE '' END END
+    $$;
+COMMENT ON FUNCTION sharding._move_filter_sql(text, regtype, integer, integer, text, text[]) IS
+    'internal: SQL condition selecting the rows an online move carries';
+
+-- _move_drop_replication(name): drops the move's subscription at the
+-- destination (connection sharding_move_dst) without contacting the source
+-- (which may be down), then its slot and publication at the source
+-- (connection sharding_move_src), waiting for the slot to be released.
+CREATE FUNCTION sharding._move_drop_replication(name text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    active_pid text;
+BEGIN
+    IF sharding._dbl_value('sharding_move_dst',
+           pg_catalog.format('SELECT count(*) FROM pg_catalog.pg_subscription WHERE subname = %L', name)) <> '0' THEN
+        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('ALTER SUBSCRIPTION %I DISABLE', name));
+        PERFORM sharding._dbl_run('sharding_move_dst',
+                                  pg_catalog.format('ALTER SUBSCRIPTION %I SET (slot_name = NONE)', name));
+        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DROP SUBSCRIPTION %I', name));
+    END IF;
+    -- The source's walsender lets go of the slot once the apply worker has
+    -- gone; give it a few seconds, then end it.
+    FOR i IN 1 .. 200 LOOP
+        active_pid := sharding._dbl_value('sharding_move_src', pg_catalog.format(
+            'SELECT coalesce(active_pid::text, ''-'') FROM pg_catalog.pg_replication_slots WHERE slot_name = %L', name));
+        EXIT WHEN active_pid IS NULL;
+        IF active_pid = '-' THEN
+            PERFORM sharding._dbl_run('sharding_move_src',
+                                      pg_catalog.format('SELECT pg_catalog.pg_drop_replication_slot(%L)', name));
+            EXIT;
+        END IF;
+        IF i > 100 THEN
+            PERFORM sharding._dbl_run('sharding_move_src',
+                                      pg_catalog.format('SELECT pg_catalog.pg_terminate_backend(%s)', active_pid));
+        END IF;
+        PERFORM pg_catalog.pg_sleep(0.02);
+    END LOOP;
+    PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format('DROP PUBLICATION IF EXISTS %I', name));
+END $$;
+COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
+    'internal: drops an online move''s subscription, slot and publication';
+
+-- _move_drop_triggers(map, name): drops the move's filter trigger from the
+-- map's tables at the destination.
+CREATE FUNCTION sharding._move_drop_triggers(map text, name text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
+        IF sharding._dbl_value('sharding_move_dst',
+               pg_catalog.format('SELECT count(*) FROM pg_catalog.pg_trigger WHERE tgname = %L AND tgrelid = pg_catalog.to_regclass(%L)',
+                                 name, t.rel)) <> '0' THEN
+            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DROP TRIGGER %I ON %s', name, t.rel));
+        END IF;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION sharding._move_drop_triggers(text, text) IS
+    'internal: drops an online move''s filter triggers at the destination';
+
+-- _move_delete_rows(conn, map, logical, key): deletes what a move carries
+-- from the map's tables over a connection (the source after a move, the
+-- destination after a failed one), bypassing triggers and the guard (that
+-- node does not own these rows); returns how many rows.
+CREATE FUNCTION sharding._move_delete_rows(conn text, map text, logical integer, key text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t record;
+    shards integer := sharding._require_map(map);
+    pins text[];
+    tag text;
+    total bigint := 0;
+BEGIN
+    SELECT coalesce(pg_catalog.array_agg(p.key), '{}') INTO pins FROM sharding.pins p WHERE p.map = $2;
+    PERFORM sharding._dbl_run(conn, 'SET session_replication_role = replica');
+    FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
+        tag := sharding._dbl_run(conn, pg_catalog.format('DELETE FROM %s WHERE %s', t.rel,
+                   sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins)));
+        total := total + pg_catalog.split_part(tag, ' ', 2)::bigint;
+    END LOOP;
+    PERFORM sharding._dbl_run(conn, 'SET session_replication_role = origin');
+    RETURN total;
+END $$;
+COMMENT ON FUNCTION sharding._move_delete_rows(text, text, integer, text) IS
+    'internal: deletes the rows an online move carries on one node (bypassing its guard)';
+
+-- _move_call(conn, fn, map, logical): calls sharding.<fn>(map, logical)
+-- there if the node has it (_freeze_shard/_thaw_shard exist where the
+-- extension is 1.2).
+CREATE FUNCTION sharding._move_call(conn text, fn text, map text, logical integer) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    PERFORM sharding._dbl_run(conn, pg_catalog.format('SELECT sharding.%I(%L, %s)', fn, map, logical));
+END $$;
+COMMENT ON FUNCTION sharding._move_call(text, text, text, integer) IS
+    'internal: calls sharding._freeze_shard or _thaw_shard on a node';
+
+-- _move_sees_switch(conn, map, logical, key, node, epoch): whether that
+-- node's (followed) configuration already shows the switch. A node that
+-- does not follow this coordinator counts as seeing it: it has no guard
+-- to consult its copy.
+CREATE FUNCTION sharding._move_sees_switch(conn text, map text, logical integer, key text, node text,
+                                           new_epoch bigint) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF sharding._dbl_value(conn, 'SELECT sharding.this_node() IS NOT NULL') IS DISTINCT FROM 't' THEN
+        RETURN true;
+    END IF;
+    IF key IS NOT NULL THEN
+        RETURN sharding._dbl_value(conn, pg_catalog.format(
+            'SELECT node FROM sharding.pins WHERE map = %L AND key = %L', map, key)) IS NOT DISTINCT FROM node;
+    END IF;
+    RETURN sharding._dbl_value(conn, pg_catalog.format(
+        'SELECT node || ''/'' || epoch FROM sharding.shards WHERE map = %L AND logical = %s', map, logical))
+        IS NOT DISTINCT FROM node || '/' || new_epoch;
+END $$;
+COMMENT ON FUNCTION sharding._move_sees_switch(text, text, integer, text, text, bigint) IS
+    'internal: whether a node''s followed configuration shows an online move''s switch';
+
+-- _move_finish(map, logical, key, destination, epoch): the end of a move
+-- whose switch has committed (also run by the next call after a crash):
+-- waits until the source and the destination show it, thaws, drops the
+-- replication objects, deletes the moved rows at the source and closes the
+-- journal. Connections sharding_move_src/_dst/_self are open. Returns the
+-- rows deleted at the source.
+CREATE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
+    RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    name text := sharding._move_name(map, logical);
+    seen boolean;
+    deleted bigint;
+BEGIN
+    -- The source's guard must see the new owner before its shard thaws
+    -- (then it refuses by ownership); the destination accepts writes once it
+    -- sees it, so the call returns only then.
+    FOREACH name IN ARRAY ARRAY['sharding_move_src', 'sharding_move_dst'] LOOP
+        seen := false;
+        FOR i IN 1 .. 3000 LOOP   -- 60 s
+            seen := sharding._move_sees_switch(name, map, logical, key, destination, new_epoch);
+            EXIT WHEN seen;
+            PERFORM pg_catalog.pg_sleep(0.005);
+        END LOOP;
+        IF NOT seen THEN
+            RAISE EXCEPTION 'node % of the move of logical shard % of map "%" does not show the switch after 60 s',
+                    CASE name WHEN 'sharding_move_src' THEN 'source' ELSE 'destination' END, logical, map
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'The coordinator has switched; the source stays frozen until it follows.',
+                      HINT = 'Check the node''s subscription sharding_config_<node>, then call sharding.move_shard_online again to finish.';
+        END IF;
+        IF name = 'sharding_move_src' THEN
+            PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
+            RAISE DEBUG 'move %: thawed at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
+        END IF;
+    END LOOP;
+    RAISE DEBUG 'move %: destination follows at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
+    name := sharding._move_name(map, logical);
+    PERFORM sharding._move_drop_replication(name);
+    PERFORM sharding._move_drop_triggers(map, name);
+    RAISE DEBUG 'move %: replication dropped at %', name, pg_catalog.clock_timestamp();
+    deleted := sharding._move_delete_rows('sharding_move_src', map, logical, key);
+    PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
+        'DELETE FROM sharding.moves WHERE map = %L AND logical = %s', map, logical));
+    RETURN deleted;
+END $$;
+COMMENT ON FUNCTION sharding._move_finish(text, integer, text, text, bigint) IS
+    'internal: completes an online move after its switch (thaw, drop replication, delete source rows)';
+
+-- _move_undo(map, logical, key): undoes a move whose switch has not
+-- committed: drops its replication objects and triggers, deletes what it
+-- copied to the destination, thaws the source, closes the journal.
+CREATE FUNCTION sharding._move_undo(map text, logical integer, key text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    name text := sharding._move_name(map, logical);
+BEGIN
+    PERFORM sharding._move_drop_replication(name);
+    PERFORM sharding._move_drop_triggers(map, name);
+    PERFORM sharding._move_delete_rows('sharding_move_dst', map, logical, key);
+    PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
+    PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
+        'DELETE FROM sharding.moves WHERE map = %L AND logical = %s', map, logical));
+END $$;
+COMMENT ON FUNCTION sharding._move_undo(text, integer, text) IS
+    'internal: undoes an online move that has not switched (drops replication, deletes copies, thaws)';
+
+-- _move_connect(source, destination): opens sharding_move_src, _dst and
+-- _self; 55000 for a node without a connection string.
+CREATE FUNCTION sharding._move_connect(source text, destination text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    n text;
+    d text;
+BEGIN
+    FOREACH n IN ARRAY ARRAY[destination, source] LOOP   -- the argument first
+        SELECT x.dsn INTO d FROM sharding.nodes x WHERE x.node = n;
+        IF d IS NULL THEN
+            RAISE EXCEPTION 'node "%" has no connection string', n
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'Moving a shard online connects to its source and its destination.',
+                      HINT = pg_catalog.format('Call sharding.add_node(%L, ''<dsn>'') first.', n);
+        END IF;
+    END LOOP;
+    PERFORM sharding._move_dblink_schema();
+    PERFORM sharding._dbl_connect('sharding_move_self', sharding._coordinator_dsn());
+    PERFORM sharding._dbl_connect('sharding_move_src', (SELECT x.dsn FROM sharding.nodes x WHERE x.node = source));
+    PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT x.dsn FROM sharding.nodes x WHERE x.node = destination));
+END $$;
+COMMENT ON FUNCTION sharding._move_connect(text, text) IS
+    'internal: opens the dblink connections of an online move (55000 for a node without DSN)';
+
+CREATE FUNCTION sharding._move_disconnect() RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    PERFORM sharding._dbl_disconnect('sharding_move_src');
+    PERFORM sharding._dbl_disconnect('sharding_move_dst');
+    PERFORM sharding._dbl_disconnect('sharding_move_self');
+END $$;
+COMMENT ON FUNCTION sharding._move_disconnect() IS 'internal: closes the dblink connections of an online move';
+
+-- _move_cleanup(map, logical): finishes or undoes what an interrupted move
+-- of this shard left (its journal row says which), before a new call.
+CREATE FUNCTION sharding._move_cleanup(map text, logical integer) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    j record;
+    e bigint;
+BEGIN
+    SELECT * INTO j FROM sharding.moves m WHERE m.map = $1 AND m.logical = $2;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM sharding._move_connect(j.source, j.destination);
+    IF j.state = 'switched' THEN
+        SELECT s.epoch INTO e FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2;
+        PERFORM sharding._move_finish(map, logical, j.key, j.destination, e);
+    ELSE
+        PERFORM sharding._move_undo(map, logical, j.key);
+    END IF;
+    PERFORM sharding._move_disconnect();
+END $$;
+COMMENT ON FUNCTION sharding._move_cleanup(text, integer) IS
+    'internal: finishes or undoes an interrupted online move of a shard, as its journal row says';
+
+-- _move_wait_flush(name, seconds): waits until the move's slot at the
+-- source has confirmed the source's flushed WAL position; returns the
+-- seconds waited. 55000 after `seconds` (the apply is stuck: see the
+-- destination's log).
+CREATE FUNCTION sharding._move_wait_flush(name text, seconds float8) RETURNS float8
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    -- The flushed position: walsenders send no further, and everything the
+    -- move must carry is there once the freeze has committed (synchronously).
+    target pg_lsn := sharding._dbl_value('sharding_move_src', 'SELECT pg_catalog.pg_current_wal_flush_lsn()')::pg_lsn;
+    started timestamptz := pg_catalog.clock_timestamp();
+    flushed pg_lsn;
+    sleep float8 := 0.001;
+BEGIN
+    LOOP
+        flushed := sharding._dbl_value('sharding_move_src', pg_catalog.format(
+            'SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = %L', name))::pg_lsn;
+        EXIT WHEN flushed >= target;
+        IF pg_catalog.clock_timestamp() - started > pg_catalog.make_interval(secs => seconds) THEN
+            RAISE EXCEPTION 'the destination of move % did not catch up with the source within % s', name, seconds
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = pg_catalog.format('Slot %s confirmed %s, the source is at %s.', name, flushed, target),
+                      HINT = 'Look for logical replication apply errors in the destination''s log.';
+        END IF;
+        PERFORM pg_catalog.pg_sleep(sleep);
+        sleep := LEAST(sleep * 2, 0.01);
+    END LOOP;
+    RETURN extract(epoch FROM pg_catalog.clock_timestamp() - started);
+END $$;
+COMMENT ON FUNCTION sharding._move_wait_flush(text, float8) IS
+    'internal: waits until an online move''s destination has confirmed the source''s current WAL position';
+
+-- _move_online(map, logical, key, node): the engine of move_shard_online
+-- (key NULL) and isolate (key given, logical its shard). See the top of
+-- this file. Returns the shard's epoch afterwards and the rows deleted at
+-- the source.
+CREATE FUNCTION sharding._move_online(map text, logical integer, key text, node text,
+                                      OUT new_epoch bigint, OUT moved bigint)
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    name text := sharding._move_name(map, logical);
+    shards integer := sharding._require_map(map);
+    source text;
+    src_dsn text;
+    dst_dblink text;
+    pins text[];
+    t record;
+    tables text;
+    step text := 'setup';
+    filter text;
+    waited float8;
+    err_state text;
+    err_msg text;
+    err_detail text;
+    err_hint text;
+    err_context text;
+    copied boolean;
+    copy_program boolean := true;
+    dst_encoding text;
+BEGIN
+    -- One move per shard at a time (a transaction-level lock: a crashed
+    -- caller's lock goes with it, and its journal row tells the next call).
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('sharding.move_shard_online'),
+                                                pg_catalog.hashtext(name)) THEN
+        RAISE EXCEPTION 'logical shard % of map "%" is already being moved', logical, map
+            USING ERRCODE = 'object_in_use';
+    END IF;
+    PERFORM sharding._move_cleanup(map, logical);
+
+    IF key IS NULL THEN
+        SELECT s.node, s.epoch INTO source, new_epoch FROM sharding.shards s
+         WHERE s.map = _move_online.map AND s.logical = _move_online.logical;
+    ELSE
+        source := coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = _move_online.map AND p.key = _move_online.key),
+                           (SELECT s.node FROM sharding.shards s
+                             WHERE s.map = _move_online.map AND s.logical = _move_online.logical));
+        new_epoch := (SELECT s.epoch FROM sharding.shards s
+                       WHERE s.map = _move_online.map AND s.logical = _move_online.logical);
+    END IF;
+    moved := 0;
+    IF source = node THEN
+        IF key IS NOT NULL THEN
+            PERFORM sharding.pin(map, key, node);   -- isolate pins even where the rows already are
+        END IF;
+        RETURN;
+    END IF;
+
+    -- The source's slot waits for every transaction holding a transaction
+    -- id to end, this one included when the source shares its instance.
+    IF pg_catalog.txid_current_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'moving a shard online must run in a transaction that has not written yet'
+            USING ERRCODE = 'active_sql_transaction',
+                  HINT = 'Call it in its own transaction.';
+    END IF;
+    PERFORM sharding._move_connect(source, node);
+    -- Prerequisites, before anything changes anywhere. Both ends follow this
+    -- coordinator: their guards refuse the shard's keys wherever the
+    -- followed map says they are not the owner, which makes the cutover hold
+    -- for every writer.
+    FOREACH filter IN ARRAY ARRAY[source, node] LOOP
+        tables := CASE filter WHEN source THEN 'sharding_move_src' ELSE 'sharding_move_dst' END;
+        IF sharding._dbl_value(tables, 'SELECT pg_catalog.to_regclass(''sharding.local_node'') IS NOT NULL') <> 't'
+           OR sharding._dbl_value(tables, 'SELECT l.node FROM sharding.local_node AS l WHERE l.following')
+              IS DISTINCT FROM filter THEN
+            PERFORM sharding._move_disconnect();
+            RAISE EXCEPTION 'node "%" does not follow this coordinator', filter
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'Both ends of an online move must be attached: their guards enforce the cutover.',
+                      HINT = pg_catalog.format('Call sharding.attach_node(%L) first.', filter);
+        END IF;
+    END LOOP;
+    -- Guards on every distributed table at both ends, even one created
+    -- while its distribute() was still on its way (idempotent).
+    PERFORM sharding._dbl_run('sharding_move_src', 'SELECT sharding._install_guards()');
+    PERFORM sharding._dbl_run('sharding_move_dst', 'SELECT sharding._install_guards()');
+    tables := NULL;
+    IF sharding._dbl_value('sharding_move_src', 'SHOW wal_level') IS DISTINCT FROM 'logical' THEN
+        PERFORM sharding._move_disconnect();
+        RAISE EXCEPTION 'wal_level of node "%" is not logical', source
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Moving a shard online replicates its rows from the source with logical replication.',
+                  HINT = 'Set wal_level = logical on the source (postgresql.conf) and restart it.';
+    END IF;
+    dst_dblink := sharding._dbl_value('sharding_move_dst',
+        'SELECT e.extnamespace::regnamespace::text FROM pg_catalog.pg_extension e WHERE e.extname = ''dblink''');
+    IF dst_dblink IS NULL THEN
+        PERFORM sharding._move_disconnect();
+        RAISE EXCEPTION 'node "%" has no extension "dblink"', node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The destination pulls the shard''s rows from the source through dblink.',
+                  HINT = 'CREATE EXTENSION dblink on the destination.';
+    END IF;
+    FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
+        IF sharding._dbl_value('sharding_move_src', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't'
+           OR sharding._dbl_value('sharding_move_dst', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't' THEN
+            PERFORM sharding._move_disconnect();
+            RAISE EXCEPTION 'table % of map "%" is missing on node "%" or "%"', t.rel, map, source, node
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Create the map''s distributed tables on every data node.';
+        END IF;
+        tables := coalesce(tables || ', ', '') || t.rel;
+    END LOOP;
+    IF tables IS NULL THEN
+        -- No distributed table: nothing to carry, the switch is the move.
+        PERFORM sharding._move_disconnect();
+        IF key IS NULL THEN
+            new_epoch := sharding.move_shard(map, logical, node);
+        ELSE
+            PERFORM sharding.pin(map, key, node);
+        END IF;
+        RETURN;
+    END IF;
+    SELECT coalesce(pg_catalog.array_agg(p.key), '{}') INTO pins FROM sharding.pins p WHERE p.map = _move_online.map;
+    SELECT n.dsn INTO src_dsn FROM sharding.nodes n WHERE n.node = source;
+
+    PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
+        'INSERT INTO sharding.moves (map, logical, key, source, destination, state) VALUES (%L, %s, %L, %L, %L, ''setup'')',
+        map, logical, key, source, node));
+    BEGIN
+        RAISE DEBUG 'move %: publication and slot at %', name, pg_catalog.clock_timestamp();
+        -- 2. Publication, then the slot: changes from here on are kept.
+        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
+            'CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update, delete'')', name, tables));
+        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
+            'SELECT pg_catalog.pg_create_logical_replication_slot(%L, ''pgoutput'')', name));
+
+        -- 3. Copy, filtered at the source.
+        step := 'copying';
+        RAISE DEBUG 'move %: copying at %', name, pg_catalog.clock_timestamp();
+        PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
+            'UPDATE sharding.moves SET state = %L WHERE map = %L AND logical = %s', step, map, logical));
+        PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
+        dst_encoding := sharding._dbl_value('sharding_move_dst', 'SELECT pg_catalog.getdatabaseencoding()');
+        FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
+            filter := sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins);
+            -- Leftovers of the shard at the destination (it does not own them).
+            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DELETE FROM %s WHERE %s', t.rel, filter));
+            -- COPY from the source, as fast as `psql -c 'COPY ... TO STDOUT' |
+            -- psql -c 'COPY ... FROM STDIN'` because it is that: the
+            -- destination's server runs psql (COPY FROM PROGRAM: a
+            -- superuser's, as the move's connections are). Where it has no
+            -- psql, INSERT ... SELECT FROM dblink (slower: row by row).
+            copied := false;
+            IF copy_program THEN
+                BEGIN
+                    PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+                        'COPY %s (%s) FROM PROGRAM %L WITH (FORMAT text, ENCODING %L)', t.rel, t.cols,
+                        pg_catalog.format('PGCLIENTENCODING=%s psql -XAtq -v ON_ERROR_STOP=1 -d %s -c %s', dst_encoding,
+                                          sharding._shell_quote(src_dsn),
+                                          sharding._shell_quote(pg_catalog.format('COPY (SELECT %s FROM %s WHERE %s) TO STDOUT',
+                                                                                  t.cols, t.rel, filter))),
+                        dst_encoding));
+                    copied := true;
+                EXCEPTION WHEN OTHERS THEN
+                    GET STACKED DIAGNOSTICS err_msg = MESSAGE_TEXT;
+                    RAISE DEBUG 'move %: COPY FROM PROGRAM failed (%), copying through dblink', name, err_msg;
+                    copy_program := false;
+                    PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT n.dsn FROM sharding.nodes n WHERE n.node = _move_online.node));
+                    PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
+                END;
+            END IF;
+            IF NOT copied THEN
+                PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+                    'INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %I.dblink(%L, %L) AS s(%s)',
+                    t.rel, t.cols, t.cols, dst_dblink, src_dsn,
+                    pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter), t.coldefs));
+            END IF;
+        END LOOP;
+        PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = origin');
+
+        -- 4. The destination's filter, for replication apply only.
+        -- Created and switched to ENABLE REPLICA in one transaction (one
+        -- multi-statement command): other sessions never see it enabled
+        -- for their own writes.
+        FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
+            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+                'CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW '
+                'EXECUTE FUNCTION sharding._move_filter(%L, %L, %L, %L, %L, %L, %L, %L, %L); '
+                'ALTER TABLE %s ENABLE REPLICA TRIGGER %I',
+                name, t.rel, t.key_column, pg_catalog.format_type(t.key_type, NULL), shards, logical, map,
+                CASE WHEN key IS NULL THEN 'shard' ELSE 'key' END, coalesce(key, ''),
+                pg_catalog.format('UPDATE %s AS t SET (%s) = ROW(%s) WHERE %s', t.rel, t.cols, t.vals, t.pk_match),
+                pg_catalog.format('DELETE FROM %s AS t WHERE %s', t.rel, t.pk_match),
+                t.rel, name));
+        END LOOP;
+
+        -- 5. Stream from the slot made before the copy. synchronous_commit
+        -- on: the apply worker confirms a position only once its commit is
+        -- flushed here, so with 'off' (the default for subscriptions) each
+        -- confirmation would wait for the WAL writer, inside the cutover.
+        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+            'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I '
+            'WITH (create_slot = false, slot_name = %L, copy_data = false, synchronous_commit = ''on'')',
+            name, src_dsn, name, name));
+
+        -- 6. Catch up until a round is short: the backlog left for the
+        -- frozen phase is then a fraction of a second of writes.
+        step := 'catchup';
+        RAISE DEBUG 'move %: catchup at %', name, pg_catalog.clock_timestamp();
+        PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
+            'UPDATE sharding.moves SET state = %L WHERE map = %L AND logical = %s', step, map, logical));
+        FOR i IN 1 .. 100 LOOP
+            waited := sharding._move_wait_flush(name, 600);
+            EXIT WHEN waited < 0.2;
+        END LOOP;
+
+        -- 7. Cutover: freeze the source (waits for its in-flight writers),
+        -- let the destination apply the source's last change, switch.
+        step := 'cutover';
+        RAISE DEBUG 'move %: cutover at %', name, pg_catalog.clock_timestamp();
+        PERFORM sharding._dbl_run('sharding_move_self', pg_catalog.format(
+            'UPDATE sharding.moves SET state = %L WHERE map = %L AND logical = %s', step, map, logical));
+        PERFORM sharding._move_call('sharding_move_src', '_freeze_shard', map, logical);
+        RAISE DEBUG 'move %: frozen at %', name, pg_catalog.clock_timestamp();
+        PERFORM sharding._move_wait_flush(name, 60);
+        RAISE DEBUG 'move %: caught up at %', name, pg_catalog.clock_timestamp();
+        IF key IS NULL THEN
+            new_epoch := sharding._dbl_value('sharding_move_self', pg_catalog.format(
+                'WITH m AS (SELECT sharding.move_shard(%L, %s, %L) AS e), '
+                'j AS (UPDATE sharding.moves SET state = ''switched'' WHERE map = %L AND logical = %s) SELECT e FROM m',
+                map, logical, node, map, logical))::bigint;
+        ELSE
+            PERFORM sharding._dbl_value('sharding_move_self', pg_catalog.format(
+                'WITH m AS (SELECT sharding.pin(%L, %L::text, %L)), '
+                'j AS (UPDATE sharding.moves SET state = ''switched'' WHERE map = %L AND logical = %s) SELECT 1 FROM m',
+                map, key, node, map, logical));
+        END IF;
+        step := 'switched';
+        RAISE DEBUG 'move %: switched at %', name, pg_catalog.clock_timestamp();
+
+        -- 8. Clean up after the switch.
+        moved := sharding._move_finish(map, logical, key, node, new_epoch);
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_msg = MESSAGE_TEXT,
+                                err_detail = PG_EXCEPTION_DETAIL, err_hint = PG_EXCEPTION_HINT, err_context = PG_EXCEPTION_CONTEXT;
+        RAISE DEBUG 'move % failed at step %: % (%)', name, step, err_msg, err_context;
+        IF step <> 'switched' THEN
+            -- First of all the source writes again, even if the destination
+            -- is out of reach for the rest of the undo.
+            BEGIN
+                PERFORM sharding._dbl_connect('sharding_move_src', src_dsn);
+                PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
+            EXCEPTION WHEN OTHERS THEN
+                NULL;
+            END;
+        END IF;
+        BEGIN
+            -- Connections may be in any state: start from fresh ones.
+            PERFORM sharding._move_connect(source, node);
+            IF step = 'switched' THEN
+                PERFORM sharding._move_finish(map, logical, key, node, new_epoch);
+            ELSE
+                PERFORM sharding._move_undo(map, logical, key);
+            END IF;
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            RAISE WARNING 'could not clean up after the failed move of logical shard % of map "%": %',
+                logical, map, SQLERRM
+                USING HINT = 'The next sharding.move_shard_online or sharding.isolate of this shard cleans up first.';
+        END;
+        BEGIN
+            PERFORM sharding._move_disconnect();
+        EXCEPTION WHEN OTHERS THEN
+            NULL;
+        END;
+        IF step = 'switched' THEN
+            -- The move itself happened; only its tidying failed.
+            RAISE EXCEPTION 'logical shard % of map "%" moved to "%" (epoch %), but finishing failed: %',
+                    logical, map, node, new_epoch, err_msg
+                USING ERRCODE = err_state, HINT = 'Call sharding.move_shard_online again to finish.';
+        END IF;
+        -- Re-raise the original error as it was (an empty DETAIL or HINT
+        -- would print as an empty line).
+        IF coalesce(err_detail, '') = '' AND coalesce(err_hint, '') = '' THEN
+            RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg;
+        ELSIF coalesce(err_hint, '') = '' THEN
+            RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = err_detail;
+        ELSIF coalesce(err_detail, '') = '' THEN
+            RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, HINT = err_hint;
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = err_detail, HINT = err_hint;
+    END;
+    PERFORM sharding._move_disconnect();
+END $$;
+COMMENT ON FUNCTION sharding._move_online(text, integer, text, text) IS
+    'internal: moves a logical shard (or one key) online; the engine of move_shard_online and isolate';
+
+-- move_shard_online(map text, logical integer, node text): contract
+-- section 8. Not STRICT: NULL arguments raise 22023.
+CREATE FUNCTION sharding.move_shard_online(map text, logical integer, node text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+BEGIN
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    l := sharding._require_map(map);
+    PERFORM sharding._check_logical(map, logical, l);
+    RETURN (sharding._move_online(map, logical, NULL, node)).new_epoch;
+END $$;
+COMMENT ON FUNCTION sharding.move_shard_online(text, integer, text) IS
+    'moves a logical shard with its rows to a node while writes go on (logical replication); returns its new epoch';
+
+-- isolate(map text, key text, node text): contract section 8. Not STRICT.
+CREATE FUNCTION sharding.isolate(map text, key text, node text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map(map);
+    RETURN (sharding._move_online(map, sharding.logical_shard(map, key), key, node)).moved;
+END $$;
+COMMENT ON FUNCTION sharding.isolate(text, text, text) IS
+    'pins a key to a node and moves its rows of every distributed table there online; returns rows moved';
+
+-- Moving data between databases is an administrator's job.
+REVOKE ALL ON FUNCTION sharding.move_shard_online(text, integer, text), sharding.isolate(text, text, text),
+    sharding._move_online(text, integer, text, text), sharding._move_cleanup(text, integer),
+    sharding._move_finish(text, integer, text, text, bigint), sharding._move_undo(text, integer, text),
+    sharding._move_connect(text, text), sharding._move_disconnect(), sharding._move_wait_flush(text, float8),
+    sharding._move_delete_rows(text, text, integer, text), sharding._move_drop_replication(text),
+    sharding._move_drop_triggers(text, text), sharding._move_call(text, text, text, integer),
+    sharding._move_sees_switch(text, text, integer, text, text, bigint),
+    sharding._move_tables(text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.move_shard_online(text, integer, text), sharding.isolate(text, text, text),
+    sharding._move_online(text, integer, text, text), sharding._move_cleanup(text, integer),
+    sharding._move_finish(text, integer, text, text, bigint), sharding._move_undo(text, integer, text),
+    sharding._move_connect(text, text), sharding._move_disconnect(), sharding._move_wait_flush(text, float8),
+    sharding._move_delete_rows(text, text, integer, text), sharding._move_drop_replication(text),
+    sharding._move_drop_triggers(text, text), sharding._move_call(text, text, text, integer),
+    sharding._move_sees_switch(text, text, integer, text, text, bigint),
+    sharding._move_tables(text)
+    TO sharding_admin;
