@@ -5,6 +5,7 @@ EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.contro
 MODULE_big = sharding
 OBJS = \
 	src/boundary.o \
+	src/fanout.o \
 	src/module.o \
 	src/hash.o \
 	src/maps.o \

@@ -14,6 +14,7 @@ namespace sharding {
 void maps_init();   // maps.cpp: routing cache
 void queue_init();  // queue.cpp: prepared claim plans
 void rank_init();   // rank.cpp: rank lists of guarded columns
+void fanout_init();  // fanout.cpp: shared counters and hooks (preload only)
 }  // namespace sharding
 
 /*
@@ -23,4 +24,5 @@ void _PG_init(void) {
     sharding::maps_init();
     sharding::queue_init();
     sharding::rank_init();
+    sharding::fanout_init();
 }
