@@ -14,6 +14,7 @@ OBJS = \
 	src/queue.o \
 	src/rank.o \
 	src/rebalance.o \
+	src/rebalance_load.o \
 	src/route_cache.o
 
 # The install script of the current version is assembled from one fragment
