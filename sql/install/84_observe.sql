@@ -89,7 +89,7 @@ BEGIN
                              AND NOT a.attisdropped);
     IF has_run_at THEN
         due := ' AND (t.run_at IS NULL OR t.run_at <= pg_catalog.now())';
-        since := 'pg_catalog.greatest(t.created, t.run_at)';
+        since := 'GREATEST(t.created, t.run_at)';  -- NULL run_at: created
     END IF;
     RETURN QUERY EXECUTE format(
         $q$SELECT g.shard::integer, COALESCE(k.n, 0)::bigint, k.age,
