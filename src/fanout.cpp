@@ -164,13 +164,11 @@ Oid dt_relid = InvalidOid;    // sharding.distributed_tables
 Oid maps_relid = InvalidOid;  // sharding.maps
 
 void fanout_relcache_callback(Datum, Oid relid) {
-    inval_count++;
-    if (!tables_valid) return;
-    if (relid == InvalidOid || dt_relid == InvalidOid || relid == dt_relid || relid == maps_relid) {
+    if (relid == InvalidOid || dt_relid == InvalidOid || relid == dt_relid || relid == maps_relid ||
+        (tables && hash_search(tables, &relid, HASH_FIND, nullptr))) {
         tables_valid = false;
-        return;
+        inval_count++;
     }
-    if (tables && hash_search(tables, &relid, HASH_FIND, nullptr)) tables_valid = false;
 }
 
 // Rebuilds the directory from sharding.distributed_tables and sharding.maps
@@ -189,12 +187,14 @@ void rebuild_tables() {
     ctl.hcxt = tables_cxt;
     tables = hash_create("sharding fan-out tables", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 
-    dt_relid = maps_relid = InvalidOid;
+    Oid dt = InvalidOid, maps_rel = InvalidOid;
     Oid nsp = get_namespace_oid("sharding", true);
     if (OidIsValid(nsp)) {
-        dt_relid = get_relname_relid("distributed_tables", nsp);
-        maps_relid = get_relname_relid("maps", nsp);
+        dt = get_relname_relid("distributed_tables", nsp);
+        maps_rel = get_relname_relid("maps", nsp);
     }
+    dt_relid = dt;
+    maps_relid = maps_rel;
     if (OidIsValid(dt_relid) && OidIsValid(maps_relid)) {
         MemoryContext old = MemoryContextSwitchTo(tables_cxt);
         // Logical shards of every map, to hash IN lists.
