@@ -140,6 +140,25 @@ SELECT sharding.distribute('fo_items', 'tenant', 'fo_map');
 SELECT count(*) FROM fo_items WHERE tenant = 't1';
 SELECT * FROM fo_counts() WHERE tbl = 'fo_items';
 
+-- A distributed table partitioned by shard_of: scans of its partitions
+-- count as the table, classified by their own key conditions.
+CREATE TABLE fo_parts (tenant text NOT NULL, id bigint NOT NULL, PRIMARY KEY (tenant, id))
+    PARTITION BY HASH (tenant sharding.text_shard_ops);
+SELECT sharding.create_partitions('fo_parts', 4);
+SELECT sharding.distribute('fo_parts', 'tenant', 'fo_map');
+INSERT INTO fo_parts SELECT 't' || (i % 10), i FROM generate_series(1, 100) AS i;
+SELECT sharding.fanout_reset();
+SELECT count(*) FROM fo_parts WHERE tenant = 't1';
+SELECT count(*) FROM fo_parts;
+SELECT count(*) FROM fo_parts WHERE tenant IN ('t2', 't9');
+SET plan_cache_mode = force_generic_plan;
+PREPARE fo_part(text) AS SELECT count(*) FROM fo_parts WHERE tenant = $1;
+EXECUTE fo_part('t3');
+RESET plan_cache_mode;
+DEALLOCATE fo_part;
+SELECT * FROM fo_counts() WHERE tbl = 'fo_parts';
+DROP TABLE fo_parts;
+
 -- fanout_reset is an admin function; the view is readable by everyone.
 CREATE ROLE fo_reader;
 SET ROLE fo_reader;

@@ -821,13 +821,15 @@ SHARDING_FUNCTION(sharding_fanout_reset) {
 /*
  * _fanout_changed() RETURNS trigger
  *
- * Statement trigger on sharding.distributed_tables: every backend rebuilds
- * its directory of distributed tables after the change commits.
+ * Trigger on sharding.distributed_tables (row and TRUNCATE): every backend
+ * rebuilds its directory of distributed tables after the change commits.
  */
 SHARDING_FUNCTION(sharding__fanout_changed) {
     if (!CALLED_AS_TRIGGER(fcinfo))
         sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "_fanout_changed must be called as a trigger");
     TriggerData *td = reinterpret_cast<TriggerData *>(fcinfo->context);
     CacheInvalidateRelcacheByRelid(RelationGetRelid(td->tg_relation));
+    if (TRIGGER_FIRED_FOR_ROW(td->tg_event))
+        return PointerGetDatum(TRIGGER_FIRED_BY_DELETE(td->tg_event) ? td->tg_trigtuple : td->tg_newtuple ? td->tg_newtuple : td->tg_trigtuple);
     return PointerGetDatum(nullptr);
 }

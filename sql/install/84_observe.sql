@@ -44,13 +44,19 @@ REVOKE ALL ON FUNCTION sharding.fanout_reset() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.fanout_reset() TO sharding_admin;
 
 -- Every change to sharding.distributed_tables (distribute, undistribute, a
--- direct write, a restore) makes every backend re-read it before counting.
+-- direct write, a restore, logical replication to a follower) makes every
+-- backend re-read it before counting. Row triggers, enabled ALWAYS: the
+-- apply worker of a follower fires only those.
 CREATE FUNCTION sharding._fanout_changed() RETURNS trigger
     AS 'MODULE_PATHNAME', 'sharding__fanout_changed' LANGUAGE C;
 COMMENT ON FUNCTION sharding._fanout_changed() IS
     'internal: makes every backend re-read the distributed tables it counts';
-CREATE TRIGGER fanout_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.distributed_tables
+CREATE TRIGGER fanout_changed AFTER INSERT OR UPDATE OR DELETE ON sharding.distributed_tables
+    FOR EACH ROW EXECUTE FUNCTION sharding._fanout_changed();
+CREATE TRIGGER fanout_truncated AFTER TRUNCATE ON sharding.distributed_tables
     FOR EACH STATEMENT EXECUTE FUNCTION sharding._fanout_changed();
+ALTER TABLE sharding.distributed_tables ENABLE ALWAYS TRIGGER fanout_changed;
+ALTER TABLE sharding.distributed_tables ENABLE ALWAYS TRIGGER fanout_truncated;
 
 -- shard_lag(queue, shards, key_column): per shard 0..shards-1, the claimable
 -- jobs (pending and due, or processing under a lapsed lease) and how long
