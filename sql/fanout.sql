@@ -1,9 +1,7 @@
 -- Fan-out counting (contract section 11). The test cluster preloads the
 -- library (test/lib/cluster.sh), so the counters are on. Each case resets
 -- the counters of this database, runs statements, and reads the counts.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS sharding;
-RESET client_min_messages;
+CREATE EXTENSION sharding;
 
 SELECT sharding.create_map('fo_map', 8, ARRAY['a', 'b']);
 CREATE TABLE fo_orders (id bigint PRIMARY KEY, tenant text NOT NULL, amount integer);
@@ -172,3 +170,4 @@ DROP FUNCTION fo_note(integer);
 DROP FUNCTION fo_counts();
 DROP TABLE fo_orders, fo_items, fo_plain, fo_ints;
 SELECT sharding.drop_map('fo_map');
+DROP EXTENSION sharding;

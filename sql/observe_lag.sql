@@ -1,9 +1,7 @@
 -- shard_lag (contract section 11): per shard, the claimable jobs and the
 -- wait of the oldest. Timestamps are set relative to now() inside one
 -- transaction, so every age is exact.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS sharding;
-RESET client_min_messages;
+CREATE EXTENSION sharding;
 
 -- A queue without run_at. Of 4 shards, k1 and k2 lie on shard 1, k3 and k5 on 2.
 SELECT sharding.shard_of('k1', 4) AS k1, sharding.shard_of('k2', 4) AS k2, sharding.shard_of('k3', 4) AS k3,
@@ -65,3 +63,4 @@ SELECT * FROM sharding.shard_lag('lag_not_a_queue', 4);
 SELECT count(*) FROM sharding.shard_lag(NULL, 4);
 
 DROP TABLE lag_jobs, lag_sched, lag_not_a_queue;
+DROP EXTENSION sharding;

@@ -1,7 +1,5 @@
 -- rebalance_by_load (contract section 11): load-aware moves, fewest first.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS sharding;
-RESET client_min_messages;
+CREATE EXTENSION sharding;
 
 -- The whale story: 64 shards over 4 nodes; shard 5 carries 40% of the load,
 -- the other 63 share the rest. 1.10 x the mean (25%) cannot be met: the
@@ -97,3 +95,4 @@ SELECT sharding.drop_map('load_m');
 SELECT sharding.drop_map('load_e');
 SELECT sharding.drop_map('load_s');
 SELECT sharding.drop_node(n) FROM unnest(ARRAY['n1', 'n2', 'n3', 'n4', 'n5', 'a', 'b']) AS n;
+DROP EXTENSION sharding;
