@@ -38,4 +38,16 @@ ROLLBACK TO SAVEPOINT s;
 SELECT sharding.shard_of('still alive', 8) BETWEEN 0 AND 7 AS alive;
 COMMIT;
 
+-- A call that leaves PG_exception_stack changed (as a PG_TRY left by a C++
+-- exception would) is caught by SHARDING_FUNCTION: the stack is restored
+-- and an ERROR raised, and the session goes on.
+SELECT pg_temp.err($$SELECT sharding._boundary_selftest('drift')$$);
+SELECT sharding._boundary_selftest('drift');
+SELECT sharding.shard_of('still alive', 8) BETWEEN 0 AND 7 AS alive;
+
+-- A message longer than the capture buffer is cut at a character boundary:
+-- 'x' and 340 three-byte characters (1021 bytes), ending in a whole one.
+SELECT octet_length(e) - 7 AS message_bytes, right(e, 1) AS last, e LIKE '22023: x€€€%' AS starts
+  FROM pg_temp.err($$SELECT sharding._boundary_selftest('long_utf8')$$) AS e;
+
 DROP EXTENSION sharding;

@@ -19,7 +19,9 @@
 //    itself must not own C++ objects, and nothing throws inside PG_TRY.
 //
 // 3. C++ code reports user errors by throwing sharding::Error with a
-//    SQLSTATE; it never calls ereport(ERROR) itself. elog/ereport below ERROR
+//    SQLSTATE (sharding::fail), reported with the thrower's file and line;
+//    it never calls ereport(ERROR) itself. The pure core (no PostgreSQL
+//    header) throws std::invalid_argument for bad input: 22023. elog/ereport below ERROR
 //    (NOTICE, WARNING) do not jump and are fine anywhere.
 #pragma once
 
@@ -36,21 +38,49 @@ extern "C" {
 
 namespace sharding {
 
-// A user-facing error: SQLSTATE (MAKE_SQLSTATE value), message, detail, hint.
+// A SQLSTATE (MAKE_SQLSTATE value) and where the code that raises it is:
+// converted implicitly from the SQLSTATE at the call site of fail() or
+// Error(), whose file, line and function the ERROR then reports (psql's
+// LOCATION), not boundary.cpp's.
+struct Raised {
+    Raised(int sqlstate_, const char *file_ = __builtin_FILE(), int line_ = __builtin_LINE(),
+           const char *func_ = __builtin_FUNCTION())
+        : sqlstate(sqlstate_), file(file_), line(line_), func(func_) {}
+    int sqlstate;
+    const char *file;
+    int line;
+    const char *func;
+};
+
+// A user-facing error: SQLSTATE, message, detail, hint (complete sentences).
 class Error : public std::exception {
   public:
-    Error(int sqlstate, std::string message, std::string detail = std::string(),
+    Error(Raised sqlstate, std::string message, std::string detail = std::string(),
           std::string hint = std::string())
-        : sqlstate_(sqlstate), message_(std::move(message)), detail_(std::move(detail)),
+        : raised_(sqlstate), message_(std::move(message)), detail_(std::move(detail)),
           hint_(std::move(hint)) {}
     const char *what() const noexcept override { return message_.c_str(); }
-    int sqlstate() const { return sqlstate_; }
+    int sqlstate() const { return raised_.sqlstate; }
+    const Raised &raised() const { return raised_; }
     const std::string &detail() const { return detail_; }
     const std::string &hint() const { return hint_; }
+    // The column the error is about, reported as PostgreSQL's schema, table
+    // and column name fields (as errtablecol does): throw
+    // Error(...).on_column(schema, table, column).
+    Error &&on_column(std::string schema, std::string table, std::string column) && {
+        schema_ = std::move(schema);
+        table_ = std::move(table);
+        column_ = std::move(column);
+        return std::move(*this);
+    }
+    const std::string &schema() const { return schema_; }
+    const std::string &table() const { return table_; }
+    const std::string &column() const { return column_; }
 
   private:
-    int sqlstate_;
+    Raised raised_;
     std::string message_, detail_, hint_;
+    std::string schema_, table_, column_;
 };
 
 // A PostgreSQL ERROR caught by pg_call, carried across C++ frames.
@@ -68,7 +98,15 @@ class PgError : public std::exception {
 std::string format(const char *fmt, ...) pg_attribute_printf(1, 2);
 
 // Throw an Error: fail(ERRCODE_INVALID_PARAMETER_VALUE, "bad %d", x).
-[[noreturn]] void fail(int sqlstate, const char *fmt, ...) pg_attribute_printf(2, 3);
+[[noreturn]] void fail(Raised sqlstate, const char *fmt, ...) pg_attribute_printf(2, 3);
+
+// The same with a detail and a hint (complete sentences; either may be
+// empty): fail(ERRCODE_..., Explain{"The shard moved.", "Retry."}, "...", ...).
+struct Explain {
+    std::string detail;
+    std::string hint;
+};
+[[noreturn]] void fail(Raised sqlstate, Explain explain, const char *fmt, ...) pg_attribute_printf(3, 4);
 
 namespace detail {
 // Records the exception being handled (called inside a catch block only).
@@ -77,16 +115,38 @@ void capture_current_exception() noexcept;
 // block has ended, so no C++ object of the failed call is alive any more.
 [[noreturn]] void raise_captured();
 void rethrow_as_pg_error(MemoryContext cxt);
+// A call left PG_exception_stack or error_context_stack other than it found
+// them (a PG_TRY left by an exception): restores them and raises an ERROR.
+[[noreturn]] void raise_drift(sigjmp_buf *stack, ErrorContextCallback *context);
+// The cache module's retirement (cache.hpp): calls of this extension now
+// running in this backend, and whether retired objects wait for depth 0.
+extern int call_depth;
+extern bool retired_pending;
+void free_retired() noexcept;
 }  // namespace detail
 
-// The wrapper around every SQL-callable function (see rule 1).
+// The wrapper around every SQL-callable function (see rule 1). It also
+// counts the calls running (the cache frees what rebuilds replaced when the
+// outermost call returns) and checks that the call left PostgreSQL's error
+// stack as it found it.
 template <Datum (*Impl)(FunctionCallInfo)>
 inline Datum guarded(FunctionCallInfo fcinfo) {
+    sigjmp_buf *const stack = PG_exception_stack;
+    ErrorContextCallback *const context = error_context_stack;
+    ++detail::call_depth;
     try {
-        return Impl(fcinfo);
+        Datum result = Impl(fcinfo);
+        --detail::call_depth;
+        if (unlikely(PG_exception_stack != stack || error_context_stack != context))
+            detail::raise_drift(stack, context);
+        if (detail::call_depth == 0 && unlikely(detail::retired_pending)) detail::free_retired();
+        return result;
     } catch (...) {
         detail::capture_current_exception();
     }
+    --detail::call_depth;
+    if (unlikely(PG_exception_stack != stack || error_context_stack != context))
+        detail::raise_drift(stack, context);
     detail::raise_captured();
 }
 
@@ -119,13 +179,33 @@ auto pg_call(F &&f) -> decltype(f()) {
 
 }  // namespace sharding
 
-// Defines SQL-callable function `name` (C linkage, V1 calling convention)
-// whose body runs inside guarded(). Use like a function header:
-//   SHARDING_FUNCTION(hash64_text) { ... return ...; }
+// Symbols sharding.so exports: the build hides everything else
+// (-fvisibility=hidden); PostgreSQL 15's PGDLLEXPORT is empty outside Windows.
+#define SHARDING_EXPORT __attribute__((visibility("default")))
+
+// Defines SQL-callable function `name` (C linkage, V1 calling convention,
+// exported) whose body runs inside guarded(). Use like a function header;
+// the name is the C symbol, sharding_<sqlname> (the SQL says
+// AS 'MODULE_PATHNAME', 'sharding_hash64_text'):
+//   SHARDING_FUNCTION(sharding_hash64_text) { ... return ...; }
 #define SHARDING_FUNCTION(name)                                                                  \
     static Datum name##_impl(FunctionCallInfo fcinfo);                                           \
     extern "C" {                                                                                 \
+    SHARDING_EXPORT Datum name(PG_FUNCTION_ARGS);                                                \
+    SHARDING_EXPORT const Pg_finfo_record *pg_finfo_##name(void);                                \
     PG_FUNCTION_INFO_V1(name);                                                                   \
     Datum name(PG_FUNCTION_ARGS) { return ::sharding::guarded<name##_impl>(fcinfo); }            \
     }                                                                                            \
     static Datum name##_impl(FunctionCallInfo fcinfo)
+
+// An old symbol name that the frozen install and upgrade scripts of 1.0 and
+// 1.1 link to, kept exported (src/legacy.cpp) so that databases not yet
+// updated to 1.2 keep working; it calls `current`.
+#define SHARDING_LEGACY_SYMBOL(old, current)                                                     \
+    extern "C" {                                                                                 \
+    Datum current(PG_FUNCTION_ARGS);                                                             \
+    SHARDING_EXPORT Datum old(PG_FUNCTION_ARGS);                                                 \
+    SHARDING_EXPORT const Pg_finfo_record *pg_finfo_##old(void);                                 \
+    PG_FUNCTION_INFO_V1(old);                                                                    \
+    Datum old(PG_FUNCTION_ARGS) { return current(fcinfo); }                                      \
+    }

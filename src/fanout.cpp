@@ -28,6 +28,7 @@
 // This file holds no owning C++ object: the hooks run inside PostgreSQL's
 // executor, where any catalog access may longjmp.
 #include "boundary.hpp"
+#include "cache.hpp"
 #include "hash_core.hpp"
 
 extern "C" {
@@ -163,7 +164,9 @@ uint64 inval_count = 0;
 Oid dt_relid = InvalidOid;    // sharding.distributed_tables
 Oid maps_relid = InvalidOid;  // sharding.maps
 
-void fanout_relcache_callback(Datum, Oid relid) {
+// Relcache invalidations, dispatched by the cache module (cache.hpp): only
+// marks the directory stale.
+void fanout_relation_changed(Oid relid) {
     if (relid == InvalidOid || dt_relid == InvalidOid || relid == dt_relid || relid == maps_relid ||
         (tables && hash_search(tables, &relid, HASH_FIND, nullptr))) {
         tables_valid = false;
@@ -171,12 +174,14 @@ void fanout_relcache_callback(Datum, Oid relid) {
     }
 }
 
+const sharding::cache::Kind fanout_kind = {"fan-out tables", fanout_relation_changed, nullptr, 0, {0, 0, 0, 0}};
+
 // Rebuilds the directory from sharding.distributed_tables and sharding.maps
 // (read with the catalog snapshot: committed rows, as routing sees them).
 void rebuild_tables() {
     uint64 started_at = inval_count;
     if (tables_cxt == nullptr)
-        tables_cxt = AllocSetContextCreate(TopMemoryContext, "sharding fan-out tables", ALLOCSET_SMALL_SIZES);
+        tables_cxt = AllocSetContextCreate(sharding::cache::context(), "sharding fan-out tables", ALLOCSET_SMALL_SIZES);
     if (tables) hash_destroy(tables);
     tables = nullptr;
     MemoryContextReset(tables_cxt);
@@ -741,7 +746,7 @@ void fanout_init() {
     ExecutorStart_hook = fanout_executor_start;
     prev_process_utility = ProcessUtility_hook;
     ProcessUtility_hook = fanout_process_utility;
-    CacheRegisterRelcacheCallback(fanout_relcache_callback, (Datum)0);
+    sharding::cache::register_kind(&fanout_kind);
 }
 
 }  // namespace sharding

@@ -52,9 +52,9 @@ void check_workers(int32 workers, int32 shards) {
 }
 }  // namespace
 
-SHARDING_KEY_FUNCTIONS(hash64, hash64_body)
-SHARDING_KEY_FUNCTIONS(shard_of, shard_of_body)
-SHARDING_KEY_FUNCTIONS(jump_shard, jump_shard_body)
+SHARDING_KEY_FUNCTIONS(sharding_hash64, hash64_body)
+SHARDING_KEY_FUNCTIONS(sharding_shard_of, shard_of_body)
+SHARDING_KEY_FUNCTIONS(sharding_jump_shard, jump_shard_body)
 
 /*
  * worker_shards(worker integer, workers integer, shards integer) RETURNS integer[]
@@ -62,7 +62,7 @@ SHARDING_KEY_FUNCTIONS(jump_shard, jump_shard_body)
  * The contiguous range of shards dealt to `worker` (0-based), by the rule
  * create_map uses to deal logical shards to nodes.
  */
-SHARDING_FUNCTION(worker_shards) {
+SHARDING_FUNCTION(sharding_worker_shards) {
     int32 worker = PG_GETARG_INT32(0), workers = PG_GETARG_INT32(1), shards = PG_GETARG_INT32(2);
     check_workers(workers, shards);
     if (worker < 0 || worker >= workers)
@@ -81,7 +81,7 @@ SHARDING_FUNCTION(worker_shards) {
  *
  * The worker (0-based) that worker_shards deals `shard` to.
  */
-SHARDING_FUNCTION(worker_of) {
+SHARDING_FUNCTION(sharding_worker_of) {
     int32 shard = PG_GETARG_INT32(0), workers = PG_GETARG_INT32(1), shards = PG_GETARG_INT32(2);
     check_workers(workers, shards);
     if (shard < 0 || shard >= shards)

@@ -4,25 +4,28 @@
 // backend's cache when the config tables change.
 //
 // The cache. Each backend keeps, per map name, a MapRoutes (route_cache.hpp)
-// built lazily from the config tables. A statement-level trigger on
+// built lazily from the config tables, in the cache module's memory
+// (cache.hpp: the entry kind "routing"). A statement-level trigger on
 // sharding.maps, sharding.shards and sharding.pins registers a relcache
 // invalidation of sharding.maps; PostgreSQL delivers it to every backend at
 // its next transaction start or lock acquisition, and routes_for takes it in
 // at the start of every statement that routes (the writer itself gets it at
-// its next command). One relcache callback, registered once in _PG_init,
-// bumps `generation`; an entry is valid while it was built in the current
-// generation. Building records the generation before reading, so an
-// invalidation arriving during the build leaves the entry stale. Entries are
-// built into a fresh object and swapped in last, so an ERROR while reading
-// leaves the previous state intact.
-#include "maps.hpp"
-
+// its next command). The kind's relation callback bumps `generation`; an
+// entry is valid while it was built in the current generation. A build
+// looks up the oid of sharding.maps FIRST, then records the generation, then
+// takes its snapshot: an invalidation arriving during the build (SPI's locks
+// process them) therefore matches and leaves the entry stale. (Learning the
+// oid only at the end of the first build dropped exactly those: issue 16,
+// finding 1; specs/maps_first_build.spec.) Entries are built into a fresh
+// object and swapped in last, so an ERROR while reading leaves the previous
+// state intact; replaced entries are retired, not freed.
+#include "cache.hpp"
 #include "keys.hpp"
 #include "rebalance.hpp"
 #include "route_cache.hpp"
 
 #include <iterator>
-#include <memory>
+#include <string_view>
 #include <unordered_map>
 
 extern "C" {
@@ -40,14 +43,23 @@ extern "C" {
 }
 
 namespace {
+using sharding::CacheAllocator;
+using sharding::CacheString;
 using sharding::KeyType;
 using sharding::MapRoutes;
 
+struct NameHash {
+    size_t operator()(const CacheString &s) const { return std::hash<std::string_view>()({s.data(), s.size()}); }
+};
+template <class V>
+using ByName = std::unordered_map<CacheString, V, NameHash, std::equal_to<CacheString>,
+                                  CacheAllocator<std::pair<const CacheString, V>>>;
+
 uint64_t generation = 1;           // bumped by every relevant invalidation
-Oid maps_relid = InvalidOid;       // sharding.maps, once known
+Oid maps_relid = InvalidOid;       // sharding.maps, looked up before each build
 const MapRoutes *last = nullptr;   // the map the previous call used
 uint64_t swept = 0;                // generation of the last sweep of stale entries
-std::unordered_map<std::string, std::unique_ptr<MapRoutes>> cache;
+ByName<MapRoutes *> *cache = nullptr;  // in the cache module's memory
 
 // Node names as ready-made text values, shared by all maps and never freed,
 // so that node_for returns one without allocating. Function results may
@@ -55,28 +67,32 @@ std::unordered_map<std::string, std::unique_ptr<MapRoutes>> cache;
 // into their arguments, which may lie in shared buffers), so no caller frees
 // or writes them; and as these are never freed, a result stays valid however
 // long it is kept, across cache rebuilds. Bounded by the distinct node names
-// the backend has seen.
-std::unordered_map<std::string, std::unique_ptr<char[]>> node_texts;
+// the backend has seen. In the cache module's memory context.
+ByName<const void *> *node_texts = nullptr;
 
-const void *node_text(const std::string &name) {
-    auto it = node_texts.find(name);
-    if (it != node_texts.end()) return it->second.get();
-    std::unique_ptr<char[]> buf(new char[VARHDRSZ + name.size()]);  // max-aligned, as a varlena needs
-    SET_VARSIZE(buf.get(), VARHDRSZ + name.size());
-    memcpy(buf.get() + VARHDRSZ, name.data(), name.size());
-    const void *t = buf.get();
-    node_texts.emplace(name, std::move(buf));
-    return t;
+const void *node_text(const CacheString &name) {
+    auto it = node_texts->find(name);
+    if (it != node_texts->end()) return it->second;
+    // palloc'd chunks are max-aligned, as a varlena needs.
+    char *buf = CacheAllocator<char>().allocate(VARHDRSZ + name.size());
+    SET_VARSIZE(buf, VARHDRSZ + name.size());
+    memcpy(buf + VARHDRSZ, name.data(), name.size());
+    node_texts->emplace(name, buf);
+    return buf;
 }
 
-// Relcache callback: only marks the cache stale (it may run in the middle of
-// a lookup, so it must not free anything).
-void routing_invalidate(Datum, Oid relid) {
+void free_routes(void *routes) { sharding::cache_delete(static_cast<MapRoutes *>(routes)); }
+
+// The routing kind's relcache callback: only marks the cache stale (it may
+// run in the middle of a lookup or build, so it must not free anything).
+void routing_invalidate(Oid relid) {
     if (relid == InvalidOid || relid == maps_relid) {
         generation++;
         last = nullptr;
     }
 }
+
+const sharding::cache::Kind routing_kind = {"routing", routing_invalidate, nullptr, 0, {0, 0, 0, 0}};
 
 Oid lookup_maps_relid() {
     return get_relname_relid("maps", get_namespace_oid("sharding", false));
@@ -96,7 +112,6 @@ struct RawMap {
     int *pin_key_len;
     char **pin_node;
     int *pin_node_len;
-    Oid maps_relid;
 };
 
 char *spi_text(HeapTuple tup, TupleDesc desc, int col, int *len) {
@@ -121,7 +136,6 @@ char *spi_text(HeapTuple tup, TupleDesc desc, int col, int *len) {
 void load_raw(text *map, RawMap *raw) {
     memset(raw, 0, sizeof *raw);
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-    raw->maps_relid = lookup_maps_relid();
     // Parallel workers may not take a new snapshot; they use the query's.
     Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
     Oid argtypes[1] = {TEXTOID};
@@ -172,19 +186,34 @@ void load_raw(text *map, RawMap *raw) {
 }
 
 // Builds (or rebuilds) the routes of `map`, whose name is name[0..len).
+// The oid of sharding.maps is looked up before the generation is recorded
+// and before load_raw takes its snapshot (see the top of this file).
 const MapRoutes &build_routes(text *map, const char *name, size_t len) {
-    const uint64_t started = generation;
+    uint64_t started = 0;
     RawMap raw;
-    sharding::pg_call([&] { load_raw(map, &raw); });
-    std::string key(name, len);
+    sharding::pg_call([&] {
+        (void)sharding::cache::context();
+        maps_relid = lookup_maps_relid();
+        started = generation;
+        load_raw(map, &raw);
+    });
+    CacheString key(name, len);
     if (!raw.found) {
         if (last != nullptr && last->name == key) last = nullptr;
-        cache.erase(key);
+        auto it = cache->find(key);
+        if (it != cache->end()) {
+            MapRoutes *gone = it->second;
+            cache->erase(it);
+            sharding::pg_call([&] { sharding::cache::retire(free_routes, gone); });
+        }
         sharding::fail(ERRCODE_UNDEFINED_OBJECT, "map \"%s\" does not exist", key.c_str());
     }
-    maps_relid = raw.maps_relid;
 
-    auto fresh = std::make_unique<MapRoutes>();
+    struct Owner {  // the fresh entry until it is in the cache
+        MapRoutes *p = sharding::cache_new<MapRoutes>();
+        ~Owner() { sharding::cache_delete(p); }
+    } fresh_owner;
+    MapRoutes *fresh = fresh_owner.p;
     fresh->name = key;
     fresh->logical_shards = raw.logical_shards;
     fresh->shard_mod.set(static_cast<uint64_t>(raw.logical_shards));
@@ -223,12 +252,16 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     fresh->finish_build();
     fresh->compute_partitions();
     fresh->node_results.reserve(fresh->nodes.size());
-    for (const std::string &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
+    for (const CacheString &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
     fresh->generation = started;  // stale at once if an invalidation came meanwhile
 
-    std::unique_ptr<MapRoutes> &slot = cache[key];
-    slot.swap(fresh);  // the old entry (if any) dies with `fresh`
-    last = slot.get();
+    MapRoutes *&slot = (*cache)[key];
+    MapRoutes *old = slot;
+    slot = fresh;
+    fresh_owner.p = nullptr;
+    last = slot;
+    // The old entry may be in use further up the stack: retired, not freed.
+    if (old != nullptr) sharding::pg_call([&] { sharding::cache::retire(free_routes, old); });
     return *slot;
 }
 
@@ -257,19 +290,30 @@ inline const MapRoutes &routes_for(FunctionCallInfo fcinfo, text *map) {
     if (m != nullptr && m->generation == generation && m->name.size() == len &&
         memcmp(m->name.data(), name, len) == 0)
         return *m;
+    if (cache == nullptr) {  // node_texts first: cache set implies both are
+        if (node_texts == nullptr) node_texts = sharding::cache_new<ByName<const void *>>();
+        cache = sharding::cache_new<ByName<MapRoutes *>>();
+    }
     if (swept != generation) {
-        // Something changed: drop every stale entry (maps dropped since, or
+        // Something changed: retire every stale entry (maps dropped since, or
         // not used again, would otherwise keep their memory); each map is
         // rebuilt on its next use.
-        for (auto it = cache.begin(); it != cache.end();)
-            it = it->second->generation != generation ? cache.erase(it) : std::next(it);
+        for (auto it = cache->begin(); it != cache->end();) {
+            if (it->second->generation == generation) {
+                ++it;
+                continue;
+            }
+            MapRoutes *stale = it->second;
+            it = cache->erase(it);
+            sharding::pg_call([&] { sharding::cache::retire(free_routes, stale); });
+        }
         last = nullptr;
         swept = generation;
     }
     {
-        auto it = cache.find(std::string(name, len));
-        if (it != cache.end() && it->second->generation == generation) {
-            last = it->second.get();
+        auto it = cache->find(CacheString(name, len));
+        if (it != cache->end() && it->second->generation == generation) {
+            last = it->second;
             return *last;
         }
     }
@@ -395,12 +439,12 @@ void lock_shard_tag(text *map, uint32 field3, LOCKMODE mode) {
 }  // namespace
 
 namespace sharding {
-void maps_init() { CacheRegisterRelcacheCallback(routing_invalidate, (Datum)0); }
+void maps_init() { cache::register_kind(&routing_kind); }
 }  // namespace sharding
 
-SHARDING_KEY_FUNCTIONS(node_for, node_for_body)
-SHARDING_KEY_FUNCTIONS(partition_for, partition_for_body)
-SHARDING_KEY_FUNCTIONS(logical_shard, logical_shard_body)
+SHARDING_KEY_FUNCTIONS(sharding_node_for, node_for_body)
+SHARDING_KEY_FUNCTIONS(sharding_partition_for, partition_for_body)
+SHARDING_KEY_FUNCTIONS(sharding_logical_shard, logical_shard_body)
 
 /*
  * fence(map text, logical integer, epoch bigint) RETURNS void
@@ -412,7 +456,7 @@ SHARDING_KEY_FUNCTIONS(logical_shard, logical_shard_body)
  * because a move may have committed while we waited. A heavyweight lock
  * rather than SELECT ... FOR SHARE: writers need no UPDATE privilege.
  */
-SHARDING_FUNCTION(fence) {
+SHARDING_FUNCTION(sharding_fence) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "fence needs a map, a logical shard and an epoch, got NULL");
     text *map = PG_GETARG_TEXT_PP(0);
@@ -471,7 +515,7 @@ SHARDING_FUNCTION(fence) {
  * Internal, for move_shard: waits for every writer fenced on the shard and
  * for any rebalance of the map, and keeps new ones out until commit.
  */
-SHARDING_FUNCTION(_lock_shard) {
+SHARDING_FUNCTION(sharding__lock_shard) {
     text *map = PG_GETARG_TEXT_PP(0);
     int32 logical = PG_GETARG_INT32(1);
     if (logical < 0)  // -1 would be the map-level lock tag
@@ -488,7 +532,7 @@ SHARDING_FUNCTION(_lock_shard) {
  * fence and move_shard on the map, however many shards move (a lock per
  * shard could exhaust the shared lock table on large maps).
  */
-SHARDING_FUNCTION(_lock_map) {
+SHARDING_FUNCTION(sharding__lock_map) {
     lock_shard_tag(PG_GETARG_TEXT_PP(0), map_level, ExclusiveLock);
     PG_RETURN_VOID();
 }
@@ -500,7 +544,7 @@ SHARDING_FUNCTION(_lock_map) {
  * Internal: the pure C++ planner (rebalance.cpp) seen from SQL. owners[i]
  * is the owner of logical shard i; the caller validated targets.
  */
-SHARDING_FUNCTION(_rebalance_plan) {
+SHARDING_FUNCTION(sharding__rebalance_plan) {
     ArrayType *owners_arr = PG_GETARG_ARRAYTYPE_P(0), *targets_arr = PG_GETARG_ARRAYTYPE_P(1);
     Datum *owner_d, *target_d;
     bool *owner_n, *target_n;
@@ -547,7 +591,7 @@ SHARDING_FUNCTION(_rebalance_plan) {
  * change, through the functions or by a direct write, invalidates every
  * backend's routing cache (see the comment at the top of this file).
  */
-SHARDING_FUNCTION(_routing_changed) {
+SHARDING_FUNCTION(sharding__routing_changed) {
     if (!CALLED_AS_TRIGGER(fcinfo))
         sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "_routing_changed must be called as a trigger");
     Oid relid = lookup_maps_relid();

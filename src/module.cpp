@@ -1,10 +1,11 @@
 // The loadable module: PostgreSQL's magic block and _PG_init.
-#include "pg.hpp"
+#include "boundary.hpp"
 
 extern "C" {
+SHARDING_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
 PG_MODULE_MAGIC;
 
-void _PG_init(void);
+SHARDING_EXPORT void _PG_init(void);
 }
 
 // Per-topic initialisation, once per backend: each registers the one cache

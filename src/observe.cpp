@@ -43,7 +43,7 @@ bool is_numeric_type(Oid t) {
  * for zero or negative values, clipped at width, at least one eighth for any
  * positive value. distribution and map_load draw their bars with it.
  */
-SHARDING_FUNCTION(bar) {
+SHARDING_FUNCTION(sharding_bar) {
     double value = PG_GETARG_FLOAT8(0), max = PG_GETARG_FLOAT8(1);
     int32 width = PG_GETARG_INT32(2);
     if (width < 0 || width > sharding::kBarMaxWidth)
@@ -68,7 +68,7 @@ SHARDING_FUNCTION(bar) {
  * element remains or all are zero. A negative, NaN or infinite load is
  * 22023; an array of anything but numbers is 22023.
  */
-SHARDING_FUNCTION(imbalance) {
+SHARDING_FUNCTION(sharding_imbalance) {
     ArrayType *arr = PG_GETARG_ARRAYTYPE_P(0);
     Oid elem = ARR_ELEMTYPE(arr);
     if (!is_numeric_type(elem)) {

@@ -67,5 +67,5 @@ Datum partition_hash_extended_body(FunctionCallInfo fcinfo) {
 }
 }  // namespace
 
-SHARDING_KEY_FUNCTIONS(partition_hash, partition_hash_body)
-SHARDING_KEY_FUNCTIONS(partition_hash_extended, partition_hash_extended_body)
+SHARDING_KEY_FUNCTIONS(sharding_partition_hash, partition_hash_body)
+SHARDING_KEY_FUNCTIONS(sharding_partition_hash_extended, partition_hash_extended_body)

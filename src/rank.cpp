@@ -25,7 +25,8 @@
 // memory of a replaced entry are freed only when no call is running, so a
 // nested call (a trigger calling advance) never frees what an outer call uses.
 #include "boundary.hpp"
-#include "rank.hpp"
+#include "cache.hpp"
+#include "rank_core.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
@@ -61,39 +62,15 @@ extern "C" {
 namespace sharding {
 namespace {
 
-MemoryContext rank_cxt = nullptr;  // "sharding rank cache", child of CacheMemoryContext
-uint64 enum_generation = 1;        // bumped by every pg_enum invalidation
-uint64 relcache_generation = 1;    // bumped by every relcache invalidation
-int active_calls = 0;              // rank_of / advance calls running in this backend
+uint64 enum_generation = 1;      // bumped by every pg_enum invalidation
+uint64 relcache_generation = 1;  // bumped by every relcache invalidation
 
-// Allocates C++ containers of the caches in rank_cxt; throws bad_alloc
-// instead of raising an ERROR.
-template <class T>
-struct CacheAlloc {
-    using value_type = T;
-    CacheAlloc() noexcept = default;
-    template <class U>
-    CacheAlloc(const CacheAlloc<U> &) noexcept {}
-    T *allocate(size_t n) {
-        void *p = MemoryContextAllocExtended(rank_cxt, n * sizeof(T), MCXT_ALLOC_HUGE | MCXT_ALLOC_NO_OOM);
-        if (p == nullptr) throw std::bad_alloc();
-        return static_cast<T *>(p);
-    }
-    void deallocate(T *p, size_t) noexcept { pfree(p); }
+// Cached containers live in the cache module's context (cache_alloc.hpp).
+struct NameHash {
+    size_t operator()(const CacheString &s) const { return std::hash<std::string_view>()({s.data(), s.size()}); }
 };
-template <class T, class U>
-bool operator==(const CacheAlloc<T> &, const CacheAlloc<U> &) {
-    return true;
-}
-template <class T, class U>
-bool operator!=(const CacheAlloc<T> &, const CacheAlloc<U> &) {
-    return false;
-}
-
-template <class T>
-using CVec = std::vector<T, CacheAlloc<T>>;
-template <class K, class V>
-using CMap = std::unordered_map<K, V, std::hash<K>, std::equal_to<K>, CacheAlloc<std::pair<const K, V>>>;
+template <class K, class V, class H = std::hash<K>>
+using CMap = std::unordered_map<K, V, H, std::equal_to<K>, CacheAllocator<std::pair<const K, V>>>;
 
 enum class Kind { Text, Enum, Other };
 
@@ -128,100 +105,42 @@ ColumnType column_type(Oid type, int32 typmod) {
 }
 
 // The ranks of one column, lowest first.
-class Ranks {
-  public:
-    void clear() {
-        pool_.clear();
-        spans_.clear();
-        by_label_.clear();
-        by_enum_.clear();
-        enum_oid_.clear();
-    }
-    // Sets the labels; `what` names the guard in error messages.
-    void assign(const std::vector<std::string_view> &labels, const std::string &what) {
-        clear();
-        size_t total = 0;
-        for (auto l : labels) total += l.size();
-        pool_.reserve(total);
-        for (auto l : labels) {
-            if (l.empty()) fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s lists an empty rank", what.c_str());
-            spans_.emplace_back(static_cast<uint32>(pool_.size()), static_cast<uint32>(l.size()));
-            pool_.insert(pool_.end(), l.begin(), l.end());
-        }
-        // Views into pool_ stay valid: it is never resized again.
-        for (int r = 0; r < size(); r++) {
-            if (!by_label_.emplace(label(r), r).second)
-                fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s lists rank \"%.*s\" twice", what.c_str(),
-                     static_cast<int>(label(r).size()), label(r).data());
-        }
-    }
-    // Reads enum type `enumtype` from pg_enum: with `declared_order`, its
-    // labels become the ranks; either way its values are mapped to ranks.
-    void load_enum(Oid enumtype, bool declared_order, const std::string &what) {
-        struct Member {
-            Oid oid;
-            float4 sort;
-            NameData label;
-        };
-        Member *members = nullptr;
-        int n = 0;
-        pg_call([&] {
-            CatCList *list = SearchSysCacheList1(ENUMTYPOIDNAME, ObjectIdGetDatum(enumtype));
-            members = static_cast<Member *>(palloc0(sizeof(Member) * (list->n_members + 1)));
-            for (int i = 0; i < list->n_members; i++) {
-                Form_pg_enum e = reinterpret_cast<Form_pg_enum>(GETSTRUCT(&list->members[i]->tuple));
-                members[i].oid = e->oid;
-                members[i].sort = e->enumsortorder;
-                members[i].label = e->enumlabel;
-            }
-            n = list->n_members;
-            ReleaseSysCacheList(list);
-        });
-        std::sort(members, members + n, [](const Member &a, const Member &b) { return a.sort < b.sort; });
-        if (declared_order) {
-            std::vector<std::string_view> labels;
-            for (int i = 0; i < n; i++) labels.emplace_back(NameStr(members[i].label));
-            assign(labels, what);
-        }
-        by_enum_.clear();
-        enum_oid_.assign(size(), InvalidOid);
-        for (int i = 0; i < n; i++) {
-            int r = find(NameStr(members[i].label));
-            if (r >= 0) {
-                by_enum_.emplace(members[i].oid, r);
-                enum_oid_[r] = members[i].oid;
-            }
-        }
-        pfree(members);
-    }
-    int size() const { return static_cast<int>(spans_.size()); }
-    std::string_view label(int r) const { return {pool_.data() + spans_[r].first, spans_[r].second}; }
-    int find(std::string_view v) const {
-        auto it = by_label_.find(v);
-        return it == by_label_.end() ? -1 : it->second;
-    }
-    int find_enum(Oid e) const {
-        auto it = by_enum_.find(e);
-        return it == by_enum_.end() ? -1 : it->second;
-    }
-    Oid enum_oid(int r) const { return r < static_cast<int>(enum_oid_.size()) ? enum_oid_[r] : InvalidOid; }
-    // "a, b, c" for messages.
-    std::string list() const {
-        std::string out;
-        for (int r = 0; r < size(); r++) {
-            if (r > 0) out += ", ";
-            out += label(r);
-        }
-        return out;
-    }
-
-  private:
-    CVec<char> pool_;
-    CVec<std::pair<uint32, uint32>> spans_;
-    CMap<std::string_view, int> by_label_;
-    CMap<Oid, int> by_enum_;
-    CVec<Oid> enum_oid_;
+// The members of enum type `enumtype`, from pg_enum (C-level glue: may
+// ereport). Labels point into `*out`'s palloc'd names.
+struct EnumList {
+    int n;
+    Oid *oid;
+    float4 *sort;
+    NameData *label;
 };
+void read_enum(Oid enumtype, EnumList *out) {
+    CatCList *list = SearchSysCacheList1(ENUMTYPOIDNAME, ObjectIdGetDatum(enumtype));
+    out->n = list->n_members;
+    out->oid = static_cast<Oid *>(palloc0(sizeof(Oid) * (list->n_members + 1)));
+    out->sort = static_cast<float4 *>(palloc0(sizeof(float4) * (list->n_members + 1)));
+    out->label = static_cast<NameData *>(palloc0(sizeof(NameData) * (list->n_members + 1)));
+    for (int i = 0; i < list->n_members; i++) {
+        Form_pg_enum e = reinterpret_cast<Form_pg_enum>(GETSTRUCT(&list->members[i]->tuple));
+        out->oid[i] = e->oid;
+        out->sort[i] = e->enumsortorder;
+        out->label[i] = e->enumlabel;
+    }
+    ReleaseSysCacheList(list);
+}
+
+// Loads an enum's members into `ranks` (rank_core.hpp).
+void load_enum(Ranks &ranks, Oid enumtype, bool declared_order, const std::string &what) {
+    EnumList list{};
+    EnumList *lp = &list;
+    pg_call([&] { read_enum(enumtype, lp); });
+    std::vector<EnumMember> members;
+    members.reserve(static_cast<size_t>(list.n));
+    for (int i = 0; i < list.n; i++) members.push_back(EnumMember{list.oid[i], list.sort[i], NameStr(list.label[i])});
+    ranks.set_enum(std::move(members), declared_order, what);
+    pfree(list.oid);
+    pfree(list.sort);
+    pfree(list.label);
+}
 
 // One column's ranking, from a guard's arguments or an enum's order.
 struct Ranking {
@@ -270,7 +189,7 @@ void build_ranking(Ranking &g, Oid relid, AttrNumber attnum, Oid atttypid, int32
         }
     }
     if (g.type.kind == Kind::Enum) {
-        g.ranks.load_enum(g.type.base, !g.guarded || nargs == 2, what);
+        load_enum(g.ranks, g.type.base, !g.guarded || nargs == 2, what);
     } else if (g.ranks.size() == 0) {
         fail(ERRCODE_INVALID_PARAMETER_VALUE,
              g.guarded ? "%s lists no ranks, and the column is not an enum"
@@ -313,13 +232,13 @@ GuardMap *guards = nullptr;
 // The ranking of the guard trigger now firing, rebuilt if stale.
 const Ranking &guard_for(TriggerData *td) {
     Trigger *t = td->tg_trigger;
-    if (guards == nullptr) guards = new GuardMap();
+    if (guards == nullptr) guards = cache_new<GuardMap>();
     auto it = guards->find(t->tgoid);
     if (it != guards->end() && it->second.fresh()) return it->second;
     if (it == guards->end()) {
         // Replaced guards leave entries behind; nothing refers to them
         // between rows, so an occasional purge is safe here.
-        if (guards->size() >= 1024) guards->clear();
+        if (guards->size() >= 1024 && detail::call_depth <= 1) guards->clear();
         it = guards->try_emplace(t->tgoid).first;
     }
     Ranking &g = it->second;
@@ -350,11 +269,11 @@ const Ranking &guard_for(TriggerData *td) {
 struct Column {
     Ranking g;
     bool has_ranks = false;
-    std::string relname, colname, nspname;
+    CacheString relname, colname, nspname;
     int pk_natts = 0;
     AttrNumber pk_attnum = InvalidAttrNumber;
     Oid pk_type = InvalidOid;  // base type of the primary key column
-    std::string pk_name;
+    CacheString pk_name;
     // Built by the first advance call.
     SPIPlanPtr plan = nullptr;
     MemoryContext cxt = nullptr;  // rank_datum and higher
@@ -362,43 +281,25 @@ struct Column {
     Datum *higher = nullptr;      // for rank r: array of the ranks r and up
 };
 
-struct Graveyard {
-    std::vector<SPIPlanPtr> plans;
-    std::vector<MemoryContext> contexts;
-};
-Graveyard *graveyard = nullptr;
-
-// Frees replaced plans and memory once no rank_of/advance call is running.
+// Hands a column's plan and memory to the cache module's retirement: a
+// call further up the stack (advance running the UPDATE that fired a
+// trigger that calls advance) may still be executing them.
 void bury(Column &c) {
-    if (graveyard == nullptr) graveyard = new Graveyard();
-    if (c.plan != nullptr) graveyard->plans.push_back(c.plan);
-    if (c.cxt != nullptr) graveyard->contexts.push_back(c.cxt);
+    if (c.plan == nullptr && c.cxt == nullptr) return;
+    SPIPlanPtr plan = c.plan;
+    MemoryContext cxt = c.cxt;
     c.plan = nullptr;
     c.cxt = nullptr;
     c.rank_datum = c.higher = nullptr;
-}
-void empty_graveyard() {
-    if (graveyard == nullptr || active_calls > 1) return;
-    if (graveyard->plans.empty() && graveyard->contexts.empty()) return;
-    Graveyard *g = graveyard;
     pg_call([&] {
-        for (SPIPlanPtr p : g->plans) SPI_freeplan(p);
-        for (MemoryContext m : g->contexts) MemoryContextDelete(m);
+        cache::retire_plan(plan);
+        cache::retire_context(cxt);
     });
-    graveyard->plans.clear();
-    graveyard->contexts.clear();
 }
-
-struct ActiveCall {
-    ActiveCall() { active_calls++; }
-    ~ActiveCall() { active_calls--; }
-    ActiveCall(const ActiveCall &) = delete;
-    ActiveCall &operator=(const ActiveCall &) = delete;
-};
 
 // Keyed by table oid and column *name*: a hit needs no catalog lookup. A
 // rename invalidates the table's entries; the next call resolves the name again.
-using ColumnMap = CMap<std::string, Column>;
+using ColumnMap = CMap<CacheString, Column, NameHash>;
 ColumnMap *columns = nullptr;
 
 // The table's facts that a Column needs, gathered from the relcache.
@@ -419,15 +320,14 @@ Column &column_for(Oid relid, const char *colname, LOCKMODE mode) {
     // The lock also processes pending invalidations: a guard committed by
     // another session is seen from here on.
     pg_call([&] { LockRelationOid(relid, mode); });
-    empty_graveyard();
-    if (columns == nullptr) columns = new ColumnMap();
-    if (columns->size() >= 4096 && active_calls <= 1) {
+    if (columns == nullptr) columns = cache_new<ColumnMap>();
+    if (columns->size() >= 4096 && detail::call_depth <= 1) {
         // Many names seen (dropped tables, misspelt columns): start afresh.
         // No call is running, so nothing refers to an entry.
         for (auto &kv : *columns) bury(kv.second);
         columns->clear();
     }
-    std::string key(reinterpret_cast<const char *>(&relid), sizeof relid);
+    CacheString key(reinterpret_cast<const char *>(&relid), sizeof relid);
     key += colname;
     Column &c = (*columns)[key];
     if (c.g.fresh()) return c;
@@ -577,7 +477,7 @@ void prepare_advance(Column &c) {
                              quote_qualified_identifier(nsp, rel), qcol, quote_identifier(pkcol),
                              op_name(k.pk_type), qcol, qcol, op_name(ct.base));
         Oid argtypes[3] = {k.pk_type, ct.type, array_type};
-        MemoryContext cxt = AllocSetContextCreate(rank_cxt, "sharding rank column", ALLOCSET_SMALL_SIZES);
+        MemoryContext cxt = cache::entry_context("sharding rank column");
         k.cxt = cxt;
         MemoryContext old = MemoryContextSwitchTo(cxt);
         k.rank_datum = static_cast<Datum *>(palloc0(sizeof(Datum) * (n + 1)));
@@ -608,11 +508,9 @@ void prepare_advance(Column &c) {
 
 bool int_type(Oid t) { return t == INT2OID || t == INT4OID || t == INT8OID; }
 
-}  // namespace
 
-// Invalidation callbacks: they only mark cache entries stale.
-extern "C" {
-static void rank_relcache_callback(Datum, Oid relid) {
+// The rank kind's invalidation callbacks: they only mark entries stale.
+void rank_relation_changed(Oid relid) {
     relcache_generation++;
     if (guards != nullptr)
         for (auto &kv : *guards)
@@ -621,19 +519,17 @@ static void rank_relcache_callback(Datum, Oid relid) {
         for (auto &kv : *columns)
             if (relid == InvalidOid || kv.second.g.relid == relid) kv.second.g.valid = false;
 }
-static void rank_enum_callback(Datum, int, uint32) { enum_generation++; }
-// advance's prepared UPDATE spells the table by schema-qualified name: a
-// renamed schema must rebuild every entry.
-static void rank_namespace_callback(Datum, int, uint32) { rank_relcache_callback(0, InvalidOid); }
+void rank_syscache_changed(int cacheid, uint32) {
+    if (cacheid == ENUMOID)
+        enum_generation++;
+    else  // NAMESPACEOID: advance's prepared UPDATE spells the schema's name
+        rank_relation_changed(InvalidOid);
 }
+const cache::Kind rank_kind = {"rank", rank_relation_changed, rank_syscache_changed, 2, {ENUMOID, NAMESPACEOID}};
 
-void rank_init() {
-    if (CacheMemoryContext == nullptr) CreateCacheMemoryContext();
-    rank_cxt = AllocSetContextCreate(CacheMemoryContext, "sharding rank cache", ALLOCSET_SMALL_SIZES);
-    CacheRegisterRelcacheCallback(rank_relcache_callback, 0);
-    CacheRegisterSyscacheCallback(ENUMOID, rank_enum_callback, 0);
-    CacheRegisterSyscacheCallback(NAMESPACEOID, rank_namespace_callback, 0);
-}
+}  // namespace
+
+void rank_init() { cache::register_kind(&rank_kind); }
 
 }  // namespace sharding
 
@@ -647,7 +543,7 @@ using sharding::fail;
  * ranks...). Lets the row through unless it lowers col's rank; then skips it
  * (returns NULL) or raises 23514, as on_regress says.
  */
-SHARDING_FUNCTION(_rank_guard) {
+SHARDING_FUNCTION(sharding__rank_guard) {
     if (!CALLED_AS_TRIGGER(fcinfo))
         fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "sharding._rank_guard() must be called as a trigger");
     TriggerData *td = reinterpret_cast<TriggerData *>(fcinfo->context);
@@ -675,6 +571,8 @@ SHARDING_FUNCTION(_rank_guard) {
     if (new_rank >= old_rank) return pass;
     if (g.skip) return PointerGetDatum(nullptr);
     std::string new_text = new_null ? std::string("NULL") : sharding::quoted(g.ranks.label(new_rank));
+    Oid nsp = RelationGetNamespace(td->tg_relation);
+    const char *nspname = sharding::pg_call([&] { return get_namespace_name(nsp); });
     throw sharding::Error(
         ERRCODE_CHECK_VIOLATION,
         sharding::format("rank guard refuses to lower column \"%s\" of relation \"%s\" from \"%.*s\" to %s", colname,
@@ -682,7 +580,8 @@ SHARDING_FUNCTION(_rank_guard) {
                          new_text.c_str()),
         sharding::format("Rank %d may not become rank %d; ranks, lowest first: %s.", old_rank, new_rank,
                          g.ranks.list().c_str()),
-        "A guard with on_regress => 'skip' drops such updates instead.");
+        "A guard with on_regress => 'skip' drops such updates instead.")
+        .on_column(nspname ? nspname : "", relname, colname);
 }
 
 /*
@@ -690,12 +589,11 @@ SHARDING_FUNCTION(_rank_guard) {
  *
  * The 0-based rank of `value` in col's guard, or in its enum's declared order.
  */
-SHARDING_FUNCTION(rank_of) {
+SHARDING_FUNCTION(sharding_rank_of) {
     Oid relid = PG_GETARG_OID(0);
     Name col = PG_GETARG_NAME(1);
     text *value = PG_GETARG_TEXT_PP(2);
     std::string_view v(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
-    sharding::ActiveCall active;
     Column &c = sharding::column_for(relid, NameStr(*col), AccessShareLock);
     PG_RETURN_INT32(sharding::rank_in(c, v));
 }
@@ -707,7 +605,7 @@ SHARDING_FUNCTION(rank_of) {
  * rank(col) < rank(new_value), through a plan prepared once per backend and
  * column. True if the row moved forward.
  */
-SHARDING_FUNCTION(advance) {
+SHARDING_FUNCTION(sharding_advance) {
     Oid relid = PG_GETARG_OID(0);
     Datum id = PG_GETARG_DATUM(1);
     text *value = PG_GETARG_TEXT_PP(2);
@@ -715,7 +613,6 @@ SHARDING_FUNCTION(advance) {
     Oid id_type = get_fn_expr_argtype(fcinfo->flinfo, 1);
     if (!OidIsValid(id_type)) fail(ERRCODE_INVALID_PARAMETER_VALUE, "could not determine the type of id");
     std::string_view v(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
-    sharding::ActiveCall active;
     Column &c = sharding::column_for(relid, NameStr(*col), RowExclusiveLock);
     int r = sharding::rank_in(c, v);
     sharding::prepare_advance(c);

@@ -17,9 +17,9 @@ void PinTable::build(const std::vector<std::string> &keys, const std::vector<uin
     while (cap < keys.size() * 2) cap <<= 1;  // load factor <= 1/2 keeps probes short
     size_t words = 8;
     while (words * 64 < keys.size() * 8) words <<= 1;
-    std::vector<Slot> slots(cap, Slot{0, -1, 0, 0});
-    std::vector<uint64_t> filter(words, 0);
-    std::string text;
+    CacheVector<Slot> slots(cap, Slot{0, -1, 0, 0});
+    CacheVector<uint64_t> filter(words, 0);
+    CacheString text;
     text.reserve(total);
     const size_t mask = cap - 1;
     size_t count = 0;
@@ -30,7 +30,7 @@ void PinTable::build(const std::vector<std::string> &keys, const std::vector<uin
         while (slots[i].node >= 0) {
             // The primary key makes duplicates impossible; keep the last anyway.
             if (slots[i].tag == tag && slots[i].len == keys[k].size() &&
-                text.compare(slots[i].offset, slots[i].len, keys[k]) == 0) {
+                text.compare(slots[i].offset, slots[i].len, keys[k].data(), keys[k].size()) == 0) {
                 slots[i].node = nodes[k];
                 replaced = true;
                 break;
@@ -39,7 +39,7 @@ void PinTable::build(const std::vector<std::string> &keys, const std::vector<uin
         }
         if (replaced) continue;
         slots[i] = Slot{tag, nodes[k], static_cast<uint32_t>(text.size()), static_cast<uint32_t>(keys[k].size())};
-        text += keys[k];
+        text.append(keys[k].data(), keys[k].size());
         filter[(hashes[k] >> 32) & (words - 1)] |= filter_bits(hashes[k]);
         count++;
     }
@@ -70,7 +70,7 @@ void MapRoutes::compute_partitions() {
 int32_t MapRoutes::node_index(const char *node, size_t len) {
     // Pins may name many dedicated nodes, so intern through a hash.
     auto ins = node_ids_.emplace(std::string(node, len), static_cast<int32_t>(nodes.size()));
-    if (ins.second) nodes.push_back(ins.first->first);
+    if (ins.second) nodes.emplace_back(node, len);
     return ins.first->second;
 }
 

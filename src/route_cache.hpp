@@ -1,4 +1,6 @@
 // The in-memory routing table of one map: pure C++, no PostgreSQL header.
+// Its containers allocate in the cache module's memory context
+// (cache_alloc.hpp).
 //
 // node_for() runs once per row, so a lookup must cost a hash, a modulo, an
 // array index and, when the map has pins, one probe of an open-addressing
@@ -6,6 +8,7 @@
 // MapRoutes::build and then only read.
 #pragma once
 
+#include "cache_alloc.hpp"
 #include "hash_core.hpp"
 
 #include <cstddef>
@@ -60,9 +63,9 @@ class PinTable {
     static uint64_t filter_bits(uint64_t hash) {
         return (uint64_t{1} << ((hash >> 20) & 63)) | (uint64_t{1} << ((hash >> 26) & 63));
     }
-    std::vector<uint64_t> filter_;  // power-of-two number of words
-    std::vector<Slot> slots_;       // power-of-two size, at most half full
-    std::string keys_;              // every pinned key, back to back
+    CacheVector<uint64_t> filter_;  // power-of-two number of words
+    CacheVector<Slot> slots_;       // power-of-two size, at most half full
+    CacheString keys_;              // every pinned key, back to back
     uint64_t filter_mask_ = 0;
     size_t slot_mask_ = 0;
     size_t count_ = 0;
@@ -70,13 +73,13 @@ class PinTable {
 
 // Everything node_for and logical_shard need about one map.
 struct MapRoutes {
-    std::string name;
+    CacheString name;
     int32_t logical_shards = 0;
     FastMod shard_mod;                // h mod logical_shards, as shard_of computes it
-    std::vector<int32_t> owner;       // logical shard -> index into nodes
-    std::vector<std::string> nodes;   // distinct node names
-    std::vector<const void *> node_results;  // per node: the result node_for returns (maps.cpp)
-    std::vector<int32_t> node_partition;     // per node: its PL/Proxy partition (compute_partitions)
+    CacheVector<int32_t> owner;       // logical shard -> index into nodes
+    CacheVector<CacheString> nodes;   // distinct node names
+    CacheVector<const void *> node_results;  // per node: the result node_for returns (maps.cpp)
+    CacheVector<int32_t> node_partition;     // per node: its PL/Proxy partition (compute_partitions)
     PinTable pins;
     uint64_t generation = 0;          // cache generation it was built in
 

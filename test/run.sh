@@ -5,7 +5,8 @@
 #   bash test/run.sh
 #   SHARDING_ONLY='queue*' bash test/run.sh   # only tests whose name matches
 #
-# pg_regress (sql/ against expected/), pgTAP (test/pgtap/*.sql, via pg_prove)
+# pg_regress (sql/ against expected/), isolation tests (specs/ against
+# expected/, via pg_isolation_regress), pgTAP (test/pgtap/*.sql, via pg_prove)
 # and the TAP harnesses (test/harness/*.sh: oracle vectors, concurrency,
 # multi-node) all run against a throwaway cluster. The last line is
 # "N passed, N failed"; the exit status is non-zero on any failure.
@@ -63,7 +64,7 @@ log "pg_regress"
 regress_out=$(mktemp)
 regress_list=$(for f in sql/*.sql; do case $f in sql/sharding--*) continue ;; esac; selected "$f" && basename "$f" .sql; done | tr '\n' ' ')
 if [ -n "$regress_list" ]; then
-    make -s installcheck PG_CONFIG=$PG_CONFIG REGRESS="$regress_list" >"$regress_out" 2>&1
+    make -s installcheck PG_CONFIG=$PG_CONFIG REGRESS="$regress_list" ISOLATION= >"$regress_out" 2>&1
 else
     : >"$regress_out"
 fi
@@ -78,6 +79,25 @@ if [ -s regression.diffs ] && [ "$r_fail" -gt 0 ]; then
     cat regression.diffs
 fi
 rm -f "$regress_out"
+
+# 1b. isolation tests (pg_isolation_regress: specs/ against expected/)
+iso_list=$(for f in specs/*.spec; do [ -f "$f" ] && selected "$f" && basename "$f" .spec; done | tr '\n' ' ')
+if [ -n "${iso_list// /}" ]; then
+    log "isolation"
+    iso_out=$(mktemp)
+    make -s installcheck PG_CONFIG=$PG_CONFIG REGRESS= ISOLATION="$iso_list" >"$iso_out" 2>&1
+    iso_rc=$?
+    cat "$iso_out"
+    i_ok=$(grep -cE '\.\.\. ok' "$iso_out")
+    i_fail=$(grep -cE '\.\.\. FAILED|\.\.\. failed' "$iso_out")
+    if [ "$iso_rc" -ne 0 ] && [ "$i_fail" -eq 0 ]; then i_fail=1; fi
+    count "$i_ok" "$i_fail"
+    if [ -s output_iso/regression.diffs ] && [ "$i_fail" -gt 0 ]; then
+        echo "---- output_iso/regression.diffs ----"
+        cat output_iso/regression.diffs
+    fi
+    rm -f "$iso_out"
+fi
 
 # 2. pgTAP
 tap_files=()

@@ -4,90 +4,90 @@
 -- columns and partition routing.
 
 CREATE FUNCTION sharding.hash64(key text) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'hash64_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_hash64_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.hash64(text) IS
     'XXH3-64 (seed 0) of the key''s canonical bytes, as a signed bigint';
 CREATE FUNCTION sharding.shard_of(key text, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'shard_of_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_shard_of_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.shard_of(text, integer) IS
     'shard of the key among n: unsigned hash64(key) mod n';
 CREATE FUNCTION sharding.jump_shard(key text, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'jump_shard_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_jump_shard_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.jump_shard(text, integer) IS
     'Lamping-Veach jump consistent hash of the unsigned hash64(key) into n buckets';
 
 CREATE FUNCTION sharding.hash64(key bytea) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'hash64_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_hash64_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.hash64(bytea) IS
     'XXH3-64 (seed 0) of the key''s canonical bytes, as a signed bigint';
 CREATE FUNCTION sharding.shard_of(key bytea, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'shard_of_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_shard_of_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.shard_of(bytea, integer) IS
     'shard of the key among n: unsigned hash64(key) mod n';
 CREATE FUNCTION sharding.jump_shard(key bytea, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'jump_shard_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_jump_shard_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.jump_shard(bytea, integer) IS
     'Lamping-Veach jump consistent hash of the unsigned hash64(key) into n buckets';
 
 CREATE FUNCTION sharding.hash64(key smallint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'hash64_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_hash64_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.hash64(smallint) IS
     'XXH3-64 (seed 0) of the key''s canonical bytes, as a signed bigint';
 CREATE FUNCTION sharding.shard_of(key smallint, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'shard_of_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_shard_of_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.shard_of(smallint, integer) IS
     'shard of the key among n: unsigned hash64(key) mod n';
 CREATE FUNCTION sharding.jump_shard(key smallint, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'jump_shard_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_jump_shard_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.jump_shard(smallint, integer) IS
     'Lamping-Veach jump consistent hash of the unsigned hash64(key) into n buckets';
 
 CREATE FUNCTION sharding.hash64(key integer) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'hash64_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_hash64_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.hash64(integer) IS
     'XXH3-64 (seed 0) of the key''s canonical bytes, as a signed bigint';
 CREATE FUNCTION sharding.shard_of(key integer, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'shard_of_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_shard_of_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.shard_of(integer, integer) IS
     'shard of the key among n: unsigned hash64(key) mod n';
 CREATE FUNCTION sharding.jump_shard(key integer, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'jump_shard_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_jump_shard_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.jump_shard(integer, integer) IS
     'Lamping-Veach jump consistent hash of the unsigned hash64(key) into n buckets';
 
 CREATE FUNCTION sharding.hash64(key bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'hash64_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_hash64_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.hash64(bigint) IS
     'XXH3-64 (seed 0) of the key''s canonical bytes, as a signed bigint';
 CREATE FUNCTION sharding.shard_of(key bigint, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'shard_of_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_shard_of_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.shard_of(bigint, integer) IS
     'shard of the key among n: unsigned hash64(key) mod n';
 CREATE FUNCTION sharding.jump_shard(key bigint, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'jump_shard_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_jump_shard_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.jump_shard(bigint, integer) IS
     'Lamping-Veach jump consistent hash of the unsigned hash64(key) into n buckets';
 
 CREATE FUNCTION sharding.hash64(key uuid) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'hash64_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_hash64_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.hash64(uuid) IS
     'XXH3-64 (seed 0) of the key''s canonical bytes, as a signed bigint';
 CREATE FUNCTION sharding.shard_of(key uuid, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'shard_of_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_shard_of_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.shard_of(uuid, integer) IS
     'shard of the key among n: unsigned hash64(key) mod n';
 CREATE FUNCTION sharding.jump_shard(key uuid, n integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'jump_shard_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_jump_shard_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.jump_shard(uuid, integer) IS
     'Lamping-Veach jump consistent hash of the unsigned hash64(key) into n buckets';
 
 CREATE FUNCTION sharding.worker_shards(worker integer, workers integer, shards integer)
     RETURNS integer[]
-    AS 'MODULE_PATHNAME', 'worker_shards' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_worker_shards' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.worker_shards(integer, integer, integer) IS
     'contiguous range of shards dealt to worker (0-based), larger ranges first';
 CREATE FUNCTION sharding.worker_of(shard integer, workers integer, shards integer)
     RETURNS integer
-    AS 'MODULE_PATHNAME', 'worker_of' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_worker_of' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.worker_of(integer, integer, integer) IS
     'worker (0-based) that worker_shards deals the shard to';

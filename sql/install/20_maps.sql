@@ -78,7 +78,7 @@ GRANT EXECUTE ON FUNCTION sharding._touch_map(text) TO sharding_admin;
 -- functions or by a direct write, makes every backend rebuild its routes
 -- (src/maps.cpp). Statement-level: one invalidation per statement.
 CREATE FUNCTION sharding._routing_changed() RETURNS trigger
-    AS 'MODULE_PATHNAME', '_routing_changed' LANGUAGE C;
+    AS 'MODULE_PATHNAME', 'sharding__routing_changed' LANGUAGE C;
 COMMENT ON FUNCTION sharding._routing_changed() IS
     'internal: invalidates every backend''s routing cache when the map config changes';
 CREATE TRIGGER routing_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.maps
@@ -379,23 +379,23 @@ COMMENT ON FUNCTION sharding.epoch(text, integer) IS
     'epoch of a logical shard: 1 when the map is created, +1 per move';
 
 CREATE FUNCTION sharding.fence(map text, logical integer, epoch bigint) RETURNS void
-    AS 'MODULE_PATHNAME', 'fence' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+    AS 'MODULE_PATHNAME', 'sharding_fence' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding.fence(text, integer, bigint) IS
     'raises 55000 if the shard moved past epoch, else share-locks it until commit so moves wait for the writer';
 -- Not STRICT: fence(NULL, ...) must raise, never silently let a writer through.
 
 -- Internal lock helpers and planner (src/maps.cpp, src/rebalance.cpp).
 CREATE FUNCTION sharding._lock_shard(map text, logical integer) RETURNS void
-    AS 'MODULE_PATHNAME', '_lock_shard' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+    AS 'MODULE_PATHNAME', 'sharding__lock_shard' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding._lock_shard(text, integer) IS
     'internal: exclusive shard lock for move_shard (waits for fenced writers)';
 CREATE FUNCTION sharding._lock_map(map text) RETURNS void
-    AS 'MODULE_PATHNAME', '_lock_map' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+    AS 'MODULE_PATHNAME', 'sharding__lock_map' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding._lock_map(text) IS
     'internal: map-wide exclusive lock for rebalance and drop_map';
 CREATE FUNCTION sharding._rebalance_plan(owners text[], nodes text[])
     RETURNS TABLE(logical integer, from_node text, to_node text)
-    AS 'MODULE_PATHNAME', '_rebalance_plan' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding__rebalance_plan' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding._rebalance_plan(text[], text[]) IS
     'internal: the fewest moves spreading owners evenly over nodes, ordered by logical shard';
 
@@ -415,51 +415,51 @@ GRANT EXECUTE ON FUNCTION sharding.create_map(text, integer, text[]), sharding.d
 -- config tables; STRICT: NULL in, NULL out; PARALLEL SAFE: workers build
 -- their own cache from the query's snapshot.
 CREATE FUNCTION sharding.logical_shard(map text, key text) RETURNS integer
-    AS 'MODULE_PATHNAME', 'logical_shard_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_logical_shard_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.logical_shard(text, text) IS
     'logical shard of the key in the map: shard_of(key, logical shards of the map)';
 CREATE FUNCTION sharding.node_for(map text, key text) RETURNS text
-    AS 'MODULE_PATHNAME', 'node_for_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_node_for_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.node_for(text, text) IS
     'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
 CREATE FUNCTION sharding.logical_shard(map text, key bytea) RETURNS integer
-    AS 'MODULE_PATHNAME', 'logical_shard_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_logical_shard_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.logical_shard(text, bytea) IS
     'logical shard of the key in the map: shard_of(key, logical shards of the map)';
 CREATE FUNCTION sharding.node_for(map text, key bytea) RETURNS text
-    AS 'MODULE_PATHNAME', 'node_for_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_node_for_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.node_for(text, bytea) IS
     'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
 CREATE FUNCTION sharding.logical_shard(map text, key smallint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'logical_shard_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_logical_shard_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.logical_shard(text, smallint) IS
     'logical shard of the key in the map: shard_of(key, logical shards of the map)';
 CREATE FUNCTION sharding.node_for(map text, key smallint) RETURNS text
-    AS 'MODULE_PATHNAME', 'node_for_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_node_for_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.node_for(text, smallint) IS
     'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
 CREATE FUNCTION sharding.logical_shard(map text, key integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'logical_shard_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_logical_shard_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.logical_shard(text, integer) IS
     'logical shard of the key in the map: shard_of(key, logical shards of the map)';
 CREATE FUNCTION sharding.node_for(map text, key integer) RETURNS text
-    AS 'MODULE_PATHNAME', 'node_for_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_node_for_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.node_for(text, integer) IS
     'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
 CREATE FUNCTION sharding.logical_shard(map text, key bigint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'logical_shard_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_logical_shard_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.logical_shard(text, bigint) IS
     'logical shard of the key in the map: shard_of(key, logical shards of the map)';
 CREATE FUNCTION sharding.node_for(map text, key bigint) RETURNS text
-    AS 'MODULE_PATHNAME', 'node_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_node_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.node_for(text, bigint) IS
     'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
 CREATE FUNCTION sharding.logical_shard(map text, key uuid) RETURNS integer
-    AS 'MODULE_PATHNAME', 'logical_shard_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_logical_shard_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.logical_shard(text, uuid) IS
     'logical shard of the key in the map: shard_of(key, logical shards of the map)';
 CREATE FUNCTION sharding.node_for(map text, key uuid) RETURNS text
-    AS 'MODULE_PATHNAME', 'node_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_node_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.node_for(text, uuid) IS
     'node the key routes to: its pin (matched on the key''s text form), else the owner of its logical shard';
 

@@ -29,7 +29,7 @@ GRANT INSERT, UPDATE, DELETE ON sharding.rank_guards TO sharding_admin;
 -- trigger is created (a restore by the table's owner must be able to), and it
 -- refuses to run outside a BEFORE UPDATE row trigger.
 CREATE FUNCTION sharding._rank_guard() RETURNS trigger
-    AS 'MODULE_PATHNAME', '_rank_guard' LANGUAGE C;
+    AS 'MODULE_PATHNAME', 'sharding__rank_guard' LANGUAGE C;
 COMMENT ON FUNCTION sharding._rank_guard() IS
     'internal: the rank guard trigger; arguments (column, on_regress, ranks lowest first...)';
 
@@ -192,7 +192,7 @@ GRANT EXECUTE ON FUNCTION sharding.guard_rank(regclass, name, text[], text) TO s
 GRANT EXECUTE ON FUNCTION sharding.unguard_rank(regclass, name) TO sharding_admin;
 
 CREATE FUNCTION sharding.rank_of(tbl regclass, col name, value text) RETURNS integer
-    AS 'MODULE_PATHNAME', 'rank_of' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_rank_of' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.rank_of(regclass, name, text) IS
     '0-based rank of value in the column''s guard, or in its enum''s declared order';
 
@@ -200,6 +200,6 @@ COMMENT ON FUNCTION sharding.rank_of(regclass, name, text) IS
 -- and operator with its schema (and pinning it would cost every call).
 CREATE FUNCTION sharding.advance(tbl regclass, id anyelement, new_value text, col name DEFAULT 'status')
     RETURNS boolean
-    AS 'MODULE_PATHNAME', 'advance' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+    AS 'MODULE_PATHNAME', 'sharding_advance' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding.advance(regclass, anyelement, text, name) IS
     'set col to new_value on the row whose primary key is id, only if that raises its rank; true if it did';

@@ -13,12 +13,12 @@
 
 -- The histogram bar every observing function draws (src/observe_core.hpp).
 CREATE FUNCTION sharding.bar(value float8, max float8, width integer DEFAULT 40) RETURNS text
-    AS 'MODULE_PATHNAME', 'bar' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_bar' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.bar(float8, float8, integer) IS
     'Unicode bar of value relative to max: width characters at max, to the nearest eighth; empty for 0';
 
 CREATE FUNCTION sharding.imbalance(loads anyarray) RETURNS float8
-    AS 'MODULE_PATHNAME', 'imbalance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_imbalance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.imbalance(anyarray) IS
     'max / mean of a numeric array, NULL elements skipped; NULL when empty or all zero (1.0 = perfectly even)';
 

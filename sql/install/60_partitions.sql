@@ -13,56 +13,56 @@
 -- never reach them).
 
 CREATE FUNCTION sharding.partition_hash(key text) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_hash_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash(text) IS
     'hash support function 1 of sharding.text_shard_ops: the low 32 bits of hash64(key)';
 CREATE FUNCTION sharding.partition_hash_extended(key text, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'partition_hash_extended_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash_extended(text, bigint) IS
     'hash support function 2 of sharding.text_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
 
 CREATE FUNCTION sharding.partition_hash(key bytea) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_hash_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash(bytea) IS
     'hash support function 1 of sharding.bytea_shard_ops: the low 32 bits of hash64(key)';
 CREATE FUNCTION sharding.partition_hash_extended(key bytea, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'partition_hash_extended_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_bytea' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash_extended(bytea, bigint) IS
     'hash support function 2 of sharding.bytea_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
 
 CREATE FUNCTION sharding.partition_hash(key smallint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_hash_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash(smallint) IS
     'hash support function 1 of sharding.int2_shard_ops: the low 32 bits of hash64(key)';
 CREATE FUNCTION sharding.partition_hash_extended(key smallint, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'partition_hash_extended_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_int2' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash_extended(smallint, bigint) IS
     'hash support function 2 of sharding.int2_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
 
 CREATE FUNCTION sharding.partition_hash(key integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_hash_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash(integer) IS
     'hash support function 1 of sharding.int4_shard_ops: the low 32 bits of hash64(key)';
 CREATE FUNCTION sharding.partition_hash_extended(key integer, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'partition_hash_extended_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_int4' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash_extended(integer, bigint) IS
     'hash support function 2 of sharding.int4_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
 
 CREATE FUNCTION sharding.partition_hash(key bigint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_hash_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash(bigint) IS
     'hash support function 1 of sharding.int8_shard_ops: the low 32 bits of hash64(key)';
 CREATE FUNCTION sharding.partition_hash_extended(key bigint, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'partition_hash_extended_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_int8' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash_extended(bigint, bigint) IS
     'hash support function 2 of sharding.int8_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
 
 CREATE FUNCTION sharding.partition_hash(key uuid) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_hash_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash(uuid) IS
     'hash support function 1 of sharding.uuid_shard_ops: the low 32 bits of hash64(key)';
 CREATE FUNCTION sharding.partition_hash_extended(key uuid, seed bigint) RETURNS bigint
-    AS 'MODULE_PATHNAME', 'partition_hash_extended_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_hash_extended_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_hash_extended(uuid, bigint) IS
     'hash support function 2 of sharding.uuid_shard_ops: hash64(key) for seed 0, aligned with shard_of for the hash partition seed';
 
