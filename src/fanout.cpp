@@ -23,7 +23,9 @@
 // a per-backend hash (by relation oid), rebuilt after a relcache invalidation
 // of that table, of sharding.maps, or of a cached table (rename, drop). A
 // trigger on sharding.distributed_tables (84_observe.sql) sends that
-// invalidation on every change.
+// invalidation on every change. Key values are compared by hash; a map's
+// logical shard count is read from sharding.maps only when two different
+// values must be placed (IN lists, OR), so plain statements never read it.
 //
 // This file holds no owning C++ object: the hooks run inside PostgreSQL's
 // executor, where any catalog access may longjmp.
@@ -153,7 +155,8 @@ struct TableEntry {
     Oid relid;       // hash key
     Oid table;       // the distributed table counted (relid itself)
     AttrNumber key;  // attribute number of the key column
-    int32 logical;   // logical shards of the table's map (0: unknown)
+    char *map;       // the table's map (in the directory's memory)
+    int32 logical;   // its logical shards: -1 not read yet, 0 unknown map
     Slot *slot;      // its counters, found on first use
 };
 
@@ -202,24 +205,9 @@ void rebuild_tables() {
     maps_relid = maps_rel;
     if (OidIsValid(dt_relid) && OidIsValid(maps_relid)) {
         MemoryContext old = MemoryContextSwitchTo(tables_cxt);
-        // Logical shards of every map, to hash IN lists.
-        List *map_names = NIL, *map_sizes = NIL;
-        Relation maps = table_open(maps_relid, AccessShareLock);
-        SysScanDesc scan = systable_beginscan(maps, InvalidOid, false, nullptr, 0, nullptr);
         HeapTuple tup;
-        while ((tup = systable_getnext(scan)) != nullptr) {
-            bool n1, n2;
-            Datum name = heap_getattr(tup, 1, RelationGetDescr(maps), &n1);
-            Datum size = heap_getattr(tup, 2, RelationGetDescr(maps), &n2);
-            if (n1 || n2) continue;
-            map_names = lappend(map_names, TextDatumGetCString(name));
-            map_sizes = lappend_int(map_sizes, DatumGetInt32(size));
-        }
-        systable_endscan(scan);
-        table_close(maps, AccessShareLock);
-
         Relation dt = table_open(dt_relid, AccessShareLock);
-        scan = systable_beginscan(dt, InvalidOid, false, nullptr, 0, nullptr);
+        SysScanDesc scan = systable_beginscan(dt, InvalidOid, false, nullptr, 0, nullptr);
         while ((tup = systable_getnext(scan)) != nullptr) {
             TupleDesc desc = RelationGetDescr(dt);
             bool n[4];
@@ -233,16 +221,12 @@ void rebuild_tables() {
             AttrNumber att = get_attnum(rel, TextDatumGetCString(d[2]));
             if (att == InvalidAttrNumber) continue;
             char *map = TextDatumGetCString(d[3]);
-            int32 logical = 0;
-            ListCell *a, *b;
-            forboth(a, map_names, b, map_sizes) {
-                if (strcmp(static_cast<char *>(lfirst(a)), map) == 0) logical = lfirst_int(b);
-            }
             bool found;
             auto *e = static_cast<TableEntry *>(hash_search(tables, &rel, HASH_ENTER, &found));
             e->table = rel;
             e->key = att;
-            e->logical = logical;
+            e->map = map;
+            e->logical = -1;
             e->slot = nullptr;
         }
         systable_endscan(scan);
@@ -254,6 +238,30 @@ void rebuild_tables() {
     tables_valid = (inval_count == started_at);
 }
 
+// The logical shard count of an entry's map, read from sharding.maps the
+// first time a statement needs it (to tell whether two key values share a
+// shard); most statements never do, and so never read the table.
+int32 logical_of(TableEntry *e) {
+    if (e->logical >= 0) return e->logical;
+    e->logical = 0;
+    if (!OidIsValid(maps_relid)) return 0;
+    Relation maps = table_open(maps_relid, AccessShareLock);
+    SysScanDesc scan = systable_beginscan(maps, InvalidOid, false, nullptr, 0, nullptr);
+    HeapTuple tup;
+    while ((tup = systable_getnext(scan)) != nullptr) {
+        bool n1, n2;
+        Datum name = heap_getattr(tup, 1, RelationGetDescr(maps), &n1);
+        Datum size = heap_getattr(tup, 2, RelationGetDescr(maps), &n2);
+        if (n1 || n2) continue;
+        char *str = TextDatumGetCString(name);
+        if (strcmp(str, e->map) == 0) e->logical = DatumGetInt32(size);
+        pfree(str);
+    }
+    systable_endscan(scan);
+    table_close(maps, AccessShareLock);
+    return e->logical;
+}
+
 // ---------------------------------------------------------------------------
 // Classifying conditions: the set of logical shards a condition lets a scan
 // reach, kept only as "none", "one (which)", "several" or "any".
@@ -261,30 +269,49 @@ void rebuild_tables() {
 enum class Reach { None, One, Many, Any };
 struct Shards {
     Reach reach;
-    int32 shard;  // for One: the logical shard, or -1 when not known
+    int32 shard;    // for One: the logical shard, or -1 when not computed
+    bool hashed;    // for One: the value's hash is known
+    uint64_t hash;  // its hash64 (equal values, equal hashes)
 };
 
-constexpr Shards kAny = {Reach::Any, -1};
-constexpr Shards kNone = {Reach::None, -1};
+constexpr Shards kAny = {Reach::Any, -1, false, 0};
+constexpr Shards kNone = {Reach::None, -1, false, 0};
+constexpr Shards kMany = {Reach::Many, -1, false, 0};
+constexpr Shards kOneUnknown = {Reach::One, -1, false, 0};  // one value, not known here
 
-Shards both(Shards a, Shards b) {  // AND
+Shards one_value(uint64_t h) { return {Reach::One, -1, true, h}; }
+
+// Whether two single values lie in the same logical shard of the table's
+// map: equal hashes do; otherwise the shards are computed (which reads the
+// map's shard count once). -1: not known (a value not seen here).
+int same_shard(TableEntry *e, Shards &a, Shards &b) {
+    if (!a.hashed || !b.hashed) return -1;
+    if (a.hash == b.hash) return 1;
+    int32 logical = logical_of(e);
+    if (logical < 1) return -1;
+    if (a.shard < 0) a.shard = sharding::shard_from_hash(a.hash, logical);
+    if (b.shard < 0) b.shard = sharding::shard_from_hash(b.hash, logical);
+    return a.shard == b.shard ? 1 : 0;
+}
+
+Shards both(TableEntry *e, Shards a, Shards b) {  // AND
     if (a.reach == Reach::Any) return b;
     if (b.reach == Reach::Any) return a;
     if (a.reach == Reach::None || b.reach == Reach::None) return kNone;
     if (a.reach == Reach::One && b.reach == Reach::One) {
-        if (a.shard < 0) return b;
-        if (b.shard < 0 || a.shard == b.shard) return a;
-        return kNone;  // two different shards: no row matches
+        int same = same_shard(e, a, b);
+        if (same == 0) return kNone;  // two different shards: no row matches
+        return a.hashed ? a : b;
     }
     return a.reach == Reach::One ? a : b;  // One and Many: at most one
 }
 
-Shards either(Shards a, Shards b) {  // OR
+Shards either(TableEntry *e, Shards a, Shards b) {  // OR
     if (a.reach == Reach::Any || b.reach == Reach::Any) return kAny;
     if (a.reach == Reach::None) return b;
     if (b.reach == Reach::None) return a;
-    if (a.reach == Reach::One && b.reach == Reach::One && a.shard >= 0 && a.shard == b.shard) return a;
-    return {Reach::Many, -1};
+    if (a.reach == Reach::One && b.reach == Reach::One && same_shard(e, a, b) == 1) return a;
+    return kMany;
 }
 
 // Equality of a shard key with a value of the same key type (or another
@@ -315,9 +342,9 @@ bool collation_ok(Oid coll) {
     return get_collation_isdeterministic(coll);
 }
 
-// The logical shard of one value, as shard_of(value, logical) computes it.
-int32 shard_of_value(Datum v, Oid type, int32 logical) {
-    if (logical < 1) return -1;
+// One value's shard, as far as known: its hash64 for the key types (the
+// logical shard follows from it, as shard_of computes it), else unknown.
+Shards value_of(Datum v, Oid type) {
     uint64_t h;
     switch (type) {
     case TEXTOID:
@@ -340,9 +367,9 @@ int32 shard_of_value(Datum v, Oid type, int32 logical) {
         h = sharding::hash_bytes(DatumGetUUIDP(v)->data, UUID_LEN);
         break;
     default:
-        return -1;
+        return kOneUnknown;
     }
-    return sharding::shard_from_hash(h, logical);
+    return one_value(h);
 }
 
 struct Walk {
@@ -358,7 +385,7 @@ struct Walk {
     // The scan being classified.
     Index scanrelid;
     AttrNumber key;
-    int32 logical;
+    TableEntry *cur;   // the table being classified
     List *indextlist;  // index-only scan: INDEX_VAR attnos map through it
 };
 
@@ -406,16 +433,16 @@ Shards value_shard(Walk &w, Node *n) {
     if (IsA(n, Const)) {
         Const *c = reinterpret_cast<Const *>(n);
         if (c->constisnull) return kNone;  // key = NULL matches nothing
-        return {Reach::One, shard_of_value(c->constvalue, c->consttype, w.logical)};
+        return value_of(c->constvalue, c->consttype);
     }
     if (IsA(n, Param)) {
         Datum v;
         bool isnull;
         Oid type;
         if (!param_value(w, reinterpret_cast<Param *>(n), &v, &isnull, &type))
-            return {Reach::One, -1};  // one value, shard not known here
+            return kOneUnknown;
         if (isnull) return kNone;
-        return {Reach::One, shard_of_value(v, type, w.logical)};
+        return value_of(v, type);
     }
     return kAny;
 }
@@ -433,7 +460,7 @@ Shards array_shards(Walk &w, Datum arr, Oid elemtype) {
     deconstruct_array(a, elemtype, typlen, typbyval, typalign, &elems, &nulls, &n);
     Shards out = kNone;
     for (int i = 0; i < n && out.reach != Reach::Many; i++)
-        if (!nulls[i]) out = either(out, {Reach::One, shard_of_value(elems[i], elemtype, w.logical)});
+        if (!nulls[i]) out = either(w.cur, out, value_of(elems[i], elemtype));
     return out;
 }
 
@@ -442,7 +469,7 @@ Shards clause_shards(Walk &w, Node *n);
 Shards list_shards(Walk &w, List *quals) {  // an implicit AND
     Shards out = kAny;
     ListCell *lc;
-    foreach (lc, quals) out = both(out, clause_shards(w, static_cast<Node *>(lfirst(lc))));
+    foreach (lc, quals) out = both(w.cur, out, clause_shards(w, static_cast<Node *>(lfirst(lc))));
     return out;
 }
 
@@ -455,7 +482,7 @@ Shards clause_shards(Walk &w, Node *n) {
         if (b->boolop == OR_EXPR) {
             Shards out = kNone;
             ListCell *lc;
-            foreach (lc, b->args) out = either(out, clause_shards(w, static_cast<Node *>(lfirst(lc))));
+            foreach (lc, b->args) out = either(w.cur, out, clause_shards(w, static_cast<Node *>(lfirst(lc))));
             return out;
         }
         return kAny;
@@ -488,7 +515,7 @@ Shards clause_shards(Walk &w, Node *n) {
             Shards out = kNone;
             ListCell *lc;
             foreach (lc, reinterpret_cast<ArrayExpr *>(arr)->elements)
-                out = either(out, value_shard(w, static_cast<Node *>(lfirst(lc))));
+                out = either(w.cur, out, value_shard(w, static_cast<Node *>(lfirst(lc))));
             return out;
         }
         if (IsA(arr, Param)) {
@@ -513,12 +540,13 @@ void touch(Walk &w, TableEntry *e, Shards s) {
         // A second scan of the same table (a self-join, a subquery): one
         // shard only if both reach the same one.
         Shards a = w.reach[i];
-        if (a.reach == Reach::None) w.reach[i] = s;
+        if (a.reach == Reach::None)
+            w.reach[i] = s;
         else if (s.reach == Reach::None) {
-        } else if (a.reach == Reach::One && s.reach == Reach::One && a.shard >= 0 && a.shard == s.shard) {
-        } else if (a.reach == Reach::One && s.reach == Reach::One && a.shard < 0 && s.shard < 0) {
+        } else if (a.reach == Reach::One && s.reach == Reach::One && same_shard(e, a, s) != 0) {
+            w.reach[i] = a.hashed ? a : s;  // same shard, or values not seen here (a parameter)
         } else
-            w.reach[i] = {Reach::Many, -1};
+            w.reach[i] = kMany;
         return;
     }
     if (w.n == Walk::kMax) return;
@@ -555,9 +583,9 @@ void scan_node(Walk &w, Scan *scan, List *quals1, List *quals2, List *indextlist
         char *name = get_attname(e->table, e->key, true);
         w.key = name ? get_attnum(rte->relid, name) : InvalidAttrNumber;
     }
-    w.logical = e->logical;
+    w.cur = e;
     w.indextlist = indextlist;
-    touch(w, e, both(list_shards(w, quals1), list_shards(w, quals2)));
+    touch(w, e, both(e, list_shards(w, quals1), list_shards(w, quals2)));
     w.indextlist = NIL;
 }
 
@@ -570,7 +598,7 @@ void insert_node(Walk &w, ModifyTable *mt) {
         if (e == nullptr) continue;
         Plan *sub = mt->plan.lefttree;
         Shards s = kAny;
-        w.logical = e->logical;
+        w.cur = e;
         TargetEntry *keytle = nullptr;
         if (sub) {
             ListCell *t;
@@ -581,7 +609,7 @@ void insert_node(Walk &w, ModifyTable *mt) {
         }
         if (sub && IsA(sub, Result) && sub->lefttree == nullptr) {
             s = keytle ? value_shard(w, reinterpret_cast<Node *>(keytle->expr)) : kAny;
-            if (s.reach == Reach::Any || s.reach == Reach::Many) s = {Reach::One, -1};
+            if (s.reach == Reach::Any || s.reach == Reach::Many) s = kOneUnknown;
         } else if (sub && IsA(sub, ValuesScan) && keytle) {
             Node *e2 = strip(reinterpret_cast<Node *>(keytle->expr));
             List *rows = reinterpret_cast<ValuesScan *>(sub)->values_lists;
@@ -596,13 +624,13 @@ void insert_node(Walk &w, ModifyTable *mt) {
                         break;
                     }
                     Shards v = value_shard(w, static_cast<Node *>(list_nth(row, col)));
-                    if (v.reach == Reach::Any) v = {Reach::Many, -1};
-                    s = either(s, v);
+                    if (v.reach == Reach::Any) v = kMany;
+                    s = either(e, s, v);
                 }
                 // Several rows of unknown shard (defaults, expressions).
-                if (s.reach == Reach::One && s.shard < 0 && list_length(rows) > 1) s = {Reach::Many, -1};
+                if (s.reach == Reach::One && !s.hashed && list_length(rows) > 1) s = kMany;
             } else
-                s = list_length(rows) == 1 ? Shards{Reach::One, -1} : kAny;
+                s = list_length(rows) == 1 ? kOneUnknown : kAny;
         }
         touch(w, e, s);
     }
