@@ -2,6 +2,7 @@
 #include "route_cache.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include <cstdint>
 #include <stdexcept>
@@ -11,26 +12,32 @@ namespace sharding {
 void PinTable::build(const std::vector<std::string> &keys, const std::vector<uint64_t> &hashes,
                      const std::vector<int32_t> &nodes) {
     size_t total = 0;
-    for (const std::string &k : keys) total += k.size();
+    for (const std::string &k : keys)
+        if (k.size() > inline_bytes) total += k.size();
     if (total > UINT32_MAX || keys.size() > INT32_MAX) throw std::length_error("too many pinned key bytes");
     size_t cap = 16;
     while (cap < keys.size() * 2) cap <<= 1;  // load factor <= 1/2 keeps probes short
     size_t words = 8;
     while (words * 64 < keys.size() * 8) words <<= 1;
-    CacheVector<Slot> slots(cap, Slot{0, -1, 0, 0});
+    Slot empty;
+    std::memset(&empty, 0, sizeof empty);
+    empty.node = -1;
+    CacheVector<Slot> slots(cap, empty);
     CacheVector<uint64_t> filter(words, 0);
     CacheString text;
     text.reserve(total);
     const size_t mask = cap - 1;
     size_t count = 0;
+    auto bytes_of = [&](const Slot &s) { return s.len <= inline_bytes ? s.key.bytes : text.data() + s.key.offset; };
     for (size_t k = 0; k < keys.size(); k++) {
+        const std::string &key = keys[k];
         const uint32_t tag = static_cast<uint32_t>(hashes[k] >> 32);
         size_t i = static_cast<size_t>(hashes[k]) & mask;
         bool replaced = false;
         while (slots[i].node >= 0) {
             // The primary key makes duplicates impossible; keep the last anyway.
-            if (slots[i].tag == tag && slots[i].len == keys[k].size() &&
-                text.compare(slots[i].offset, slots[i].len, keys[k].data(), keys[k].size()) == 0) {
+            if (slots[i].tag == tag && slots[i].len == key.size() &&
+                std::memcmp(bytes_of(slots[i]), key.data(), key.size()) == 0) {
                 slots[i].node = nodes[k];
                 replaced = true;
                 break;
@@ -38,8 +45,17 @@ void PinTable::build(const std::vector<std::string> &keys, const std::vector<uin
             i = (i + 1) & mask;
         }
         if (replaced) continue;
-        slots[i] = Slot{tag, nodes[k], static_cast<uint32_t>(text.size()), static_cast<uint32_t>(keys[k].size())};
-        text.append(keys[k].data(), keys[k].size());
+        Slot s = empty;
+        s.tag = tag;
+        s.node = nodes[k];
+        s.len = static_cast<uint32_t>(key.size());
+        if (key.size() <= inline_bytes) {
+            std::memcpy(s.key.bytes, key.data(), key.size());
+        } else {
+            s.key.offset = static_cast<uint32_t>(text.size());
+            text.append(key.data(), key.size());
+        }
+        slots[i] = s;
         filter[(hashes[k] >> 32) & (words - 1)] |= filter_bits(hashes[k]);
         count++;
     }

@@ -27,10 +27,12 @@ namespace sharding {
 // caches the scan and other processes share: a blocked bit filter (two bits
 // in one 64-bit word, about 8 bits per pin: 100,000 pins take 128 KB, about
 // 3% false positives) answers most misses with one load; behind it an
-// open-addressing table of 16-byte slots holding everything but the key
-// bytes, so a hit costs one slot and one compare.
+// open-addressing table of 24-byte slots. A key of up to 12 bytes (most
+// ids and names) is stored in its slot, so a hit costs one slot; a longer
+// key's bytes lie in one shared string, at the cost of a second load.
 class PinTable {
   public:
+    static constexpr size_t inline_bytes = 12;
     // keys[i] is pinned to nodes[i]; hashes[i] is hash_bytes of keys[i].
     void build(const std::vector<std::string> &keys, const std::vector<uint64_t> &hashes,
                const std::vector<int32_t> &nodes);
@@ -44,7 +46,8 @@ class PinTable {
         for (;;) {
             const Slot &s = slots_[i];
             if (s.node < 0) return -1;
-            if (s.tag == tag && s.len == len && std::memcmp(keys_.data() + s.offset, key, len) == 0)
+            if (s.tag == tag && s.len == len &&
+                std::memcmp(len <= inline_bytes ? s.key.bytes : keys_.data() + s.key.offset, key, len) == 0)
                 return s.node;
             i = (i + 1) & slot_mask_;
         }
@@ -53,11 +56,15 @@ class PinTable {
 
   private:
     struct Slot {
-        uint32_t tag;     // high 32 bits of the key's hash
-        int32_t node;     // -1: empty slot
-        uint32_t offset;  // into keys_
-        uint32_t len;
+        uint32_t tag;   // high 32 bits of the key's hash
+        int32_t node;   // -1: empty slot
+        uint32_t len;   // key length
+        union {
+            char bytes[inline_bytes];  // len <= inline_bytes: the key itself
+            uint32_t offset;           // else: where it starts in keys_
+        } key;
     };
+    static_assert(sizeof(Slot) == 24, "three slots in 72 bytes");
     // Two bits of a filter word, from hash bits the word index and the slot
     // index do not use.
     static uint64_t filter_bits(uint64_t hash) {
@@ -65,7 +72,7 @@ class PinTable {
     }
     CacheVector<uint64_t> filter_;  // power-of-two number of words
     CacheVector<Slot> slots_;       // power-of-two size, at most half full
-    CacheString keys_;              // every pinned key, back to back
+    CacheString keys_;              // the keys longer than inline_bytes, back to back
     uint64_t filter_mask_ = 0;
     size_t slot_mask_ = 0;
     size_t count_ = 0;

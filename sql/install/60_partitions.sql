@@ -155,7 +155,7 @@ DECLARE
 BEGIN
     IF shards < 1 THEN
         RAISE EXCEPTION 'shard count must be between 1 and 2147483647, got %', shards
-            USING ERRCODE = '22023';
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     SELECT c.relnamespace, n.nspname, c.relname, c.relkind, c.relpersistence
@@ -163,11 +163,11 @@ BEGIN
       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
      WHERE c.oid = parent;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'relation with OID % does not exist', parent::oid USING ERRCODE = '42P01';
+        RAISE EXCEPTION 'relation with OID % does not exist', parent::oid USING ERRCODE = 'undefined_table';
     END IF;
     IF kind <> 'p' THEN
         RAISE EXCEPTION '% is not a partitioned table', parent
-            USING ERRCODE = '22023',
+            USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Create it with PARTITION BY HASH (key sharding.text_shard_ops), '
                          'naming the *_shard_ops operator class of the key''s type.';
     END IF;
@@ -178,19 +178,19 @@ BEGIN
      WHERE pt.partrelid = parent;
     IF strat <> 'h' THEN
         RAISE EXCEPTION '% is not hash-partitioned', parent
-            USING ERRCODE = '22023',
+            USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Partitions aligned with shard_of need PARTITION BY HASH (key sharding.text_shard_ops).';
     END IF;
     IF natts <> 1 THEN
         RAISE EXCEPTION '% is hash-partitioned on % columns, not one', parent, natts
-            USING ERRCODE = '22023',
+            USING ERRCODE = 'invalid_parameter_value',
                   DETAIL = 'PostgreSQL combines the hashes of several key columns, so partitions '
                            'cannot line up with shard_of of any one of them.',
                   HINT = 'Partition on a single column with a sharding.*_shard_ops operator class.';
     END IF;
     IF attnum = 0 THEN
         RAISE EXCEPTION '% is hash-partitioned on an expression, not a column', parent
-            USING ERRCODE = '22023',
+            USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Partition on a single column with a sharding.*_shard_ops operator class.';
     END IF;
     IF NOT EXISTS (SELECT FROM pg_opclass o
@@ -202,7 +202,7 @@ BEGIN
                 parent, (SELECT format('%I.%I', n.nspname, o.opcname)
                            FROM pg_opclass o JOIN pg_namespace n ON n.oid = o.opcnamespace
                           WHERE o.oid = opclass)
-            USING ERRCODE = '22023',
+            USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'PostgreSQL''s own hash opclasses do not agree with shard_of; '
                          'use PARTITION BY HASH (key sharding.text_shard_ops) or the one for the key''s type.';
     END IF;
@@ -211,7 +211,7 @@ BEGIN
     prefix := rel || '_';
     IF octet_length(prefix) + width > 63 THEN
         RAISE EXCEPTION 'partition name "%" is too long', prefix || repeat('0', width)
-            USING ERRCODE = '42622',
+            USING ERRCODE = 'name_too_long',
                   DETAIL = 'Partition names are <parent>_<remainder> and must fit in 63 bytes.';
     END IF;
 
@@ -228,7 +228,7 @@ BEGIN
                 ELSE false END;
     IF ntaken > 0 THEN
         RAISE EXCEPTION 'relation "%" already exists', format('%I.%I', nsp, taken)
-            USING ERRCODE = '42P07',
+            USING ERRCODE = 'duplicate_table',
                   DETAIL = format('%s of the %s partition names are taken; nothing was created.',
                                   ntaken, shards);
     END IF;

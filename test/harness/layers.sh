@@ -35,17 +35,17 @@ stray=$(printf '%s\n' "$exported" | while read -r s; do
         Pg_magic_func | _PG_init | sharding_* | pg_finfo_sharding_*) continue ;;
     esac
     base=${s#pg_finfo_}
-    printf '%s\n' "$legacy" | grep -qxF "$base" || echo "$s"
+    grep -qxF "$base" <<<"$legacy" || echo "$s"
 done)
 [ -z "$stray" ]
 report $? "sharding.so exports nothing but entry points, sharding_* and the frozen scripts' names${stray:+ (stray: $(echo $stray | head -c 300))}"
 
-printf '%s\n' "$exported" | grep -qx '_PG_init' && printf '%s\n' "$exported" | grep -qx 'Pg_magic_func' &&
+grep -qx "_PG_init" <<<"$exported" && grep -qx "Pg_magic_func" <<<"$exported" &&
     [ "$(printf '%s\n' "$exported" | grep -c '^_Z')" -eq 0 ]
 report $? "Pg_magic_func and _PG_init are exported, no C++ symbol is"
 
 current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
 missing=$(grep -ho "'MODULE_PATHNAME', '[a-z_0-9]*'" "sql/sharding--$current.sql" | sed "s/.*, '//;s/'\$//" | sort -u |
-    while read -r s; do printf '%s\n' "$exported" | grep -qxF "$s" || echo "$s"; done)
+    while read -r s; do grep -qxF "$s" <<<"$exported" || echo "$s"; done)
 [ -z "$missing" ]
 report $? "every C function of the $current install script links to an exported symbol${missing:+ (missing: $missing)}"

@@ -69,8 +69,11 @@ build_and_install() {
 }
 
 # Runs a command as the server's OS user.
+# From / : the postgres user may not be able to read the caller's working
+# directory (initdb and pg_ctl would print "could not change directory").
+# Every path given to it is absolute.
 as_server_user() {
-    if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+    if [ "$(id -u)" -eq 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
 }
 
 # A free TCP port on loopback (for clusters that listen on 127.0.0.1).

@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace {
 using tap::check;
@@ -13,7 +15,7 @@ int32_t intern(sharding::MapRoutes &m, const char *name) { return m.node_index(n
 }  // namespace
 
 int main() {
-    std::printf("1..4\n");
+    std::printf("1..6\n");
     // 8 logical shards: a owns 0-2, b owns 3-5, a again 6, c owns 7; pins on
     // pin-only nodes "zeta", "Alpha", "beta" (byte order: Alpha < beta < zeta).
     sharding::MapRoutes m;
@@ -39,5 +41,28 @@ int main() {
     plain.finish_build();
     plain.compute_partitions();
     check(plain.node_partition[0] == 0 && plain.node_partition[1] == 1, "a map without pins: owners only");
+    // Pins inline (<= 12 bytes) and out of line, around the boundary.
+    {
+        std::vector<std::string> keys;
+        std::vector<uint64_t> hashes;
+        std::vector<int32_t> nodes;
+        for (size_t len = 0; len <= 40; len++) {
+            keys.push_back(std::string(len, 'k'));
+            hashes.push_back(sharding::hash_bytes(keys.back().data(), keys.back().size()));
+            nodes.push_back(static_cast<int32_t>(len));
+        }
+        sharding::PinTable pins;
+        pins.build(keys, hashes, nodes);
+        bool all = pins.size() == keys.size(), none = true;
+        for (size_t i = 0; i < keys.size(); i++) {
+            const std::string &k = keys[i];
+            all = all && pins.find(hashes[i], k.data(), k.size()) == nodes[i];
+            std::string other = k + "x";  // a pinned key's extension is not pinned
+            if (!k.empty()) other = k.substr(0, k.size() - 1) + "j";
+            none = none && pins.find(sharding::hash_bytes(other.data(), other.size()), other.data(), other.size()) == -1;
+        }
+        check(all, "pins of 0 to 40 bytes, inline and out of line, are all found with their node");
+        check(none, "keys differing in their last byte are not pinned");
+    }
     return tap::status();
 }
