@@ -6,6 +6,7 @@ MODULE_big = sharding
 OBJS = \
 	src/boundary.o \
 	src/cache.o \
+	src/fanout.o \
 	src/guard.o \
 	src/module.o \
 	src/hash.o \
@@ -17,6 +18,7 @@ OBJS = \
 	src/queue_ordered.o \
 	src/rank.o \
 	src/rebalance.o \
+	src/rebalance_load.o \
 	src/route_cache.o
 
 # The install script of the current version is assembled from one fragment

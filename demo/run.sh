@@ -14,4 +14,6 @@ DEMODIR=$(make_cluster_dir demo)
 trap 'stop_cluster "$DEMODIR"; rm -rf "$DEMODIR"' EXIT
 start_cluster "$DEMODIR" || exit 1
 export PGDATABASE=postgres
-psql -Xq -v ON_ERROR_STOP=1 -f demo/demo.sql
+psql -Xq -v ON_ERROR_STOP=1 -f demo/demo.sql || exit 1
+# Scenes 5-7 (fan-out counts, worst shard, load-aware rebalance).
+psql -Xq -v ON_ERROR_STOP=1 -f demo/observe.sql

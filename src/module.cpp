@@ -18,6 +18,7 @@ namespace sharding {
 void maps_init();   // maps.cpp: routing cache
 void queue_init();  // queue.cpp: prepared claim plans
 void rank_init();   // rank.cpp: rank lists of guarded columns
+void fanout_init();  // fanout.cpp: shared counters and hooks (preload only)
 void guard_init();  // guard.cpp: local state of a data node (this_node, frozen shards)
 }  // namespace sharding
 
@@ -28,5 +29,6 @@ void _PG_init(void) {
     sharding::maps_init();
     sharding::queue_init();
     sharding::rank_init();
+    sharding::fanout_init();
     sharding::guard_init();
 }

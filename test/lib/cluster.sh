@@ -92,7 +92,8 @@ start_cluster() {
         --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; return 1; }
     local port=${SHARDING_PORT:-$(free_port)}
     local opts="-p $port -k $dir -c listen_addresses='' -c fsync=off -c synchronous_commit=off \
-        -c full_page_writes=off -c max_connections=120 -c log_min_messages=warning $*"
+        -c full_page_writes=off -c max_connections=120 -c log_min_messages=warning \
+        -c shared_preload_libraries=sharding $*"
     if [ -z "${SHARDING_SERVER_ENV:-}${SHARDING_SERVER_WRAPPER:-}" ]; then
         as_server_user "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start \
             -o "$opts" >/dev/null || { cat "$dir/server.log" >&2; return 1; }

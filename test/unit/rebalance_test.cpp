@@ -6,6 +6,8 @@
 #include "hash_core.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -38,6 +40,163 @@ static size_t optimum(const std::vector<std::string> &owners, const std::vector<
         best = std::max(best, stay);
     } while (std::next_permutation(extra.begin(), extra.end()));
     return L - best;
+}
+
+// ---------------------------------------------------------------------------
+// rebalance_by_load against brute force: every placement of every shard on
+// every target, enumerated.
+struct Brute {
+    double lowest;       // the lowest largest-target load of any placement
+    size_t fewest;       // the fewest moves keeping every target at or under cap
+    double cap;          // max(max_imbalance x mean, lowest)
+};
+
+static bool le(double a, double b) { return a <= b + 1e-9 * std::max(1.0, std::fabs(b)); }
+
+static Brute brute(const std::vector<std::string> &owners, const std::vector<std::string> &targets,
+                   const std::vector<double> &loads, double max_imbalance) {
+    const size_t L = owners.size(), k = targets.size();
+    size_t combos = 1;
+    for (size_t i = 0; i < L; i++) combos *= k;
+    double total = 0;
+    for (double x : loads) total += x;
+    const double target = max_imbalance * total / static_cast<double>(k);
+    std::vector<double> big(combos);
+    std::vector<size_t> moves(combos);
+    Brute b{1e300, SIZE_MAX, 0};
+    for (size_t c = 0; c < combos; c++) {
+        std::vector<double> tl(k, 0);
+        size_t m = 0, code = c;
+        for (size_t l = 0; l < L; l++, code /= k) {
+            tl[code % k] += loads[l];
+            m += targets[code % k] != owners[l];
+        }
+        big[c] = *std::max_element(tl.begin(), tl.end());
+        moves[c] = m;
+        b.lowest = std::min(b.lowest, big[c]);
+    }
+    b.cap = std::max(target, b.lowest);
+    for (size_t c = 0; c < combos; c++)
+        if (le(big[c], b.cap)) b.fewest = std::min(b.fewest, moves[c]);
+    return b;
+}
+
+// Applies a plan: false if a move is not from the current owner, repeats a
+// shard, or goes to a node that is not a target.
+static bool apply(std::vector<std::string> &owners, const std::vector<Move> &moves,
+                  const std::vector<std::string> &targets) {
+    std::set<int32_t> seen;
+    int32_t prev = -1;
+    for (const Move &m : moves) {
+        if (m.logical <= prev || !seen.insert(m.logical).second) return false;
+        prev = m.logical;
+        if (owners[static_cast<size_t>(m.logical)] != m.from || m.from == m.to) return false;
+        if (std::find(targets.begin(), targets.end(), m.to) == targets.end()) return false;
+        owners[static_cast<size_t>(m.logical)] = m.to;
+    }
+    for (const auto &o : owners)
+        if (std::find(targets.begin(), targets.end(), o) == targets.end()) return false;
+    return true;
+}
+
+static double largest_load(const std::vector<std::string> &owners, const std::vector<double> &loads) {
+    std::map<std::string, double> per;
+    for (size_t l = 0; l < owners.size(); l++) per[owners[l]] += loads[l];
+    double m = 0;
+    for (const auto &kv : per) m = std::max(m, kv.second);
+    return m;
+}
+
+static void load_tests(std::mt19937 &rng) {
+    const double imbalances[] = {1.0, 1.05, 1.1, 1.25, 1.5, 2.0};
+    int invalid = 0, over_cap = 0, not_fewest = 0, not_exact = 0, target_wrong = 0, moved_within = 0,
+        nondeterministic = 0, within_cases = 0, impossible_cases = 0;
+    const int cases = 300;
+    for (int c = 0; c < cases; c++) {
+        const size_t L = 1 + rng() % 12, pool = 1 + rng() % 4;
+        std::vector<std::string> names;
+        for (size_t i = 0; i < pool; i++) names.push_back("n" + std::to_string(i));
+        std::vector<std::string> owners(L);
+        for (auto &o : owners) o = names[rng() % pool];
+        std::vector<std::string> targets = names;
+        std::shuffle(targets.begin(), targets.end(), rng);
+        targets.resize(1 + rng() % std::min<size_t>(pool, 3));
+        if (targets.size() < 3 && rng() % 3 == 0) targets.push_back("fresh");
+        std::vector<double> loads(L);
+        for (auto &x : loads) x = rng() % 4 == 0 ? 0 : static_cast<double>(rng() % 20);
+        if (rng() % 4 == 0) loads[rng() % L] = static_cast<double>(30 + rng() % 100);  // a whale
+        const double imb = imbalances[rng() % 6];
+
+        Brute b = brute(owners, targets, loads, imb);
+        LoadPlan plan = plan_rebalance_by_load(owners, targets, loads, imb);
+        std::vector<std::string> after = owners;
+        if (!apply(after, plan.moves, targets)) invalid++;
+        double total = 0;
+        for (double x : loads) total += x;
+        const double target = imb * total / static_cast<double>(targets.size());
+        if (!le(largest_load(after, loads), b.cap)) over_cap++;
+        if (plan.moves.size() != b.fewest) not_fewest++;
+        if (!plan.exact) not_exact++;
+        if (plan.target_met != le(b.lowest, target)) target_wrong++;
+        if (!le(b.lowest, target)) impossible_cases++;
+        bool all_on_targets = std::all_of(owners.begin(), owners.end(), [&](const std::string &o) {
+            return std::find(targets.begin(), targets.end(), o) != targets.end();
+        });
+        if (all_on_targets && le(largest_load(owners, loads), target)) {
+            within_cases++;
+            if (!plan.moves.empty()) moved_within++;
+        }
+        LoadPlan again = plan_rebalance_by_load(owners, targets, loads, imb);
+        if (again.moves.size() != plan.moves.size() ||
+            !std::equal(again.moves.begin(), again.moves.end(), plan.moves.begin(), [](const Move &x, const Move &y) {
+                return x.logical == y.logical && x.from == y.from && x.to == y.to;
+            }))
+            nondeterministic++;
+    }
+    char what[200];
+    ok(invalid == 0, "by load: every move leaves the owner for a target, once, in shard order; only targets own shards");
+    std::snprintf(what, sizeof what,
+                  "by load: the largest node is at or under max(target, lowest possible) (%d maps of <= 12 shards, "
+                  "<= 3 nodes; %d where the target is impossible)", cases, impossible_cases);
+    ok(over_cap == 0, what);
+    ok(not_fewest == 0, "by load: every plan moves exactly the brute-force fewest shards");
+    ok(not_exact == 0, "by load: the search proves minimality on every small map");
+    ok(target_wrong == 0, "by load: target_met exactly when some placement meets the target");
+    std::snprintf(what, sizeof what, "by load: a map already within max_imbalance gets no move (%d such maps)",
+                  within_cases);
+    ok(moved_within == 0 && within_cases > 0, what);
+    ok(nondeterministic == 0, "by load: the same input gives the same plan");
+
+    // The whale story: 64 shards dealt over 4 nodes, shard 5 carries 40% of
+    // the load, the other 63 share the rest evenly. The target (1.1 x 25%)
+    // cannot be met: the whale alone is 40%. The lowest possible is 40%, the
+    // whale's node keeping only the whale: its 15 neighbours move.
+    std::vector<std::string> four = {"a", "b", "c", "d"};
+    std::vector<std::string> owners(64);
+    std::vector<double> loads(64, 60.0 / 63.0);
+    for (int l = 0; l < 64; l++) owners[l] = four[dealt_owner(l, 4, 64)];
+    loads[5] = 40.0;
+    LoadPlan whale = plan_rebalance_by_load(owners, four, loads, 1.10);
+    std::vector<std::string> after = owners;
+    bool valid = apply(after, whale.moves, four);
+    bool neighbours_only = std::all_of(whale.moves.begin(), whale.moves.end(),
+                                       [](const Move &m) { return m.from == "a" && m.logical != 5; });
+    std::map<std::string, double> per;
+    for (int l = 0; l < 64; l++) per[after[l]] += loads[l];
+    ok(valid && whale.moves.size() == 15 && neighbours_only && !whale.target_met &&
+           std::fabs(per["a"] - 40.0) < 1e-9 && std::fabs(largest_load(after, loads) - 40.0) < 1e-9,
+       "whale story: 64 shards over 4 nodes, one shard 40% of load: its 15 neighbours move, the largest node is the "
+       "whale alone (40%)");
+
+    // A fifth node on an even 64-shard map: 1.10 x 12.8 allows 14 shards a
+    // node, so each of the four sheds 2: 8 moves, target met.
+    std::vector<std::string> five = {"a", "b", "c", "d", "e"};
+    std::vector<double> even(64, 1.0);
+    LoadPlan grow = plan_rebalance_by_load(owners, five, even, 1.10);
+    after = owners;
+    ok(apply(after, grow.moves, five) && grow.moves.size() == 8 && grow.target_met &&
+           largest_load(after, even) <= 14.0,
+       "64 even shards over 4 nodes plus a fifth: 8 moves, every node at most 1.10 x the mean");
 }
 
 int main() {
@@ -83,7 +242,7 @@ int main() {
             }))
             nondeterministic++;
     }
-    std::printf("1..9\n");
+    std::printf("1..18\n");
     ok(unbalanced == 0, "every target ends with floor(L/k) or ceil(L/k), no other node owns any (400 random maps)");
     ok(not_minimal == 0, "every plan moves exactly the brute-force minimum");
     ok(bad_moves == 0, "every move starts at the current owner, changes it, and moves a shard once");
@@ -126,5 +285,7 @@ int main() {
     PinTable empty;
     empty.build({}, {}, {});
     ok(empty.find(hash_bytes("x", 1), "x", 1) == -1, "empty pin table finds nothing");
+
+    load_tests(rng);
     return n_failed > 0;
 }
