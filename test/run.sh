@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the sharding extension, from a clean clone, as root on
-# Debian 12 (installs what is missing) or as a user with the packages present.
+# Debian 12, 13 or unstable (installs what is missing) or as a user with the
+# packages present. SHARDING_PG=NN picks the PostgreSQL major version
+# (default: the release's own, see test/lib/cluster.sh).
 #
 #   bash test/run.sh
 #   SHARDING_ONLY='queue*' bash test/run.sh   # only tests whose name matches
@@ -69,8 +71,11 @@ else
 fi
 regress_rc=$?
 cat "$regress_out"
-r_ok=$(grep -cE '\.\.\. ok' "$regress_out")
-r_fail=$(grep -cE '\.\.\. FAILED|\.\.\. failed' "$regress_out")
+# pg_regress and pg_isolation_regress report each test as "test name ... ok"
+# (PostgreSQL 15) or as TAP, "ok 1 - name" / "not ok 1 + name" (16 and later;
+# "+" marks a test of a parallel group).
+r_ok=$(grep -cE '\.\.\. ok|^ok [0-9]+ +[-+] ' "$regress_out")
+r_fail=$(grep -cE '\.\.\. FAILED|\.\.\. failed|^not ok [0-9]+ +[-+] ' "$regress_out")
 if [ "$regress_rc" -ne 0 ] && [ "$r_fail" -eq 0 ]; then r_fail=1; fi
 count "$r_ok" "$r_fail"
 if [ -s regression.diffs ] && [ "$r_fail" -gt 0 ]; then
