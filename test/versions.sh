@@ -64,6 +64,9 @@ make_root() {
         "$rel" "$root.tmp" "$mirror" >"$roots/$rel.debootstrap.log" 2>&1 ||
         { tail -n 20 "$roots/$rel.debootstrap.log" >&2; return 1; }
     echo "deb $mirror $rel main" >"$root.tmp/etc/apt/sources.list"
+    # Unstable's Release file is only valid for a week; a mirror that serves
+    # a snapshot of the archive (as this machine's may) would be refused.
+    echo 'Acquire::Check-Valid-Until "false";' >"$root.tmp/etc/apt/apt.conf.d/99sharding"
     rm -rf "$root" && mv "$root.tmp" "$root" && touch "$root/.sharding-root"
 }
 
