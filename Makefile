@@ -32,6 +32,8 @@ REGRESS = $(sort $(filter-out sharding--%,$(basename $(notdir $(wildcard sql/*.s
 
 PG_CONFIG ?= pg_config
 PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) -Isrc
+# For PG_MODULE_MAGIC_EXT (PostgreSQL 18), see src/compat.hpp.
+PG_CPPFLAGS += -DSHARDING_VERSION='"$(EXTVERSION)"'
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Werror -Wno-missing-field-initializers
 SHLIB_LINK += -lstdc++
 

@@ -2,7 +2,7 @@
 #include "pg.hpp"
 
 extern "C" {
-PG_MODULE_MAGIC;
+SHARDING_MODULE_MAGIC;
 
 void _PG_init(void);
 }
