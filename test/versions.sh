@@ -70,6 +70,31 @@ make_root() {
     rm -rf "$root" && mv "$root.tmp" "$root" && touch "$root/.sharding-root"
 }
 
+# upgrade_from RELEASE: "OLD_RELEASE MAJOR" when the release's root also gets
+# that older release's PostgreSQL, for test/harness/pg_upgrade.sh. Debian 13
+# has only 17; Debian 12's postgresql-15 installs beside it (pinned low, so
+# nothing else comes from 12).
+upgrade_from() {
+    case $1 in
+        trixie) echo "bookworm 15" ;;
+    esac
+}
+
+# add_old_postgres ROOT OLD_RELEASE MAJOR (mounts in place).
+add_old_postgres() {
+    local root=$1 old=$2 major=$3 mirror
+    [ -x "$root/usr/lib/postgresql/$major/bin/pg_ctl" ] &&
+        [ -f "$root/usr/include/postgresql/$major/server/postgres.h" ] && return 0
+    mirror=$(awk '$1 == "deb" { print $2; exit }' "$root/etc/apt/sources.list")
+    echo "deb $mirror $old main" >"$root/etc/apt/sources.list.d/$old.list"
+    printf 'Package: *\nPin: release n=%s\nPin-Priority: 100\n' "$old" >"$root/etc/apt/preferences.d/$old"
+    log "$(basename "$root"): installing PostgreSQL $major from $old (for pg_upgrade)"
+    chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
+        sh -c "apt-get update -qq && apt-get install -y -qq postgresql-$major postgresql-server-dev-$major" \
+        >"$roots/$(basename "$root").old-postgres.log" 2>&1 ||
+        { tail -n 20 "$roots/$(basename "$root").old-postgres.log" >&2; return 1; }
+}
+
 mounted=()
 work=
 undo() {
@@ -119,10 +144,15 @@ for rel in "$@"; do
         echo "$rel: 0 passed, 1 failed (mounts)"
         status=1; undo; continue
     fi
+    from=$(upgrade_from "$rel")
+    if [ -n "$from" ]; then
+        # On failure the harness reports PostgreSQL ${from#* } missing.
+        add_old_postgres "$root" $from || log "$rel: PostgreSQL ${from#* } not installable"
+    fi
     log "$rel: bash test/run.sh in $root (commit $(git -C "$work" rev-parse --short HEAD))"
     out=$(mktemp)
     chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-        TERM=dumb CI="${CI:-}" SHARDING_ONLY="${SHARDING_ONLY:-}" \
+        TERM=dumb CI="${CI:-}" SHARDING_ONLY="${SHARDING_ONLY:-}" SHARDING_UPGRADE_FROM="${from#* }" \
         bash -c "cd /work/sharding-$$ && bash test/run.sh" 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     undo
