@@ -14,6 +14,7 @@ extern "C" {
 #include "catalog/pg_namespace_d.h"
 #include "catalog/pg_proc_d.h"
 #include "executor/executor.h"
+#include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/rel.h"
 #include "utils/relcache.h"
@@ -102,6 +103,16 @@ inline int my_backend_slot() {
     return MyProcNumber;
 #else
     return MyBackendId - 1;
+#endif
+}
+
+// 17: PGPROC's lxid and backendId moved into PGPROC.vxid (vxid.lxid,
+// vxid.procNumber). This backend's current local transaction id.
+inline LocalTransactionId my_local_xid() {
+#if PG_VERSION_NUM >= 170000
+    return MyProc->vxid.lxid;
+#else
+    return MyProc->lxid;
 #endif
 }
 

@@ -39,7 +39,7 @@ if [ -n "${SHARDING_PGROOT:-}" ]; then
 fi
 export PATH=$PG_BIN:$PATH
 SHARDING_PACKAGES="make g++ python3 perl postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR
-    libxxhash-dev xxhash postgresql-$PG_MAJOR-pgtap libtap-parser-sourcehandler-pgtap-perl
+    libxxhash-dev libicu-dev xxhash postgresql-$PG_MAJOR-pgtap libtap-parser-sourcehandler-pgtap-perl
     postgresql-$PG_MAJOR-plproxy python3-xxhash"
 
 log() { printf '== %s\n' "$*" >&2; }
@@ -54,6 +54,8 @@ ensure_packages() {
     [ -x /usr/lib/postgresql/$v/bin/initdb ] || missing+=(postgresql-$v)
     [ -f /usr/include/postgresql/$v/server/postgres.h ] || missing+=(postgresql-server-dev-$v)
     [ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
+    # utils/pg_locale.h includes ICU's headers (Debian builds with ICU).
+    [ -f /usr/include/unicode/ucol.h ] || missing+=(libicu-dev)
     command -v xxhsum >/dev/null || missing+=(xxhash)
     [ -f /usr/share/postgresql/$v/extension/pgtap.control ] || missing+=(postgresql-$v-pgtap)
     command -v pg_prove >/dev/null || missing+=(libtap-parser-sourcehandler-pgtap-perl)
