@@ -10,6 +10,7 @@
 extern "C" {
 #include "postgres.h"
 
+#include "access/transam.h"
 #include "catalog/pg_collation_d.h"
 #include "catalog/pg_namespace_d.h"
 #include "catalog/pg_proc_d.h"
@@ -113,6 +114,16 @@ inline LocalTransactionId my_local_xid() {
     return MyProc->vxid.lxid;
 #else
     return MyProc->lxid;
+#endif
+}
+
+// 17: the shared transaction counters ShmemVariableCache were renamed
+// TransamVariables. The oldest xid whose commit status clog still knows.
+inline TransactionId oldest_clog_xid() {
+#if PG_VERSION_NUM >= 170000
+    return TransamVariables->oldestClogXid;
+#else
+    return ShmemVariableCache->oldestClogXid;
 #endif
 }
 
