@@ -46,6 +46,8 @@ PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server) -Isrc
 # (SHARDING_EXPORT in src/boundary.hpp; test/harness/symbols.sh checks).
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Werror -Wno-missing-field-initializers -fvisibility=hidden -fvisibility-inlines-hidden
 SHLIB_LINK += -lstdc++ -Wl,--version-script=$(CURDIR)/src/exports.map
+# For PG_MODULE_MAGIC_EXT (PostgreSQL 18), see src/compat.hpp.
+PG_CPPFLAGS += -DSHARDING_VERSION='"$(EXTVERSION)"'
 
 # XXH3: inlined from xxhash.h by default (measured faster, see README);
 # `make XXHASH=link` links Debian's libxxhash instead.

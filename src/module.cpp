@@ -3,7 +3,7 @@
 
 extern "C" {
 SHARDING_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
-PG_MODULE_MAGIC;
+SHARDING_MODULE_MAGIC;
 
 SHARDING_EXPORT void _PG_init(void);
 }

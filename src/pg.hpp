@@ -13,3 +13,6 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 }
+
+// Version differences (15, 17, 18) behind one header.
+#include "compat.hpp"

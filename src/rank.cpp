@@ -370,7 +370,7 @@ Column &column_for(Oid relid, const char *colname, LOCKMODE mode) {
                 break;
             }
         }
-        Oid pk = RelationGetPrimaryKeyIndex(rel);
+        Oid pk = sharding::compat::primary_key_index(rel);
         if (OidIsValid(pk)) {
             HeapTuple it = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(pk));
             if (HeapTupleIsValid(it)) {

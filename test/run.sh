@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the sharding extension, from a clean clone, as root on
-# Debian 12 (installs what is missing) or as a user with the packages present.
+# Debian 12, 13 or unstable (installs what is missing) or as a user with the
+# packages present. SHARDING_PG=NN picks the PostgreSQL major version
+# (default: the release's own, see test/lib/cluster.sh).
 #
 #   bash test/run.sh
 #   SHARDING_ONLY='queue*' bash test/run.sh   # only tests whose name matches
@@ -59,6 +61,20 @@ tap_count() {
     count "$ok" "$nok"
 }
 
+# regress_count FILE RC: counts the results of pg_regress or
+# pg_isolation_regress in FILE and sets regress_failed. They report each test
+# as "test name ... ok" (PostgreSQL 15) or as TAP, "ok 1 - name" / "not ok 1 +
+# name" (16 and later; "+" marks a test of a parallel group). A non-zero RC
+# with no failed test is one failure.
+regress_failed=0
+regress_count() {
+    local ok
+    ok=$(grep -cE '\.\.\. ok|^ok [0-9]+ +[-+] ' "$1")
+    regress_failed=$(grep -cE '\.\.\. FAILED|\.\.\. failed|^not ok [0-9]+ +[-+] ' "$1")
+    if [ "$2" -ne 0 ] && [ "$regress_failed" -eq 0 ]; then regress_failed=1; fi
+    count "$ok" "$regress_failed"
+}
+
 # 1. pg_regress
 log "pg_regress"
 regress_out=$(mktemp)
@@ -70,10 +86,8 @@ else
 fi
 regress_rc=$?
 cat "$regress_out"
-r_ok=$(grep -cE '\.\.\. ok' "$regress_out")
-r_fail=$(grep -cE '\.\.\. FAILED|\.\.\. failed' "$regress_out")
-if [ "$regress_rc" -ne 0 ] && [ "$r_fail" -eq 0 ]; then r_fail=1; fi
-count "$r_ok" "$r_fail"
+regress_count "$regress_out" "$regress_rc"
+r_fail=$regress_failed
 if [ -s regression.diffs ] && [ "$r_fail" -gt 0 ]; then
     echo "---- regression.diffs ----"
     cat regression.diffs

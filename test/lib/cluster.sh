@@ -1,25 +1,46 @@
 # Shared by test/run.sh, demo/run.sh, test/bench/* and the harnesses:
 # install what is missing, build and install the extension, and run a
-# throwaway PostgreSQL 15 cluster on a private socket.
+# throwaway PostgreSQL cluster on a private socket.
 #
 # PostgreSQL refuses to run as root, so when we are root the server runs as
 # the `postgres` OS user; its data and socket directory live in a private
 # temporary directory owned by it. Clients (psql, pg_regress, pg_prove) may
 # stay root: they only talk to the socket.
 
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-PG_BIN=/usr/lib/postgresql/15/bin
+# SHARDING_PG=17: the PostgreSQL major version to build and test against.
+# Default: the one this Debian release ships (15 on Debian 12, 17 on 13, 18
+# on unstable), as postgresql-common reports it once installed.
+sharding_default_pg() {
+    local v
+    if [ -x /usr/share/postgresql-common/supported_versions ]; then
+        v=$(/usr/share/postgresql-common/supported_versions 2>/dev/null | sort -n | tail -n 1)
+        [ -n "$v" ] && { echo "$v"; return; }
+    fi
+    # postgresql-common not installed yet: the release's default by name.
+    case "$(. /etc/os-release 2>/dev/null; echo "${VERSION_CODENAME:-}")" in
+        bookworm) echo 15 ;;
+        trixie) echo 17 ;;
+        forky | sid) echo 18 ;;
+        *) # Unknown release: the newest server already installed, else 15.
+            v=$(ls /usr/lib/postgresql 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -n 1)
+            echo "${v:-15}" ;;
+    esac
+}
+PG_MAJOR=${SHARDING_PG:-$(sharding_default_pg)}
+export SHARDING_PG=$PG_MAJOR
+PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
+PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
 # For developers running several checkouts at once: SHARDING_PGROOT=/some/dir
-# makes a private copy of the PostgreSQL 15 tree there, installs the
+# makes a private copy of the PostgreSQL tree there, installs the
 # extension into it (make install DESTDIR=...) and runs the server from it,
 # so that parallel checkouts never overwrite each other's installed files.
 if [ -n "${SHARDING_PGROOT:-}" ]; then
-    PG_BIN=$SHARDING_PGROOT/usr/lib/postgresql/15/bin
+    PG_BIN=$SHARDING_PGROOT/usr/lib/postgresql/$PG_MAJOR/bin
 fi
 export PATH=$PG_BIN:$PATH
-SHARDING_PACKAGES="make g++ python3 perl postgresql-15 postgresql-server-dev-15 postgresql-contrib
-    libxxhash-dev xxhash postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
-    postgresql-15-plproxy python3-xxhash"
+SHARDING_PACKAGES="make g++ python3 perl postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR
+    libxxhash-dev libicu-dev xxhash postgresql-$PG_MAJOR-pgtap libtap-parser-sourcehandler-pgtap-perl
+    postgresql-$PG_MAJOR-plproxy python3-xxhash"
 
 log() { printf '== %s\n' "$*" >&2; }
 
@@ -29,14 +50,18 @@ ensure_packages() {
     command -v make >/dev/null || missing+=(make)
     command -v g++ >/dev/null || missing+=(g++)
     command -v python3 >/dev/null || missing+=(python3)
-    [ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
-    [ -f /usr/include/postgresql/15/server/postgres.h ] || missing+=(postgresql-server-dev-15)
+    local v=$PG_MAJOR
+    [ -x /usr/lib/postgresql/$v/bin/initdb ] || missing+=(postgresql-$v)
+    [ -f /usr/include/postgresql/$v/server/postgres.h ] || missing+=(postgresql-server-dev-$v)
     [ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
+    # utils/pg_locale.h includes ICU's headers (Debian builds with ICU).
+    [ -f /usr/include/unicode/ucol.h ] || missing+=(libicu-dev)
     command -v xxhsum >/dev/null || missing+=(xxhash)
-    [ -f /usr/share/postgresql/15/extension/pgtap.control ] || missing+=(postgresql-15-pgtap)
+    [ -f /usr/share/postgresql/$v/extension/pgtap.control ] || missing+=(postgresql-$v-pgtap)
     command -v pg_prove >/dev/null || missing+=(libtap-parser-sourcehandler-pgtap-perl)
-    [ -f /usr/share/postgresql/15/extension/plproxy.control ] || missing+=(postgresql-15-plproxy)
-    [ -f /usr/share/postgresql/15/extension/dblink.control ] || missing+=(postgresql-contrib)
+    [ -f /usr/share/postgresql/$v/extension/plproxy.control ] || missing+=(postgresql-$v-plproxy)
+    # dblink and the other contrib modules ship in postgresql-NN itself.
+    [ -f /usr/share/postgresql/$v/extension/dblink.control ] || missing+=(postgresql-$v)
     /usr/bin/python3 -c 'import xxhash' 2>/dev/null || missing+=(python3-xxhash)
     [ ${#missing[@]} -eq 0 ] && return 0
     # SHARDING_NO_APT (set by make test): report, never install.
@@ -44,21 +69,23 @@ ensure_packages() {
         log "missing packages: ${missing[*]} (run as root, or: apt-get install ${missing[*]})"
         return 1
     fi
+    # Each package once (postgresql-NN may be named twice above).
+    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++')
     log "installing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null ||
         { log "apt-get install failed"; return 1; }
 }
 
-# Builds and installs the extension into the system PostgreSQL 15 (or the
+# Builds and installs the extension into the system PostgreSQL $PG_MAJOR (or the
 # private copy named by SHARDING_PGROOT).
 build_and_install() {
     local flags=${SHARDING_MAKE_FLAGS:-} dest=()
     if [ -n "${SHARDING_PGROOT:-}" ]; then
         if [ ! -x "$PG_BIN/postgres" ]; then
             mkdir -p "$SHARDING_PGROOT/usr/lib/postgresql" "$SHARDING_PGROOT/usr/share/postgresql"
-            cp -a /usr/lib/postgresql/15 "$SHARDING_PGROOT/usr/lib/postgresql/" &&
-                cp -a /usr/share/postgresql/15 "$SHARDING_PGROOT/usr/share/postgresql/" || return 1
+            cp -a "/usr/lib/postgresql/$PG_MAJOR" "$SHARDING_PGROOT/usr/lib/postgresql/" &&
+                cp -a "/usr/share/postgresql/$PG_MAJOR" "$SHARDING_PGROOT/usr/share/postgresql/" || return 1
         fi
         dest=(DESTDIR="$SHARDING_PGROOT")
     fi
