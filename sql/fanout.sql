@@ -127,7 +127,8 @@ SELECT * FROM fo_counts();
 -- EXPLAIN alone runs nothing and counts nothing; EXPLAIN ANALYZE runs.
 SELECT sharding.fanout_reset();
 EXPLAIN (COSTS OFF) SELECT * FROM fo_orders;
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT count(*) FROM fo_orders WHERE tenant = 't1';
+-- (Its plan text differs between versions, so it runs inside a DO block.)
+DO $$ BEGIN EXECUTE 'EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT count(*) FROM fo_orders WHERE tenant = ''t1'''; END $$;
 SELECT * FROM fo_counts() WHERE tbl = 'fo_orders';
 
 -- undistribute: no longer listed nor counted; distribute again: counted.

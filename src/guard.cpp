@@ -194,7 +194,7 @@ struct GuardQuery {
 // Takes the shard's share lock unless this (sub)transaction is known to
 // hold it; true if it was acquired afresh (see lock_shard_shared).
 bool lock_shard_cached(GuardQuery *g, int32 logical) {
-    const LocalTransactionId lxid = MyProc->lxid;
+    const LocalTransactionId lxid = sharding::compat::my_local_xid();
     const SubTransactionId subxid = GetCurrentSubTransactionId();
     if (g->locked_lxid != lxid || g->locked_subxid != subxid) {
         if (g->locked != nullptr) memset(g->locked, 0, sizeof(uint64) * g->locked_words);

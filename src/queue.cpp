@@ -783,7 +783,7 @@ int64 thread_cpu_us() {
 // position.
 bool rolled_back(const Position &pos) {
     if (!TransactionIdIsValid(pos.xid)) return false;
-    if (TransactionIdPrecedes(pos.xid, ShmemVariableCache->oldestClogXid)) return true;
+    if (TransactionIdPrecedes(pos.xid, sharding::compat::oldest_clog_xid())) return true;
     return TransactionIdDidAbort(pos.xid);
 }
 

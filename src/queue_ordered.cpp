@@ -112,7 +112,7 @@ void ensure_cache() {
 // Frees plans retired by an earlier transaction: none of them can be
 // running now.
 void free_retired() {
-    if (retired == NIL || retired_lxid == MyProc->lxid) return;
+    if (retired == NIL || retired_lxid == sharding::compat::my_local_xid()) return;
     ListCell *lc;
     foreach (lc, retired) SPI_freeplan(static_cast<SPIPlanPtr>(lfirst(lc)));
     list_free(retired);
@@ -124,7 +124,7 @@ void retire(SPIPlanPtr plan) {
     MemoryContext old = MemoryContextSwitchTo(ordered_cxt);
     retired = lappend(retired, plan);
     MemoryContextSwitchTo(old);
-    retired_lxid = MyProc->lxid;
+    retired_lxid = sharding::compat::my_local_xid();
 }
 
 void connect_spi() {

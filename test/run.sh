@@ -102,10 +102,8 @@ if [ -n "${iso_list// /}" ]; then
     make -s installcheck PG_CONFIG=$PG_CONFIG REGRESS= ISOLATION="$iso_list" >"$iso_out" 2>&1
     iso_rc=$?
     cat "$iso_out"
-    i_ok=$(grep -cE '\.\.\. ok' "$iso_out")
-    i_fail=$(grep -cE '\.\.\. FAILED|\.\.\. failed' "$iso_out")
-    if [ "$iso_rc" -ne 0 ] && [ "$i_fail" -eq 0 ]; then i_fail=1; fi
-    count "$i_ok" "$i_fail"
+    regress_count "$iso_out" "$iso_rc"
+    i_fail=$regress_failed
     if [ -s output_iso/regression.diffs ] && [ "$i_fail" -gt 0 ]; then
         echo "---- output_iso/regression.diffs ----"
         cat output_iso/regression.diffs
