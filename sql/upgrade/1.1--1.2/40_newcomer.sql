@@ -91,7 +91,7 @@ BEGIN
     END IF;
     IF on_regress IS NULL OR on_regress NOT IN ('skip', 'error') THEN
         RAISE EXCEPTION 'on_regress must be ''skip'' or ''error'', got %', coalesce(quote_literal(on_regress), 'NULL')
-            USING ERRCODE = '22023';
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     c := sharding._rank_column(tbl, col);
     base := c.atttypid;
@@ -104,28 +104,28 @@ BEGIN
     IF ranks IS NULL THEN
         IF NOT is_enum THEN
             RAISE EXCEPTION 'column "%" of relation % is of type %, not an enum, so ranks must be given', col, tbl, coltype
-                USING ERRCODE = '22023', HINT = 'List the values lowest first: ranks => ARRAY[''new'', ''done''].';
+                USING ERRCODE = 'invalid_parameter_value', HINT = 'List the values lowest first: ranks => ARRAY[''new'', ''done''].';
         END IF;
     ELSE
         IF cardinality(ranks) = 0 THEN
-            RAISE EXCEPTION 'ranks must list at least one value, got %', ranks USING ERRCODE = '22023';
+            RAISE EXCEPTION 'ranks must list at least one value, got %', ranks USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF array_ndims(ranks) <> 1 THEN
-            RAISE EXCEPTION 'ranks must be a one-dimensional array, got %', ranks USING ERRCODE = '22023';
+            RAISE EXCEPTION 'ranks must be a one-dimensional array, got %', ranks USING ERRCODE = 'invalid_parameter_value';
         END IF;
         FOR i IN 1 .. cardinality(ranks) LOOP
             label := ranks[array_lower(ranks, 1) + i - 1];
             IF label IS NULL THEN
-                RAISE EXCEPTION 'ranks must not contain NULL, got %', ranks USING ERRCODE = '22023';
+                RAISE EXCEPTION 'ranks must not contain NULL, got %', ranks USING ERRCODE = 'invalid_parameter_value';
             ELSIF label = '' THEN
-                RAISE EXCEPTION 'ranks must not contain an empty string, got %', ranks USING ERRCODE = '22023';
+                RAISE EXCEPTION 'ranks must not contain an empty string, got %', ranks USING ERRCODE = 'invalid_parameter_value';
             ELSIF label = ANY (ranks[array_lower(ranks, 1) : array_lower(ranks, 1) + i - 2]) THEN
-                RAISE EXCEPTION 'ranks list "%" twice', label USING ERRCODE = '22023';
+                RAISE EXCEPTION 'ranks list "%" twice', label USING ERRCODE = 'invalid_parameter_value';
             END IF;
             IF is_enum THEN
                 IF NOT EXISTS (SELECT FROM pg_enum AS e WHERE e.enumtypid = base AND e.enumlabel = label) THEN
                     RAISE EXCEPTION 'rank "%" is not a value of enum type %', label, base::regtype
-                        USING ERRCODE = '22023';
+                        USING ERRCODE = 'invalid_parameter_value';
                 END IF;
             ELSE
                 -- A rank must be a value of the column, written as the column
@@ -133,11 +133,11 @@ BEGIN
                 BEGIN
                     EXECUTE format('SELECT $1::%s::text', coltype) INTO canonical USING label;
                 EXCEPTION WHEN data_exception THEN
-                    RAISE EXCEPTION 'rank "%" is not a valid value of type %', label, coltype USING ERRCODE = '22023';
+                    RAISE EXCEPTION 'rank "%" is not a valid value of type %', label, coltype USING ERRCODE = 'invalid_parameter_value';
                 END;
                 IF canonical IS DISTINCT FROM label THEN
                     RAISE EXCEPTION 'rank "%" of type % reads back as "%"', label, coltype, canonical
-                        USING ERRCODE = '22023', HINT = 'Write ranks as the column prints them.';
+                        USING ERRCODE = 'invalid_parameter_value', HINT = 'Write ranks as the column prints them.';
                 END IF;
             END IF;
         END LOOP;
