@@ -31,9 +31,10 @@ SELECT table_name, queries, single_shard, fan_out FROM sharding.fanout_stats WHE
 \echo '======================================================================'
 \echo 'A queue spread over 8 shards. Most shards keep up; shard 3 does not.'
 SELECT sharding.create_queue('obs_jobs') AS ok \gset
-INSERT INTO obs_jobs (key, created)
-SELECT k, now() - make_interval(secs => CASE WHEN sharding.shard_of(k, 8) = 3 THEN 1800 ELSE 20 END * random())
-  FROM (SELECT 'customer-' || i AS k FROM generate_series(1, 400) AS i) AS keys;
+INSERT INTO obs_jobs (key, created, run_at)
+SELECT k, t, t
+  FROM (SELECT k, now() - make_interval(secs => CASE WHEN sharding.shard_of(k, 8) = 3 THEN 1800 ELSE 20 END * random()) AS t
+          FROM (SELECT 'customer-' || i AS k FROM generate_series(1, 400) AS i) AS keys) AS jobs;
 SELECT round(avg(EXTRACT(epoch FROM now() - created))) AS "average wait (s)" FROM obs_jobs;
 \echo 'The average looks fine. sharding.shard_lag shows each shard:'
 SELECT shard, pending, date_trunc('second', oldest_pending_age) AS oldest_wait, bar
