@@ -71,9 +71,17 @@ SELECT count(*) AS guard_triggers FROM pg_trigger WHERE tgrelid = 'orders'::regc
 SELECT on_regress FROM sharding.rank_guards WHERE table_name = 'orders';
 SELECT pg_temp.err($$UPDATE orders SET status = 'shipped' WHERE id = 1$$);
 SELECT pg_temp.err($$UPDATE orders SET status = NULL WHERE id = 1$$);
-\set VERBOSITY verbose
-UPDATE orders SET status = 'preparing' WHERE id = 5;
-\set VERBOSITY default
+-- (Fields read with GET STACKED DIAGNOSTICS: psql's verbose mode would also
+-- print the source line, which changes with every edit and compiler.)
+DO $$
+DECLARE st text; m text; d text; h text; sch text; tbl text; col text;
+BEGIN
+    UPDATE orders SET status = 'preparing' WHERE id = 5;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, m = MESSAGE_TEXT, d = PG_EXCEPTION_DETAIL,
+        h = PG_EXCEPTION_HINT, sch = SCHEMA_NAME, tbl = TABLE_NAME, col = COLUMN_NAME;
+    RAISE NOTICE E'%: %\nDETAIL: %\nHINT: %\nSCHEMA NAME: %, TABLE NAME: %, COLUMN NAME: %', st, m, d, h, sch, tbl, col;
+END $$;
 -- A failed statement changes nothing, not even rows that could move.
 SELECT pg_temp.err($$UPDATE orders SET status = 'shipped'$$);
 SELECT id, status FROM orders ORDER BY id;
