@@ -120,7 +120,7 @@ new_opts=()
 [ "$NEW" -ge 18 ] && new_opts+=(--no-data-checksums)
 as_server_user "$NEW_BIN/initdb" -D "$dir/new_cluster/data" "${initdb_opts[@]}" "${new_opts[@]}" \
     >"$dir/initdb_new.log" 2>&1 || sed 's/^/#   /' "$dir/initdb_new.log"
-(cd "$dir" && as_server_user "$NEW_BIN/pg_upgrade" -b "$OLD_BIN" -B "$NEW_BIN" \
+(as_server_user_in "$dir" "$NEW_BIN/pg_upgrade" -b "$OLD_BIN" -B "$NEW_BIN" \
     -d "$dir/old_cluster/data" -D "$dir/new_cluster/data" -U postgres \
     -p "$PORT_OLD" -P "$PORT_NEW" -s "$dir" >"$dir/pg_upgrade.log" 2>&1)
 rc=$?

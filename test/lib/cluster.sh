@@ -100,7 +100,14 @@ build_and_install() {
 # directory (initdb and pg_ctl would print "could not change directory").
 # Every path given to it is absolute.
 as_server_user() {
-    if [ "$(id -u)" -eq 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
+    if [ "$(id -u)" -eq 0 ]; then as_server_user_in / "$@"; else "$@"; fi
+}
+
+# as_server_user_in DIR command...: the same, from directory DIR (one the
+# server user can write to, for tools like pg_upgrade that write there).
+as_server_user_in() {
+    local dir=$1; shift
+    if [ "$(id -u)" -eq 0 ]; then (cd "$dir" && runuser -u postgres -- "$@"); else (cd "$dir" && "$@"); fi
 }
 
 # A free TCP port on loopback (for clusters that listen on 127.0.0.1).
