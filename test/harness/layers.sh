@@ -26,9 +26,6 @@ report() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not
 [ -f sharding.so ] || make -s PG_CONFIG=$PG_CONFIG >/dev/null
 legacy=$(grep -ho "'MODULE_PATHNAME', '[a-z_0-9]*'" sql/sharding--1.0.sql sql/sharding--1.0--1.1.sql sql/sharding--1.1.sql |
     sed "s/.*, '//;s/'\$//" | sort -u)
-# queue.cpp's one symbol new in 1.2 that its owner has yet to rename.
-legacy="$legacy
-_queue_settings_changed"
 exported=$(nm -D --defined-only sharding.so | awk '{print $3}')
 stray=$(printf '%s\n' "$exported" | while read -r s; do
     case $s in
