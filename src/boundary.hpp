@@ -177,6 +177,20 @@ auto pg_call(F &&f) -> decltype(f()) {
     }
 }
 
+// Calls the glue function fn(args...) through pg_call: the structural form
+// of rule 2. A glue function is C-style code (it may ereport) whose
+// parameters and result are plain C values (OIDs, Datums, pointers, POD
+// structs), so no C++ object is created or destroyed inside PG_TRY. Write
+//   AttrNumber a = glue(get_attnum, relid, colname);
+// instead of a lambda; fn may be a PostgreSQL function or a named glue
+// function of the topic.
+template <typename R, typename... P, typename... A>
+R glue(R (*fn)(P...), A... args) {
+    static_assert((std::is_trivially_copyable_v<std::decay_t<P>> && ...),
+                  "glue functions take plain C values only");
+    return pg_call([&]() -> R { return fn(args...); });
+}
+
 }  // namespace sharding
 
 // Symbols sharding.so exports: the build hides everything else
