@@ -13,10 +13,12 @@
 //    output functions, ...) may therefore be called directly only while no
 //    C++ object that owns something (std::string, std::vector, a lock guard)
 //    is alive anywhere between the call and the guarded() frame. Otherwise
-//    call it through pg_call([&] { ... }): the ERROR is caught with PG_TRY,
-//    copied, and thrown as PgError, so destructors run; guarded() re-raises
-//    the original error (SQLSTATE, message, detail) unchanged. The lambda
-//    itself must not own C++ objects, and nothing throws inside PG_TRY.
+//    call it through glue(fn, args...) (a named C-style glue function whose
+//    parameters are plain C values; rank.cpp) or pg_call([&] { ... }): the
+//    ERROR is caught with PG_TRY, copied, and thrown as PgError, so
+//    destructors run; guarded() re-raises the original error (SQLSTATE,
+//    message, detail) unchanged. The lambda itself must not own C++ objects,
+//    and nothing throws inside PG_TRY.
 //
 // 3. C++ code reports user errors by throwing sharding::Error with a
 //    SQLSTATE (sharding::fail), reported with the thrower's file and line;

@@ -24,6 +24,13 @@
 // Callbacks only mark entries stale; the next lookup rebuilds them. Plans and
 // memory of a replaced entry are freed only when no call is running, so a
 // nested call (a trigger calling advance) never frees what an outer call uses.
+//
+// Layers (README, Contributing): the rank lists are the pure core
+// (rank_core.hpp); every call into PostgreSQL is a named C-style glue
+// function below (read_column_type, read_enum, read_facts,
+// prepare_advance_plan, convert_through_text, run_advance, ...) or a
+// PostgreSQL function, called through glue() (boundary.hpp); the C++ caches
+// and the entry points sit above them.
 #include "boundary.hpp"
 #include "cache.hpp"
 #include "rank_core.hpp"
