@@ -50,4 +50,12 @@ SELECT sharding.shard_of('still alive', 8) BETWEEN 0 AND 7 AS alive;
 SELECT octet_length(e) - 7 AS message_bytes, right(e, 1) AS last, e LIKE '22023: x€€€%' AS starts
   FROM pg_temp.err($$SELECT sharding._boundary_selftest('long_utf8')$$) AS e;
 
+-- glue(fn, args...), the named form of pg_call: an ERROR raised inside keeps
+-- its SQLSTATE and message, the C++ objects alive around it are destroyed,
+-- and a value comes back unchanged (3: count itself and the two calls).
+SELECT sharding._boundary_selftest('count') AS before \gset
+SELECT pg_temp.err($$SELECT sharding._boundary_selftest('glue_error')$$);
+SELECT sharding._boundary_selftest('glue_value');
+SELECT sharding._boundary_selftest('count') - :before AS destroyed;
+
 DROP EXTENSION sharding;

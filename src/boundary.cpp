@@ -212,6 +212,11 @@ SHARDING_FUNCTION(sharding__boundary_selftest) {
         std::string m = "x";  // so that the capture buffer (1024) ends inside a character
         while (m.size() < 3000) m += "\xe2\x82\xac";
         throw sharding::Error(ERRCODE_INVALID_PARAMETER_VALUE, m);
+    } else if (kind == "glue_error") {
+        // A glue function (here PostgreSQL's own) raising an ERROR.
+        sharding::glue(pg_strtoint32, static_cast<const char *>("not a number"));
+    } else if (kind == "glue_value") {
+        return Int64GetDatum(sharding::glue(pg_strtoint32, static_cast<const char *>("4321")));
     } else if (kind == "pg_value") {
         int32 v = sharding::pg_call([&] { return pg_strtoint32("1234"); });
         return Int64GetDatum(v);

@@ -13,10 +13,12 @@
 //    output functions, ...) may therefore be called directly only while no
 //    C++ object that owns something (std::string, std::vector, a lock guard)
 //    is alive anywhere between the call and the guarded() frame. Otherwise
-//    call it through pg_call([&] { ... }): the ERROR is caught with PG_TRY,
-//    copied, and thrown as PgError, so destructors run; guarded() re-raises
-//    the original error (SQLSTATE, message, detail) unchanged. The lambda
-//    itself must not own C++ objects, and nothing throws inside PG_TRY.
+//    call it through glue(fn, args...) (a named C-style glue function whose
+//    parameters are plain C values; rank.cpp) or pg_call([&] { ... }): the
+//    ERROR is caught with PG_TRY, copied, and thrown as PgError, so
+//    destructors run; guarded() re-raises the original error (SQLSTATE,
+//    message, detail) unchanged. The lambda itself must not own C++ objects,
+//    and nothing throws inside PG_TRY.
 //
 // 3. C++ code reports user errors by throwing sharding::Error with a
 //    SQLSTATE (sharding::fail), reported with the thrower's file and line;
@@ -175,6 +177,20 @@ auto pg_call(F &&f) -> decltype(f()) {
         if (failed) detail::rethrow_as_pg_error(cxt);
         return result;
     }
+}
+
+// Calls the glue function fn(args...) through pg_call: the structural form
+// of rule 2. A glue function is C-style code (it may ereport) whose
+// parameters and result are plain C values (OIDs, Datums, pointers, POD
+// structs), so no C++ object is created or destroyed inside PG_TRY. Write
+//   AttrNumber a = glue(get_attnum, relid, colname);
+// instead of a lambda; fn may be a PostgreSQL function or a named glue
+// function of the topic.
+template <typename R, typename... P, typename... A>
+R glue(R (*fn)(P...), A... args) {
+    static_assert((std::is_trivially_copyable_v<std::decay_t<P>> && ...),
+                  "glue functions take plain C values only");
+    return pg_call([&]() -> R { return fn(args...); });
 }
 
 }  // namespace sharding

@@ -39,6 +39,7 @@ extern "C" {
 #include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/objectaddress.h"
 #include "common/hashfn.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_index.h"
@@ -68,6 +69,13 @@ namespace queue {
 
 const char *qualified_name(Oid relid) {
     return quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid));
+}
+
+void require_update(Oid relid) {
+    if (pg_class_aclcheck(relid, GetUserId(), ACL_UPDATE) == ACLCHECK_OK ||
+        pg_attribute_aclcheck_all(relid, GetUserId(), ACL_UPDATE, ACLMASK_ANY) == ACLCHECK_OK)
+        return;
+    aclcheck_error(ACLCHECK_NO_PRIV, get_relkind_objtype(get_rel_relkind(relid)), get_rel_name(relid));
 }
 
 namespace {
@@ -325,12 +333,6 @@ void load_settings(QueueEntry *e) {
     }
 }
 
-// Whether the caller may update the table or one of its columns.
-bool may_update(Oid relid) {
-    return pg_class_aclcheck(relid, GetUserId(), ACL_UPDATE) == ACLCHECK_OK ||
-           pg_attribute_aclcheck_all(relid, GetUserId(), ACL_UPDATE, ACLMASK_ANY) == ACLCHECK_OK;
-}
-
 // Checks privileges, locks the table (which also processes pending
 // invalidations), and returns its valid cache entry. Needs an SPI connection.
 QueueEntry *lookup(Oid relid) {
@@ -346,15 +348,11 @@ QueueEntry *lookup(Oid relid) {
     // again once the lock is held, as amcheck does: the table may have been
     // dropped, or its privileges changed, while we waited. The executor
     // checks again, column by column.
-    if (!may_update(relid))
-        sharding::fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for queue table %s",
-                       qualified_name(relid));
+    sharding::queue::require_update(relid);
     LockRelationOid(relid, RowExclusiveLock);
     if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
         sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
-    if (!may_update(relid))
-        sharding::fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for queue table %s",
-                       qualified_name(relid));
+    sharding::queue::require_update(relid);
 
     bool found;
     QueueEntry *e = static_cast<QueueEntry *>(hash_search(queue_cache, &relid, HASH_ENTER, &found));

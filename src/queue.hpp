@@ -21,6 +21,12 @@ struct QueueColumns {
 // The table's quoted, schema-qualified name (palloc'd).
 const char *qualified_name(Oid relid);
 
+// Raises PostgreSQL's own 42501 ("permission denied for table jobs", through
+// aclcheck_error) unless the caller may update the table or at least one of
+// its columns. An ereport(ERROR), not a sharding::Error: call it only where
+// no owning C++ object is alive.
+void require_update(Oid relid);
+
 // Checks that relid is a queue table: an ordinary or partitioned table with
 // id bigint (unique, non-partial index on it alone), status text, owner
 // text, claim_expires timestamptz, created timestamptz; attempts integer

@@ -38,6 +38,7 @@
 #include "boundary.hpp"
 #include "hash_core.hpp"
 #include "keys.hpp"
+#include "queue.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
@@ -413,10 +414,7 @@ SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
     char kind = get_rel_relkind(relid);
     if (kind != RELKIND_RELATION && kind != RELKIND_PARTITIONED_TABLE)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue %s is not a table", qualified_name(relid));
-    if (pg_class_aclcheck(relid, GetUserId(), ACL_UPDATE) != ACLCHECK_OK &&
-        pg_attribute_aclcheck_all(relid, GetUserId(), ACL_UPDATE, ACLMASK_ANY) != ACLCHECK_OK)
-        sharding::fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for queue table %s",
-                       qualified_name(relid));
+    sharding::queue::require_update(relid);
     LockRelationOid(relid, RowExclusiveLock);
 
     Shape q;

@@ -24,6 +24,13 @@
 // Callbacks only mark entries stale; the next lookup rebuilds them. Plans and
 // memory of a replaced entry are freed only when no call is running, so a
 // nested call (a trigger calling advance) never frees what an outer call uses.
+//
+// Layers (README, Contributing): the rank lists are the pure core
+// (rank_core.hpp); every call into PostgreSQL is a named C-style glue
+// function below (read_column_type, read_enum, read_facts,
+// prepare_advance_plan, convert_through_text, run_advance, ...) or a
+// PostgreSQL function, called through glue() (boundary.hpp); the C++ caches
+// and the entry points sit above them.
 #include "boundary.hpp"
 #include "cache.hpp"
 #include "rank_core.hpp"
@@ -86,27 +93,27 @@ struct ColumnType {
     char typalign = 'i';
 };
 
-ColumnType column_type(Oid type, int32 typmod) {
-    ColumnType t;
-    t.type = type;
-    t.typmod = typmod;
-    ColumnType *out = &t;
-    pg_call([&] {
-        bool varlena;
-        out->base = getBaseType(type);
-        getTypeOutputInfo(out->base, &out->typoutput, &varlena);
-        getTypeInputInfo(out->base, &out->typinput, &out->typioparam);
-        get_typlenbyvalalign(out->base, &out->typlen, &out->typbyval, &out->typalign);
-        out->kind = type_is_enum(out->base)                                  ? Kind::Enum
-                    : (out->base == TEXTOID || out->base == VARCHAROID) ? Kind::Text
-                                                                             : Kind::Other;
-    });
-    return t;
+// ---- Glue: C-style functions that call PostgreSQL and may ereport. Their
+// parameters and results are plain C values; the C++ code above them calls
+// them through glue() (boundary.hpp), which turns an ERROR into PgError, so
+// no C++ destructor is ever skipped.
+
+// Fills `out` with how type `type` (a domain, perhaps) is read and written.
+void read_column_type(Oid type, int32 typmod, ColumnType *out) {
+    bool varlena;
+    out->type = type;
+    out->typmod = typmod;
+    out->base = getBaseType(type);
+    getTypeOutputInfo(out->base, &out->typoutput, &varlena);
+    getTypeInputInfo(out->base, &out->typinput, &out->typioparam);
+    get_typlenbyvalalign(out->base, &out->typlen, &out->typbyval, &out->typalign);
+    out->kind = type_is_enum(out->base)                                  ? Kind::Enum
+                : (out->base == TEXTOID || out->base == VARCHAROID) ? Kind::Text
+                                                                         : Kind::Other;
 }
 
-// The ranks of one column, lowest first.
-// The members of enum type `enumtype`, from pg_enum (C-level glue: may
-// ereport). Labels point into `*out`'s palloc'd names.
+// The members of enum type `enumtype`, from pg_enum. Labels point into
+// `*out`'s palloc'd names.
 struct EnumList {
     int n;
     Oid *oid;
@@ -128,11 +135,181 @@ void read_enum(Oid enumtype, EnumList *out) {
     ReleaseSysCacheList(list);
 }
 
+// Hands a replaced plan and memory context to the cache module's retirement.
+void retire_plan_and_context(SPIPlanPtr plan, MemoryContext cxt) {
+    cache::retire_plan(plan);
+    cache::retire_context(cxt);
+}
+
+// The table's facts that a Column needs, gathered from the relcache.
+struct Facts {
+    bool exists;
+    NameData relname, nspname, colname, pk_name;
+    Oid atttypid;
+    int32 typmod;
+    int nargs;  // -1: no guard
+    char **args;
+    int pk_natts;
+    AttrNumber pk_attnum;
+    Oid pk_type;
+};
+
+// Reads the facts of column `attnum` of table `relid` (already locked):
+// its type, the guard trigger on it and the table's primary key. `exists`
+// stays false if the table is gone.
+void read_facts(Oid relid, AttrNumber attnum, Facts *fp) {
+    Relation rel = try_relation_open(relid, NoLock);
+    if (rel == nullptr) return;
+    fp->exists = true;
+    TupleDesc desc = RelationGetDescr(rel);
+    Form_pg_attribute att = TupleDescAttr(desc, attnum - 1);
+    namestrcpy(&fp->relname, RelationGetRelationName(rel));
+    namestrcpy(&fp->nspname, get_namespace_name(RelationGetNamespace(rel)));
+    fp->colname = att->attname;
+    fp->atttypid = att->atttypid;
+    fp->typmod = att->atttypmod;
+    fp->nargs = -1;
+    Oid guard_fn = LookupFuncName(list_make2(makeString(pstrdup("sharding")), makeString(pstrdup("_rank_guard"))),
+                                  0, nullptr, true);
+    TriggerDesc *td = rel->trigdesc;
+    for (int i = 0; td != nullptr && guard_fn != InvalidOid && i < td->numtriggers; i++) {
+        Trigger *t = &td->triggers[i];
+        if (t->tgfoid == guard_fn && t->tgnattr == 1 && t->tgattr[0] == attnum &&
+            TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) && TRIGGER_FOR_UPDATE(t->tgtype)) {
+            fp->nargs = t->tgnargs;
+            fp->args = static_cast<char **>(palloc0(sizeof(char *) * (t->tgnargs + 1)));
+            for (int a = 0; a < t->tgnargs; a++) fp->args[a] = pstrdup(t->tgargs[a]);
+            break;
+        }
+    }
+    Oid pk = sharding::compat::primary_key_index(rel);
+    if (OidIsValid(pk)) {
+        HeapTuple it = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(pk));
+        if (HeapTupleIsValid(it)) {
+            Form_pg_index ix = reinterpret_cast<Form_pg_index>(GETSTRUCT(it));
+            fp->pk_natts = ix->indnkeyatts;
+            fp->pk_attnum = ix->indkey.values[0];
+            ReleaseSysCache(it);
+        }
+        if (fp->pk_natts == 1 && fp->pk_attnum > 0) {
+            Form_pg_attribute pka = TupleDescAttr(desc, fp->pk_attnum - 1);
+            fp->pk_name = pka->attname;
+            fp->pk_type = getBaseType(pka->atttypid);
+        }
+    }
+    relation_close(rel, NoLock);
+}
+
+// "OPERATOR(schema.=)": the equality operator of `type`, named with its
+// schema so that a plan means the same whatever the caller's search_path.
+char *equality_operator(Oid type) {
+    TypeCacheEntry *tc = lookup_type_cache(type, TYPECACHE_EQ_OPR);
+    if (!OidIsValid(tc->eq_opr))
+        ereport(ERROR, (errcode(ERRCODE_UNDEFINED_FUNCTION),
+                        errmsg("type %s has no equality operator", format_type_be(type))));
+    HeapTuple ot = SearchSysCache1(OPEROID, ObjectIdGetDatum(tc->eq_opr));
+    if (!HeapTupleIsValid(ot)) elog(ERROR, "cache lookup failed for operator %u", tc->eq_opr);
+    Form_pg_operator o = reinterpret_cast<Form_pg_operator>(GETSTRUCT(ot));
+    char *s = psprintf("OPERATOR(%s.%s)", quote_identifier(get_namespace_name(o->oprnamespace)),
+                       NameStr(o->oprname));
+    ReleaseSysCache(ot);
+    return s;
+}
+
+// What advance's UPDATE is built from: names, types and the ranks (read
+// through Ranks' non-throwing accessors only).
+struct AdvanceSpec {
+    const char *nsp, *rel, *col, *pkcol;
+    Oid pk_type;
+    const ColumnType *type;
+    const Ranks *ranks;
+};
+
+// advance's prepared UPDATE and the values it runs with; `cxt` holds
+// rank_datum and higher. Set field by field, so that what a failure
+// leaves behind is still retired.
+struct AdvanceState {
+    SPIPlanPtr plan;
+    MemoryContext cxt;
+    Datum *rank_datum;  // each rank as a value of the column's type
+    Datum *higher;      // for rank r: array of the ranks r and up
+};
+
+// Prepares (and keeps) advance's UPDATE for `spec` into `st`.
+void prepare_advance_plan(const AdvanceSpec *spec, AdvanceState *st) {
+    const ColumnType &ct = *spec->type;
+    int n = spec->ranks->size();
+    Oid array_type = get_array_type(ct.base);
+    if (!OidIsValid(array_type))
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("type %s has no array type", format_type_be(ct.base))));
+    const char *qcol = quote_identifier(spec->col);
+    char *sql = psprintf("UPDATE %s SET %s = $2 WHERE %s %s $1 AND (%s IS NULL OR NOT (%s %s ANY ($3)))",
+                         quote_qualified_identifier(spec->nsp, spec->rel), qcol, quote_identifier(spec->pkcol),
+                         equality_operator(spec->pk_type), qcol, qcol, equality_operator(ct.base));
+    Oid argtypes[3] = {spec->pk_type, ct.type, array_type};
+    MemoryContext cxt = cache::entry_context("sharding rank column");
+    st->cxt = cxt;
+    MemoryContext old = MemoryContextSwitchTo(cxt);
+    st->rank_datum = static_cast<Datum *>(palloc0(sizeof(Datum) * (n + 1)));
+    st->higher = static_cast<Datum *>(palloc0(sizeof(Datum) * (n + 1)));
+    for (int r = 0; r < n; r++) {
+        std::string_view l = spec->ranks->label(r);
+        if (ct.kind == Kind::Text)
+            st->rank_datum[r] = PointerGetDatum(cstring_to_text_with_len(l.data(), static_cast<int>(l.size())));
+        else if (ct.kind == Kind::Enum)
+            st->rank_datum[r] = ObjectIdGetDatum(spec->ranks->enum_oid(r));
+        else
+            st->rank_datum[r] =
+                OidInputFunctionCall(ct.typinput, pnstrdup(l.data(), l.size()), ct.typioparam, ct.typmod);
+    }
+    for (int r = 0; r < n; r++)
+        st->higher[r] = PointerGetDatum(
+            construct_array(st->rank_datum + r, n - r, ct.base, ct.typlen, ct.typbyval, ct.typalign));
+    MemoryContextSwitchTo(old);
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    // Always the generic plan (an index probe on the key): never planned again per call.
+    SPIPlanPtr plan = SPI_prepare_cursor(sql, 3, argtypes, CURSOR_OPT_GENERIC_PLAN);
+    if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+    if (SPI_keepplan(plan) != 0) elog(ERROR, "SPI_keepplan failed");
+    SPI_finish();
+    st->plan = plan;
+}
+
+// `id` (of type id_type) as a value of the primary key's type pk_type,
+// through the text form, as CAST does for unrelated types: a value the key
+// type cannot read raises that type's error.
+Datum convert_through_text(Oid id_type, Oid pk_type, Datum id) {
+    Oid out, in, ioparam;
+    bool varlena;
+    getTypeOutputInfo(id_type, &out, &varlena);
+    getTypeInputInfo(pk_type, &in, &ioparam);
+    return OidInputFunctionCall(in, OidOutputFunctionCall(out, id), ioparam, -1);
+}
+
+// Runs advance's UPDATE with `values` (key, new value, ranks at or above
+// it); the number of rows it changed.
+uint64 run_advance(SPIPlanPtr plan, Datum *values) {
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    int rc = SPI_execute_plan(plan, values, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE) elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+    uint64 n = SPI_processed;
+    SPI_finish();
+    return n;
+}
+
+// ---- C++ above the glue: the rankings and columns the caches keep.
+
+ColumnType column_type(Oid type, int32 typmod) {
+    ColumnType t;
+    glue(read_column_type, type, typmod, &t);
+    return t;
+}
+
 // Loads an enum's members into `ranks` (rank_core.hpp).
 void load_enum(Ranks &ranks, Oid enumtype, bool declared_order, const std::string &what) {
     EnumList list{};
-    EnumList *lp = &list;
-    pg_call([&] { read_enum(enumtype, lp); });
+    glue(read_enum, enumtype, &list);
     std::vector<EnumMember> members;
     members.reserve(static_cast<size_t>(list.n));
     for (int i = 0; i < list.n; i++) members.push_back(EnumMember{list.oid[i], list.sort[i], NameStr(list.label[i])});
@@ -205,15 +382,14 @@ int value_rank(const Ranking &g, Datum v) {
         case Kind::Text: {
             struct varlena *p = reinterpret_cast<struct varlena *>(DatumGetPointer(v));
             if (VARATT_IS_EXTERNAL(p) || VARATT_IS_COMPRESSED(p))
-                p = pg_call([&] { return pg_detoast_datum_packed(p); });
+                p = glue(pg_detoast_datum_packed, p);
             return g.ranks.find(std::string_view(VARDATA_ANY(p), VARSIZE_ANY_EXHDR(p)));
         }
         case Kind::Enum:
             return g.ranks.find_enum(DatumGetObjectId(v));
         case Kind::Other:
         default: {
-            Oid out = g.type.typoutput;
-            const char *s = pg_call([&] { return OidOutputFunctionCall(out, v); });
+            const char *s = glue(OidOutputFunctionCall, g.type.typoutput, v);
             return g.ranks.find(s);
         }
     }
@@ -221,8 +397,7 @@ int value_rank(const Ranking &g, Datum v) {
 
 // A value's text form, for messages.
 std::string value_text(const Ranking &g, Datum v) {
-    Oid out = g.type.typoutput;
-    const char *s = pg_call([&] { return OidOutputFunctionCall(out, v); });
+    const char *s = glue(OidOutputFunctionCall, g.type.typoutput, v);
     return s;
 }
 
@@ -249,8 +424,7 @@ const Ranking &guard_for(TriggerData *td) {
     if (t->tgnattr == 1) {
         attnum = t->tgattr[0];
     } else if (t->tgnargs >= 1) {
-        const char *col = t->tgargs[0];
-        attnum = pg_call([&] { return static_cast<AttrNumber>(SPI_fnumber(desc, col)); });
+        attnum = static_cast<AttrNumber>(glue(SPI_fnumber, desc, static_cast<const char *>(t->tgargs[0])));
     }
     if (attnum <= 0 || attnum > desc->natts || TupleDescAttr(desc, attnum - 1)->attisdropped)
         fail(ERRCODE_UNDEFINED_COLUMN, "rank guard \"%s\" on relation \"%s\" names no column of it", t->tgname,
@@ -274,27 +448,17 @@ struct Column {
     AttrNumber pk_attnum = InvalidAttrNumber;
     Oid pk_type = InvalidOid;  // base type of the primary key column
     CacheString pk_name;
-    // Built by the first advance call.
-    SPIPlanPtr plan = nullptr;
-    MemoryContext cxt = nullptr;  // rank_datum and higher
-    Datum *rank_datum = nullptr;  // each rank as a value of the column's type
-    Datum *higher = nullptr;      // for rank r: array of the ranks r and up
+    AdvanceState adv{};  // built by the first advance call
 };
 
 // Hands a column's plan and memory to the cache module's retirement: a
 // call further up the stack (advance running the UPDATE that fired a
 // trigger that calls advance) may still be executing them.
 void bury(Column &c) {
-    if (c.plan == nullptr && c.cxt == nullptr) return;
-    SPIPlanPtr plan = c.plan;
-    MemoryContext cxt = c.cxt;
-    c.plan = nullptr;
-    c.cxt = nullptr;
-    c.rank_datum = c.higher = nullptr;
-    pg_call([&] {
-        cache::retire_plan(plan);
-        cache::retire_context(cxt);
-    });
+    if (c.adv.plan == nullptr && c.adv.cxt == nullptr) return;
+    AdvanceState gone = c.adv;
+    c.adv = AdvanceState{};
+    glue(retire_plan_and_context, gone.plan, gone.cxt);
 }
 
 // Keyed by table oid and column *name*: a hit needs no catalog lookup. A
@@ -302,24 +466,11 @@ void bury(Column &c) {
 using ColumnMap = CMap<CacheString, Column, NameHash>;
 ColumnMap *columns = nullptr;
 
-// The table's facts that a Column needs, gathered from the relcache.
-struct Facts {
-    bool exists;
-    NameData relname, nspname, colname, pk_name;
-    Oid atttypid;
-    int32 typmod;
-    int nargs;  // -1: no guard
-    char **args;
-    int pk_natts;
-    AttrNumber pk_attnum;
-    Oid pk_type;
-};
-
 // Column `colname` of table `relid`, locked in `mode` and rebuilt if stale.
 Column &column_for(Oid relid, const char *colname, LOCKMODE mode) {
     // The lock also processes pending invalidations: a guard committed by
     // another session is seen from here on.
-    pg_call([&] { LockRelationOid(relid, mode); });
+    glue(LockRelationOid, relid, mode);
     if (columns == nullptr) columns = cache_new<ColumnMap>();
     if (columns->size() >= 4096 && detail::call_depth <= 1) {
         // Many names seen (dropped tables, misspelt columns): start afresh.
@@ -333,9 +484,9 @@ Column &column_for(Oid relid, const char *colname, LOCKMODE mode) {
     if (c.g.fresh()) return c;
     c.g.valid = false;
     uint64 start = relcache_generation;
-    AttrNumber attnum = pg_call([&] { return get_attnum(relid, colname); });
+    AttrNumber attnum = glue(get_attnum, relid, colname);
     if (attnum <= 0) {
-        const char *relname = pg_call([&] { return get_rel_name(relid); });
+        const char *relname = glue(get_rel_name, relid);
         if (relname == nullptr) fail(ERRCODE_UNDEFINED_TABLE, "relation with OID %u does not exist", relid);
         fail(ERRCODE_UNDEFINED_COLUMN, "column \"%s\" of relation \"%s\" does not exist", colname, relname);
     }
@@ -344,49 +495,7 @@ Column &column_for(Oid relid, const char *colname, LOCKMODE mode) {
     c.g.valid = false;
     c.has_ranks = false;
     Facts f{};
-    Facts *fp = &f;
-    pg_call([&] {
-        Relation rel = try_relation_open(relid, NoLock);
-        if (rel == nullptr) return;
-        fp->exists = true;
-        TupleDesc desc = RelationGetDescr(rel);
-        Form_pg_attribute att = TupleDescAttr(desc, attnum - 1);
-        namestrcpy(&fp->relname, RelationGetRelationName(rel));
-        namestrcpy(&fp->nspname, get_namespace_name(RelationGetNamespace(rel)));
-        fp->colname = att->attname;
-        fp->atttypid = att->atttypid;
-        fp->typmod = att->atttypmod;
-        fp->nargs = -1;
-        Oid guard_fn = LookupFuncName(list_make2(makeString(pstrdup("sharding")), makeString(pstrdup("_rank_guard"))),
-                                      0, nullptr, true);
-        TriggerDesc *td = rel->trigdesc;
-        for (int i = 0; td != nullptr && guard_fn != InvalidOid && i < td->numtriggers; i++) {
-            Trigger *t = &td->triggers[i];
-            if (t->tgfoid == guard_fn && t->tgnattr == 1 && t->tgattr[0] == attnum &&
-                TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) && TRIGGER_FOR_UPDATE(t->tgtype)) {
-                fp->nargs = t->tgnargs;
-                fp->args = static_cast<char **>(palloc0(sizeof(char *) * (t->tgnargs + 1)));
-                for (int a = 0; a < t->tgnargs; a++) fp->args[a] = pstrdup(t->tgargs[a]);
-                break;
-            }
-        }
-        Oid pk = sharding::compat::primary_key_index(rel);
-        if (OidIsValid(pk)) {
-            HeapTuple it = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(pk));
-            if (HeapTupleIsValid(it)) {
-                Form_pg_index ix = reinterpret_cast<Form_pg_index>(GETSTRUCT(it));
-                fp->pk_natts = ix->indnkeyatts;
-                fp->pk_attnum = ix->indkey.values[0];
-                ReleaseSysCache(it);
-            }
-            if (fp->pk_natts == 1 && fp->pk_attnum > 0) {
-                Form_pg_attribute pka = TupleDescAttr(desc, fp->pk_attnum - 1);
-                fp->pk_name = pka->attname;
-                fp->pk_type = getBaseType(pka->atttypid);
-            }
-        }
-        relation_close(rel, NoLock);
-    });
+    glue(read_facts, relid, attnum, &f);
     if (!f.exists) fail(ERRCODE_UNDEFINED_TABLE, "relation with OID %u does not exist", relid);
     c.relname = NameStr(f.relname);
     c.nspname = NameStr(f.nspname);
@@ -430,7 +539,7 @@ int rank_in(const Column &c, std::string_view value) {
 
 // Prepares advance's UPDATE for `c` (once per cache entry).
 void prepare_advance(Column &c) {
-    if (c.plan != nullptr) return;
+    if (c.adv.plan != nullptr) return;
     bury(c);  // what a failed earlier attempt left
     if (c.pk_natts == 0)
         throw Error(ERRCODE_INVALID_PARAMETER_VALUE,
@@ -446,64 +555,9 @@ void prepare_advance(Column &c) {
                 fail(ERRCODE_INVALID_PARAMETER_VALUE, "rank \"%.*s\" of column \"%s\" is not a value of its enum type",
                      static_cast<int>(c.g.ranks.label(r).size()), c.g.ranks.label(r).data(), c.colname.c_str());
     }
-    Column *cp = &c;
-    const char *nsp = c.nspname.c_str(), *rel = c.relname.c_str(), *col = c.colname.c_str(),
-               *pkcol = c.pk_name.c_str();
-    pg_call([&] {
-        Column &k = *cp;
-        const ColumnType &ct = k.g.type;
-        int n = k.g.ranks.size();
-        // Every operator is named with its schema: the plan means the same
-        // whatever the caller's search_path.
-        auto op_name = [](Oid type) -> char * {
-            TypeCacheEntry *tc = lookup_type_cache(type, TYPECACHE_EQ_OPR);
-            if (!OidIsValid(tc->eq_opr))
-                ereport(ERROR, (errcode(ERRCODE_UNDEFINED_FUNCTION),
-                                errmsg("type %s has no equality operator", format_type_be(type))));
-            HeapTuple ot = SearchSysCache1(OPEROID, ObjectIdGetDatum(tc->eq_opr));
-            if (!HeapTupleIsValid(ot)) elog(ERROR, "cache lookup failed for operator %u", tc->eq_opr);
-            Form_pg_operator o = reinterpret_cast<Form_pg_operator>(GETSTRUCT(ot));
-            char *s = psprintf("OPERATOR(%s.%s)", quote_identifier(get_namespace_name(o->oprnamespace)),
-                               NameStr(o->oprname));
-            ReleaseSysCache(ot);
-            return s;
-        };
-        Oid array_type = get_array_type(ct.base);
-        if (!OidIsValid(array_type))
-            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                            errmsg("type %s has no array type", format_type_be(ct.base))));
-        const char *qcol = quote_identifier(col);
-        char *sql = psprintf("UPDATE %s SET %s = $2 WHERE %s %s $1 AND (%s IS NULL OR NOT (%s %s ANY ($3)))",
-                             quote_qualified_identifier(nsp, rel), qcol, quote_identifier(pkcol),
-                             op_name(k.pk_type), qcol, qcol, op_name(ct.base));
-        Oid argtypes[3] = {k.pk_type, ct.type, array_type};
-        MemoryContext cxt = cache::entry_context("sharding rank column");
-        k.cxt = cxt;
-        MemoryContext old = MemoryContextSwitchTo(cxt);
-        k.rank_datum = static_cast<Datum *>(palloc0(sizeof(Datum) * (n + 1)));
-        k.higher = static_cast<Datum *>(palloc0(sizeof(Datum) * (n + 1)));
-        for (int r = 0; r < n; r++) {
-            std::string_view l = k.g.ranks.label(r);
-            if (ct.kind == Kind::Text)
-                k.rank_datum[r] = PointerGetDatum(cstring_to_text_with_len(l.data(), static_cast<int>(l.size())));
-            else if (ct.kind == Kind::Enum)
-                k.rank_datum[r] = ObjectIdGetDatum(k.g.ranks.enum_oid(r));
-            else
-                k.rank_datum[r] = OidInputFunctionCall(ct.typinput, pnstrdup(l.data(), l.size()), ct.typioparam,
-                                                       ct.typmod);
-        }
-        for (int r = 0; r < n; r++)
-            k.higher[r] = PointerGetDatum(
-                construct_array(k.rank_datum + r, n - r, ct.base, ct.typlen, ct.typbyval, ct.typalign));
-        MemoryContextSwitchTo(old);
-        if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-        // Always the generic plan (an index probe on the key): never planned again per call.
-        SPIPlanPtr plan = SPI_prepare_cursor(sql, 3, argtypes, CURSOR_OPT_GENERIC_PLAN);
-        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-        if (SPI_keepplan(plan) != 0) elog(ERROR, "SPI_keepplan failed");
-        SPI_finish();
-        k.plan = plan;
-    });
+    AdvanceSpec spec{c.nspname.c_str(), c.relname.c_str(), c.colname.c_str(), c.pk_name.c_str(),
+                     c.pk_type, &c.g.type, &c.g.ranks};
+    glue(prepare_advance_plan, static_cast<const AdvanceSpec *>(&spec), &c.adv);
 }
 
 bool int_type(Oid t) { return t == INT2OID || t == INT4OID || t == INT8OID; }
@@ -572,7 +626,7 @@ SHARDING_FUNCTION(sharding__rank_guard) {
     if (g.skip) return PointerGetDatum(nullptr);
     std::string new_text = new_null ? std::string("NULL") : sharding::quoted(g.ranks.label(new_rank));
     Oid nsp = RelationGetNamespace(td->tg_relation);
-    const char *nspname = sharding::pg_call([&] { return get_namespace_name(nsp); });
+    const char *nspname = sharding::glue(get_namespace_name, nsp);
     throw sharding::Error(
         ERRCODE_CHECK_VIOLATION,
         sharding::format("rank guard refuses to lower column \"%s\" of relation \"%s\" from \"%.*s\" to %s", colname,
@@ -618,8 +672,8 @@ SHARDING_FUNCTION(sharding_advance) {
     sharding::prepare_advance(c);
     // Taken now: converting the id below may run user code (a domain check)
     // that rebuilds this entry; retired plans stay alive while we run.
-    SPIPlanPtr plan = c.plan;
-    Datum rank_value = c.rank_datum[r], higher = c.higher[r];
+    SPIPlanPtr plan = c.adv.plan;
+    Datum rank_value = c.adv.rank_datum[r], higher = c.adv.higher[r];
 
     // The id as a value of the primary key's type.
     Oid pk_type = c.pk_type;
@@ -637,26 +691,11 @@ SHARDING_FUNCTION(sharding_advance) {
                 key = Int64GetDatum(i);
             }
         } else {
-            // Through the text form, as CAST does for unrelated types: a
-            // value the key type cannot read raises that type's error.
-            key = sharding::pg_call([&] {
-                Oid out, in, ioparam;
-                bool varlena;
-                getTypeOutputInfo(id_type, &out, &varlena);
-                getTypeInputInfo(pk_type, &in, &ioparam);
-                return OidInputFunctionCall(in, OidOutputFunctionCall(out, id), ioparam, -1);
-            });
+            // Through the text form, as CAST does for unrelated types.
+            key = sharding::glue(sharding::convert_through_text, id_type, pk_type, id);
         }
     }
     Datum values[3] = {key, rank_value, higher};
-    Datum *vp = values;
-    uint64 processed = sharding::pg_call([&] {
-        if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-        int rc = SPI_execute_plan(plan, vp, nullptr, false, 0);
-        if (rc != SPI_OK_UPDATE) elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-        uint64 n = SPI_processed;
-        SPI_finish();
-        return n;
-    });
+    uint64 processed = sharding::glue(sharding::run_advance, plan, values);
     PG_RETURN_BOOL(processed > 0);
 }

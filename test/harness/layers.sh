@@ -5,13 +5,15 @@
 #   _PG_init), sharding_* functions with their pg_finfo_ records, and the
 #   old names that the frozen 1.0/1.1 scripts link to (src/legacy.cpp);
 # - every C function of the current install script links to a symbol that
-#   sharding.so exports.
+#   sharding.so exports;
+# - rank.cpp reaches PostgreSQL only through named glue functions called by
+#   glue(), never through a pg_call lambda.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 layers=$(make -s --no-print-directory check-layers PG_CONFIG=$PG_CONFIG)
 npure=$(printf '%s\n' "$layers" | grep -c '^\(not \)\?ok')
-echo "1..$((npure + 3))"
+echo "1..$((npure + 4))"
 n=0
 while IFS= read -r line; do
     n=$((n + 1))
@@ -26,9 +28,6 @@ report() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not
 [ -f sharding.so ] || make -s PG_CONFIG=$PG_CONFIG >/dev/null
 legacy=$(grep -ho "'MODULE_PATHNAME', '[a-z_0-9]*'" sql/sharding--1.0.sql sql/sharding--1.0--1.1.sql sql/sharding--1.1.sql |
     sed "s/.*, '//;s/'\$//" | sort -u)
-# queue.cpp's one symbol new in 1.2 that its owner has yet to rename.
-legacy="$legacy
-_queue_settings_changed"
 exported=$(nm -D --defined-only sharding.so | awk '{print $3}')
 stray=$(printf '%s\n' "$exported" | while read -r s; do
     case $s in
@@ -49,3 +48,7 @@ missing=$(grep -ho "'MODULE_PATHNAME', '[a-z_0-9]*'" "sql/sharding--$current.sql
     while read -r s; do grep -qxF "$s" <<<"$exported" || echo "$s"; done)
 [ -z "$missing" ]
 report $? "every C function of the $current install script links to an exported symbol${missing:+ (missing: $missing)}"
+
+lambdas=$(grep -n 'pg_call(' src/rank.cpp)
+[ -z "$lambdas" ]
+report $? "rank.cpp calls PostgreSQL through named glue functions, not pg_call lambdas${lambdas:+ (at: $(echo $lambdas | head -c 200))}"
