@@ -243,14 +243,20 @@ void append_filter(StringInfo s, const Shape &q, uint32 variant) {
 // job under a live lease (the last only arises when plain claim and
 // claim_ordered share a queue). OFFSET 0 keeps the second a probe of the
 // key's few processing rows per candidate, where an anti join would scan
-// every live lease per candidate.
+// every live lease per candidate. Its ORDER BY is the order of the
+// (key, status, created, id) index, so the probe descends that index: with
+// statistics that count few processing rows, the planner otherwise took
+// the (claim_expires) WHERE status = 'processing' index and read, per
+// candidate, every entry in it, including the stale entries every
+// completed job leaves until VACUUM, a cost that grew with the jobs done
+// (the cause of claim_ordered's slowness with concurrent workers).
 void append_head_check(StringInfo s, const Shape &q) {
     appendStringInfo(s,
                      " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
                      " AND (o.created, o.id) < (c.created, c.id))"
                      " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'processing'"
                      " AND o.id <> c.id AND ((o.created, o.id) < (c.created, c.id)"
-                     " OR o.claim_expires >= pg_catalog.now()) OFFSET 0)",
+                     " OR o.claim_expires >= pg_catalog.now()) ORDER BY o.status, o.created, o.id OFFSET 0)",
                      q.qname, q.key, q.key, q.qname, q.key, q.key);
 }
 
