@@ -51,6 +51,7 @@ extern "C" {
 #include "executor/spi.h"
 #include "executor/tstoreReceiver.h"
 #include "lib/stringinfo.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
@@ -527,6 +528,39 @@ int32 max_attempts(Oid relid) {
     return isnull ? -1 : DatumGetInt32(d);
 }
 
+// The first cursor of a session (its setting was never set): the key of a
+// pending job on a few randomly sampled pages of the table, or '' (start
+// at the first key) when they hold none. Concurrent workers that all
+// started at the first key would go round the keys in step, each passing
+// the keys the others had just taken; from random starting points they
+// work on different keys. Kept in the setting, so sampled once per
+// session and table. An explicitly empty setting starts at the first key.
+const char *random_start(Oid relid, const char *key_column, const char *guc) {
+    Relation rel = table_open(relid, AccessShareLock);
+    BlockNumber pages = RelationGetNumberOfBlocks(rel);
+    table_close(rel, AccessShareLock);
+    const char *start = "";
+    if (pages > 0) {
+        double percent = pages <= 4 ? 100.0 : 400.0 / pages;
+        StringInfoData q;
+        initStringInfo(&q);
+        appendStringInfo(&q,
+                         "SELECT s.%s::text FROM %s s TABLESAMPLE SYSTEM ($1) "
+                         "WHERE s.status OPERATOR(pg_catalog.=) 'pending' AND s.%s IS NOT NULL LIMIT 1",
+                         quote_identifier(key_column),
+                         quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid)),
+                         quote_identifier(key_column));
+        Oid type = FLOAT4OID;
+        Datum arg = Float4GetDatum((float4)percent);
+        if (SPI_execute_with_args(q.data, 1, &type, &arg, nullptr, true, 1) == SPI_OK_SELECT && SPI_processed == 1) {
+            char *k = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+            if (k != nullptr) start = k;
+        }
+    }
+    (void)set_config_option(guc, start, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SET, true, 0, false);
+    return start;
+}
+
 // Lock tag of a whole map, as maps.cpp computes it (advisory method, class
 // 3, field3 0xFFFFFFFF): move_shard takes it in RowExclusiveLock, rebalance
 // and drop_map in ExclusiveLock; ShareLock here conflicts with both and
@@ -647,6 +681,7 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
         char guc[64];
         snprintf(guc, sizeof guc, "sharding_ordered.c%u_%d", relid, get_attnum(relid, key_column));
         cursor = GetConfigOption(guc, true, false);
+        if (cursor == nullptr) cursor = random_start(relid, key_column, guc);
         if (cursor != nullptr && cursor[0] == '\0') cursor = nullptr;
     }
     Datum values[9] = {PG_GETARG_DATUM(a.worker),
