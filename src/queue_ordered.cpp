@@ -251,14 +251,20 @@ void append_filter(StringInfo s, const Shape &q, uint32 variant) {
 // candidate, every entry in it, including the stale entries every
 // completed job leaves until VACUUM, a cost that grew with the jobs done
 // (the cause of claim_ordered's slowness with concurrent workers).
-void append_head_check(StringInfo s, const Shape &q) {
+// `oldest_pending`: c is known to be its key's oldest pending job under the
+// statement's snapshot (the fallback picks it so), and the first probe,
+// which asks just that under the same snapshot, is left out.
+void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false) {
+    if (!oldest_pending)
+        appendStringInfo(s,
+                         " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
+                         " AND (o.created, o.id) < (c.created, c.id))",
+                         q.qname, q.key, q.key);
     appendStringInfo(s,
-                     " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
-                     " AND (o.created, o.id) < (c.created, c.id))"
                      " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'processing'"
                      " AND o.id <> c.id AND ((o.created, o.id) < (c.created, c.id)"
                      " OR o.claim_expires >= pg_catalog.now()) ORDER BY o.status, o.created, o.id OFFSET 0)",
-                     q.qname, q.key, q.key, q.qname, q.key, q.key);
+                     q.qname, q.key, q.key);
 }
 
 // The pending part of an ordered claim. Claimable rows are heads, one per
@@ -323,7 +329,7 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
                      "ORDER BY o.created, o.id LIMIT 1) AND c.status = 'pending'",
                      q.key_type, cols, q.key, q.qname, q.qname, q.key);
     append_filter(s, q, variant);
-    append_head_check(s, q);
+    append_head_check(s, q, true);
     appendStringInfoString(s,
                            " AND c.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::bigint[]) "
                            "FOR UPDATE OF c SKIP LOCKED) AS h WHERE (SELECT n.more FROM need n) "
