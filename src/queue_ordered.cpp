@@ -52,6 +52,7 @@ extern "C" {
 #include "executor/spi.h"
 #include "executor/tstoreReceiver.h"
 #include "lib/stringinfo.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
@@ -244,15 +245,27 @@ void append_filter(StringInfo s, const Shape &q, uint32 variant) {
 // job under a live lease (the last only arises when plain claim and
 // claim_ordered share a queue). OFFSET 0 keeps the second a probe of the
 // key's few processing rows per candidate, where an anti join would scan
-// every live lease per candidate.
-void append_head_check(StringInfo s, const Shape &q) {
+// every live lease per candidate. Its ORDER BY is the order of the
+// (key, status, created, id) index, so the probe descends that index: with
+// statistics that count few processing rows, the planner otherwise took
+// the (claim_expires) WHERE status = 'processing' index and read, per
+// candidate, every entry in it, including the stale entries every
+// completed job leaves until VACUUM, a cost that grew with the jobs done
+// (the cause of claim_ordered's slowness with concurrent workers).
+// `oldest_pending`: c is known to be its key's oldest pending job under the
+// statement's snapshot (the fallback picks it so), and the first probe,
+// which asks just that under the same snapshot, is left out.
+void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false) {
+    if (!oldest_pending)
+        appendStringInfo(s,
+                         " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
+                         " AND (o.created, o.id) < (c.created, c.id))",
+                         q.qname, q.key, q.key);
     appendStringInfo(s,
-                     " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
-                     " AND (o.created, o.id) < (c.created, c.id))"
                      " AND NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'processing'"
                      " AND o.id <> c.id AND ((o.created, o.id) < (c.created, c.id)"
-                     " OR o.claim_expires >= pg_catalog.now()) OFFSET 0)",
-                     q.qname, q.key, q.key, q.qname, q.key, q.key);
+                     " OR o.claim_expires >= pg_catalog.now()) ORDER BY o.status, o.created, o.id OFFSET 0)",
+                     q.qname, q.key, q.key);
 }
 
 // The pending part of an ordered claim. Claimable rows are heads, one per
@@ -317,7 +330,7 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
                      "ORDER BY o.created, o.id LIMIT 1) AND c.status = 'pending'",
                      q.key_type, cols, q.key, q.qname, q.qname, q.key);
     append_filter(s, q, variant);
-    append_head_check(s, q);
+    append_head_check(s, q, true);
     appendStringInfoString(s,
                            " AND c.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::bigint[]) "
                            "FOR UPDATE OF c SKIP LOCKED) AS h WHERE (SELECT n.more FROM need n) "
@@ -519,6 +532,39 @@ int32 max_attempts(Oid relid) {
     return isnull ? -1 : DatumGetInt32(d);
 }
 
+// The first cursor of a session (its setting was never set): the key of a
+// pending job on a few randomly sampled pages of the table, or '' (start
+// at the first key) when they hold none. Concurrent workers that all
+// started at the first key would go round the keys in step, each passing
+// the keys the others had just taken; from random starting points they
+// work on different keys. Kept in the setting, so sampled once per
+// session and table. An explicitly empty setting starts at the first key.
+const char *random_start(Oid relid, const char *key_column, const char *guc) {
+    Relation rel = table_open(relid, AccessShareLock);
+    BlockNumber pages = RelationGetNumberOfBlocks(rel);
+    table_close(rel, AccessShareLock);
+    const char *start = "";
+    if (pages > 0) {
+        double percent = pages <= 4 ? 100.0 : 400.0 / pages;
+        StringInfoData q;
+        initStringInfo(&q);
+        appendStringInfo(&q,
+                         "SELECT s.%s::text FROM %s s TABLESAMPLE SYSTEM ($1) "
+                         "WHERE s.status OPERATOR(pg_catalog.=) 'pending' AND s.%s IS NOT NULL LIMIT 1",
+                         quote_identifier(key_column),
+                         quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid)),
+                         quote_identifier(key_column));
+        Oid type = FLOAT4OID;
+        Datum arg = Float4GetDatum((float4)percent);
+        if (SPI_execute_with_args(q.data, 1, &type, &arg, nullptr, true, 1) == SPI_OK_SELECT && SPI_processed == 1) {
+            char *k = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+            if (k != nullptr) start = k;
+        }
+    }
+    (void)set_config_option(guc, start, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SET, true, 0, false);
+    return start;
+}
+
 // Lock tag of a whole map, as maps.cpp computes it (advisory method, class
 // 3, field3 0xFFFFFFFF): move_shard takes it in RowExclusiveLock, rebalance
 // and drop_map in ExclusiveLock; ShareLock here conflicts with both and
@@ -639,6 +685,7 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
         char guc[64];
         snprintf(guc, sizeof guc, "sharding_ordered.c%u_%d", relid, get_attnum(relid, key_column));
         cursor = GetConfigOption(guc, true, false);
+        if (cursor == nullptr) cursor = random_start(relid, key_column, guc);
         if (cursor != nullptr && cursor[0] == '\0') cursor = nullptr;
     }
     Datum values[9] = {PG_GETARG_DATUM(a.worker),

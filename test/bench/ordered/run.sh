@@ -13,6 +13,10 @@
 #
 #   SHARDING_PGROOT=/tmp/pgroot-mine bash test/bench/ordered/run.sh [seconds] [runs]
 #
+# BENCH_ONLY="ordered burst node" (any of them) runs those comparisons only; BENCH_WAITS=1 samples
+# pg_stat_activity's wait events every 0.1 s during each pgbench run and
+# prints their counts (diagnosis of contention).
+#
 # Both tables of a comparison are made by create_queue plus
 # create_ordered_indexes (the same indexes on both). Each measurement
 # refills its table from a template, VACUUM ANALYZEs it, and runs pgbench
@@ -71,8 +75,19 @@ fill() {
 run() {
     local table=$1 script=$2 filter=$3 out tps txns done_jobs
     psql -XqAt -c "DELETE FROM sharding.claim_node_workers" >/dev/null
+    local sampler=
+    if [ -n "${BENCH_WAITS:-}" ]; then
+        ( for _ in $(seq 1 $((SECONDS_PER_RUN * 10))); do
+              psql -XqAtc "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity
+                            WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+                              AND state = 'active'" 2>/dev/null
+              sleep 0.1
+          done | sort | uniq -c | sort -rn | sed "s/^/# waits $script: /" >&2 ) &
+        sampler=$!
+    fi
     out=$(pgbench -n -M prepared -c $CLIENTS -j $CLIENTS -T "$SECONDS_PER_RUN" -D batch=$BATCH \
         -f "$HERE/$script" 2>&1) || { echo "$out" >&2; return 1; }
+    [ -z "$sampler" ] || wait "$sampler"
     tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' <<<"$out")
     txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
     done_jobs=$(psql -XqAtc "SELECT count(*) FROM $table WHERE status = 'done' AND $filter")
@@ -88,6 +103,7 @@ ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2
 echo "# $CLIENTS clients, batch $BATCH, $SECONDS_PER_RUN s per run, median of $RUNS runs"
 echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(psql -XqAtc 'SELECT version()' | cut -d, -f1)"
 
+if [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" ordered "* ]]; then
 ours=() base=()
 for _ in $(seq 1 "$RUNS"); do
     fill ours t_mixed
@@ -97,7 +113,9 @@ for _ in $(seq 1 "$RUNS"); do
 done
 mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
 echo "ordered: claim_ordered ${mo} jobs/s (runs: ${ours[*]}), claim ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.7)"
+fi
 
+if [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" burst "* ]]; then
 ours=() base=()
 for _ in $(seq 1 "$RUNS"); do
     fill ours t_burst t_others
@@ -107,7 +125,9 @@ for _ in $(seq 1 "$RUNS"); do
 done
 mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
 echo "burst: other keys' jobs/s with a 1,000,000-job whale burst ${mo} (runs: ${ours[*]}), without ${mb} (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.5)"
+fi
 
+if [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" node "* ]]; then
 ours=() base=()
 for _ in $(seq 1 "$RUNS"); do
     fill ours t_random
@@ -117,3 +137,4 @@ for _ in $(seq 1 "$RUNS"); do
 done
 mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
 echo "node: claim_node ${mo} jobs/s (runs: ${ours[*]}), claim_shards same shards ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.9)"
+fi
