@@ -101,6 +101,8 @@ bool has_column_of_type(Oid relid, const char *col, Oid type) {
     return att != InvalidAttrNumber && get_atttype(relid, att) == type;
 }
 
+}  // namespace
+
 // The contract's "id bigint primary key": a unique, non-partial index on id
 // alone, without which one claimed id could update several rows.
 void check_unique_id(Oid relid, const char *qname) {
@@ -126,7 +128,30 @@ void check_unique_id(Oid relid, const char *qname) {
                        "queue table %s has no primary key or unique index on column \"id\"", qname);
 }
 
-}  // namespace
+// The key column must exist and be of a shard key type (22023 otherwise).
+void check_key_column(Oid relid, const char *column) {
+    AttrNumber att = get_attnum(relid, column);
+    if (att == InvalidAttrNumber)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s lacks key column \"%s\"",
+                       qualified_name(relid), column);
+    Oid type = getBaseType(get_atttype(relid, att));
+    switch (type) {
+        case TEXTOID:
+        case VARCHAROID:
+        case BPCHAROID:
+        case BYTEAOID:
+        case INT2OID:
+        case INT4OID:
+        case INT8OID:
+        case UUIDOID:
+            break;
+        default:
+            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
+                           "key column \"%s\" of queue table %s has type %s, not a shard key type "
+                           "(text, bytea, smallint, integer, bigint or uuid)",
+                           column, qualified_name(relid), format_type_be(type));
+    }
+}
 
 QueueColumns check_queue_table(Oid relid) {
     const char *qname = qualified_name(relid);
@@ -653,27 +678,7 @@ SPIPlanPtr plan_for(QueueEntry *e, PlanKind kind) {
 
 // The shard filter of claim_shards on `column`, checked to be a key type.
 char *shard_filter(Oid relid, const char *column) {
-    AttrNumber att = get_attnum(relid, column);
-    if (att == InvalidAttrNumber)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s lacks key column \"%s\"",
-                       qualified_name(relid), column);
-    Oid type = getBaseType(get_atttype(relid, att));
-    switch (type) {
-        case TEXTOID:
-        case VARCHAROID:
-        case BPCHAROID:
-        case BYTEAOID:
-        case INT2OID:
-        case INT4OID:
-        case INT8OID:
-        case UUIDOID:
-            break;
-        default:
-            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
-                           "key column \"%s\" of queue table %s has type %s, not a shard key type "
-                           "(text, bytea, smallint, integer, bigint or uuid)",
-                           column, qualified_name(relid), format_type_be(type));
-    }
+    sharding::queue::check_key_column(relid, column);
     return psprintf("AND sharding.shard_of(%s, $6)" EQ "ANY ($5)", quote_identifier(column));
 }
 

@@ -34,6 +34,13 @@ void require_update(Oid relid);
 // contract's types (timestamptz, smallint); other types are ignored.
 QueueColumns check_queue_table(Oid relid);
 
+// The contract's "id bigint primary key": a unique, non-partial index on id
+// alone (22023 otherwise). qname is the table's name for the message.
+void check_unique_id(Oid relid, const char *qname);
+
+// The key column of a claim must exist and be of a shard key type (22023).
+void check_key_column(Oid relid, const char *column);
+
 // The claim order for the present columns, each column prefixed by
 // `prefix` ("" or "t."): "priority DESC, run_at, created, id".
 const char *claim_order(const QueueColumns &cols, const char *prefix);

@@ -141,9 +141,7 @@ SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
     return p;
 }
 
-const char *qualified_name(Oid relid) {
-    return quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid));
-}
+using sharding::queue::qualified_name;
 
 // Checks column `col`: must exist with type `type` unless `optional`.
 bool check_column(Oid relid, const char *qname, const char *col, Oid type, bool optional) {
@@ -158,55 +156,6 @@ bool check_column(Oid relid, const char *qname, const char *col, Oid type, bool 
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"%s\" of queue table %s has type %s, not %s", col,
                        qname, format_type_be(actual), format_type_be(type));
     return true;
-}
-
-// The key column must exist and be of a shard key type.
-void check_key_column(Oid relid, const char *qname, const char *column) {
-    AttrNumber att = get_attnum(relid, column);
-    if (att == InvalidAttrNumber)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s lacks key column \"%s\"", qname, column);
-    Oid type = getBaseType(get_atttype(relid, att));
-    switch (type) {
-        case TEXTOID:
-        case VARCHAROID:
-        case BPCHAROID:
-        case BYTEAOID:
-        case INT2OID:
-        case INT4OID:
-        case INT8OID:
-        case UUIDOID:
-            break;
-        default:
-            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
-                           "key column \"%s\" of queue table %s has type %s, not a shard key type "
-                           "(text, bytea, smallint, integer, bigint or uuid)",
-                           column, qname, format_type_be(type));
-    }
-}
-
-// The contract's "id bigint primary key": a unique, non-partial index on id
-// alone, without which one claimed id could update several rows.
-void check_unique_id(Oid relid, const char *qname) {
-    AttrNumber id_att = get_attnum(relid, "id");
-    Relation rel = table_open(relid, NoLock);
-    List *indexes = RelationGetIndexList(rel);
-    bool found = false;
-    ListCell *lc;
-    foreach (lc, indexes) {
-        HeapTuple tup = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(lfirst_oid(lc)));
-        if (!HeapTupleIsValid(tup)) continue;
-        Form_pg_index idx = (Form_pg_index)GETSTRUCT(tup);
-        if (idx->indisunique && idx->indimmediate && idx->indisvalid && idx->indnkeyatts == 1 &&
-            idx->indkey.values[0] == id_att && heap_attisnull(tup, Anum_pg_index_indpred, nullptr) &&
-            heap_attisnull(tup, Anum_pg_index_indexprs, nullptr))
-            found = true;
-        ReleaseSysCache(tup);
-    }
-    list_free(indexes);
-    table_close(rel, NoLock);
-    if (!found)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
-                       "queue table %s has no primary key or unique index on column \"id\"", qname);
 }
 
 // What the SQL text of a claim on one queue is built from.
@@ -488,8 +437,8 @@ SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
             sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"priority\" of queue table %s has type %s, not smallint",
                            q.qname, format_type_be(t));
     }
-    check_key_column(relid, q.qname, key_column);
-    check_unique_id(relid, q.qname);
+    sharding::queue::check_key_column(relid, key_column);
+    sharding::queue::check_unique_id(relid, q.qname);
 
     Oid types[9] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID};
     SPIPlanPtr p = keep(claim_sql(q, variant), 9, types);
