@@ -440,6 +440,8 @@ void lock_shard_tag(text *map, uint32 field3, LOCKMODE mode) {
 
 namespace sharding {
 void maps_init() { cache::register_kind(&routing_kind); }
+// Bumped by every change to the routing tables this backend has taken in.
+uint64_t routing_generation() { return generation; }
 }  // namespace sharding
 
 SHARDING_KEY_FUNCTIONS(sharding_node_for, node_for_body)

@@ -239,8 +239,13 @@ struct QueueEntry {
     NameData shard_column;
     SPIPlanPtr shard_plans[2];  // sweep, resume
     bool shard_built[2];
-    Position pos, shard_pos;
-    SweepClock sweep, shard_sweep;
+    // claim_node (unordered): the four plans (sweep/resume x without/with
+    // the handoff exclusion) for the key column used last.
+    NameData node_column;
+    SPIPlanPtr node_plans[4];
+    bool node_built[4];
+    Position pos, shard_pos, node_pos;
+    SweepClock sweep, shard_sweep, node_sweep;
 };
 
 HTAB *queue_cache = nullptr;
@@ -303,11 +308,16 @@ void reset_entry(QueueEntry *e) {
         e->shard_plans[k] = nullptr;
         e->shard_built[k] = false;
     }
+    for (int k = 0; k < 4; k++) {
+        retire_plan(e->node_plans[k]);
+        e->node_plans[k] = nullptr;
+        e->node_built[k] = false;
+    }
     retire_name(e->name);
     retire_name(e->order);
     e->name = e->order = nullptr;
-    e->pos.valid = e->shard_pos.valid = false;
-    e->sweep = e->shard_sweep = SweepClock{0, 0, 0};
+    e->pos.valid = e->shard_pos.valid = e->node_pos.valid = false;
+    e->sweep = e->shard_sweep = e->node_sweep = SweepClock{0, 0, 0};
     e->valid = false;
 }
 
@@ -444,12 +454,13 @@ int execute_preferring_indexes(SPIPlanPtr plan, bool *built, F exec) {
 #define NOW "pg_catalog.now()"
 
 // The parameters of every claim statement.
-constexpr int ClaimParams = 10;
+constexpr int ClaimParams = 12;
 // $1 worker, $2 batch, $3 lease, $4 max_attempts (NULL: unlimited),
-// $5 shards, $6 shard_count (claim_shards), and the remembered position
-// $7 priority, $8 run_at, $9 created, $10 id (resume plans).
-Oid claim_types[ClaimParams] = {TEXTOID,  INT4OID,        INTERVALOID,    INT4OID, INT4ARRAYOID,
-                                INT4OID,  INT2OID,        TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID};
+// $5 shards, $6 shard_count (claim_shards), the remembered position
+// $7 priority, $8 run_at, $9 created, $10 id (resume plans), and $11 map,
+// $12 node (claim_node).
+Oid claim_types[ClaimParams] = {TEXTOID, INT4OID,        INTERVALOID,    INT4OID, INT4ARRAYOID, INT4OID,
+                                INT2OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, TEXTOID,      TEXTOID};
 
 // The columns a claim's pending and expired scans return: id and the
 // claim-order key.
@@ -466,7 +477,9 @@ void pending_arm(StringInfo s, const QueueEntry *e, const char *f, const char *e
                      key_columns(e), e->name, e->cols.has_run_at ? "AND run_at" LE NOW : "", extra, f, e->order);
 }
 
-// The claim statement; `shard_filter` is NULL or "AND <condition>".
+// The claim statement; `shard_filter` is NULL or "AND <condition>", and
+// `ctes` are common table expressions the filter reads ("" or "name AS
+// (...), ").
 //
 // Sweep: pending rows (the partial index create_queue makes, in claim
 // order), due (run_at <= now()), and expired leases (the index of live
@@ -483,12 +496,13 @@ void pending_arm(StringInfo s, const QueueEntry *e, const char *f, const char *e
 // The CTEs are MATERIALIZED and the final pick is an InitPlan, so every
 // LIMIT is evaluated once: a claim never takes more than batch rows. The
 // claimed rows come back in claim order.
-char *claim_sql(const QueueEntry *e, const char *shard_filter, bool resume) {
+char *claim_sql(const QueueEntry *e, const char *shard_filter, bool resume, const char *ctes = "") {
     const char *f = shard_filter ? shard_filter : "";
     const char *keys = key_columns(e);
     StringInfoData s;
     initStringInfo(&s);
     appendStringInfoString(&s, "WITH ");
+    appendStringInfoString(&s, ctes);
     if (e->has_max_attempts && !resume) {
         // Expired leases that used up max_attempts go to failed, not to a
         // worker. Only in queues with max_attempts set: an idle
@@ -698,6 +712,59 @@ SPIPlanPtr shard_plan_for(QueueEntry *e, const char *column, bool resume) {
     return p;
 }
 
+// claim_node's filter on `column` (a key type): node_for(map, key) = node
+// ($11, $12). With `handoff`, also the handoff exclusion (contract section
+// 9): nothing of a key, or of the logical shard of an unpinned key, that a
+// worker registered with another node holds under a live lease (the CTEs
+// foreign_leases and blocked, see claim_node_ctes).
+char *node_filter(Oid relid, const char *column, bool handoff) {
+    sharding::queue::check_key_column(relid, column);
+    const char *k = quote_identifier(column);
+    return psprintf("AND %s IS NOT NULL AND sharding.node_for($11, %s)" EQ "$12 %s", k, k,
+                    handoff ? psprintf("AND NOT (%s::pg_catalog.text COLLATE \"C\"" EQ "ANY ((SELECT b.keys FROM blocked b)::pg_catalog.text[]) "
+                                       "OR sharding.logical_shard($11, %s)" EQ "ANY ((SELECT b.shards FROM blocked b)::pg_catalog.int4[]))",
+                                       k, k)
+                            : "");
+}
+
+// The live leases of this node's keys held by workers registered with
+// another node of the map, and what they block: those keys, and the
+// logical shards of the unpinned ones.
+char *claim_node_ctes(const QueueEntry *e, const char *column) {
+    const char *k = quote_identifier(column);
+    return psprintf(
+        "foreign_leases AS MATERIALIZED (SELECT f.%s AS k FROM %s f "
+        "WHERE f.status" EQ "'processing' AND f.claim_expires" GE NOW " AND f.%s IS NOT NULL "
+        "AND EXISTS (SELECT FROM sharding.claim_node_workers w "
+        "WHERE w.map" EQ "$11 AND w.worker" EQ "f.owner AND w.node OPERATOR(pg_catalog.<>) $12) "
+        "AND sharding.node_for($11, f.%s)" EQ "$12), "
+        "blocked AS MATERIALIZED (SELECT coalesce(pg_catalog.array_agg(l.k::pg_catalog.text), '{}') AS keys, "
+        "coalesce(pg_catalog.array_agg(sharding.logical_shard($11, l.k)) FILTER (WHERE NOT EXISTS "
+        "(SELECT FROM sharding.pins p WHERE p.map" EQ "$11 AND p.key" EQ "l.k::pg_catalog.text COLLATE \"C\")), "
+        "'{}') AS shards FROM foreign_leases l), ",
+        k, e->name, k, k);
+}
+
+// The plan of a claim_node: index resume * 2 + handoff.
+SPIPlanPtr node_plan_for(QueueEntry *e, const char *column, bool resume, bool handoff) {
+    if (strcmp(NameStr(e->node_column), column) != 0) {
+        for (int k = 0; k < 4; k++) {
+            retire_plan(e->node_plans[k]);  // an outer claim_node may be running it
+            e->node_plans[k] = nullptr;
+            e->node_built[k] = false;
+        }
+        e->node_pos.valid = false;
+        e->node_sweep = SweepClock{0, 0, 0};
+        namestrcpy(&e->node_column, column);
+    }
+    SPIPlanPtr &p = e->node_plans[(resume ? 2 : 0) + (handoff ? 1 : 0)];
+    if (p == nullptr)
+        p = keep(claim_sql(e, node_filter(e->relid, column, handoff), resume,
+                           handoff ? claim_node_ctes(e, column) : ""),
+                 ClaimParams, claim_types);
+    return p;
+}
+
 // --- argument checks (22023, naming the value) ---
 
 void require(FunctionCallInfo fcinfo, int argno, const char *what) {
@@ -862,10 +929,25 @@ uint32 shard_filter_hash(const char *column, int32 shard_count, ArrayType *shard
                                       static_cast<int>(ARR_SIZE(shards) - ARR_DATA_OFFSET(shards))));
 }
 
-// claim and claim_shards: validates, runs the claim statement, and returns
-// the claimed rows (as the table's row type, in claim order) in
-// materialize mode.
-Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
+// A hash of what restricts a claim_node scan: the key column, map and node,
+// and the routing generation (sharding::routing_generation): once any map
+// changed, a shard this node gained may hold rows behind the position, so
+// the next claim sweeps.
+uint32 node_filter_hash(const char *column, text *map, text *node) {
+    uint32 h = hash_bytes(reinterpret_cast<const unsigned char *>(column), static_cast<int>(strlen(column)));
+    h = hash_combine(h, hash_bytes(reinterpret_cast<const unsigned char *>(VARDATA_ANY(map)),
+                                   static_cast<int>(VARSIZE_ANY_EXHDR(map))));
+    h = hash_combine(h, hash_bytes(reinterpret_cast<const unsigned char *>(VARDATA_ANY(node)),
+                                   static_cast<int>(VARSIZE_ANY_EXHDR(node))));
+    return hash_combine(h, hash_bytes_uint32(static_cast<uint32>(sharding::routing_generation())));
+}
+
+enum class ClaimKind { Plain, Shards, Node };
+
+// claim, claim_shards and claim_node (unordered): validates, runs the claim
+// statement, and returns the claimed rows (as the table's row type, in
+// claim order) in materialize mode.
+Datum claim_common(FunctionCallInfo fcinfo, ClaimKind kind) {
     ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
     if (rsinfo == nullptr || !IsA(rsinfo, ReturnSetInfo) || !(rsinfo->allowedModes & SFRM_Materialize))
         sharding::fail(ERRCODE_FEATURE_NOT_SUPPORTED, "set-valued function called in context that cannot accept a set");
@@ -875,8 +957,18 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
     if (!OidIsValid(relid))
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue must be a table's row type (e.g. NULL::jobs), got %s",
                        OidIsValid(typid) ? format_type_be(typid) : "unknown");
-    require(fcinfo, 1, "worker");
-    int batch_arg = by_shard ? 4 : 2, lease_arg = by_shard ? 5 : 3;
+    // Argument positions: claim(queue, worker, batch, lease); claim_shards(
+    // queue, worker, shards, shard_count, batch, lease, key_column);
+    // claim_node(queue, map, node, worker, batch, lease, key_column, ordered).
+    const bool by_shard = kind == ClaimKind::Shards, by_node = kind == ClaimKind::Node;
+    int worker_arg = by_node ? 3 : 1;
+    int batch_arg = kind == ClaimKind::Plain ? 2 : 4, lease_arg = batch_arg + 1;
+    if (by_node) {
+        require(fcinfo, 1, "map");
+        require(fcinfo, 2, "node");
+        require(fcinfo, 7, "ordered");
+    }
+    require(fcinfo, worker_arg, "worker");
     require(fcinfo, batch_arg, "batch");
     int32 batch = PG_GETARG_INT32(batch_arg);
     if (batch < 1) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "batch must be at least 1, got %d", batch);
@@ -906,11 +998,21 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
         key_column = NameStr(*PG_GETARG_NAME(6));
         filter_hash = shard_filter_hash(key_column, shard_count, arr);
     }
+    if (by_node) {
+        require(fcinfo, 6, "key_column");
+        key_column = NameStr(*PG_GETARG_NAME(6));
+    }
 
     connect_spi();
+    bool handoff = false;
+    if (by_node) {
+        // The map's lock, 42704, the worker's registration (queue_ordered.cpp).
+        handoff = sharding::queue::begin_node_claim(PG_GETARG_DATUM(1), PG_GETARG_DATUM(2), PG_GETARG_DATUM(3));
+        filter_hash = node_filter_hash(key_column, PG_GETARG_TEXT_PP(1), PG_GETARG_TEXT_PP(2));
+    }
     QueueEntry *e = lookup(relid);
-    Position &pos = by_shard ? e->shard_pos : e->pos;
-    SweepClock &clock = by_shard ? e->shard_sweep : e->sweep;
+    Position &pos = by_shard ? e->shard_pos : by_node ? e->node_pos : e->pos;
+    SweepClock &clock = by_shard ? e->shard_sweep : by_node ? e->node_sweep : e->sweep;
     bool sweep = should_sweep(pos, clock, filter_hash);
     // A plan built by this call costs its planning: not a measure of the scan.
     bool *built;
@@ -919,13 +1021,18 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
         if (strcmp(NameStr(e->shard_column), key_column) != 0) sweep = true;
         plan = shard_plan_for(e, key_column, !sweep);
         built = &e->shard_built[sweep ? 0 : 1];
+    } else if (by_node) {
+        if (strcmp(NameStr(e->node_column), key_column) != 0) sweep = true;
+        plan = node_plan_for(e, key_column, !sweep, handoff);
+        built = &e->node_built[(sweep ? 0 : 2) + (handoff ? 1 : 0)];
     } else {
-        PlanKind kind = sweep ? ClaimSweepPlan : ClaimResumePlan;
-        plan = plan_for(e, kind);
-        built = &e->built[kind];
+        PlanKind pk = sweep ? ClaimSweepPlan : ClaimResumePlan;
+        plan = plan_for(e, pk);
+        built = &e->built[pk];
     }
     bool fresh_plan = !*built || !SPI_plan_is_valid(plan);
-    Datum values[ClaimParams] = {PG_GETARG_DATUM(1),
+
+    Datum values[ClaimParams] = {PG_GETARG_DATUM(worker_arg),
                                  Int32GetDatum(batch),
                                  lease,
                                  Int32GetDatum(e->max_attempts),
@@ -934,18 +1041,20 @@ Datum claim_common(FunctionCallInfo fcinfo, bool by_shard) {
                                  Int16GetDatum(pos.priority),
                                  TimestampTzGetDatum(pos.run_at),
                                  TimestampTzGetDatum(pos.created),
-                                 Int64GetDatum(pos.id)};
+                                 Int64GetDatum(pos.id),
+                                 by_node ? PG_GETARG_DATUM(1) : (Datum)0,
+                                 by_node ? PG_GETARG_DATUM(2) : (Datum)0};
     bool resume = !sweep;
     ParamListInfo params = makeParamList(ClaimParams);
     params->numParams = ClaimParams;
     for (int i = 0; i < ClaimParams; i++) {
-        bool isnull = (i == 3 && !e->has_max_attempts) || ((i == 4 || i == 5) && !by_shard) || (i >= 6 && !resume);
+        bool isnull = (i == 3 && !e->has_max_attempts) || ((i == 4 || i == 5) && !by_shard) ||
+                      (i >= 6 && i <= 9 && !resume) || (i >= 10 && !by_node);
         params->params[i].value = isnull ? (Datum)0 : values[i];
         params->params[i].isnull = isnull;
         params->params[i].pflags = PARAM_FLAG_CONST;
         params->params[i].ptype = claim_types[i];
     }
-
     // The claimed rows go straight from the statement into the result
     // tuplestore, mapped onto the table's row type (which still counts
     // dropped columns). Not detoasted (the receiver cannot map and detoast
@@ -1037,7 +1146,7 @@ Datum fail_one(FunctionCallInfo fcinfo, bool int4_id) {
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     // A job this backend sent back to pending may lie behind its position.
-    if (n > 0 && PG_GETARG_BOOL(3)) e->pos.valid = e->shard_pos.valid = false;
+    if (n > 0 && PG_GETARG_BOOL(3)) e->pos.valid = e->shard_pos.valid = e->node_pos.valid = false;
     SPI_finish();
     PG_RETURN_BOOL(n > 0);
 }
@@ -1075,7 +1184,7 @@ void queue_init() {
  * (priority, run_at, created, id) and leases them to worker; returns them in
  * that order. Called as SELECT * FROM sharding.claim(NULL::jobs, 'w1').
  */
-SHARDING_FUNCTION(sharding_claim) { return claim_common(fcinfo, false); }
+SHARDING_FUNCTION(sharding_claim) { return claim_common(fcinfo, ClaimKind::Plain); }
 
 /*
  * claim_shards(queue anyelement, worker text, shards integer[],
@@ -1085,7 +1194,15 @@ SHARDING_FUNCTION(sharding_claim) { return claim_common(fcinfo, false); }
  *
  * As claim, only rows whose shard_of(key_column, shard_count) is in shards.
  */
-SHARDING_FUNCTION(sharding_claim_shards) { return claim_common(fcinfo, true); }
+SHARDING_FUNCTION(sharding_claim_shards) { return claim_common(fcinfo, ClaimKind::Shards); }
+
+namespace sharding {
+namespace queue {
+// claim_node with ordered => false (queue_ordered.cpp dispatches): the
+// resumable claim of claim_shards, filtered by node_for.
+Datum claim_node_unordered(FunctionCallInfo fcinfo) { return claim_common(fcinfo, ClaimKind::Node); }
+}  // namespace queue
+}  // namespace sharding
 
 /*
  * complete(queue regclass, id bigint, worker text, attempt integer DEFAULT NULL)

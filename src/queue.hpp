@@ -9,6 +9,11 @@
 #include "pg.hpp"
 
 namespace sharding {
+
+// maps.cpp: a counter bumped whenever this backend takes in a change of the
+// routing tables (sharding.maps, shards, pins), of any map.
+uint64_t routing_generation();
+
 namespace queue {
 
 // The optional columns a queue table has (the required ones are checked).
@@ -44,6 +49,18 @@ void check_key_column(Oid relid, const char *column);
 // The claim order for the present columns, each column prefixed by
 // `prefix` ("" or "t."): "priority DESC, run_at, created, id".
 const char *claim_order(const QueueColumns &cols, const char *prefix);
+
+// claim_node (contract section 9), first steps, in queue_ordered.cpp: takes
+// the map's share lock (move_shard, rebalance and pin wait for the claim's
+// transaction), raises 42704 for an unknown map, registers the worker's
+// node in sharding.claim_node_workers, and returns whether any worker is
+// registered with another node of the map (if none, no lease can need the
+// handoff exclusion). Needs an SPI connection.
+bool begin_node_claim(Datum map, Datum node, Datum worker);
+
+// claim_node with ordered => false, in queue.cpp: the claim of
+// claim_shards (resumable, see queue.cpp) filtered by node_for.
+Datum claim_node_unordered(FunctionCallInfo fcinfo);
 
 }  // namespace queue
 }  // namespace sharding

@@ -77,6 +77,7 @@ enum : uint32 {
     ByShard = 2,   // shards/shard_count filter
     ByNode = 4,    // node_for(map, key) = node, with handoff
     Reap = 8,      // the queue has max_attempts: expired leases past it go to failed
+    Handoff = 16,  // ByNode, and a worker is registered with another node: the handoff exclusion
 };
 
 struct PlanKey {
@@ -181,13 +182,13 @@ void append_filter(StringInfo s, const Shape &q, uint32 variant) {
     appendStringInfo(s, " AND c.%s IS NOT NULL", q.key);
     if (q.has_run_at) appendStringInfoString(s, " AND NOT (c.run_at > pg_catalog.now())");
     if (variant & ByShard) appendStringInfo(s, " AND sharding.shard_of(c.%s, $5) = ANY ($4)", q.key);
-    if (variant & ByNode)
+    if (variant & ByNode) appendStringInfo(s, " AND sharding.node_for($6, c.%s) = $7", q.key);
+    if (variant & Handoff)
         appendStringInfo(s,
-                         " AND sharding.node_for($6, c.%s) = $7"
                          " AND ((SELECT b.empty FROM blocked b)"
                          " OR NOT (c.%s::text COLLATE \"C\" = ANY ((SELECT b.keys FROM blocked b)::text[])"
                          " OR sharding.logical_shard($6, c.%s) = ANY ((SELECT b.shards FROM blocked b)::integer[])))",
-                         q.key, q.key, q.key);
+                         q.key, q.key);
 }
 
 // Head of its key: no older pending job, no older processing job, no other
@@ -315,7 +316,7 @@ char *claim_sql(const Shape &q, uint32 variant) {
                          "WHERE status = 'processing' AND claim_expires < pg_catalog.now() AND attempts >= $8 "
                          "FOR UPDATE SKIP LOCKED)), ",
                          q.qname, q.qname);
-    if (variant & ByNode)
+    if (variant & Handoff)
         appendStringInfo(&s,
                          "foreign_leases AS MATERIALIZED (SELECT f.%s AS k FROM %s f "
                          "WHERE f.status = 'processing' AND f.claim_expires >= pg_catalog.now() "
@@ -515,9 +516,9 @@ const char *random_start(Oid relid, const char *key_column, const char *guc) {
 }
 
 // Lock tag of a whole map, as maps.cpp computes it (advisory method, class
-// 3, field3 0xFFFFFFFF): move_shard takes it in RowExclusiveLock, rebalance
-// and drop_map in ExclusiveLock; ShareLock here conflicts with both and
-// with no claim or fence.
+// 3, field3 0xFFFFFFFF): move_shard and pin take it in RowExclusiveLock,
+// rebalance and drop_map in ExclusiveLock; ShareLock here conflicts with
+// them and with no claim or fence.
 void lock_map_shared(text *map) {
     LOCKTAG tag;
     uint32 h = static_cast<uint32>(sharding::hash_bytes(VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map)));
@@ -527,32 +528,46 @@ void lock_map_shared(text *map) {
     AcceptInvalidationMessages();
 }
 
-// claim_node: 42704 unless the map exists; records the worker's node.
-void prepare_node_claim(Datum map, Datum node, Datum worker) {
+}  // namespace
+
+namespace sharding {
+namespace queue {
+
+bool begin_node_claim(Datum map, Datum node, Datum worker) {
+    lock_map_shared(DatumGetTextPP(map));
     if (node_check_plan == nullptr) {
-        Oid types[2] = {TEXTOID, TEXTOID};
+        Oid types[3] = {TEXTOID, TEXTOID, TEXTOID};
         node_check_plan = keep("SELECT EXISTS (SELECT FROM sharding.maps m WHERE m.map = $1), "
-                               "(SELECT w.node FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.worker = $2)",
-                               2, types);
+                               "(SELECT w.node FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.worker = $2), "
+                               "EXISTS (SELECT FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.node <> $3)",
+                               3, types);
         Oid rtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
         register_plan = keep("INSERT INTO sharding.claim_node_workers AS w (map, worker, node) VALUES ($1, $2, $3) "
                              "ON CONFLICT (map, worker) DO UPDATE SET node = EXCLUDED.node, since = pg_catalog.now()",
                              3, rtypes);
     }
-    Datum values[2] = {map, worker};
+    Datum values[3] = {map, worker, node};
     int rc = SPI_execute_plan(node_check_plan, values, nullptr, false, 1);
     if (rc != SPI_OK_SELECT || SPI_processed != 1) elog(ERROR, "claim_node: map lookup failed");
     bool isnull;
     bool exists = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
     if (!exists)
         sharding::fail(ERRCODE_UNDEFINED_OBJECT, "map \"%s\" does not exist", TextDatumGetCString(map));
+    bool others_null;
+    bool others = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &others_null));
     Datum current = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
     if (isnull || !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, current, node))) {
         Datum rvalues[3] = {map, worker, node};
         rc = SPI_execute_plan(register_plan, rvalues, nullptr, false, 0);
         if (rc != SPI_OK_INSERT) elog(ERROR, "claim_node: registering the worker failed");
     }
+    return others;
 }
+
+}  // namespace queue
+}  // namespace sharding
+
+namespace {
 
 struct ClaimArgs {
     int worker, batch, lease, key_column;
@@ -617,10 +632,9 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     if (a.shards >= 0 && shard_args(fcinfo, a, &shard_count)) variant |= ByShard;
 
     connect_spi();
-    if (variant & ByNode) {
-        lock_map_shared(PG_GETARG_TEXT_PP(a.map));
-        prepare_node_claim(PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node), PG_GETARG_DATUM(a.worker));
-    }
+    if ((variant & ByNode) &&
+        sharding::queue::begin_node_claim(PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node), PG_GETARG_DATUM(a.worker)))
+        variant |= Handoff;
     int32 max_att = -1;
     // Plan checks come first (a table without attempts has no max_attempts).
     SPIPlanPtr plan = plan_for(relid, variant, key_column);
@@ -712,6 +726,8 @@ SHARDING_FUNCTION(sharding_claim_ordered) {
  * under a live lease; with ordered, per key in order as claim_ordered.
  */
 SHARDING_FUNCTION(sharding_claim_node) {
+    // Unordered: the resumable claim of claim_shards (queue.cpp).
+    if (!PG_ARGISNULL(7) && !PG_GETARG_BOOL(7)) return sharding::queue::claim_node_unordered(fcinfo);
     ClaimArgs a;
     a.map = 1, a.node = 2, a.worker = 3, a.batch = 4, a.lease = 5, a.key_column = 6, a.ordered = 7;
     return claim_common(fcinfo, a);
@@ -722,7 +738,7 @@ SHARDING_FUNCTION(sharding_claim_node) {
  *
  * Internal: the SQL text claim_ordered / claim_node prepare (for EXPLAIN in
  * the tests and when troubleshooting): variant bits 1 ordered, 2 shards,
- * 4 node, 8 max_attempts.
+ * 4 node, 8 max_attempts, 16 handoff exclusion (with node).
  */
 SHARDING_FUNCTION(sharding__claim_ordered_sql) {
     require(fcinfo, 0, "queue");
@@ -732,8 +748,8 @@ SHARDING_FUNCTION(sharding__claim_ordered_sql) {
     if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
         sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
     int32 variant = PG_GETARG_INT32(1);
-    if (variant < 0 || variant > 15)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "variant must be between 0 and 15, got %d", variant);
+    if (variant < 0 || variant > 31)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "variant must be between 0 and 31, got %d", variant);
     Shape q;
     q.relid = relid;
     q.qname = qualified_name(relid);
