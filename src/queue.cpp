@@ -1005,12 +1005,18 @@ Datum claim_common(FunctionCallInfo fcinfo, ClaimKind kind) {
 
     connect_spi();
     bool handoff = false;
+    sharding::queue::NodeClaim node_claim{false, 0};
     if (by_node) {
         // The map's lock, 42704, the worker's registration (queue_ordered.cpp).
-        handoff = sharding::queue::begin_node_claim(PG_GETARG_DATUM(1), PG_GETARG_DATUM(2), PG_GETARG_DATUM(3));
+        node_claim = sharding::queue::begin_node_claim(PG_GETARG_DATUM(1), PG_GETARG_DATUM(2), PG_GETARG_DATUM(3));
         filter_hash = node_filter_hash(key_column, PG_GETARG_TEXT_PP(1), PG_GETARG_TEXT_PP(2));
     }
     QueueEntry *e = lookup(relid);
+    if (by_node) {
+        sharding::queue::check_key_column(relid, key_column);
+        handoff = sharding::queue::handoff_needed(relid, key_column, PG_GETARG_DATUM(1), PG_GETARG_DATUM(2),
+                                                  node_claim);
+    }
     Position &pos = by_shard ? e->shard_pos : by_node ? e->node_pos : e->pos;
     SweepClock &clock = by_shard ? e->shard_sweep : by_node ? e->node_sweep : e->sweep;
     bool sweep = should_sweep(pos, clock, filter_hash);

@@ -53,10 +53,19 @@ const char *claim_order(const QueueColumns &cols, const char *prefix);
 // claim_node (contract section 9), first steps, in queue_ordered.cpp: takes
 // the map's share lock (move_shard, rebalance and pin wait for the claim's
 // transaction), raises 42704 for an unknown map, registers the worker's
-// node in sharding.claim_node_workers, and returns whether any worker is
-// registered with another node of the map (if none, no lease can need the
-// handoff exclusion). Needs an SPI connection.
-bool begin_node_claim(Datum map, Datum node, Datum worker);
+// node in sharding.claim_node_workers, and returns what handoff_needed
+// needs to know of the registrations. Needs an SPI connection.
+struct NodeClaim {
+    bool others;        // a worker is registered with another node of the map
+    TimestampTz since;  // the map's latest registration
+};
+NodeClaim begin_node_claim(Datum map, Datum node, Datum worker);
+
+// Whether the claim needs the handoff exclusion: a worker registered with
+// another node holds a live lease on a key of `node` (remembered as clear
+// while routing and registrations stay as they were). After the queue
+// table and key column were checked; needs an SPI connection.
+bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, const NodeClaim &c);
 
 // claim_node with ordered => false, in queue.cpp: the claim of
 // claim_shards (resumable, see queue.cpp) filtered by node_for.

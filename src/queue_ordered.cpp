@@ -515,6 +515,26 @@ const char *random_start(Oid relid, const char *key_column, const char *guc) {
     return start;
 }
 
+// The handoff exclusion costs a scan of the queue's live leases on every
+// claim_node. It can only matter while a worker registered with another
+// node holds a live lease on a key this node now routes to: such a lease
+// arises only from a change of the routing (a move, rebalance or pin, each
+// of which bumps the routing generation and waits for claims in flight
+// through the map lock) or from a worker registering anew (which changes
+// the map's latest claim_node_workers.since). So once a claim found none,
+// the queue, key column, map and node are remembered as clear for that
+// generation and registration state, and later claims leave the exclusion
+// out until one of them changes. A few slots, reused in turn.
+struct HandoffClear {
+    Oid relid;
+    NameData column;
+    uint64 map_node;  // hash of map and node
+    uint64 generation;
+    TimestampTz since;
+};
+HandoffClear handoff_clear[16];
+int handoff_next = 0;
+
 // Lock tag of a whole map, as maps.cpp computes it (advisory method, class
 // 3, field3 0xFFFFFFFF): move_shard and pin take it in RowExclusiveLock,
 // rebalance and drop_map in ExclusiveLock; ShareLock here conflicts with
@@ -533,13 +553,14 @@ void lock_map_shared(text *map) {
 namespace sharding {
 namespace queue {
 
-bool begin_node_claim(Datum map, Datum node, Datum worker) {
+NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {
     lock_map_shared(DatumGetTextPP(map));
     if (node_check_plan == nullptr) {
         Oid types[3] = {TEXTOID, TEXTOID, TEXTOID};
         node_check_plan = keep("SELECT EXISTS (SELECT FROM sharding.maps m WHERE m.map = $1), "
                                "(SELECT w.node FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.worker = $2), "
-                               "EXISTS (SELECT FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.node <> $3)",
+                               "(SELECT count(*) FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.node <> $3), "
+                               "(SELECT max(w.since) FROM sharding.claim_node_workers w WHERE w.map = $1)",
                                3, types);
         Oid rtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
         register_plan = keep("INSERT INTO sharding.claim_node_workers AS w (map, worker, node) VALUES ($1, $2, $3) "
@@ -549,19 +570,65 @@ bool begin_node_claim(Datum map, Datum node, Datum worker) {
     Datum values[3] = {map, worker, node};
     int rc = SPI_execute_plan(node_check_plan, values, nullptr, false, 1);
     if (rc != SPI_OK_SELECT || SPI_processed != 1) elog(ERROR, "claim_node: map lookup failed");
+    HeapTuple row = SPI_tuptable->vals[0];
+    TupleDesc desc = SPI_tuptable->tupdesc;
     bool isnull;
-    bool exists = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+    bool exists = DatumGetBool(SPI_getbinval(row, desc, 1, &isnull));
     if (!exists)
         sharding::fail(ERRCODE_UNDEFINED_OBJECT, "map \"%s\" does not exist", TextDatumGetCString(map));
-    bool others_null;
-    bool others = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &others_null));
-    Datum current = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+    NodeClaim c;
+    c.others = DatumGetInt64(SPI_getbinval(row, desc, 3, &isnull)) > 0;
+    Datum since = SPI_getbinval(row, desc, 4, &isnull);
+    c.since = isnull ? 0 : DatumGetTimestampTz(since);
+    Datum current = SPI_getbinval(row, desc, 2, &isnull);
     if (isnull || !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, current, node))) {
         Datum rvalues[3] = {map, worker, node};
         rc = SPI_execute_plan(register_plan, rvalues, nullptr, false, 0);
         if (rc != SPI_OK_INSERT) elog(ERROR, "claim_node: registering the worker failed");
     }
-    return others;
+    return c;
+}
+
+bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, const NodeClaim &c) {
+    if (!c.others) return false;
+    text *m = DatumGetTextPP(map), *n = DatumGetTextPP(node);
+    uint64 mn = sharding::hash_bytes(VARDATA_ANY(m), VARSIZE_ANY_EXHDR(m));
+    mn = mn * 0x9E3779B97F4A7C15ull ^ sharding::hash_bytes(VARDATA_ANY(n), VARSIZE_ANY_EXHDR(n));
+    uint64 generation = sharding::routing_generation();
+    HandoffClear *slot = nullptr;
+    for (HandoffClear &h : handoff_clear) {
+        if (h.relid == relid && h.map_node == mn && strcmp(NameStr(h.column), key_column) == 0) {
+            if (h.generation == generation && h.since == c.since) return false;
+            slot = &h;
+            break;
+        }
+    }
+    // Are there any? (The claim statement itself computes which.)
+    StringInfoData q;
+    initStringInfo(&q);
+    const char *k = quote_identifier(key_column);
+    appendStringInfo(&q,
+                     "SELECT FROM %s f WHERE f.status OPERATOR(pg_catalog.=) 'processing' "
+                     "AND f.claim_expires OPERATOR(pg_catalog.>=) pg_catalog.now() AND f.%s IS NOT NULL "
+                     "AND sharding.node_for($1, f.%s) OPERATOR(pg_catalog.=) $2 "
+                     "AND EXISTS (SELECT FROM sharding.claim_node_workers w WHERE w.map OPERATOR(pg_catalog.=) $1 "
+                     "AND w.worker OPERATOR(pg_catalog.=) f.owner AND w.node OPERATOR(pg_catalog.<>) $2) LIMIT 1",
+                     qualified_name(relid), k, k);
+    Oid types[2] = {TEXTOID, TEXTOID};
+    Datum values[2] = {map, node};
+    int rc = SPI_execute_with_args(q.data, 2, types, values, nullptr, false, 1);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "claim_node: reading the live leases failed: %s", SPI_result_code_string(rc));
+    if (SPI_processed > 0) return true;
+    if (slot == nullptr) {
+        slot = &handoff_clear[handoff_next];
+        handoff_next = (handoff_next + 1) % lengthof(handoff_clear);
+    }
+    slot->relid = relid;
+    namestrcpy(&slot->column, key_column);
+    slot->map_node = mn;
+    slot->generation = generation;
+    slot->since = c.since;
+    return false;
 }
 
 }  // namespace queue
@@ -632,12 +699,18 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     if (a.shards >= 0 && shard_args(fcinfo, a, &shard_count)) variant |= ByShard;
 
     connect_spi();
-    if ((variant & ByNode) &&
-        sharding::queue::begin_node_claim(PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node), PG_GETARG_DATUM(a.worker)))
-        variant |= Handoff;
+    sharding::queue::NodeClaim node_claim{false, 0};
+    if (variant & ByNode)
+        node_claim = sharding::queue::begin_node_claim(PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node),
+                                                       PG_GETARG_DATUM(a.worker));
     int32 max_att = -1;
     // Plan checks come first (a table without attempts has no max_attempts).
     SPIPlanPtr plan = plan_for(relid, variant, key_column);
+    if ((variant & ByNode) && sharding::queue::handoff_needed(relid, key_column, PG_GETARG_DATUM(a.map),
+                                                              PG_GETARG_DATUM(a.node), node_claim)) {
+        variant |= Handoff;
+        plan = plan_for(relid, variant, key_column);
+    }
     if (get_attnum(relid, "attempts") != InvalidAttrNumber && get_atttype(relid, get_attnum(relid, "attempts")) == INT4OID)
         max_att = max_attempts(relid);
     if (max_att > 0) plan = plan_for(relid, variant | Reap, key_column);

@@ -10,10 +10,13 @@
 #                 of the other keys. Target >= 0.5.
 #   3. node:      claim_node(map, 'n1') vs claim_shards(shards_of(map, 'n1'))
 #                 on a 16-shard map over 4 nodes; jobs/s. Target >= 0.9.
+#                 Then again with 24 workers of the other three nodes
+#                 registered and holding 1,200 live leases, so that every
+#                 claim_node also runs the handoff check (node_handoff).
 #
 #   SHARDING_PGROOT=/tmp/pgroot-mine bash test/bench/ordered/run.sh [seconds] [runs]
 #
-# BENCH_ONLY="ordered burst node" (any of them) runs those comparisons only; BENCH_WAITS=1 samples
+# BENCH_ONLY="ordered burst node node_handoff" (any of them) runs those comparisons only; BENCH_WAITS=1 samples
 # pg_stat_activity's wait events every 0.1 s during each pgbench run and
 # prints their counts (diagnosis of contention).
 #
@@ -60,7 +63,7 @@ SELECT 'whale' AS key, '2026-01-01'::timestamptz + g * interval '1 microsecond' 
   FROM generate_series(1, 1000000) g;
 CREATE UNLOGGED TABLE t_random AS
 SELECT 'job-' || g AS key, '2026-01-01'::timestamptz + g * interval '1 millisecond' AS created
-  FROM generate_series(1, 400000) g;
+  FROM generate_series(1, 1200000) g;
 SQL
 
 # fill TABLE TEMPLATE...: the table holds exactly the templates' rows, pending.
@@ -71,10 +74,18 @@ fill() {
     psql -XqAt -v ON_ERROR_STOP=1 -c "$sql" -c "VACUUM ANALYZE $table" -c "CHECKPOINT" >/dev/null
 }
 
-# run TABLE SCRIPT COUNT_FILTER -> jobs/s of the done rows matching COUNT_FILTER
+# foreign_leases TABLE: 8 workers on each of n2..n4 claim 50 jobs each through
+# claim_node with an hour's lease (they stay registered and in flight).
+foreign_leases() {
+    psql -XqAt -v ON_ERROR_STOP=1 -c "SELECT count(*) FROM generate_series(2, 4) n, generate_series(1, 8) w,
+        LATERAL sharding.claim_node(NULL::$1, 'bm', 'n' || n, 'far-n' || n || '-' || w, 50, '1 hour')" >/dev/null
+}
+
+# run TABLE SCRIPT COUNT_FILTER [keep] -> jobs/s of the done rows matching
+# COUNT_FILTER; "keep" leaves sharding.claim_node_workers as it is.
 run() {
     local table=$1 script=$2 filter=$3 out tps txns done_jobs
-    psql -XqAt -c "DELETE FROM sharding.claim_node_workers" >/dev/null
+    [ "${4:-}" = keep ] || psql -XqAt -c "DELETE FROM sharding.claim_node_workers" >/dev/null
     local sampler=
     if [ -n "${BENCH_WAITS:-}" ]; then
         ( for _ in $(seq 1 $((SECONDS_PER_RUN * 10))); do
@@ -137,4 +148,18 @@ for _ in $(seq 1 "$RUNS"); do
 done
 mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
 echo "node: claim_node ${mo} jobs/s (runs: ${ours[*]}), claim_shards same shards ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.9)"
+fi
+
+if [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" node_handoff "* ]]; then
+ours=() base=()
+for _ in $(seq 1 "$RUNS"); do
+    fill ours t_random
+    psql -XqAt -c "DELETE FROM sharding.claim_node_workers" >/dev/null
+    foreign_leases ours
+    ours+=("$(run ours claim_node.sql "coalesce(owner, '') NOT LIKE 'far-%'" keep)")
+    fill base t_random
+    base+=("$(run base claim_shards.sql true)")
+done
+mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
+echo "node_handoff: claim_node with 1,200 live leases of other nodes' workers ${mo} jobs/s (runs: ${ours[*]}), claim_shards same shards ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x"
 fi
