@@ -256,29 +256,33 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
                         "WHERE c.id = w.id AND c.status = 'pending'", q.qname);
     append_head_check(s, q);
     appendStringInfoString(s, " FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2), ");
-    // Keys after the cursor, then from the first key up to the cursor.
+    // Keys after the cursor, then from the first key up to the cursor: one
+    // descent of the (key, status, created, id) index per key gives the
+    // next key with a pending job and that key's oldest pending job.
+    const char *next_key = psprintf("SELECT o.%s AS k, o.id FROM %s o WHERE o.status = 'pending' AND o.%s > %%s "
+                                    "ORDER BY o.%s, o.status, o.created, o.id LIMIT 1",
+                                    q.key, q.qname, q.key, q.key);
+    appendStringInfo(s, "keys_after(k, id) AS ((");
+    appendStringInfo(s, next_key, psprintf("$9::%s", q.key_type));
+    appendStringInfoString(s, ") UNION ALL SELECT n.k, n.id FROM keys_after a CROSS JOIN LATERAL (");
+    appendStringInfo(s, next_key, "a.k");
+    appendStringInfoString(s, ") n), ");
     appendStringInfo(s,
-                     "keys_after(k) AS (SELECT (SELECT min(o.%s) FROM %s o WHERE o.status = 'pending' "
-                     "AND o.%s > $9::%s) "
-                     "UNION ALL SELECT (SELECT min(o.%s) FROM %s o WHERE o.status = 'pending' AND o.%s > a.k) "
-                     "FROM keys_after a WHERE a.k IS NOT NULL), ",
-                     q.key, q.qname, q.key, q.key_type, q.key, q.qname, q.key);
-    appendStringInfo(s,
-                     "keys_before(k) AS (SELECT (SELECT min(o.%s) FROM %s o WHERE o.status = 'pending') "
-                     "UNION ALL SELECT (SELECT min(o.%s) FROM %s o WHERE o.status = 'pending' AND o.%s > b.k) "
-                     "FROM keys_before b WHERE b.k IS NOT NULL AND ($9 IS NULL OR b.k < $9::%s)), ",
-                     q.key, q.qname, q.key, q.qname, q.key, q.key_type);
+                     "keys_before(k, id) AS ((SELECT o.%s AS k, o.id FROM %s o WHERE o.status = 'pending' "
+                     "AND o.%s IS NOT NULL ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) "
+                     "UNION ALL SELECT n.k, n.id FROM keys_before b CROSS JOIN LATERAL (",
+                     q.key, q.qname, q.key, q.key);
+    appendStringInfo(s, next_key, "b.k");
+    appendStringInfo(s, ") n WHERE $9 IS NULL OR b.k < $9::%s), ", q.key_type);
     appendStringInfo(s,
                      "need AS MATERIALIZED (SELECT (SELECT count(*) FROM walk) = $2 * 2 + 16 "
                      "AND (SELECT count(*) FROM fresh) + (SELECT count(*) FROM expired) < $2 AS more), "
                      "fallback_rows AS MATERIALIZED (SELECT h.* FROM "
-                     "(SELECT a.k FROM keys_after a WHERE a.k IS NOT NULL "
-                     "UNION ALL SELECT b.k FROM keys_before b WHERE b.k IS NOT NULL "
-                     "AND ($9 IS NULL OR b.k <= $9::%s)) AS ks "
+                     "(SELECT a.k, a.id FROM keys_after a "
+                     "UNION ALL SELECT b.k, b.id FROM keys_before b WHERE $9 IS NULL OR b.k <= $9::%s) AS ks "
                      "CROSS JOIN LATERAL (SELECT %s, c.%s AS fallback_key FROM %s c "
-                     "WHERE c.id = (SELECT o.id FROM %s o WHERE o.%s = ks.k AND o.status = 'pending' "
-                     "ORDER BY o.created, o.id LIMIT 1) AND c.status = 'pending'",
-                     q.key_type, cols, q.key, q.qname, q.qname, q.key);
+                     "WHERE c.id = ks.id AND c.status = 'pending'",
+                     q.key_type, cols, q.key, q.qname);
     append_filter(s, q, variant);
     append_head_check(s, q, true);
     appendStringInfoString(s,
