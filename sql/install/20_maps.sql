@@ -238,6 +238,10 @@ BEGIN
         RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM sharding._require_map($1, false);
+    -- Waits for claim_node calls in flight on the map, for writers fenced on
+    -- the shards the key routes by, and for moves (sharding._lock_pin).
+    PERFORM sharding._lock_pin($1, $2);
     PERFORM sharding._require_map($1, true);
     -- On a database map, a pin to a node without DSN would break every proxied call.
     PERFORM sharding._check_database_nodes($1, ARRAY[$3]);
@@ -257,6 +261,9 @@ BEGIN
     IF key IS NULL THEN
         RAISE EXCEPTION 'pin key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM sharding._require_map($1, false);
+    -- The key goes back to its shard's owner: the same waits as pin.
+    PERFORM sharding._lock_pin($1, $2);
     PERFORM sharding._require_map($1, true);
     DELETE FROM sharding.pins p WHERE p.map = $1 AND p.key = $2;
     IF NOT FOUND THEN

@@ -13,13 +13,33 @@ CREATE TABLE sharding.claim_node_workers (
     worker text NOT NULL,
     node   text NOT NULL,
     since  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    registered_by name NOT NULL DEFAULT CURRENT_USER,
     PRIMARY KEY (map, worker)
 );
 COMMENT ON TABLE sharding.claim_node_workers IS
     'the node each worker last claimed through (claim_node); a live lease of another node''s worker holds back the handoff';
+COMMENT ON COLUMN sharding.claim_node_workers.registered_by IS
+    'the role that registered the worker name; only it (or sharding_admin) may move the name to another node';
 SELECT pg_catalog.pg_extension_config_dump('sharding.claim_node_workers', '');
 GRANT SELECT, INSERT, UPDATE ON sharding.claim_node_workers TO PUBLIC;
 GRANT DELETE ON sharding.claim_node_workers TO sharding_admin;
+-- Row security. Moving another worker's name to node B would make its live
+-- leases count as B's own, so B would claim their keys and shards at once:
+-- the handoff broken by any role that may write here. So everyone reads
+-- every row (the handoff compares them), a role registers names as itself
+-- (registered_by) and re-registers only names it registered (claim_node
+-- then fails with 42501 for a name another role holds); sharding_admin may
+-- change and delete any row. Worker names remain unauthenticated within a
+-- role: a role's workers must use distinct names on distinct nodes.
+ALTER TABLE sharding.claim_node_workers ENABLE ROW LEVEL SECURITY;
+CREATE POLICY claim_node_workers_read ON sharding.claim_node_workers FOR SELECT USING (true);
+CREATE POLICY claim_node_workers_insert ON sharding.claim_node_workers FOR INSERT
+    WITH CHECK (registered_by OPERATOR(pg_catalog.=) CURRENT_USER);
+CREATE POLICY claim_node_workers_update ON sharding.claim_node_workers FOR UPDATE
+    USING (registered_by OPERATOR(pg_catalog.=) CURRENT_USER)
+    WITH CHECK (registered_by OPERATOR(pg_catalog.=) CURRENT_USER);
+CREATE POLICY claim_node_workers_admin ON sharding.claim_node_workers TO sharding_admin
+    USING (true) WITH CHECK (true);
 
 -- claim_ordered and claim_node are not STRICT: the queue argument is
 -- NULL::table by design, shards/shard_count are NULL by default; other NULL
