@@ -486,18 +486,36 @@ int32 max_attempts(Oid relid) {
     return isnull ? -1 : DatumGetInt32(d);
 }
 
-// The first cursor of a session (its setting was never set): the key of a
-// pending job on a few randomly sampled pages of the table, or '' (start
-// at the first key) when they hold none. Concurrent workers that all
-// started at the first key would go round the keys in step, each passing
-// the keys the others had just taken; from random starting points they
-// work on different keys. Kept in the setting, so sampled once per
-// session and table. An explicitly empty setting starts at the first key.
+// The first cursor of a session (its setting was never set): a random
+// bound of the key column's histogram in pg_stats, which spans the keys
+// apart from the most common ones (so a whale's backlog does not draw
+// every worker to the whale's key); without statistics, the key of a
+// pending job on a few randomly sampled pages of the table; or '' (start
+// at the first key) when neither gives one. Concurrent workers that all
+// started at one key would go round the keys in step, each passing the
+// keys the others had just taken; from random starting points they work
+// on different keys. Kept in the setting, so chosen once per session and
+// table. An explicitly empty setting starts at the first key.
 const char *random_start(Oid relid, const char *key_column, const char *guc) {
     Relation rel = table_open(relid, AccessShareLock);
     BlockNumber pages = RelationGetNumberOfBlocks(rel);
     table_close(rel, AccessShareLock);
     const char *start = "";
+    {
+        Oid types[3] = {TEXTOID, TEXTOID, TEXTOID};
+        Datum args[3] = {CStringGetTextDatum(get_namespace_name(get_rel_namespace(relid))),
+                         CStringGetTextDatum(get_rel_name(relid)), CStringGetTextDatum(key_column)};
+        if (SPI_execute_with_args("SELECT x.b[1 + pg_catalog.floor(pg_catalog.random() * pg_catalog.cardinality(x.b))::int] "
+                                  "FROM (SELECT s.histogram_bounds::pg_catalog.text::pg_catalog.text[] AS b "
+                                  "FROM pg_catalog.pg_stats s WHERE s.schemaname OPERATOR(pg_catalog.=) $1 "
+                                  "AND s.tablename OPERATOR(pg_catalog.=) $2 AND s.attname OPERATOR(pg_catalog.=) $3 "
+                                  "AND s.histogram_bounds IS NOT NULL LIMIT 1) x",
+                                  3, types, args, nullptr, true, 1) == SPI_OK_SELECT &&
+            SPI_processed == 1) {
+            char *k = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+            if (k != nullptr) pages = 0, start = k;  // no sample needed
+        }
+    }
     if (pages > 0) {
         double percent = pages <= 4 ? 100.0 : 400.0 / pages;
         StringInfoData q;
