@@ -41,6 +41,7 @@
 #include "queue.hpp"
 
 extern "C" {
+#include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/xact.h"
@@ -63,6 +64,9 @@ extern "C" {
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "storage/itemptr.h"
+#include "access/tableam.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -255,7 +259,7 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
     appendStringInfo(s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM %s c "
                         "WHERE c.id = w.id AND c.status = 'pending'", q.qname);
     append_head_check(s, q);
-    appendStringInfoString(s, " FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2), ");
+    appendStringInfoString(s, " AND sharding._current_version(c.tableoid, c.ctid) FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2), ");
     // Keys after the cursor, then from the first key up to the cursor: one
     // descent of the (key, status, created, id) index per key gives the
     // next key with a pending job and that key's oldest pending job.
@@ -287,7 +291,7 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
     append_head_check(s, q, true);
     appendStringInfoString(s,
                            " AND c.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::bigint[]) "
-                           "FOR UPDATE OF c SKIP LOCKED) AS h WHERE (SELECT n.more FROM need n) "
+                           "AND sharding._current_version(c.tableoid, c.ctid) FOR UPDATE OF c SKIP LOCKED) AS h WHERE (SELECT n.more FROM need n) "
                            "LIMIT (SELECT GREATEST($2 - count(*), 0) FROM (SELECT id FROM fresh UNION ALL SELECT id FROM expired) x)), ");
     // The cursor: the last key taken, in rotation order.
     appendStringInfo(s,
@@ -859,4 +863,36 @@ SHARDING_FUNCTION(sharding__claim_ordered_sql) {
     q.has_run_at = get_attnum(relid, "run_at") != InvalidAttrNumber;
     q.has_priority = get_attnum(relid, "priority") != InvalidAttrNumber;
     PG_RETURN_TEXT_P(cstring_to_text(claim_sql(q, static_cast<uint32>(variant))));
+}
+
+/*
+ * _current_version(rel oid, tid tid) RETURNS boolean
+ *
+ * Internal, for the claim statements: whether the row version at `tid` of
+ * table `rel` is still its row's latest committed version (no committed
+ * transaction updated or deleted it since; an update still in progress
+ * does not count). A claim's candidates are read under the statement's
+ * snapshot; one that another worker claimed and committed meanwhile would,
+ * under FOR UPDATE, have its newest version locked (PostgreSQL locks it
+ * before rechecking the WHERE clause, and keeps the lock when the recheck
+ * fails), making that worker's complete wait for this claim's transaction.
+ * Checking just before the lock leaves such rows alone. Needs SELECT or
+ * UPDATE on the table; true for table access methods other than heap.
+ */
+SHARDING_FUNCTION(sharding__current_version) {
+    Oid relid = PG_GETARG_OID(0);
+    ItemPointer tid = reinterpret_cast<ItemPointer>(PG_GETARG_POINTER(1));
+    if (pg_class_aclcheck(relid, GetUserId(), ACL_SELECT | ACL_UPDATE) != ACLCHECK_OK)  // either
+        sharding::queue::require_update(relid);
+    Relation rel = table_open(relid, AccessShareLock);
+    bool current = true;
+    if (rel->rd_rel->relkind == RELKIND_RELATION && rel->rd_tableam == GetHeapamTableAmRoutine()) {
+        HeapTupleData tuple;
+        tuple.t_self = *tid;
+        Buffer buffer = InvalidBuffer;
+        current = heap_fetch(rel, SnapshotSelf, &tuple, &buffer, false);
+        if (BufferIsValid(buffer)) ReleaseBuffer(buffer);
+    }
+    table_close(rel, AccessShareLock);
+    PG_RETURN_BOOL(current);
 }

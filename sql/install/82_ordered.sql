@@ -130,3 +130,8 @@ END
 $$;
 COMMENT ON FUNCTION sharding.create_ordered_indexes(regclass, name) IS
     'creates the indexes claim_ordered and claim_node walk (head test, pending in claim order, expired leases) where missing';
+
+CREATE FUNCTION sharding._current_version(rel oid, tid tid) RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding__current_version' LANGUAGE C VOLATILE STRICT PARALLEL SAFE COST 10;
+COMMENT ON FUNCTION sharding._current_version(oid, tid) IS
+    'internal (claim_ordered, claim_node): whether a row version is still its row''s latest committed one, checked just before FOR UPDATE';
