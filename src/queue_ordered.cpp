@@ -266,7 +266,7 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
     append_filter(s, q, variant);
     appendStringInfoString(s, " ORDER BY ");
     append_order(s, q, "c");
-    appendStringInfoString(s, " LIMIT $2 * 2 + 16), ");
+    appendStringInfoString(s, " LIMIT $10), ");
     // Only a key's oldest walked job can be its head: one head test per
     // key walked, however many of its jobs the walk saw. Then, in claim
     // order, each candidate is tested and locked until batch are taken.
@@ -299,7 +299,7 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
     appendStringInfo(s, next_key, "b.k");
     appendStringInfo(s, ") n WHERE $9 IS NULL OR b.k < $9::%s), ", q.key_type);
     appendStringInfo(s,
-                     "need AS MATERIALIZED (SELECT (SELECT count(*) FROM walk) = $2 * 2 + 16 "
+                     "need AS MATERIALIZED (SELECT (SELECT count(*) FROM walk) = $10 "
                      "AND (SELECT count(*) FROM fresh) + (SELECT count(*) FROM expired) < $2 AS more), "
                      "fallback_rows AS MATERIALIZED (SELECT h.* FROM "
                      "(SELECT a.k, a.id FROM keys_after a "
@@ -469,8 +469,8 @@ SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
     sharding::queue::check_key_column(relid, key_column);
     sharding::queue::check_unique_id(relid, q.qname);
 
-    Oid types[9] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID};
-    SPIPlanPtr p = keep(claim_sql(q, variant), 9, types);
+    Oid types[10] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID, INT4OID};
+    SPIPlanPtr p = keep(claim_sql(q, variant), 10, types);
     e->signature = MemoryContextStrdup(ordered_cxt, sig.data);
     e->plan = p;
     return p;
@@ -559,6 +559,27 @@ const char *random_start(Oid relid, const char *key_column, const char *guc) {
     }
     (void)set_config_option(guc, start, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SET, true, 0, false);
     return start;
+}
+
+// Per queue and claim variant: whether the last full walk found the front
+// of the line blocked (the fallback had to take rows), so that the next
+// claims walk only briefly (claim_common). A few slots, reused in turn.
+struct WalkMode {
+    Oid relid;
+    uint32 variant;
+    bool blocked;
+    uint32 short_walks;
+};
+WalkMode walk_modes[16];
+int walk_next = 0;
+
+WalkMode *walk_mode(Oid relid, uint32 variant) {
+    for (WalkMode &m : walk_modes)
+        if (m.relid == relid && m.variant == variant) return &m;
+    WalkMode *m = &walk_modes[walk_next];
+    walk_next = (walk_next + 1) % lengthof(walk_modes);
+    *m = WalkMode{relid, variant, false, 0};
+    return m;
 }
 
 // The handoff exclusion costs a scan of the queue's live leases on every
@@ -763,28 +784,38 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
 
     // The ordered fallback's cursor (see append_ordered_fresh).
     const char *cursor = nullptr;
+    char guc[64];
+    char *cursor_before = nullptr;
+    WalkMode *mode = nullptr;
+    int32 walk = batch > (PG_INT32_MAX - 16) / 2 ? PG_INT32_MAX : batch * 2 + 16;
     if (variant & Ordered) {
-        char guc[64];
         snprintf(guc, sizeof guc, "sharding_ordered.c%u_%d", relid, get_attnum(relid, key_column));
         cursor = GetConfigOption(guc, true, false);
         if (cursor == nullptr) cursor = random_start(relid, key_column, guc);
+        cursor_before = pstrdup(cursor != nullptr ? cursor : "");
         if (cursor != nullptr && cursor[0] == '\0') cursor = nullptr;
+        mode = walk_mode(relid, variant);
+        // While the front of the line is blocked, a short walk finds its
+        // heads (the oldest) and the fallback the rest; every eighth claim
+        // walks in full to see whether the front has cleared.
+        if (mode->blocked && ++mode->short_walks % 8 != 0) walk = 16;
     }
-    Datum values[9] = {PG_GETARG_DATUM(a.worker),
-                       Int32GetDatum(batch),
-                       lease,
-                       (variant & ByShard) ? PG_GETARG_DATUM(a.shards) : (Datum)0,
-                       Int32GetDatum(shard_count),
-                       (variant & ByNode) ? PG_GETARG_DATUM(a.map) : (Datum)0,
-                       (variant & ByNode) ? PG_GETARG_DATUM(a.node) : (Datum)0,
-                       Int32GetDatum(max_att),
-                       cursor != nullptr ? CStringGetTextDatum(cursor) : (Datum)0};
-    bool isnull[9] = {false, false, false, !(variant & ByShard), false, !(variant & ByNode), !(variant & ByNode),
-                      max_att <= 0, cursor == nullptr};
-    Oid types[9] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID};
-    ParamListInfo params = makeParamList(9);
-    params->numParams = 9;
-    for (int i = 0; i < 9; i++) {
+    Datum values[10] = {PG_GETARG_DATUM(a.worker),
+                        Int32GetDatum(batch),
+                        lease,
+                        (variant & ByShard) ? PG_GETARG_DATUM(a.shards) : (Datum)0,
+                        Int32GetDatum(shard_count),
+                        (variant & ByNode) ? PG_GETARG_DATUM(a.map) : (Datum)0,
+                        (variant & ByNode) ? PG_GETARG_DATUM(a.node) : (Datum)0,
+                        Int32GetDatum(max_att),
+                        cursor != nullptr ? CStringGetTextDatum(cursor) : (Datum)0,
+                        Int32GetDatum(walk)};
+    bool isnull[10] = {false, false, false, !(variant & ByShard), false, !(variant & ByNode), !(variant & ByNode),
+                       max_att <= 0, cursor == nullptr, false};
+    Oid types[10] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID, INT4OID};
+    ParamListInfo params = makeParamList(10);
+    params->numParams = 10;
+    for (int i = 0; i < 10; i++) {
         params->params[i].value = values[i];
         params->params[i].isnull = isnull[i];
         params->params[i].pflags = PARAM_FLAG_CONST;
@@ -809,6 +840,13 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     uint64 n = SPI_processed;
     if (n > static_cast<uint64>(batch))
         elog(ERROR, "claim took %llu rows for a batch of %d", static_cast<unsigned long long>(n), batch);
+    if (mode != nullptr) {
+        // The fallback took rows exactly when it moved the cursor.
+        const char *after = GetConfigOption(guc, true, false);
+        bool moved = after != nullptr && strcmp(after, cursor_before) != 0;
+        if (walk != 16) mode->blocked = moved;  // a full walk decides
+        else if (!moved && n < static_cast<uint64>(batch)) mode->blocked = false;
+    }
     dest->rDestroy(dest);
     SPI_finish();
     rsinfo->returnMode = SFRM_Materialize;
