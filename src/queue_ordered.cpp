@@ -282,19 +282,21 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
     appendStringInfoString(s, " AND sharding._current_version(c.tableoid, c.ctid) FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2), ");
     // Keys after the cursor, then from the first key up to the cursor: one
     // descent of the (key, status, created, id) index per key gives the
-    // next key with a pending job and that key's oldest pending job.
-    const char *next_key = psprintf("SELECT o.%s AS k, o.id FROM %s o WHERE o.status = 'pending' AND o.%s > %%s "
+    // next key with a pending job and that key's oldest pending job, whose
+    // row version (ctid, under the statement's snapshot) the candidate
+    // test then reads directly.
+    const char *next_key = psprintf("SELECT o.%s AS k, o.ctid AS t FROM %s o WHERE o.status = 'pending' AND o.%s > %%s "
                                     "ORDER BY o.%s, o.status, o.created, o.id LIMIT 1",
                                     q.key, q.qname, q.key, q.key);
-    appendStringInfo(s, "keys_after(k, id) AS ((");
+    appendStringInfo(s, "keys_after(k, t) AS ((");
     appendStringInfo(s, next_key, psprintf("$9::%s", q.key_type));
-    appendStringInfoString(s, ") UNION ALL SELECT n.k, n.id FROM keys_after a CROSS JOIN LATERAL (");
+    appendStringInfoString(s, ") UNION ALL SELECT n.k, n.t FROM keys_after a CROSS JOIN LATERAL (");
     appendStringInfo(s, next_key, "a.k");
     appendStringInfoString(s, ") n), ");
     appendStringInfo(s,
-                     "keys_before(k, id) AS ((SELECT o.%s AS k, o.id FROM %s o WHERE o.status = 'pending' "
+                     "keys_before(k, t) AS ((SELECT o.%s AS k, o.ctid AS t FROM %s o WHERE o.status = 'pending' "
                      "AND o.%s IS NOT NULL ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) "
-                     "UNION ALL SELECT n.k, n.id FROM keys_before b CROSS JOIN LATERAL (",
+                     "UNION ALL SELECT n.k, n.t FROM keys_before b CROSS JOIN LATERAL (",
                      q.key, q.qname, q.key, q.key);
     appendStringInfo(s, next_key, "b.k");
     appendStringInfo(s, ") n WHERE $9 IS NULL OR b.k < $9::%s), ", q.key_type);
@@ -302,10 +304,10 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
                      "need AS MATERIALIZED (SELECT (SELECT count(*) FROM walk) = $10 "
                      "AND (SELECT count(*) FROM fresh) + (SELECT count(*) FROM expired) < $2 AS more), "
                      "fallback_rows AS MATERIALIZED (SELECT h.* FROM "
-                     "(SELECT a.k, a.id FROM keys_after a "
-                     "UNION ALL SELECT b.k, b.id FROM keys_before b WHERE $9 IS NULL OR b.k <= $9::%s) AS ks "
+                     "(SELECT a.k, a.t FROM keys_after a "
+                     "UNION ALL SELECT b.k, b.t FROM keys_before b WHERE $9 IS NULL OR b.k <= $9::%s) AS ks "
                      "CROSS JOIN LATERAL (SELECT %s, c.%s AS fallback_key FROM %s c "
-                     "WHERE c.id = ks.id AND c.status = 'pending'",
+                     "WHERE c.ctid = ks.t AND c.status = 'pending'",
                      q.key_type, cols, q.key, q.qname);
     append_filter(s, q, variant);
     append_head_check(s, q, true);
