@@ -440,8 +440,14 @@ void lock_shard_tag(text *map, uint32 field3, LOCKMODE mode) {
 
 namespace sharding {
 void maps_init() { cache::register_kind(&routing_kind); }
-// Bumped by every change to the routing tables this backend has taken in.
-uint64_t routing_generation() { return generation; }
+// Bumped by every change to the routing tables this backend has taken in
+// from now on: the callback recognises sharding.maps only once its oid is
+// known, so it is looked up first (a backend that never routed has not).
+// Glue: may raise a PostgreSQL ERROR.
+uint64_t routing_generation() {
+    if (maps_relid == InvalidOid) maps_relid = lookup_maps_relid();
+    return generation;
+}
 }  // namespace sharding
 
 SHARDING_KEY_FUNCTIONS(sharding_node_for, node_for_body)
