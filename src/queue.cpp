@@ -1007,6 +1007,8 @@ Datum claim_common(FunctionCallInfo fcinfo, ClaimKind kind) {
     bool handoff = false;
     sharding::queue::NodeClaim node_claim{false, 0};
     if (by_node) {
+        // Refuse a caller without rights before taking the map's lock.
+        if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid))) sharding::queue::require_update(relid);
         // The map's lock, 42704, the worker's registration (queue_ordered.cpp).
         node_claim = sharding::queue::begin_node_claim(PG_GETARG_DATUM(1), PG_GETARG_DATUM(2), PG_GETARG_DATUM(3));
         filter_hash = node_filter_hash(key_column, PG_GETARG_TEXT_PP(1), PG_GETARG_TEXT_PP(2));
@@ -1016,10 +1018,14 @@ Datum claim_common(FunctionCallInfo fcinfo, ClaimKind kind) {
         sharding::queue::check_key_column(relid, key_column);
         handoff = sharding::queue::handoff_needed(relid, key_column, PG_GETARG_DATUM(1), PG_GETARG_DATUM(2),
                                                   node_claim);
+        // While the exclusion holds rows back, they fall behind the
+        // position as the claims move on: no position then, every claim
+        // sweeps (and the first claim after it sweeps too).
+        if (handoff) filter_hash = hash_combine(filter_hash, 0x68616e64u);
     }
     Position &pos = by_shard ? e->shard_pos : by_node ? e->node_pos : e->pos;
     SweepClock &clock = by_shard ? e->shard_sweep : by_node ? e->node_sweep : e->sweep;
-    bool sweep = should_sweep(pos, clock, filter_hash);
+    bool sweep = should_sweep(pos, clock, filter_hash) || handoff;
     // A plan built by this call costs its planning: not a measure of the scan.
     bool *built;
     SPIPlanPtr plan;

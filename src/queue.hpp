@@ -56,15 +56,16 @@ const char *claim_order(const QueueColumns &cols, const char *prefix);
 // node in sharding.claim_node_workers, and returns what handoff_needed
 // needs to know of the registrations. Needs an SPI connection.
 struct NodeClaim {
-    bool others;        // a worker is registered with another node of the map
-    TimestampTz since;  // the map's latest registration
+    bool others;          // a worker is registered with another node of the map
+    int64 registrations;  // fingerprint of the map's registrations
 };
 NodeClaim begin_node_claim(Datum map, Datum node, Datum worker);
 
 // Whether the claim needs the handoff exclusion: a worker registered with
-// another node holds a live lease on a key of `node` (remembered as clear
-// while routing and registrations stay as they were). After the queue
-// table and key column were checked; needs an SPI connection.
+// another node holds a job of a key of `node` (remembered as clear while
+// routing and registrations stay as they were; always true under
+// REPEATABLE READ and SERIALIZABLE). After the queue table and key column
+// were checked; needs an SPI connection.
 bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, const NodeClaim &c);
 
 // claim_node with ordered => false, in queue.cpp: the claim of

@@ -64,6 +64,7 @@ extern "C" {
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/rls.h"
 #include "utils/snapmgr.h"
 #include "storage/itemptr.h"
 #include "access/tableam.h"
@@ -79,7 +80,7 @@ namespace {
 enum : uint32 {
     Ordered = 1,   // per-key order (claim_ordered, claim_node ordered => true)
     ByShard = 2,   // shards/shard_count filter
-    ByNode = 4,    // node_for(map, key) = node, with handoff
+    ByNode = 4,    // node_for(map, key) = node
     Reap = 8,      // the queue has max_attempts: expired leases past it go to failed
     Handoff = 16,  // ByNode, and a worker is registered with another node: the handoff exclusion
 };
@@ -283,20 +284,21 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
     // Keys after the cursor, then from the first key up to the cursor: one
     // descent of the (key, status, created, id) index per key gives the
     // next key with a pending job and that key's oldest pending job, whose
-    // row version (ctid, under the statement's snapshot) the candidate
-    // test then reads directly.
-    const char *next_key = psprintf("SELECT o.%s AS k, o.ctid AS t FROM %s o WHERE o.status = 'pending' AND o.%s > %%s "
+    // row version (tableoid and ctid, under the statement's snapshot: a
+    // ctid alone is not unique across the partitions of a partitioned
+    // queue) the candidate test then reads directly.
+    const char *next_key = psprintf("SELECT o.%s AS k, o.tableoid AS r, o.ctid AS t FROM %s o WHERE o.status = 'pending' AND o.%s > %%s "
                                     "ORDER BY o.%s, o.status, o.created, o.id LIMIT 1",
                                     q.key, q.qname, q.key, q.key);
-    appendStringInfo(s, "keys_after(k, t) AS ((");
+    appendStringInfo(s, "keys_after(k, r, t) AS ((");
     appendStringInfo(s, next_key, psprintf("$9::%s", q.key_type));
-    appendStringInfoString(s, ") UNION ALL SELECT n.k, n.t FROM keys_after a CROSS JOIN LATERAL (");
+    appendStringInfoString(s, ") UNION ALL SELECT n.k, n.r, n.t FROM keys_after a CROSS JOIN LATERAL (");
     appendStringInfo(s, next_key, "a.k");
     appendStringInfoString(s, ") n), ");
     appendStringInfo(s,
-                     "keys_before(k, t) AS ((SELECT o.%s AS k, o.ctid AS t FROM %s o WHERE o.status = 'pending' "
+                     "keys_before(k, r, t) AS ((SELECT o.%s AS k, o.tableoid AS r, o.ctid AS t FROM %s o WHERE o.status = 'pending' "
                      "AND o.%s IS NOT NULL ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) "
-                     "UNION ALL SELECT n.k, n.t FROM keys_before b CROSS JOIN LATERAL (",
+                     "UNION ALL SELECT n.k, n.r, n.t FROM keys_before b CROSS JOIN LATERAL (",
                      q.key, q.qname, q.key, q.key);
     appendStringInfo(s, next_key, "b.k");
     appendStringInfo(s, ") n WHERE $9 IS NULL OR b.k < $9::%s), ", q.key_type);
@@ -304,10 +306,10 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
                      "need AS MATERIALIZED (SELECT (SELECT count(*) FROM walk) = $10 "
                      "AND (SELECT count(*) FROM fresh) + (SELECT count(*) FROM expired) < $2 AS more), "
                      "fallback_rows AS MATERIALIZED (SELECT h.* FROM "
-                     "(SELECT a.k, a.t FROM keys_after a "
-                     "UNION ALL SELECT b.k, b.t FROM keys_before b WHERE $9 IS NULL OR b.k <= $9::%s) AS ks "
+                     "(SELECT a.k, a.r, a.t FROM keys_after a "
+                     "UNION ALL SELECT b.k, b.r, b.t FROM keys_before b WHERE $9 IS NULL OR b.k <= $9::%s) AS ks "
                      "CROSS JOIN LATERAL (SELECT %s, c.%s AS fallback_key FROM %s c "
-                     "WHERE c.ctid = ks.t AND c.status = 'pending'",
+                     "WHERE c.tableoid = ks.r AND c.ctid = ks.t AND c.status = 'pending'",
                      q.key_type, cols, q.key, q.qname);
     append_filter(s, q, variant);
     append_head_check(s, q, true);
@@ -563,43 +565,27 @@ const char *random_start(Oid relid, const char *key_column, const char *guc) {
     return start;
 }
 
-// Per queue and claim variant: whether the last full walk found the front
-// of the line blocked (the fallback had to take rows), so that the next
-// claims walk only briefly (claim_common). A few slots, reused in turn.
-struct WalkMode {
-    Oid relid;
-    uint32 variant;
-    bool blocked;
-    uint32 short_walks;
-};
-WalkMode walk_modes[16];
-int walk_next = 0;
-
-WalkMode *walk_mode(Oid relid, uint32 variant) {
-    for (WalkMode &m : walk_modes)
-        if (m.relid == relid && m.variant == variant) return &m;
-    WalkMode *m = &walk_modes[walk_next];
-    walk_next = (walk_next + 1) % lengthof(walk_modes);
-    *m = WalkMode{relid, variant, false, 0};
-    return m;
-}
-
 // The handoff exclusion costs a scan of the queue's live leases on every
 // claim_node. It can only matter while a worker registered with another
-// node holds a live lease on a key this node now routes to: such a lease
-// arises only from a change of the routing (a move, rebalance or pin, each
-// of which bumps the routing generation and waits for claims in flight
-// through the map lock) or from a worker registering anew (which changes
-// the map's latest claim_node_workers.since). So once a claim found none,
-// the queue, key column, map and node are remembered as clear for that
-// generation and registration state, and later claims leave the exclusion
-// out until one of them changes. A few slots, reused in turn.
+// node holds a job of a key this node now routes to. Through claim_node
+// of the same map and key column, such a job arises only from a change of
+// the routing (a move, rebalance, pin or unpin, each of which bumps the
+// routing generation and waits for claims in flight through the map lock)
+// or of the registrations (a fingerprint of the map's claim_node_workers
+// rows). So once a claim found no job of another node's worker processing
+// on this node's keys (live or expired: extend_lease can revive an
+// expired one), the queue, key column, map and node are remembered as
+// clear for that generation and fingerprint, and later claims leave the
+// exclusion out until one of them changes. Jobs such workers take with
+// claim, claim_shards or claim_ordered, or through claim_node with
+// another map or key column, are outside the rule. A few slots, reused in
+// turn.
 struct HandoffClear {
     Oid relid;
     NameData column;
     uint64 map_node;  // hash of map and node
     uint64 generation;
-    TimestampTz since;
+    int64 registrations;
 };
 HandoffClear handoff_clear[16];
 int handoff_next = 0;
@@ -629,7 +615,8 @@ NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {
         node_check_plan = keep("SELECT EXISTS (SELECT FROM sharding.maps m WHERE m.map = $1), "
                                "(SELECT w.node FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.worker = $2), "
                                "(SELECT count(*) FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.node <> $3), "
-                               "(SELECT max(w.since) FROM sharding.claim_node_workers w WHERE w.map = $1)",
+                               "(SELECT pg_catalog.bit_xor(pg_catalog.hashtextextended(w.worker || E'\\x01' || w.node, 0)) "
+                               "# pg_catalog.count(*) FROM sharding.claim_node_workers w WHERE w.map = $1)",
                                3, types);
         Oid rtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
         register_plan = keep("INSERT INTO sharding.claim_node_workers AS w (map, worker, node) VALUES ($1, $2, $3) "
@@ -647,8 +634,8 @@ NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {
         sharding::fail(ERRCODE_UNDEFINED_OBJECT, "map \"%s\" does not exist", TextDatumGetCString(map));
     NodeClaim c;
     c.others = DatumGetInt64(SPI_getbinval(row, desc, 3, &isnull)) > 0;
-    Datum since = SPI_getbinval(row, desc, 4, &isnull);
-    c.since = isnull ? 0 : DatumGetTimestampTz(since);
+    Datum registrations = SPI_getbinval(row, desc, 4, &isnull);
+    c.registrations = isnull ? 0 : DatumGetInt64(registrations);
     Datum current = SPI_getbinval(row, desc, 2, &isnull);
     if (isnull || !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, current, node))) {
         Datum rvalues[3] = {map, worker, node};
@@ -660,6 +647,10 @@ NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {
 
 bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, const NodeClaim &c) {
     if (!c.others) return false;
+    // Under REPEATABLE READ or SERIALIZABLE the check would read the
+    // transaction's snapshot, taken before the map lock was granted: no
+    // conclusion to remember, and the claim applies the exclusion.
+    if (IsolationUsesXactSnapshot()) return true;
     text *m = DatumGetTextPP(map), *n = DatumGetTextPP(node);
     uint64 mn = sharding::hash_bytes(VARDATA_ANY(m), VARSIZE_ANY_EXHDR(m));
     mn = mn * 0x9E3779B97F4A7C15ull ^ sharding::hash_bytes(VARDATA_ANY(n), VARSIZE_ANY_EXHDR(n));
@@ -667,18 +658,19 @@ bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, co
     HandoffClear *slot = nullptr;
     for (HandoffClear &h : handoff_clear) {
         if (h.relid == relid && h.map_node == mn && strcmp(NameStr(h.column), key_column) == 0) {
-            if (h.generation == generation && h.since == c.since) return false;
+            if (h.generation == generation && h.registrations == c.registrations) return false;
             slot = &h;
             break;
         }
     }
-    // Are there any? (The claim statement itself computes which.)
+    // Are there any, live or not? (An expired lease still processing can
+    // be extended by its worker, live again. The claim statement itself
+    // computes which block what.)
     StringInfoData q;
     initStringInfo(&q);
     const char *k = quote_identifier(key_column);
     appendStringInfo(&q,
-                     "SELECT FROM %s f WHERE f.status OPERATOR(pg_catalog.=) 'processing' "
-                     "AND f.claim_expires OPERATOR(pg_catalog.>=) pg_catalog.now() AND f.%s IS NOT NULL "
+                     "SELECT FROM %s f WHERE f.status OPERATOR(pg_catalog.=) 'processing' AND f.%s IS NOT NULL "
                      "AND sharding.node_for($1, f.%s) OPERATOR(pg_catalog.=) $2 "
                      "AND EXISTS (SELECT FROM sharding.claim_node_workers w WHERE w.map OPERATOR(pg_catalog.=) $1 "
                      "AND w.worker OPERATOR(pg_catalog.=) f.owner AND w.node OPERATOR(pg_catalog.<>) $2) LIMIT 1",
@@ -696,7 +688,7 @@ bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, co
     namestrcpy(&slot->column, key_column);
     slot->map_node = mn;
     slot->generation = generation;
-    slot->since = c.since;
+    slot->registrations = c.registrations;
     return false;
 }
 
@@ -769,6 +761,9 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
 
     connect_spi();
     sharding::queue::NodeClaim node_claim{false, 0};
+    // Refuse a caller without rights before taking the map's lock.
+    if ((variant & ByNode) && SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+        sharding::queue::require_update(relid);
     if (variant & ByNode)
         node_claim = sharding::queue::begin_node_claim(PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node),
                                                        PG_GETARG_DATUM(a.worker));
@@ -786,21 +781,15 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
 
     // The ordered fallback's cursor (see append_ordered_fresh).
     const char *cursor = nullptr;
-    char guc[64];
-    char *cursor_before = nullptr;
-    WalkMode *mode = nullptr;
+    // The walk's length, 2 x batch + 16 (in C: in SQL it overflowed
+    // integer for huge batches).
     int32 walk = batch > (PG_INT32_MAX - 16) / 2 ? PG_INT32_MAX : batch * 2 + 16;
     if (variant & Ordered) {
+        char guc[64];
         snprintf(guc, sizeof guc, "sharding_ordered.c%u_%d", relid, get_attnum(relid, key_column));
         cursor = GetConfigOption(guc, true, false);
         if (cursor == nullptr) cursor = random_start(relid, key_column, guc);
-        cursor_before = pstrdup(cursor != nullptr ? cursor : "");
         if (cursor != nullptr && cursor[0] == '\0') cursor = nullptr;
-        mode = walk_mode(relid, variant);
-        // While the front of the line is blocked, a short walk finds its
-        // heads (the oldest) and the fallback the rest; every eighth claim
-        // walks in full to see whether the front has cleared.
-        if (mode->blocked && ++mode->short_walks % 8 != 0) walk = 16;
     }
     Datum values[10] = {PG_GETARG_DATUM(a.worker),
                         Int32GetDatum(batch),
@@ -842,13 +831,6 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     uint64 n = SPI_processed;
     if (n > static_cast<uint64>(batch))
         elog(ERROR, "claim took %llu rows for a batch of %d", static_cast<unsigned long long>(n), batch);
-    if (mode != nullptr) {
-        // The fallback took rows exactly when it moved the cursor.
-        const char *after = GetConfigOption(guc, true, false);
-        bool moved = after != nullptr && strcmp(after, cursor_before) != 0;
-        if (walk != 16) mode->blocked = moved;  // a full walk decides
-        else if (!moved && n < static_cast<uint64>(batch)) mode->blocked = false;
-    }
     dest->rDestroy(dest);
     SPI_finish();
     rsinfo->returnMode = SFRM_Materialize;
@@ -936,21 +918,28 @@ SHARDING_FUNCTION(sharding__claim_ordered_sql) {
  * under FOR UPDATE, have its newest version locked (PostgreSQL locks it
  * before rechecking the WHERE clause, and keeps the lock when the recheck
  * fails), making that worker's complete wait for this claim's transaction.
- * Checking just before the lock leaves such rows alone. Needs SELECT or
- * UPDATE on the table; true for table access methods other than heap.
+ * Checking just before the lock leaves such rows alone. True (no
+ * opinion) without SELECT or UPDATE on the table, under row level
+ * security, for other table access methods and for a tid past the end.
  */
 SHARDING_FUNCTION(sharding__current_version) {
     Oid relid = PG_GETARG_OID(0);
     ItemPointer tid = reinterpret_cast<ItemPointer>(PG_GETARG_POINTER(1));
-    if (pg_class_aclcheck(relid, GetUserId(), ACL_SELECT | ACL_UPDATE) != ACLCHECK_OK)  // either
-        sharding::queue::require_update(relid);
-    Relation rel = table_open(relid, AccessShareLock);
+    // Only an optimisation: never an error. A caller without SELECT or
+    // UPDATE on the table (a partition inherits no grants from its parent)
+    // or under row level security learns nothing.
+    if (pg_class_aclcheck(relid, GetUserId(), ACL_SELECT | ACL_UPDATE) != ACLCHECK_OK ||
+        check_enable_rls(relid, InvalidOid, true) == RLS_ENABLED)
+        PG_RETURN_BOOL(true);
+    Relation rel = try_table_open(relid, AccessShareLock);
+    if (rel == nullptr) PG_RETURN_BOOL(true);
     bool current = true;
     if (rel->rd_rel->relkind == RELKIND_RELATION && rel->rd_tableam == GetHeapamTableAmRoutine()) {
         HeapTupleData tuple;
         tuple.t_self = *tid;
         Buffer buffer = InvalidBuffer;
-        current = heap_fetch(rel, SnapshotSelf, &tuple, &buffer, false);
+        if (ItemPointerIsValid(tid) && ItemPointerGetBlockNumber(tid) < RelationGetNumberOfBlocks(rel))
+            current = heap_fetch(rel, SnapshotSelf, &tuple, &buffer, false);
         if (BufferIsValid(buffer)) ReleaseBuffer(buffer);
     }
     table_close(rel, AccessShareLock);
