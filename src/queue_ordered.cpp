@@ -262,7 +262,8 @@ void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false
 //    strictly oldest head first.
 // $9 is the cursor: the key's text form, or NULL.
 void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const char *cols) {
-    appendStringInfo(s, "walk AS MATERIALIZED (SELECT %s, c.%s AS walk_key FROM %s c WHERE c.status = 'pending'",
+    appendStringInfo(s, "walk AS MATERIALIZED (SELECT %s, c.%s AS walk_key, c.tableoid AS walk_rel, c.ctid AS walk_tid "
+                        "FROM %s c WHERE c.status = 'pending'",
                      cols, q.key, q.qname);
     append_filter(s, q, variant);
     appendStringInfoString(s, " ORDER BY ");
@@ -278,7 +279,7 @@ void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const ch
                      cols);
     append_order(s, q, "d");
     appendStringInfo(s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM %s c "
-                        "WHERE c.id = w.id AND c.status = 'pending'", q.qname);
+                        "WHERE c.tableoid = w.walk_rel AND c.ctid = w.walk_tid AND c.status = 'pending'", q.qname);
     append_head_check(s, q);
     appendStringInfoString(s, " AND sharding._current_version(c.tableoid, c.ctid) FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2), ");
     // Keys after the cursor, then from the first key up to the cursor: one
