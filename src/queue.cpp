@@ -714,35 +714,12 @@ SPIPlanPtr shard_plan_for(QueueEntry *e, const char *column, bool resume) {
 
 // claim_node's filter on `column` (a key type): node_for(map, key) = node
 // ($11, $12). With `handoff`, also the handoff exclusion (contract section
-// 9): nothing of a key, or of the logical shard of an unpinned key, that a
-// worker registered with another node holds under a live lease (the CTEs
-// foreign_leases and blocked, see claim_node_ctes).
+// 9, queue_ordered.cpp: handoff_ctes and handoff_exclusion).
 char *node_filter(Oid relid, const char *column, bool handoff) {
     sharding::queue::check_key_column(relid, column);
     const char *k = quote_identifier(column);
-    return psprintf("AND %s IS NOT NULL AND sharding.node_for($11, %s)" EQ "$12 %s", k, k,
-                    handoff ? psprintf("AND NOT (%s::pg_catalog.text COLLATE \"C\"" EQ "ANY ((SELECT b.keys FROM blocked b)::pg_catalog.text[]) "
-                                       "OR sharding.logical_shard($11, %s)" EQ "ANY ((SELECT b.shards FROM blocked b)::pg_catalog.int4[]))",
-                                       k, k)
-                            : "");
-}
-
-// The live leases of this node's keys held by workers registered with
-// another node of the map, and what they block: those keys, and the
-// logical shards of the unpinned ones.
-char *claim_node_ctes(const QueueEntry *e, const char *column) {
-    const char *k = quote_identifier(column);
-    return psprintf(
-        "foreign_leases AS MATERIALIZED (SELECT f.%s AS k FROM %s f "
-        "WHERE f.status" EQ "'processing' AND f.claim_expires" GE NOW " AND f.%s IS NOT NULL "
-        "AND EXISTS (SELECT FROM sharding.claim_node_workers w "
-        "WHERE w.map" EQ "$11 AND w.worker" EQ "f.owner AND w.node OPERATOR(pg_catalog.<>) $12) "
-        "AND sharding.node_for($11, f.%s)" EQ "$12), "
-        "blocked AS MATERIALIZED (SELECT coalesce(pg_catalog.array_agg(l.k::pg_catalog.text), '{}') AS keys, "
-        "coalesce(pg_catalog.array_agg(sharding.logical_shard($11, l.k)) FILTER (WHERE NOT EXISTS "
-        "(SELECT FROM sharding.pins p WHERE p.map" EQ "$11 AND p.key" EQ "l.k::pg_catalog.text COLLATE \"C\")), "
-        "'{}') AS shards FROM foreign_leases l), ",
-        k, e->name, k, k);
+    return psprintf("AND %s IS NOT NULL AND sharding.node_for($11, %s)" EQ "$12%s", k, k,
+                    handoff ? sharding::queue::handoff_exclusion(k, "$11") : "");
 }
 
 // The plan of a claim_node: index resume * 2 + handoff.
@@ -760,7 +737,7 @@ SPIPlanPtr node_plan_for(QueueEntry *e, const char *column, bool resume, bool ha
     SPIPlanPtr &p = e->node_plans[(resume ? 2 : 0) + (handoff ? 1 : 0)];
     if (p == nullptr)
         p = keep(claim_sql(e, node_filter(e->relid, column, handoff), resume,
-                           handoff ? claim_node_ctes(e, column) : ""),
+                           handoff ? sharding::queue::handoff_ctes(e->name, quote_identifier(column), "$11", "$12") : ""),
                  ClaimParams, claim_types);
     return p;
 }

@@ -189,11 +189,7 @@ void append_filter(StringInfo s, const Shape &q, uint32 variant) {
     if (variant & ByShard) appendStringInfo(s, " AND sharding.shard_of(c.%s, $5) = ANY ($4)", q.key);
     if (variant & ByNode) appendStringInfo(s, " AND sharding.node_for($6, c.%s) = $7", q.key);
     if (variant & Handoff)
-        appendStringInfo(s,
-                         " AND ((SELECT b.empty FROM blocked b)"
-                         " OR NOT (c.%s::text COLLATE \"C\" = ANY ((SELECT b.keys FROM blocked b)::text[])"
-                         " OR sharding.logical_shard($6, c.%s) = ANY ((SELECT b.shards FROM blocked b)::integer[])))",
-                         q.key, q.key);
+        appendStringInfoString(s, sharding::queue::handoff_exclusion(psprintf("c.%s", q.key), "$6"));
 }
 
 // Head of its key: no older pending job, no older processing job, no other
@@ -349,20 +345,7 @@ char *claim_sql(const Shape &q, uint32 variant) {
                          "WHERE status = 'processing' AND claim_expires < pg_catalog.now() AND attempts >= $8 "
                          "FOR UPDATE SKIP LOCKED)), ",
                          q.qname, q.qname);
-    if (variant & Handoff)
-        appendStringInfo(&s,
-                         "foreign_leases AS MATERIALIZED (SELECT f.%s AS k FROM %s f "
-                         "WHERE f.status = 'processing' AND f.claim_expires >= pg_catalog.now() "
-                         "AND f.%s IS NOT NULL "
-                         "AND EXISTS (SELECT FROM sharding.claim_node_workers w "
-                         "WHERE w.map = $6 AND w.worker = f.owner AND w.node <> $7) "
-                         "AND sharding.node_for($6, f.%s) = $7), "
-                         "blocked AS MATERIALIZED (SELECT count(*) = 0 AS empty, "
-                         "coalesce(array_agg(k::text), '{}') AS keys, "
-                         "coalesce(array_agg(sharding.logical_shard($6, k)) FILTER (WHERE NOT EXISTS "
-                         "(SELECT FROM sharding.pins p WHERE p.map = $6 AND p.key = k::text COLLATE \"C\")), '{}') AS shards "
-                         "FROM foreign_leases), ",
-                         q.key, q.qname, q.key, q.key);
+    if (variant & Handoff) appendStringInfoString(&s, sharding::queue::handoff_ctes(q.qname, q.key, "$6", "$7"));
     appendStringInfo(&s, "expired AS MATERIALIZED (SELECT %s FROM %s c "
                          "WHERE c.status = 'processing' AND c.claim_expires < pg_catalog.now()",
                      cols, q.qname);
@@ -609,6 +592,33 @@ void lock_map_shared(text *map) {
 namespace sharding {
 namespace queue {
 
+const char *foreign_jobs(const char *qname, const char *key, const char *map, const char *node, bool live_only) {
+    return psprintf("%s f WHERE f.status OPERATOR(pg_catalog.=) 'processing'%s AND f.%s IS NOT NULL "
+                    "AND sharding.node_for(%s, f.%s) OPERATOR(pg_catalog.=) %s "
+                    "AND EXISTS (SELECT FROM sharding.claim_node_workers w WHERE w.map OPERATOR(pg_catalog.=) %s "
+                    "AND w.worker OPERATOR(pg_catalog.=) f.owner AND w.node OPERATOR(pg_catalog.<>) %s)",
+                    qname, live_only ? " AND f.claim_expires OPERATOR(pg_catalog.>=) pg_catalog.now()" : "", key,
+                    map, key, node, map, node);
+}
+
+const char *handoff_ctes(const char *qname, const char *key, const char *map, const char *node) {
+    return psprintf("foreign_leases AS MATERIALIZED (SELECT f.%s AS k FROM %s), "
+                    "blocked AS MATERIALIZED (SELECT coalesce(pg_catalog.array_agg(l.k::pg_catalog.text), '{}') AS keys, "
+                    "coalesce(pg_catalog.array_agg(sharding.logical_shard(%s, l.k)) FILTER (WHERE NOT EXISTS "
+                    "(SELECT FROM sharding.pins p WHERE p.map OPERATOR(pg_catalog.=) %s "
+                    "AND p.key OPERATOR(pg_catalog.=) l.k::pg_catalog.text COLLATE \"C\")), '{}') AS shards "
+                    "FROM foreign_leases l), ",
+                    key, foreign_jobs(qname, key, map, node, true), map, map);
+}
+
+const char *handoff_exclusion(const char *key_expr, const char *map) {
+    return psprintf(" AND NOT (%s::pg_catalog.text COLLATE \"C\" OPERATOR(pg_catalog.=) "
+                    "ANY ((SELECT b.keys FROM blocked b)::pg_catalog.text[]) "
+                    "OR sharding.logical_shard(%s, %s) OPERATOR(pg_catalog.=) "
+                    "ANY ((SELECT b.shards FROM blocked b)::pg_catalog.int4[]))",
+                    key_expr, map, key_expr);
+}
+
 NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {
     lock_map_shared(DatumGetTextPP(map));
     if (node_check_plan == nullptr) {
@@ -667,18 +677,11 @@ bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, co
     // Are there any, live or not? (An expired lease still processing can
     // be extended by its worker, live again. The claim statement itself
     // computes which block what.)
-    StringInfoData q;
-    initStringInfo(&q);
-    const char *k = quote_identifier(key_column);
-    appendStringInfo(&q,
-                     "SELECT FROM %s f WHERE f.status OPERATOR(pg_catalog.=) 'processing' AND f.%s IS NOT NULL "
-                     "AND sharding.node_for($1, f.%s) OPERATOR(pg_catalog.=) $2 "
-                     "AND EXISTS (SELECT FROM sharding.claim_node_workers w WHERE w.map OPERATOR(pg_catalog.=) $1 "
-                     "AND w.worker OPERATOR(pg_catalog.=) f.owner AND w.node OPERATOR(pg_catalog.<>) $2) LIMIT 1",
-                     qualified_name(relid), k, k);
+    const char *q = psprintf("SELECT FROM %s LIMIT 1",
+                             foreign_jobs(qualified_name(relid), quote_identifier(key_column), "$1", "$2", false));
     Oid types[2] = {TEXTOID, TEXTOID};
     Datum values[2] = {map, node};
-    int rc = SPI_execute_with_args(q.data, 2, types, values, nullptr, false, 1);
+    int rc = SPI_execute_with_args(q, 2, types, values, nullptr, false, 1);
     if (rc != SPI_OK_SELECT) elog(ERROR, "claim_node: reading the live leases failed: %s", SPI_result_code_string(rc));
     if (SPI_processed > 0) return true;
     if (slot == nullptr) {
@@ -928,10 +931,22 @@ SHARDING_FUNCTION(sharding__current_version) {
     ItemPointer tid = reinterpret_cast<ItemPointer>(PG_GETARG_POINTER(1));
     // Only an optimisation: never an error. A caller without SELECT or
     // UPDATE on the table (a partition inherits no grants from its parent)
-    // or under row level security learns nothing.
-    if (pg_class_aclcheck(relid, GetUserId(), ACL_SELECT | ACL_UPDATE) != ACLCHECK_OK ||
-        check_enable_rls(relid, InvalidOid, true) == RLS_ENABLED)
-        PG_RETURN_BOOL(true);
+    // or under row level security learns nothing. Decided once per table
+    // and call site (fn_extra lasts for the query): the function runs for
+    // every candidate row.
+    struct Allowed {
+        Oid relid;
+        bool allowed;
+    };
+    Allowed *a = static_cast<Allowed *>(fcinfo->flinfo->fn_extra);
+    if (a == nullptr || a->relid != relid) {
+        bool allowed = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT | ACL_UPDATE) == ACLCHECK_OK &&
+                       check_enable_rls(relid, InvalidOid, true) != RLS_ENABLED;
+        if (a == nullptr) a = static_cast<Allowed *>(MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, sizeof(Allowed)));
+        *a = Allowed{relid, allowed};
+        fcinfo->flinfo->fn_extra = a;
+    }
+    if (!a->allowed) PG_RETURN_BOOL(true);
     Relation rel = try_table_open(relid, AccessShareLock);
     if (rel == nullptr) PG_RETURN_BOOL(true);
     bool current = true;
