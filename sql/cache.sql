@@ -1,4 +1,4 @@
--- The cache module (src/cache.hpp): every per-backend cache lives in one
+-- The cache module (src/pg/cache.hpp): every per-backend cache lives in one
 -- memory context, "sharding cache", under CacheMemoryContext, visible in
 -- pg_backend_memory_contexts; entries replaced by rebuilds are retired and
 -- freed, so memory stays bounded however often the config changes.

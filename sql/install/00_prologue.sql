@@ -14,7 +14,7 @@ $$;
 GRANT USAGE ON SCHEMA sharding TO PUBLIC;
 
 -- Internal: proves the C/C++ boundary turns every C++ exception into an
--- ERROR (see src/boundary.hpp). Not for users, hence revoked.
+-- ERROR (see src/pg/boundary.hpp). Not for users, hence revoked.
 CREATE FUNCTION sharding._boundary_selftest(kind text) RETURNS bigint
     AS 'MODULE_PATHNAME', 'sharding__boundary_selftest' LANGUAGE C VOLATILE STRICT;
 COMMENT ON FUNCTION sharding._boundary_selftest(text) IS

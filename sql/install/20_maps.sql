@@ -76,7 +76,7 @@ GRANT EXECUTE ON FUNCTION sharding._touch_map(text) TO sharding_admin;
 
 -- Routing cache invalidation: any change to maps, shards or pins, by the
 -- functions or by a direct write, makes every backend rebuild its routes
--- (src/maps.cpp). Statement-level: one invalidation per statement.
+-- (src/routing/maps.cpp). Statement-level: one invalidation per statement.
 CREATE FUNCTION sharding._routing_changed() RETURNS trigger
     AS 'MODULE_PATHNAME', 'sharding__routing_changed' LANGUAGE C;
 COMMENT ON FUNCTION sharding._routing_changed() IS
@@ -399,7 +399,7 @@ COMMENT ON FUNCTION sharding.fence(text, integer, bigint) IS
     'raises 55000 if the shard moved past epoch, else share-locks it until commit so moves wait for the writer';
 -- Not STRICT: fence(NULL, ...) must raise, never silently let a writer through.
 
--- Internal lock helpers and planner (src/maps.cpp, src/rebalance.cpp).
+-- Internal lock helpers and planner (src/routing/maps.cpp, src/core/rebalance.cpp).
 CREATE FUNCTION sharding._lock_shard(map text, logical integer) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding__lock_shard' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding._lock_shard(text, integer) IS
@@ -426,7 +426,7 @@ GRANT EXECUTE ON FUNCTION sharding.create_map(text, integer, text[]), sharding.d
     sharding._lock_shard(text, integer), sharding._lock_map(text), sharding._require_map(text, boolean)
     TO sharding_admin;
 
--- Routing, from the per-backend cache (src/maps.cpp). STABLE: follows the
+-- Routing, from the per-backend cache (src/routing/maps.cpp). STABLE: follows the
 -- config tables; STRICT: NULL in, NULL out; PARALLEL SAFE: workers build
 -- their own cache from the query's snapshot.
 CREATE FUNCTION sharding.logical_shard(map text, key text) RETURNS integer
@@ -497,3 +497,185 @@ SELECT m.map, n.node, m.logical_shards,
 COMMENT ON VIEW sharding.map_overview IS
     'per map and node: logical shards owned (and which), keys pinned, highest epoch';
 GRANT SELECT ON sharding.map_overview TO PUBLIC;
+
+-- Section 12: database maps. A map whose nodes have connection strings (any
+-- of them) is a database map; there a node without a DSN would make every
+-- proxied call fail (cluster_partitions raises 55000), so the functions that
+-- hand shards or pins to a node refuse one without a DSN. Maps whose nodes
+-- have no DSN (worker maps) keep accepting new names.
+
+-- _check_database_nodes(map, nodes): 55000 naming the first node of `nodes`
+-- that has no DSN, when `map` is a database map: some node owning its shards
+-- or holding its pins, or some node of `nodes`, has a DSN. create_map passes
+-- a map that does not exist yet: then only `nodes` decide.
+CREATE FUNCTION sharding._check_database_nodes(map text, nodes text[]) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    missing text;
+BEGIN
+    IF NOT EXISTS (
+        SELECT FROM sharding.nodes n
+         WHERE n.dsn IS NOT NULL
+           AND (n.node = ANY (nodes)
+                OR n.node IN (SELECT s.node FROM sharding.shards s WHERE s.map = $1)
+                OR n.node IN (SELECT p.node FROM sharding.pins p WHERE p.map = $1))) THEN
+        RETURN;  -- a worker map: any name goes
+    END IF;
+    SELECT u.node INTO missing
+      FROM pg_catalog.unnest(nodes) WITH ORDINALITY AS u(node, i)
+      LEFT JOIN sharding.nodes n ON n.node = u.node
+     WHERE n.dsn IS NULL
+     ORDER BY u.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'node "%" has no connection string, and map "%" is a database map', missing, $1
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Other nodes of the map have DSNs; PL/Proxy could not reach this one.',
+                  HINT = format('Call sharding.add_node(%L, ''<dsn>'') first.', missing);
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._check_database_nodes(text, text[]) IS
+    'internal: 55000 for a node without DSN handed shards or pins of a database map';
+REVOKE ALL ON FUNCTION sharding._check_database_nodes(text, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._check_database_nodes(text, text[]) TO sharding_admin;
+
+-- Section 12: identities that cannot drift. A pin is stored by the key's
+-- canonical text form, and node_for on a typed key matches pins on that
+-- form (src/routing/maps.cpp key_text). Pinning through the text overload asks the
+-- caller to produce exactly that form ('42', a lower-case uuid, '\x' and
+-- lower-case hex for bytea whatever bytea_output says); the typed overloads
+-- below produce it themselves, so that a typed pin always matches node_for
+-- on the same typed key. An untyped literal still resolves to the text
+-- overload (text is the preferred type of its category), as for shard_of.
+--
+-- SQL functions delegating to pin(map, text, node) and unpin(map, text):
+-- the checks (NULL key 22023, unknown map 42704, database maps refusing a
+-- node without DSN 55000, followers refusing changes) live there once. Not
+-- STRICT: a NULL key must raise 22023 as the text form does.
+
+CREATE FUNCTION sharding.pin(map text, key bytea, node text) RETURNS void
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.pin($1, E'\\x' OPERATOR(pg_catalog.||) pg_catalog.encode($2, 'hex'), $3) $$;
+COMMENT ON FUNCTION sharding.pin(text, bytea, text) IS
+    'pins a bytea key (stored as \x and lower-case hex, whatever bytea_output says) to a node';
+
+CREATE FUNCTION sharding.pin(map text, key smallint, node text) RETURNS void
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.pin($1, $2::pg_catalog.text, $3) $$;
+COMMENT ON FUNCTION sharding.pin(text, smallint, text) IS
+    'pins a smallint key (stored as its decimal text, as node_for matches it) to a node';
+
+CREATE FUNCTION sharding.pin(map text, key integer, node text) RETURNS void
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.pin($1, $2::pg_catalog.text, $3) $$;
+COMMENT ON FUNCTION sharding.pin(text, integer, text) IS
+    'pins an integer key (stored as its decimal text, as node_for matches it) to a node';
+
+CREATE FUNCTION sharding.pin(map text, key bigint, node text) RETURNS void
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.pin($1, $2::pg_catalog.text, $3) $$;
+COMMENT ON FUNCTION sharding.pin(text, bigint, text) IS
+    'pins a bigint key (stored as its decimal text, as node_for matches it) to a node';
+
+CREATE FUNCTION sharding.pin(map text, key uuid, node text) RETURNS void
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.pin($1, $2::pg_catalog.text, $3) $$;
+COMMENT ON FUNCTION sharding.pin(text, uuid, text) IS
+    'pins a uuid key (stored in lower case, as node_for matches it) to a node';
+
+CREATE FUNCTION sharding.unpin(map text, key bytea) RETURNS boolean
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.unpin($1, E'\\x' OPERATOR(pg_catalog.||) pg_catalog.encode($2, 'hex')) $$;
+COMMENT ON FUNCTION sharding.unpin(text, bytea) IS
+    'removes the pin of a bytea key; true if there was one';
+
+CREATE FUNCTION sharding.unpin(map text, key smallint) RETURNS boolean
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.unpin($1, $2::pg_catalog.text) $$;
+COMMENT ON FUNCTION sharding.unpin(text, smallint) IS
+    'removes the pin of a smallint key; true if there was one';
+
+CREATE FUNCTION sharding.unpin(map text, key integer) RETURNS boolean
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.unpin($1, $2::pg_catalog.text) $$;
+COMMENT ON FUNCTION sharding.unpin(text, integer) IS
+    'removes the pin of an integer key; true if there was one';
+
+CREATE FUNCTION sharding.unpin(map text, key bigint) RETURNS boolean
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.unpin($1, $2::pg_catalog.text) $$;
+COMMENT ON FUNCTION sharding.unpin(text, bigint) IS
+    'removes the pin of a bigint key; true if there was one';
+
+CREATE FUNCTION sharding.unpin(map text, key uuid) RETURNS boolean
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.unpin($1, $2::pg_catalog.text) $$;
+COMMENT ON FUNCTION sharding.unpin(text, uuid) IS
+    'removes the pin of a uuid key; true if there was one';
+
+-- Changing pins is an administrator's job, whatever the key's type.
+REVOKE ALL ON FUNCTION sharding.pin(text, bytea, text), sharding.pin(text, smallint, text),
+    sharding.pin(text, integer, text), sharding.pin(text, bigint, text), sharding.pin(text, uuid, text),
+    sharding.unpin(text, bytea), sharding.unpin(text, smallint), sharding.unpin(text, integer),
+    sharding.unpin(text, bigint), sharding.unpin(text, uuid)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.pin(text, bytea, text), sharding.pin(text, smallint, text),
+    sharding.pin(text, integer, text), sharding.pin(text, bigint, text), sharding.pin(text, uuid, text),
+    sharding.unpin(text, bytea), sharding.unpin(text, smallint), sharding.unpin(text, integer),
+    sharding.unpin(text, bigint), sharding.unpin(text, uuid)
+    TO sharding_admin;
+
+-- Section 9 (handoff): pin and unpin serialize with claim_node, fences and
+-- moves. A pin re-routes its key at once, so, like move_shard, it must not
+-- commit while a claim_node of the map is between reading the map and
+-- claiming (the old node would claim the key's next job while the new node,
+-- seeing no committed lease of the old one, claims another), nor while a
+-- writer fenced on the key's shard is writing. pin and unpin (and the typed
+-- overloads, which delegate to them) call _lock_pin before changing the pin:
+-- _lock_shard on every logical shard the pinned text routes a key of: the
+-- text key's own shard and, when the text is the canonical form of an
+-- integer, a uuid or a bytea key (the form node_for matches a typed key's
+-- pin on, section 12), that key's shard. _lock_shard takes the map-level
+-- tag in RowExclusiveLock (conflicting with claim_node's ShareLock and with
+-- rebalance) and the shard's tag in ExclusiveLock (conflicting with fence).
+-- At most two shards, locked in ascending order, so two pins never deadlock
+-- on each other. Needs the map to exist (logical_shard raises 42704).
+CREATE FUNCTION sharding._lock_pin(map text, key text) RETURNS void
+    LANGUAGE plpgsql VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    shards integer[] := ARRAY[sharding.logical_shard($1, $2)];
+    s integer;
+BEGIN
+    -- Nested IFs: a cast must never see text its test did not accept.
+    IF $2 ~ '^(0|-?[1-9][0-9]{0,18})$' THEN
+        IF $2::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
+            shards := shards || sharding.logical_shard($1, $2::bigint);
+        END IF;
+    ELSIF $2 ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+        shards := shards || sharding.logical_shard($1, $2::uuid);
+    ELSIF pg_catalog.left($2, 2) = E'\\x' THEN
+        IF pg_catalog.substr($2, 3) ~ '^([0-9a-f][0-9a-f])*$' THEN
+            shards := shards || sharding.logical_shard($1, pg_catalog.decode(pg_catalog.substr($2, 3), 'hex'));
+        END IF;
+    END IF;
+    FOR s IN SELECT DISTINCT u FROM pg_catalog.unnest(shards) AS u ORDER BY u LOOP
+        PERFORM sharding._lock_shard($1, s);
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION sharding._lock_pin(text, text) IS
+    'internal: for pin and unpin, _lock_shard on every logical shard the pinned key text routes (waits for claim_node, fences and moves)';
+REVOKE ALL ON FUNCTION sharding._lock_pin(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._lock_pin(text, text) TO sharding_admin;

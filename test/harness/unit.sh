@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Pure C++ unit tests (test/unit/*_test.cpp) of the PostgreSQL-free core:
-# hashing, fastmod, jump hash, dealing (src/hash_core.hpp), the rebalance
+# hashing, fastmod, jump hash, dealing (src/core/hash_core.hpp), the rebalance
 # planner and the pin table. Each test binary prints TAP.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # The sources that include no PostgreSQL header.
-PURE_SOURCES="src/rebalance.cpp src/route_cache.cpp"
+PURE_SOURCES=$(ls src/core/*.cpp)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 rc=0

@@ -10,7 +10,7 @@ OLD=sharding_upgrade_old
 NEW=sharding_upgrade_new
 current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
 # Every released version upgrades to the current one.
-FROMS="1.0 1.1"
+FROMS="1.0 1.1 1.2"
 echo "1..$((8 * $(echo $FROMS | wc -w)))"
 n=0
 fail=0

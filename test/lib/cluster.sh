@@ -80,7 +80,7 @@ ensure_packages() {
 # Builds and installs the extension into the system PostgreSQL $PG_MAJOR (or the
 # private copy named by SHARDING_PGROOT).
 build_and_install() {
-    local flags=${SHARDING_MAKE_FLAGS:-} dest=()
+    local flags="WERROR=1 ${SHARDING_MAKE_FLAGS:-}" dest=()
     if [ -n "${SHARDING_PGROOT:-}" ]; then
         if [ ! -x "$PG_BIN/postgres" ]; then
             mkdir -p "$SHARDING_PGROOT/usr/lib/postgresql" "$SHARDING_PGROOT/usr/share/postgresql"

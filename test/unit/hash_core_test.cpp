@@ -1,6 +1,6 @@
-// Unit tests of the pure C++ core (src/hash_core.hpp), no PostgreSQL needed.
+// Unit tests of the pure C++ core (src/core/hash_core.hpp), no PostgreSQL needed.
 // Emits TAP. Built and run by test/harness/unit.sh.
-#include "hash_core.hpp"
+#include "core/hash_core.hpp"
 #include "tap.hpp"
 
 #include <cstdio>

@@ -1,6 +1,6 @@
-// Unit tests of the pure C++ bar and imbalance (src/observe_core.hpp), no
+// Unit tests of the pure C++ bar and imbalance (src/core/observe_core.hpp), no
 // PostgreSQL needed. Emits TAP. Built and run by test/harness/unit.sh.
-#include "observe_core.hpp"
+#include "core/observe_core.hpp"
 #include "tap.hpp"
 
 #include <cmath>

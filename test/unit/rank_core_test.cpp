@@ -1,6 +1,6 @@
-// Unit tests of the rank core (src/rank_core.hpp): labels, duplicates,
+// Unit tests of the rank core (src/core/rank_core.hpp): labels, duplicates,
 // enum members in declared order, lookups.
-#include "rank_core.hpp"
+#include "core/rank_core.hpp"
 
 #include "tap.hpp"
 

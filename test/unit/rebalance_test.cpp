@@ -1,9 +1,9 @@
 // Property test of the pure C++ rebalance planner and pin table (no
 // PostgreSQL): for many random maps, the plan balances, moves only what it
 // must, and moves no more shards than a brute-force optimum. Emits TAP.
-#include "rebalance.hpp"
-#include "route_cache.hpp"
-#include "hash_core.hpp"
+#include "core/rebalance.hpp"
+#include "core/route_cache.hpp"
+#include "core/hash_core.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
-// Unit tests of MapRoutes::compute_partitions (src/route_cache.hpp): the
+// Unit tests of MapRoutes::compute_partitions (src/core/route_cache.hpp): the
 // PL/Proxy partition of every node of a map. Emits TAP.
-#include "route_cache.hpp"
+#include "core/route_cache.hpp"
 #include "tap.hpp"
 
 #include <cstdio>

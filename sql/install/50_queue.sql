@@ -1,0 +1,681 @@
+-- Section 3: claiming work with FOR UPDATE SKIP LOCKED, leases and fenced
+-- completion (src/queue/queue.cpp).
+--
+-- Every function is SECURITY INVOKER: the caller's privileges on the queue
+-- table apply. All of them write, so they are VOLATILE and PARALLEL UNSAFE,
+-- except queue_stats, which only reads.
+
+-- Per-queue settings, keyed by the table's schema and NAME (oids change
+-- across dump and restore). A table's owner (or a member of the owning
+-- role) may change its row; everyone may read (claim reads it). Changes
+-- reach every backend through the trigger's relcache invalidation.
+CREATE TABLE sharding.queue_settings (
+    schema_name  text NOT NULL,
+    table_name   text NOT NULL,
+    max_attempts integer CHECK (max_attempts >= 1),
+    PRIMARY KEY (schema_name, table_name),
+    -- 1.2: retry backoff (set_backoff); both set or both NULL.
+    backoff_base interval CHECK (backoff_base > interval '0'),
+    backoff_max  interval CHECK (backoff_max > interval '0')
+);
+COMMENT ON TABLE sharding.queue_settings IS
+    'per-queue settings (max_attempts, retry backoff), keyed by the queue table''s schema and name';
+SELECT pg_catalog.pg_extension_config_dump('sharding.queue_settings', '');
+
+-- Whether the current user owns (is a member of the owner of) a table.
+CREATE FUNCTION sharding._owns_queue(schema_name text, table_name text) RETURNS boolean
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        SELECT coalesce(bool_or(pg_has_role(c.relowner, 'USAGE')), false)
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname = $2
+    $$;
+COMMENT ON FUNCTION sharding._owns_queue(text, text) IS
+    'internal: whether the current user owns the named table (row security of sharding.queue_settings)';
+
+ALTER TABLE sharding.queue_settings ENABLE ROW LEVEL SECURITY;
+CREATE POLICY queue_settings_read ON sharding.queue_settings FOR SELECT USING (true);
+CREATE POLICY queue_settings_insert ON sharding.queue_settings FOR INSERT
+    WITH CHECK (sharding._owns_queue(schema_name, table_name));
+CREATE POLICY queue_settings_update ON sharding.queue_settings FOR UPDATE
+    USING (sharding._owns_queue(schema_name, table_name))
+    WITH CHECK (sharding._owns_queue(schema_name, table_name));
+CREATE POLICY queue_settings_delete ON sharding.queue_settings FOR DELETE
+    USING (sharding._owns_queue(schema_name, table_name));
+GRANT SELECT, INSERT, UPDATE, DELETE ON sharding.queue_settings TO PUBLIC;
+
+CREATE FUNCTION sharding._queue_settings_changed() RETURNS trigger
+    AS 'MODULE_PATHNAME', 'sharding__queue_settings_changed' LANGUAGE C;
+COMMENT ON FUNCTION sharding._queue_settings_changed() IS
+    'internal: invalidates the cached plans and settings of the queue a sharding.queue_settings row names';
+-- A trigger function; nobody calls it directly.
+REVOKE ALL ON FUNCTION sharding._queue_settings_changed() FROM PUBLIC;
+CREATE TRIGGER queue_settings_changed AFTER INSERT OR UPDATE OR DELETE ON sharding.queue_settings
+    FOR EACH ROW EXECUTE FUNCTION sharding._queue_settings_changed();
+
+-- create_queue: the table and the two partial indexes that keep claims an
+-- index scan however many done rows pile up: pending rows in claim order
+-- (priority DESC, run_at, created, id), and live leases by expiry (so
+-- expired ones are found without a scan); and the statement trigger that
+-- sends the wakeup NOTIFY (sharding._queue_notify).
+-- Trade-off: claim_expires is indexed, so extend_lease is not a HOT update
+-- (it adds one entry to the primary key and one to the small lease index).
+CREATE FUNCTION sharding._create_queue(parts text[], default_schema text) RETURNS regclass
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    nsp text;
+    rel text;
+    q text;
+BEGIN
+    IF parts IS NULL THEN
+        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = '22023';
+    ELSIF cardinality(parts) = 1 THEN
+        nsp := default_schema;
+        rel := parts[1];
+        IF nsp IS NULL THEN
+            RAISE EXCEPTION 'no schema has been selected to create queue "%" in', rel
+                USING ERRCODE = '3F000';
+        END IF;
+    ELSIF cardinality(parts) = 2 THEN
+        nsp := parts[1];
+        rel := parts[2];
+    ELSE
+        RAISE EXCEPTION 'improper queue name "%": expected table or schema.table',
+            array_to_string(parts, '.') USING ERRCODE = '22023';
+    END IF;
+    -- A missing schema is reported plainly, not as a failed CREATE TABLE.
+    IF NOT EXISTS (SELECT FROM pg_namespace n WHERE n.nspname = nsp) THEN
+        RAISE EXCEPTION 'schema "%" does not exist', nsp USING ERRCODE = 'invalid_schema_name',
+            HINT = 'Create it first (CREATE SCHEMA), or name a queue in an existing schema.';
+    END IF;
+    q := format('%I.%I', nsp, rel);
+    EXECUTE format($sql$
+        CREATE TABLE %s (
+            id            bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+            key           text,
+            payload       jsonb,
+            status        text NOT NULL DEFAULT 'pending'
+                          CHECK (status IN ('pending', 'processing', 'done', 'failed')),
+            owner         text,
+            claim_expires timestamptz,
+            created       timestamptz NOT NULL DEFAULT now(),
+            attempts      integer NOT NULL DEFAULT 0,
+            run_at        timestamptz NOT NULL DEFAULT now(),
+            priority      smallint NOT NULL DEFAULT 0
+        )$sql$, q);
+    EXECUTE format('CREATE INDEX ON %s (priority DESC, run_at, created, id) WHERE status = %L', q, 'pending');
+    EXECUTE format('CREATE INDEX ON %s (claim_expires) WHERE status = %L', q, 'processing');
+    EXECUTE format('CREATE TRIGGER sharding_notify AFTER INSERT ON %s REFERENCING NEW TABLE AS sharding_new '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION sharding._queue_notify()', q);
+    RETURN q::regclass;
+END
+$$;
+COMMENT ON FUNCTION sharding._create_queue(text[], text) IS
+    'internal: creates a queue table from its parsed name (called by create_queue)';
+
+-- Not STRICT (a NULL name is an error, not a NULL table) and search_path
+-- not pinned on purpose: an unqualified name goes where the caller's own
+-- CREATE TABLE would put it. Every call inside is schema-qualified.
+CREATE FUNCTION sharding.create_queue(queue text) RETURNS regclass
+    LANGUAGE sql VOLATILE PARALLEL UNSAFE
+    AS $$ SELECT sharding._create_queue(pg_catalog.parse_ident(queue), pg_catalog.current_schema()) $$;
+COMMENT ON FUNCTION sharding.create_queue(text) IS
+    'creates a queue table (id, key, payload, status, owner, claim_expires, created, attempts, run_at, priority) with its claim indexes and wakeup trigger';
+
+-- claim and claim_shards are not STRICT: the queue argument is NULL::table
+-- by design; other NULL arguments raise 22023. The C functions of this file
+-- pin no search_path (a GUC save and restore per call on the hottest path,
+-- and user triggers on the queue would run under pg_catalog): every name and
+-- operator of the SQL they generate is schema-qualified instead.
+CREATE FUNCTION sharding.claim(queue anyelement, worker text, batch integer DEFAULT 50,
+                               lease interval DEFAULT '5 minutes')
+    RETURNS SETOF anyelement
+    AS 'MODULE_PATHNAME', 'sharding_claim' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 50;
+COMMENT ON FUNCTION sharding.claim(anyelement, text, integer, interval) IS
+    'leases up to batch due pending or expired rows of the queue table to worker in claim order (priority, run_at, created, id; FOR UPDATE SKIP LOCKED) and returns them in that order';
+
+CREATE FUNCTION sharding.claim_shards(queue anyelement, worker text, shards integer[], shard_count integer,
+                                      batch integer DEFAULT 50, lease interval DEFAULT '5 minutes',
+                                      key_column name DEFAULT 'key')
+    RETURNS SETOF anyelement
+    AS 'MODULE_PATHNAME', 'sharding_claim_shards' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 50;
+COMMENT ON FUNCTION sharding.claim_shards(anyelement, text, integer[], integer, integer, interval, name) IS
+    'as claim, only rows whose shard_of(key_column, shard_count) is one of shards';
+
+-- The fenced functions are not STRICT: attempt DEFAULT NULL means "do not
+-- check the attempt"; any other NULL argument raises 22023.
+CREATE FUNCTION sharding.complete(queue regclass, id bigint, worker text, attempt integer DEFAULT NULL)
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding_complete' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding.complete(regclass, bigint, text, integer) IS
+    'marks the job done if it is processing, owned by worker and (if given) in claim number attempt';
+
+CREATE FUNCTION sharding.complete(queue regclass, ids bigint[], worker text)
+    RETURNS integer
+    AS 'MODULE_PATHNAME', 'sharding_complete_many' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding.complete(regclass, bigint[], text) IS
+    'marks done every listed job that is processing and owned by worker, in one statement; returns how many';
+
+CREATE FUNCTION sharding.fail(queue regclass, id bigint, worker text, retry boolean DEFAULT true,
+                              attempt integer DEFAULT NULL)
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding_fail' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding.fail(regclass, bigint, text, boolean, integer) IS
+    'same fence as complete; back to pending (retry, while max_attempts allows; run_at pushed back by the queue''s backoff) or failed';
+
+CREATE FUNCTION sharding.extend_lease(queue regclass, id bigint, worker text, lease interval,
+                                      attempt integer DEFAULT NULL)
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding_extend_lease' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding.extend_lease(regclass, bigint, text, interval, integer) IS
+    'same fence as complete; sets claim_expires = now() + lease';
+
+CREATE FUNCTION sharding._queue_sql(queue regclass, kind text) RETURNS text
+    AS 'MODULE_PATHNAME', 'sharding__queue_sql' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding._queue_sql(regclass, text) IS
+    'internal: SQL text of a queue statement as claim/complete/fail/extend_lease prepare it (for EXPLAIN)';
+
+-- Extras (the contract is silent): max_attempts, queue_stats, enqueue.
+
+-- Not STRICT: a NULL max_attempts removes the limit.
+CREATE FUNCTION sharding.set_max_attempts(queue regclass, max_attempts integer) RETURNS void
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    nsp text;
+    rel text;
+    relowner oid;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = '22023';
+    END IF;
+    SELECT n.nspname, c.relname, c.relowner INTO nsp, rel, relowner
+      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = queue;
+    IF NOT pg_has_role(relowner, 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of queue table %', queue USING ERRCODE = '42501';
+    END IF;
+    IF max_attempts IS NULL THEN
+        UPDATE sharding.queue_settings s SET max_attempts = NULL WHERE s.schema_name = nsp AND s.table_name = rel;
+        DELETE FROM sharding.queue_settings s
+         WHERE s.schema_name = nsp AND s.table_name = rel AND s.backoff_base IS NULL AND s.max_attempts IS NULL;
+        RETURN;
+    END IF;
+    IF max_attempts < 1 THEN
+        RAISE EXCEPTION 'max_attempts must be at least 1, got %', max_attempts USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute a
+                    WHERE a.attrelid = queue AND a.attname = 'attempts' AND a.atttypid = 'integer'::regtype
+                      AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION 'queue table % has no integer column "attempts" to count against max_attempts', queue
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO sharding.queue_settings AS s (schema_name, table_name, max_attempts)
+    VALUES (nsp, rel, set_max_attempts.max_attempts)
+    ON CONFLICT (schema_name, table_name) DO UPDATE SET max_attempts = EXCLUDED.max_attempts;
+END
+$$;
+COMMENT ON FUNCTION sharding.set_max_attempts(regclass, integer) IS
+    'after max_attempts claims an expired or retried job goes to failed instead of pending (NULL: no limit)';
+
+-- STRICT: NULL queue, NULL result. Scans the whole table.
+CREATE FUNCTION sharding.queue_stats(queue regclass,
+    OUT pending bigint, OUT processing bigint, OUT expired bigint, OUT done bigint, OUT failed bigint,
+    OUT oldest_pending_age interval)
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    EXECUTE format($sql$
+        SELECT count(*) FILTER (WHERE status = 'pending'),
+               count(*) FILTER (WHERE status = 'processing'),
+               count(*) FILTER (WHERE status = 'processing' AND claim_expires < now()),
+               count(*) FILTER (WHERE status = 'done'),
+               count(*) FILTER (WHERE status = 'failed'),
+               now() - min(created) FILTER (WHERE status = 'pending')
+          FROM %s$sql$, queue)
+    INTO pending, processing, expired, done, failed, oldest_pending_age;
+END
+$$;
+COMMENT ON FUNCTION sharding.queue_stats(regclass) IS
+    'job counts by status (expired: processing with a lapsed lease) and the age of the oldest pending job';
+
+-- Not STRICT: key and payload may be NULL; a NULL queue raises 22023.
+CREATE FUNCTION sharding.enqueue(queue regclass, key text, payload jsonb DEFAULT NULL) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    new_id bigint;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = '22023';
+    END IF;
+    EXECUTE format('INSERT INTO %s (key, payload) VALUES ($1, $2) RETURNING id', queue)
+        INTO new_id USING key, payload;
+    RETURN new_id;
+END
+$$;
+COMMENT ON FUNCTION sharding.enqueue(regclass, text, jsonb) IS
+    'adds a pending job (key, payload) to a create_queue table; returns its id';
+
+-- Section 9: order per key without giving up dynamic claims
+-- (claim_ordered), and claims routed by a map with a safe handoff
+-- (claim_node). src/queue/queue_ordered.cpp.
+
+-- The node each worker last claimed through with claim_node, per map: one
+-- row per worker name (never per key). claim_node treats a live lease held
+-- by a worker registered for another node as held through that node, and
+-- leaves its key (and the logical shard of an unpinned key) alone
+-- until the lease ends: the handoff rule. Workers register themselves on
+-- every claim_node call that changes their node, so everyone may write it.
+CREATE TABLE sharding.claim_node_workers (
+    map    text NOT NULL,
+    worker text NOT NULL,
+    node   text NOT NULL,
+    since  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    registered_by name NOT NULL DEFAULT CURRENT_USER,
+    PRIMARY KEY (map, worker)
+);
+COMMENT ON TABLE sharding.claim_node_workers IS
+    'the node each worker last claimed through (claim_node); a live lease of another node''s worker holds back the handoff';
+COMMENT ON COLUMN sharding.claim_node_workers.registered_by IS
+    'the role that registered the worker name; only it (or sharding_admin) may move the name to another node';
+SELECT pg_catalog.pg_extension_config_dump('sharding.claim_node_workers', '');
+GRANT SELECT, INSERT, UPDATE ON sharding.claim_node_workers TO PUBLIC;
+GRANT DELETE ON sharding.claim_node_workers TO sharding_admin;
+-- Row security. Moving another worker's name to node B would make its live
+-- leases count as B's own, so B would claim their keys and shards at once:
+-- the handoff broken by any role that may write here. So everyone reads
+-- every row (the handoff compares them), a role registers names as itself
+-- (registered_by) and re-registers only names it registered (claim_node
+-- then fails with 42501 for a name another role holds); sharding_admin may
+-- change and delete any row. Worker names remain unauthenticated within a
+-- role: a role's workers must use distinct names on distinct nodes.
+ALTER TABLE sharding.claim_node_workers ENABLE ROW LEVEL SECURITY;
+CREATE POLICY claim_node_workers_read ON sharding.claim_node_workers FOR SELECT USING (true);
+CREATE POLICY claim_node_workers_insert ON sharding.claim_node_workers FOR INSERT
+    WITH CHECK (registered_by OPERATOR(pg_catalog.=) CURRENT_USER);
+CREATE POLICY claim_node_workers_update ON sharding.claim_node_workers FOR UPDATE
+    USING (registered_by OPERATOR(pg_catalog.=) CURRENT_USER)
+    WITH CHECK (registered_by OPERATOR(pg_catalog.=) CURRENT_USER);
+CREATE POLICY claim_node_workers_admin ON sharding.claim_node_workers TO sharding_admin
+    USING (true) WITH CHECK (true);
+
+-- claim_ordered and claim_node are not STRICT: the queue argument is
+-- NULL::table by design, shards/shard_count are NULL by default; other NULL
+-- arguments raise 22023.
+CREATE FUNCTION sharding.claim_ordered(queue anyelement, worker text, batch integer DEFAULT 50,
+                                       lease interval DEFAULT '5 minutes', key_column name DEFAULT 'key',
+                                       shards integer[] DEFAULT NULL, shard_count integer DEFAULT NULL)
+    RETURNS SETOF anyelement
+    AS 'MODULE_PATHNAME', 'sharding_claim_ordered' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 50
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION sharding.claim_ordered(anyelement, text, integer, interval, name, integer[], integer) IS
+    'as claim, but per key strictly in (created, id) order with at most one job of a key in flight; keys take turns, oldest head first';
+
+CREATE FUNCTION sharding.claim_node(queue anyelement, map text, node text, worker text, batch integer DEFAULT 50,
+                                    lease interval DEFAULT '5 minutes', key_column name DEFAULT 'key',
+                                    ordered boolean DEFAULT false)
+    RETURNS SETOF anyelement
+    AS 'MODULE_PATHNAME', 'sharding_claim_node' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 50
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION sharding.claim_node(anyelement, text, text, text, integer, interval, name, boolean) IS
+    'claims only jobs node_for(map, key) sends to node, nothing another node''s worker still holds under a live lease; ordered as claim_ordered';
+
+CREATE FUNCTION sharding._claim_ordered_sql(queue regclass, variant integer, key_column name DEFAULT 'key')
+    RETURNS text
+    AS 'MODULE_PATHNAME', 'sharding__claim_ordered_sql' LANGUAGE C STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION sharding._claim_ordered_sql(regclass, integer, name) IS
+    'internal: SQL text of a claim_ordered/claim_node (ordered) statement (variant bits: 1 ordered, 2 shards, 4 node, 8 max_attempts, 16 handoff exclusion)';
+
+-- create_ordered_indexes(queue, key_column): the indexes that keep
+-- claim_ordered and claim_node an index walk, each created only when the
+-- table has no index of the same definition:
+--   (key_column, status, created, id) WHERE status IN ('pending', 'processing')
+--       the head test: two probes per candidate, whatever the backlog;
+--   ([priority DESC,] [run_at,] created, id) WHERE status = 'pending'
+--       pending jobs in claim order (create_queue makes it);
+--   (claim_expires) WHERE status = 'processing'
+--       expired leases (create_queue makes it).
+-- Returns the indexes it created. Needs ownership of the table, as CREATE
+-- INDEX does. Not STRICT: a NULL argument raises 22023.
+CREATE FUNCTION sharding.create_ordered_indexes(queue regclass, key_column name DEFAULT 'key')
+    RETURNS SETOF regclass
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    wanted text[];
+    def text;
+    existing text[];
+    idx oid;
+    order_cols text := 'created, id';
+BEGIN
+    IF queue IS NULL OR key_column IS NULL THEN
+        RAISE EXCEPTION 'queue and key_column must not be null' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = queue AND a.attname = key_column
+                      AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION 'queue table % lacks key column "%"', queue, key_column
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = queue AND a.attname = 'run_at'
+                  AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        order_cols := 'run_at, ' || order_cols;
+    END IF;
+    IF EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = queue AND a.attname = 'priority'
+                  AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        order_cols := 'priority DESC, ' || order_cols;
+    END IF;
+    -- As pg_get_indexdef spells them after "USING ".
+    wanted := ARRAY[
+        format('btree (%s, status, created, id) WHERE (status = ANY (ARRAY[''pending''::text, ''processing''::text]))',
+               quote_ident(key_column)),
+        format('btree (%s) WHERE (status = ''pending''::text)', order_cols),
+        'btree (claim_expires) WHERE (status = ''processing''::text)'];
+    SELECT coalesce(array_agg(regexp_replace(pg_get_indexdef(i.indexrelid), '^.* USING ', '')), '{}')
+      INTO existing
+      FROM pg_index i WHERE i.indrelid = queue;
+    FOREACH def IN ARRAY wanted LOOP
+        CONTINUE WHEN def = ANY (existing);
+        EXECUTE format('CREATE INDEX ON %s USING %s', queue, def);
+        SELECT c.oid INTO idx FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE i.indrelid = queue
+           AND regexp_replace(pg_get_indexdef(i.indexrelid), '^.* USING ', '') = def
+         ORDER BY c.oid DESC LIMIT 1;
+        RETURN NEXT idx;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION sharding.create_ordered_indexes(regclass, name) IS
+    'creates the indexes claim_ordered and claim_node walk (head test, pending in claim order, expired leases) where missing';
+
+CREATE FUNCTION sharding._current_version(rel oid, tid tid) RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding__current_version' LANGUAGE C VOLATILE STRICT PARALLEL SAFE COST 10;
+COMMENT ON FUNCTION sharding._current_version(oid, tid) IS
+    'internal (claim_ordered, claim_node): whether a row version is still its row''s latest committed one, checked just before FOR UPDATE';
+
+-- Sections 10 and 12: queues that stay fast under pressure (run_at,
+-- priority, batch enqueue, retry backoff, purge, health, wakeups) and the
+-- 1.2 amendments of the fenced functions (src/queue/queue.cpp).
+--
+-- All SECURITY INVOKER: the caller's privileges on the queue table apply.
+
+-- complete(queue, ids, worker, attempts): the batch form fenced per id.
+-- Not STRICT: a NULL argument raises 22023 naming it.
+CREATE FUNCTION sharding.complete(queue regclass, ids bigint[], worker text, attempts integer[])
+    RETURNS bigint[]
+    AS 'MODULE_PATHNAME', 'sharding_complete_attempts' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding.complete(regclass, bigint[], text, integer[]) IS
+    'marks done every listed job that is processing, owned by worker and in claim number attempts[i] (NULL: unchecked), in one statement; returns the ids that passed';
+
+-- integer ids (1.2): the same functions, so that complete('jobs', 42, 'w1')
+-- needs no cast. An integer literal matches these exactly; a bigint the
+-- bigint forms. Not STRICT, as their bigint forms.
+CREATE FUNCTION sharding.complete(queue regclass, id integer, worker text, attempt integer DEFAULT NULL)
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding_complete_int4' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding.complete(regclass, integer, text, integer) IS
+    'marks the job done if it is processing, owned by worker and (if given) in claim number attempt (integer id)';
+
+CREATE FUNCTION sharding.fail(queue regclass, id integer, worker text, retry boolean DEFAULT true,
+                              attempt integer DEFAULT NULL)
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding_fail_int4' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding.fail(regclass, integer, text, boolean, integer) IS
+    'same fence as complete; back to pending (retry, while max_attempts allows; run_at pushed back by the queue''s backoff) or failed (integer id)';
+
+CREATE FUNCTION sharding.extend_lease(queue regclass, id integer, worker text, lease interval,
+                                      attempt integer DEFAULT NULL)
+    RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding_extend_lease_int4' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding.extend_lease(regclass, integer, text, interval, integer) IS
+    'same fence as complete; sets claim_expires = now() + lease (integer id)';
+
+-- enqueue_many: one INSERT ... SELECT over the unnested arrays, ids in the
+-- order of keys (identity values are drawn in the order rows are inserted).
+-- Not STRICT: payloads and run_at may be NULL; a NULL queue or keys raise
+-- 22023.
+CREATE FUNCTION sharding.enqueue_many(queue regclass, keys text[], payloads jsonb[] DEFAULT NULL,
+                                      run_at timestamptz DEFAULT NULL, priority smallint DEFAULT 0)
+    RETURNS bigint[]
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    has_run_at boolean;
+    has_priority boolean;
+    ids bigint[];
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF keys IS NULL THEN
+        RAISE EXCEPTION 'keys must not be null' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF priority IS NULL THEN
+        RAISE EXCEPTION 'priority must not be null' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF array_ndims(keys) > 1 OR array_ndims(payloads) > 1 THEN
+        RAISE EXCEPTION 'keys and payloads must be one-dimensional arrays' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF payloads IS NOT NULL AND cardinality(payloads) <> cardinality(keys) THEN
+        RAISE EXCEPTION 'keys and payloads must have the same length, got % keys and % payloads',
+            cardinality(keys), cardinality(payloads) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT coalesce(bool_or(a.attname = 'run_at'), false), coalesce(bool_or(a.attname = 'priority'), false)
+      INTO has_run_at, has_priority
+      FROM pg_attribute a
+     WHERE a.attrelid = queue AND a.attnum > 0 AND NOT a.attisdropped AND a.attname IN ('run_at', 'priority');
+    IF enqueue_many.run_at IS NOT NULL AND NOT has_run_at THEN
+        RAISE EXCEPTION 'queue table % has no column "run_at" for run_at %', queue, enqueue_many.run_at
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF enqueue_many.priority <> 0 AND NOT has_priority THEN
+        RAISE EXCEPTION 'queue table % has no column "priority" for priority %', queue, enqueue_many.priority
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(keys) = 0 THEN
+        RETURN '{}'::bigint[];
+    END IF;
+    EXECUTE format('WITH ins AS (INSERT INTO %s (key, payload%s%s) '
+                   'SELECT k.key, k.payload%s%s FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) WITH ORDINALITY AS k(key, payload, ord) '
+                   'ORDER BY k.ord RETURNING id) '
+                   'SELECT pg_catalog.array_agg(ins.id ORDER BY ins.id) FROM ins',
+                   queue,
+                   CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', run_at' ELSE '' END,
+                   CASE WHEN has_priority THEN ', priority' ELSE '' END,
+                   CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', $3' ELSE '' END,
+                   CASE WHEN has_priority THEN ', $4' ELSE '' END)
+        INTO ids USING keys, payloads, enqueue_many.run_at, enqueue_many.priority;
+    RETURN ids;
+END
+$$;
+COMMENT ON FUNCTION sharding.enqueue_many(regclass, text[], jsonb[], timestamptz, smallint) IS
+    'inserts one pending job per key (payloads[i], run_at, priority) in one statement; returns their ids in order';
+
+-- set_backoff: a retried job (fail with retry) is not claimed again before
+-- now() + base * 2^(attempts - 1), capped at max. Not STRICT: a NULL base
+-- removes the backoff (a retried job then keeps its run_at).
+CREATE FUNCTION sharding.set_backoff(queue regclass, base interval, max interval) RETURNS void
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    nsp text;
+    rel text;
+    relowner oid;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT n.nspname, c.relname, c.relowner INTO nsp, rel, relowner
+      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = queue;
+    IF NOT pg_has_role(relowner, 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of queue table %', queue USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF base IS NULL THEN
+        UPDATE sharding.queue_settings s SET backoff_base = NULL, backoff_max = NULL
+         WHERE s.schema_name = nsp AND s.table_name = rel;
+        DELETE FROM sharding.queue_settings s
+         WHERE s.schema_name = nsp AND s.table_name = rel AND s.backoff_base IS NULL AND s.max_attempts IS NULL;
+        RETURN;
+    END IF;
+    IF base <= interval '0' THEN
+        RAISE EXCEPTION 'backoff base must be positive, got %', base USING ERRCODE = 'invalid_parameter_value';
+    ELSIF max IS NULL THEN
+        RAISE EXCEPTION 'backoff max must not be null (with base %)', base USING ERRCODE = 'invalid_parameter_value';
+    ELSIF max < base THEN
+        RAISE EXCEPTION 'backoff max must be at least base %, got %', base, max
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute a
+                    WHERE a.attrelid = queue AND a.attname = 'run_at' AND a.atttypid = 'timestamptz'::regtype
+                      AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION 'queue table % has no timestamptz column "run_at" to delay retries by', queue
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'ALTER TABLE ... ADD COLUMN run_at timestamptz NOT NULL DEFAULT now()';
+    END IF;
+    INSERT INTO sharding.queue_settings AS s (schema_name, table_name, backoff_base, backoff_max)
+    VALUES (nsp, rel, base, max)
+    ON CONFLICT (schema_name, table_name)
+    DO UPDATE SET backoff_base = EXCLUDED.backoff_base, backoff_max = EXCLUDED.backoff_max;
+END
+$$;
+COMMENT ON FUNCTION sharding.set_backoff(regclass, interval, interval) IS
+    'retried jobs wait base * 2^(attempts - 1), at most max, before they are claimed again (NULL base: no backoff)';
+
+-- purge: deletes up to batch done rows finished (claim_expires, which
+-- complete sets to the time it ran) more than older_than ago, skipping rows
+-- other transactions hold. Not STRICT: NULL arguments raise 22023.
+CREATE FUNCTION sharding.purge(queue regclass, older_than interval DEFAULT '1 day', batch integer DEFAULT 10000)
+    RETURNS bigint
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF older_than IS NULL OR older_than < interval '0' THEN
+        RAISE EXCEPTION 'older_than must not be null or negative, got %', coalesce(older_than::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF batch IS NULL OR batch < 1 THEN
+        RAISE EXCEPTION 'batch must be at least 1, got %', coalesce(batch::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._queue_sql(queue, 'complete');  -- checks it is a queue table (22023) and UPDATE rights
+    EXECUTE format('WITH gone AS (DELETE FROM %1$s AS q WHERE q.id = ANY (ARRAY('
+                   'SELECT d.id FROM %1$s AS d WHERE d.status = %2$L AND d.claim_expires < now() - $1 '
+                   'LIMIT $2 FOR UPDATE SKIP LOCKED)) RETURNING 1) SELECT count(*) FROM gone', queue, 'done')
+        INTO n USING older_than, batch;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION sharding.purge(regclass, interval, integer) IS
+    'deletes up to batch done jobs finished more than older_than ago; returns how many';
+
+-- queue_health: counts from the partial indexes create_queue makes (the
+-- function disables sequential scans for its own queries, so done rows are
+-- never read), table statistics, and what holds the xmin horizon back.
+-- STRICT: NULL queue, NULL result. STABLE: it only reads.
+CREATE FUNCTION sharding.queue_health(queue regclass,
+    OUT pending bigint, OUT processing bigint, OUT expired bigint, OUT oldest_pending_age interval,
+    OUT dead_tuples bigint, OUT xmin_horizon_age interval, OUT horizon_holder text)
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    SET enable_seqscan = off
+    AS $$
+BEGIN
+    PERFORM sharding._queue_health_check(queue);
+    EXECUTE format('SELECT count(*), now() - min(created) FROM %s WHERE status = %L', queue, 'pending')
+        INTO pending, oldest_pending_age;
+    EXECUTE format('SELECT count(*), count(*) FILTER (WHERE claim_expires < now()) FROM %s WHERE status = %L',
+                   queue, 'processing')
+        INTO processing, expired;
+    dead_tuples := pg_stat_get_dead_tuples(queue);
+    -- What holds the horizon back for this table: transactions of this
+    -- database (and walsenders, whose feedback holds every database),
+    -- prepared transactions of this database, replication slots' xmin.
+    -- The oldest by transaction age wins. This session is left out.
+    SELECT h.age, h.holder INTO xmin_horizon_age, horizon_holder
+      FROM (SELECT greatest(age(a.backend_xmin), age(a.backend_xid)) AS xid_age,
+                   now() - coalesce(a.xact_start, a.backend_start) AS age,
+                   format('backend pid %s (application_name %s, %s)', a.pid,
+                          quote_literal(coalesce(a.application_name, '')), coalesce(a.state, a.backend_type)) AS holder
+              FROM pg_stat_activity a
+             WHERE (a.datname = current_database() OR a.datid IS NULL OR a.datid = 0)
+               AND a.pid <> pg_backend_pid()
+               AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+            UNION ALL
+            SELECT age(p.transaction), now() - p.prepared, format('prepared transaction %s', quote_literal(p.gid))
+              FROM pg_prepared_xacts p
+             WHERE p.database = current_database()
+            UNION ALL
+            SELECT age(s.xmin), NULL, format('replication slot %s', quote_literal(s.slot_name))
+              FROM pg_replication_slots s
+             WHERE s.xmin IS NOT NULL) AS h
+     ORDER BY h.xid_age DESC NULLS LAST
+     LIMIT 1;
+END
+$$;
+COMMENT ON FUNCTION sharding.queue_health(regclass) IS
+    'pending, processing and expired jobs (from the partial indexes), the oldest pending job''s age, dead tuples, and the age and holder of the xmin horizon';
+
+-- Checks that queue_health's table is a queue (22023 naming it).
+CREATE FUNCTION sharding._queue_health_check(queue regclass) RETURNS void
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    missing text;
+BEGIN
+    SELECT string_agg(format('%I %s', c.col, format_type(c.typ, NULL)), ', ') INTO missing
+      FROM (VALUES ('status', 'text'::regtype), ('created', 'timestamptz'::regtype),
+                   ('claim_expires', 'timestamptz'::regtype)) AS c(col, typ)
+     WHERE NOT EXISTS (SELECT FROM pg_attribute a
+                        WHERE a.attrelid = queue AND a.attname = c.col AND a.atttypid = c.typ
+                          AND NOT a.attisdropped);
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'queue table % lacks column(s) %', queue, missing USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION sharding._queue_health_check(regclass) IS
+    'internal: raises 22023 unless the table has the columns queue_health reads';
+
+-- Wakeups: the statement trigger create_queue puts on a queue. After an
+-- INSERT (or COPY) that adds a claimable job (pending, and due where the
+-- table has run_at), it sends NOTIFY on channel sharding_<table name> with
+-- the first such job's key as payload, at most once per transaction and
+-- channel (a transaction-local setting remembers it). Another queue table
+-- gets the same with:
+--   CREATE TRIGGER sharding_notify AFTER INSERT ON t REFERENCING NEW TABLE AS sharding_new
+--       FOR EACH STATEMENT EXECUTE FUNCTION sharding._queue_notify();
+CREATE FUNCTION sharding._queue_notify() RETURNS trigger
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    channel text := left('sharding_' || TG_TABLE_NAME, 63);
+    flag text := 'sharding_queue.notified_' || md5(left('sharding_' || TG_TABLE_NAME, 63));
+    job jsonb;
+BEGIN
+    IF current_setting(flag, true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    SELECT to_jsonb(n) INTO job
+      FROM sharding_new AS n
+     WHERE (to_jsonb(n) ->> 'status') = 'pending'
+       AND (NOT (to_jsonb(n) ? 'run_at') OR (to_jsonb(n) ->> 'run_at')::timestamptz <= now())
+     LIMIT 1;
+    IF job IS NOT NULL THEN
+        PERFORM pg_notify(channel, coalesce(job ->> 'key', ''));
+        PERFORM set_config(flag, 'on', true);
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION sharding._queue_notify() IS
+    'internal: statement trigger of queue tables; NOTIFY sharding_<table> (payload: a new claimable job''s key), once per transaction';

@@ -1,0 +1,860 @@
+-- Section 8 (part): distributed tables. A map's distributed tables are
+-- co-located: every row of each is placed by node_for(map, key_column), so
+-- moving a logical shard carries all of them (move_shard_online), data nodes
+-- refuse writes of keys they do not own (guarded writes), and fanout_stats
+-- counts the statements that touch them.
+--
+-- Recorded by schema and table name (not oid), so that pg_dump/restore and
+-- logical replication to followers keep the rows meaningful.
+
+CREATE TABLE sharding.distributed_tables (
+    schema_name text NOT NULL,
+    table_name  text NOT NULL,
+    key_column  text NOT NULL,
+    map         text NOT NULL REFERENCES sharding.maps ON DELETE CASCADE,
+    PRIMARY KEY (schema_name, table_name)
+);
+COMMENT ON TABLE sharding.distributed_tables IS
+    'tables whose rows are placed by node_for(map, key_column); a map''s tables are co-located';
+SELECT pg_catalog.pg_extension_config_dump('sharding.distributed_tables', '');
+GRANT SELECT ON sharding.distributed_tables TO PUBLIC;
+GRANT INSERT, UPDATE, DELETE ON sharding.distributed_tables TO sharding_admin;
+
+-- distribute(tbl regclass, key_column name, map text): records tbl as placed
+-- by node_for(map, key_column). Not STRICT: a NULL argument raises 22023.
+CREATE FUNCTION sharding.distribute(tbl regclass, key_column name, map text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    nsp text;
+    rel text;
+    typ oid;
+BEGIN
+    IF tbl IS NULL OR key_column IS NULL OR map IS NULL THEN
+        RAISE EXCEPTION 'distribute needs a table, a key column and a map, got %, %, %',
+            coalesce(tbl::text, 'NULL'), coalesce(key_column::text, 'NULL'), coalesce(map, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map(map);
+    SELECT n.nspname, c.relname INTO nsp, rel
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = tbl;
+    SELECT a.atttypid INTO typ FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = tbl AND a.attname = key_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of table % does not exist', key_column, tbl
+            USING ERRCODE = 'undefined_column';
+    END IF;
+    -- The key types of section 1 (varchar is text with a length limit; a
+    -- domain counts as its base type).
+    SELECT CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END INTO typ
+      FROM pg_catalog.pg_type t WHERE t.oid = typ;
+    IF typ NOT IN ('pg_catalog.text'::pg_catalog.regtype, 'pg_catalog.varchar'::pg_catalog.regtype,
+                   'pg_catalog.bytea'::pg_catalog.regtype, 'pg_catalog.int2'::pg_catalog.regtype,
+                   'pg_catalog.int4'::pg_catalog.regtype, 'pg_catalog.int8'::pg_catalog.regtype,
+                   'pg_catalog.uuid'::pg_catalog.regtype) THEN
+        RAISE EXCEPTION 'column "%" of table % is of type %, not a shard key type', key_column, tbl,
+            pg_catalog.format_type(typ, NULL)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
+    END IF;
+    IF EXISTS (SELECT FROM sharding.distributed_tables d WHERE d.schema_name = nsp AND d.table_name = rel) THEN
+        RAISE EXCEPTION 'table % is already distributed', tbl
+            USING ERRCODE = 'duplicate_object', HINT = 'Call sharding.undistribute first to change it.';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid = tbl AND i.indisprimary) THEN
+        RAISE EXCEPTION 'table % has no primary key', tbl
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Moving a shard online replicates updates and deletes by primary key.';
+    END IF;
+    INSERT INTO sharding.distributed_tables (schema_name, table_name, key_column, map)
+    VALUES (nsp, rel, key_column, map);
+END $$;
+COMMENT ON FUNCTION sharding.distribute(regclass, name, text) IS
+    'records that a table''s rows are placed by node_for(map, key_column); a map''s tables are co-located';
+
+-- undistribute(tbl regclass): whether tbl was distributed. Not STRICT: NULL
+-- raises 22023 like the other configuration functions.
+CREATE FUNCTION sharding.undistribute(tbl regclass) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF tbl IS NULL THEN
+        RAISE EXCEPTION 'table must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    DELETE FROM sharding.distributed_tables d
+     USING pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = tbl AND d.schema_name = n.nspname AND d.table_name = c.relname;
+    RETURN FOUND;
+END $$;
+COMMENT ON FUNCTION sharding.undistribute(regclass) IS
+    'forgets that a table is distributed; returns whether it was';
+
+-- Configuration changes: owner and sharding_admin only.
+REVOKE ALL ON FUNCTION sharding.distribute(regclass, name, text), sharding.undistribute(regclass)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.distribute(regclass, name, text), sharding.undistribute(regclass)
+    TO sharding_admin;
+
+-- Section 8: followers, guarded data nodes, shard_checksum.
+--
+-- The coordinator publishes its configuration tables (publication
+-- sharding_config); each attached data node subscribes to it (subscription
+-- sharding_config_<node>), so it routes, fences and guards with the
+-- coordinator's maps, shards and epochs, pins, nodes and distributed tables.
+-- attach_node drives both ends from the coordinator through dblink, since
+-- CREATE SUBSCRIPTION cannot run in a transaction block.
+--
+-- How the node reaches the coordinator: the setting sharding.coordinator_dsn
+-- of the coordinator (ALTER DATABASE ... SET, or postgresql.conf) when it is
+-- set, else a DSN derived from the connection attach_node runs in (the
+-- server address it was reached on, or its first socket directory; its port,
+-- database and user).
+--
+-- Local (not replicated) state of a database: sharding.local_node (its node
+-- name, whether it follows) and sharding.frozen_shards (shards a move is
+-- cutting over). The guard trigger (src/nodes/guard.cpp) reads both from a
+-- per-backend copy.
+
+CREATE TABLE sharding.local_node (
+    one_row         boolean PRIMARY KEY DEFAULT true CHECK (one_row),
+    node            text NOT NULL CHECK (node <> ''),
+    coordinator_dsn text NOT NULL,
+    following       boolean NOT NULL,
+    attached        timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE sharding.local_node IS
+    'this database''s node name and coordinator, set by attach_node (local, not replicated)';
+
+CREATE TABLE sharding.frozen_shards (
+    map     text NOT NULL,
+    logical integer NOT NULL,
+    since   timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (map, logical)
+);
+COMMENT ON TABLE sharding.frozen_shards IS
+    'logical shards whose guarded writes this node refuses while a move cuts them over (local, not replicated)';
+
+SELECT pg_catalog.pg_extension_config_dump('sharding.local_node', '');
+SELECT pg_catalog.pg_extension_config_dump('sharding.frozen_shards', '');
+GRANT SELECT ON sharding.local_node, sharding.frozen_shards TO PUBLIC;
+GRANT INSERT, UPDATE, DELETE ON sharding.local_node, sharding.frozen_shards TO sharding_admin;
+
+-- this_node(): NULL where this database was never attached.
+CREATE FUNCTION sharding.this_node() RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT l.node FROM sharding.local_node AS l $$;
+COMMENT ON FUNCTION sharding.this_node() IS
+    'this database''s node name (set by attach_node on the coordinator), NULL where never attached';
+
+-- Every backend's copy of the local state is rebuilt after a change.
+CREATE FUNCTION sharding._local_changed() RETURNS trigger
+    AS 'MODULE_PATHNAME', 'sharding_local_changed' LANGUAGE C;
+COMMENT ON FUNCTION sharding._local_changed() IS
+    'internal: invalidates every backend''s copy of local_node and frozen_shards';
+CREATE TRIGGER local_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.local_node
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._local_changed();
+CREATE TRIGGER local_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.frozen_shards
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._local_changed();
+ALTER TABLE sharding.local_node ENABLE ALWAYS TRIGGER local_changed;
+ALTER TABLE sharding.frozen_shards ENABLE ALWAYS TRIGGER local_changed;
+
+-- ------------------------------------------------------------------ followers
+-- A follower refuses configuration changes: a statement trigger on every
+-- replicated config table, in ORIGIN mode, so that the subscription's apply
+-- (session_replication_role = replica) still writes. detach_node lifts it.
+CREATE FUNCTION sharding._refuse_on_follower() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    me text;
+    coordinator text;
+BEGIN
+    SELECT l.node, l.coordinator_dsn INTO me, coordinator FROM sharding.local_node AS l WHERE l.following;
+    IF FOUND THEN
+        RAISE EXCEPTION 'cannot change the sharding configuration on node "%": it follows its coordinator', me
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = format('%s on %s.%s refused; this database copies its configuration from %s.',
+                                  TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME, coordinator),
+                  HINT = format('Make the change on the coordinator, or run sharding.detach_node(%L) there first.', me);
+    END IF;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION sharding._refuse_on_follower() IS
+    'internal: refuses (55000) configuration changes on a database that follows a coordinator';
+CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.maps
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
+CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.nodes
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
+CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.shards
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
+CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.pins
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
+CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.map_versions
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
+CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.distributed_tables
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
+
+-- Apply (and the initial copy) run with session_replication_role = replica:
+-- the routing-cache invalidations of 20_maps.sql must fire there too.
+ALTER TABLE sharding.maps ENABLE ALWAYS TRIGGER routing_changed;
+ALTER TABLE sharding.shards ENABLE ALWAYS TRIGGER routing_changed;
+ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed;
+-- Apply fires row triggers only: these invalidate a follower's routing
+-- caches for every replicated row (REPLICA: only under apply; the statement
+-- triggers of 20_maps.sql cover every other writer).
+CREATE TRIGGER routing_changed_apply AFTER INSERT OR UPDATE OR DELETE ON sharding.maps
+    FOR EACH ROW EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed_apply AFTER INSERT OR UPDATE OR DELETE ON sharding.shards
+    FOR EACH ROW EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed_apply AFTER INSERT OR UPDATE OR DELETE ON sharding.pins
+    FOR EACH ROW EXECUTE FUNCTION sharding._routing_changed();
+ALTER TABLE sharding.maps ENABLE REPLICA TRIGGER routing_changed_apply;
+ALTER TABLE sharding.shards ENABLE REPLICA TRIGGER routing_changed_apply;
+ALTER TABLE sharding.pins ENABLE REPLICA TRIGGER routing_changed_apply;
+
+-- ------------------------------------------------------------------ guards
+CREATE FUNCTION sharding._guard() RETURNS trigger
+    AS 'MODULE_PATHNAME', 'sharding_guard' LANGUAGE C;
+COMMENT ON FUNCTION sharding._guard() IS
+    'internal: refuses (55000) writes of keys this data node does not own, or of frozen shards (guarded writes)';
+
+-- Installs (or refreshes) the guard trigger zz_sharding_guard on one
+-- distributed table, if it exists here. The name sorts last, so the guard
+-- sees the row as other BEFORE triggers leave it. Never raises: it runs
+-- inside logical-replication apply, which an error would stop; a failure is
+-- a WARNING and the table stays unguarded. Returns whether it is guarded.
+CREATE FUNCTION sharding._install_guard(schema_name text, table_name text, key_column text, map text)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    rel regclass := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
+BEGIN
+    IF rel IS NULL THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t
+                WHERE t.tgrelid = rel AND t.tgname = 'zz_sharding_guard' AND t.tgnargs = 2
+                  AND pg_catalog.encode(t.tgargs, 'hex')
+                      = pg_catalog.encode(pg_catalog.convert_to(map, pg_catalog.getdatabaseencoding()), 'hex') || '00'
+                        || pg_catalog.encode(pg_catalog.convert_to(key_column, pg_catalog.getdatabaseencoding()), 'hex')
+                        || '00') THEN
+        RETURN true;
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'zz_sharding_guard') THEN
+        EXECUTE pg_catalog.format('DROP TRIGGER zz_sharding_guard ON %s', rel);
+    END IF;
+    EXECUTE pg_catalog.format('CREATE TRIGGER zz_sharding_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                              'FOR EACH ROW EXECUTE FUNCTION sharding._guard(%L, %L)', rel, map, key_column);
+    RETURN true;
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'could not guard distributed table %: %', rel, SQLERRM;
+    RETURN false;
+END $$;
+COMMENT ON FUNCTION sharding._install_guard(text, text, text, text) IS
+    'internal: creates the guard trigger on a distributed table of this data node';
+
+CREATE FUNCTION sharding._drop_guard(schema_name text, table_name text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    rel regclass := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
+BEGIN
+    IF rel IS NOT NULL
+       AND EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'zz_sharding_guard') THEN
+        EXECUTE pg_catalog.format('DROP TRIGGER zz_sharding_guard ON %s', rel);
+    END IF;
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'could not unguard table %: %', rel, SQLERRM;
+END $$;
+COMMENT ON FUNCTION sharding._drop_guard(text, text) IS
+    'internal: drops the guard trigger of a table';
+
+-- Guards every distributed table of a following node; returns how many.
+CREATE FUNCTION sharding._install_guards() RETURNS integer
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    n integer := 0;
+    d record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM sharding.local_node AS l WHERE l.following) THEN
+        RETURN 0;
+    END IF;
+    FOR d IN SELECT * FROM sharding.distributed_tables ORDER BY schema_name, table_name LOOP
+        IF sharding._install_guard(d.schema_name, d.table_name, d.key_column, d.map) THEN
+            n := n + 1;
+        END IF;
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION sharding._install_guards() IS
+    'internal: guards every distributed table of this data node (when it follows)';
+
+-- Follows sharding.distributed_tables on a data node: ALWAYS, so that rows
+-- arriving through the subscription guard (or unguard) the local table.
+CREATE FUNCTION sharding._distributed_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM sharding.local_node AS l WHERE l.following) THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP IN ('DELETE', 'UPDATE') THEN
+        PERFORM sharding._drop_guard(OLD.schema_name, OLD.table_name);
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM sharding._install_guard(NEW.schema_name, NEW.table_name, NEW.key_column, NEW.map);
+    END IF;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION sharding._distributed_changed() IS
+    'internal: guards or unguards the local table when sharding.distributed_tables changes on a data node';
+CREATE TRIGGER distributed_changed AFTER INSERT OR UPDATE OR DELETE ON sharding.distributed_tables
+    FOR EACH ROW EXECUTE FUNCTION sharding._distributed_changed();
+ALTER TABLE sharding.distributed_tables ENABLE ALWAYS TRIGGER distributed_changed;
+
+-- A table created on a following data node after it was distributed gets
+-- its guard at once (event trigger on CREATE TABLE).
+CREATE FUNCTION sharding._guard_new_tables() RETURNS event_trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    d record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM sharding.local_node AS l WHERE l.following) THEN
+        RETURN;
+    END IF;
+    FOR d IN SELECT t.* FROM pg_catalog.pg_event_trigger_ddl_commands() AS c
+               JOIN pg_catalog.pg_class AS r ON r.oid = c.objid
+               JOIN pg_catalog.pg_namespace AS s ON s.oid = r.relnamespace
+               JOIN sharding.distributed_tables AS t ON t.schema_name = s.nspname AND t.table_name = r.relname
+              WHERE c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND c.objsubid = 0 LOOP
+        PERFORM sharding._install_guard(d.schema_name, d.table_name, d.key_column, d.map);
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION sharding._guard_new_tables() IS
+    'internal: guards a distributed table created on a following data node';
+CREATE EVENT TRIGGER sharding_guard_new_tables ON ddl_command_end
+    WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO')
+    EXECUTE FUNCTION sharding._guard_new_tables();
+
+-- ------------------------------------------------------------------ freeze
+-- _freeze_shard(map, logical): waits for guarded and fenced writers of the
+-- shard (the exclusive shard lock of move_shard), then records the shard as
+-- frozen: from its commit on, every guarded write of the shard's keys on
+-- this node gets 55000, until _thaw_shard. Run it in its own transaction
+-- (through dblink from the coordinator): the lock is held until commit.
+CREATE FUNCTION sharding._freeze_shard(map text, logical integer) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+BEGIN
+    l := sharding._require_map($1);
+    PERFORM sharding._check_logical($1, $2, l);
+    PERFORM sharding._lock_shard($1, $2);
+    INSERT INTO sharding.frozen_shards AS f (map, logical) VALUES ($1, $2) ON CONFLICT DO NOTHING;
+END $$;
+COMMENT ON FUNCTION sharding._freeze_shard(text, integer) IS
+    'internal: waits for the shard''s writers, then refuses its guarded writes on this node until _thaw_shard';
+
+CREATE FUNCTION sharding._thaw_shard(map text, logical integer) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    DELETE FROM sharding.frozen_shards AS f WHERE f.map = $1 AND f.logical = $2;
+    RETURN FOUND;
+END $$;
+COMMENT ON FUNCTION sharding._thaw_shard(text, integer) IS
+    'internal: lifts _freeze_shard; true if the shard was frozen';
+
+-- ------------------------------------------------------------------ attach
+-- The DSN a data node's subscription uses to reach this coordinator.
+CREATE FUNCTION sharding._coordinator_dsn() RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    dsn text := pg_catalog.current_setting('sharding.coordinator_dsn', true);
+    host text;
+BEGIN
+    IF dsn IS NOT NULL AND pg_catalog.btrim(dsn) <> '' THEN
+        RETURN dsn;
+    END IF;
+    host := pg_catalog.host(pg_catalog.inet_server_addr());
+    IF host IS NULL THEN
+        host := pg_catalog.btrim(pg_catalog.split_part(pg_catalog.current_setting('unix_socket_directories'), ',', 1));
+    END IF;
+    IF host IS NULL OR host = '' THEN
+        host := 'localhost';
+    END IF;
+    RETURN pg_catalog.format('host=%s port=%s dbname=%s user=%s',
+                             pg_catalog.quote_literal(host), pg_catalog.current_setting('port'),
+                             pg_catalog.quote_literal(pg_catalog.current_database()),
+                             pg_catalog.quote_literal(current_user));
+END $$;
+COMMENT ON FUNCTION sharding._coordinator_dsn() IS
+    'internal: sharding.coordinator_dsn, or a DSN of this database derived from the current connection';
+
+-- The schema dblink is installed in (42883 if it is not).
+CREATE FUNCTION sharding._dblink_schema(purpose text) RETURNS name
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    s name;
+BEGIN
+    SELECT e.extnamespace::pg_catalog.regnamespace::name INTO s
+      FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dblink';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '% needs extension "dblink"', purpose
+            USING ERRCODE = 'undefined_function',
+                  HINT = 'CREATE EXTENSION dblink on the coordinator.';
+    END IF;
+    RETURN s;
+END $$;
+COMMENT ON FUNCTION sharding._dblink_schema(text) IS 'internal: schema of extension dblink (42883 without it)';
+
+-- Runs a query returning one text column on another database (its own
+-- transaction, through dblink) and returns the first row's value.
+CREATE FUNCTION sharding._remote(dsn text, query text) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    r text;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT f.r FROM %I.dblink($1, $2) AS f(r text) LIMIT 1',
+                              sharding._dblink_schema('this operation'))
+       INTO r USING dsn, query;
+    RETURN r;
+END $$;
+COMMENT ON FUNCTION sharding._remote(text, text) IS
+    'internal: first value of a one-column query run on another database through dblink';
+
+-- Runs a command that returns no rows (CREATE SUBSCRIPTION, ...) there.
+CREATE FUNCTION sharding._remote_exec(dsn text, command text) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    r text;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.dblink_exec($1, $2)', sharding._dblink_schema('this operation'))
+       INTO r USING dsn, command;
+    RETURN r;
+END $$;
+COMMENT ON FUNCTION sharding._remote_exec(text, text) IS
+    'internal: runs a command on another database through dblink';
+
+-- Subscription and slot names of a node's configuration feed. Slot names
+-- allow only [a-z0-9_]: other node names get a sanitised name plus a hash.
+CREATE FUNCTION sharding._config_subscription(node text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT 'sharding_config_' || $1 $$;
+COMMENT ON FUNCTION sharding._config_subscription(text) IS
+    'internal: name of the subscription through which a node follows the coordinator';
+CREATE FUNCTION sharding._config_slot(node text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN $1 ~ '^[a-z0-9_]{1,40}$' THEN 'sharding_config_' || $1
+                ELSE 'sharding_config_' || pg_catalog.left(pg_catalog.regexp_replace(pg_catalog.lower($1), '[^a-z0-9_]', '_', 'g'), 30)
+                     || '_' || pg_catalog.left(pg_catalog.md5($1), 8) END
+$$;
+COMMENT ON FUNCTION sharding._config_slot(text) IS
+    'internal: replication slot (on the coordinator) of a node''s configuration subscription';
+
+-- On the coordinator, in its own transaction (attach_node calls it through
+-- dblink, so that its writes are committed before the node subscribes):
+-- the publication, and versions above those the node already reported, so
+-- that cluster_version never falls on the node when it starts following.
+CREATE FUNCTION sharding._publish_config(node_maps text[], node_versions bigint[]) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t text;
+    top bigint;
+    m text;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication p WHERE p.pubname = 'sharding_config') THEN
+        CREATE PUBLICATION sharding_config FOR TABLE sharding.maps, sharding.nodes, sharding.shards,
+            sharding.pins, sharding.map_versions, sharding.distributed_tables;
+    ELSE
+        FOREACH t IN ARRAY ARRAY['maps', 'nodes', 'shards', 'pins', 'map_versions', 'distributed_tables'] LOOP
+            IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication_tables p
+                            WHERE p.pubname = 'sharding_config' AND p.schemaname = 'sharding' AND p.tablename = t) THEN
+                EXECUTE pg_catalog.format('ALTER PUBLICATION sharding_config ADD TABLE sharding.%I', t);
+            END IF;
+        END LOOP;
+    END IF;
+    top := (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(node_versions) AS v);
+    IF top IS NOT NULL THEN
+        IF (SELECT s.last_value FROM sharding.version_seq AS s) < top THEN
+            PERFORM pg_catalog.setval('sharding.version_seq', top);
+        END IF;
+        FOR m IN SELECT u.map FROM ROWS FROM (pg_catalog.unnest(node_maps), pg_catalog.unnest(node_versions)) AS u(map, version)
+                  WHERE u.version >= coalesce((SELECT v.version FROM sharding.map_versions AS v WHERE v.map = u.map), 0)
+                  ORDER BY u.map LOOP
+            PERFORM sharding._touch_map(m);
+        END LOOP;
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._publish_config(text[], bigint[]) IS
+    'internal: creates publication sharding_config and raises versions above a joining node''s';
+
+-- On the node (through dblink): forget its own configuration and follow.
+-- Returns false when it already follows as `node` (nothing to do).
+CREATE FUNCTION sharding._follow(node text, coordinator_dsn text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    cur record;
+    d record;
+BEGIN
+    IF $1 IS NULL OR $1 = '' OR $2 IS NULL THEN
+        RAISE EXCEPTION 'node name and coordinator DSN must not be NULL or empty, got %, %',
+                coalesce(quote_literal($1), 'NULL'), coalesce(quote_literal($2), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO cur FROM sharding.local_node;
+    IF FOUND AND cur.following THEN
+        IF cur.node <> $1 THEN
+            RAISE EXCEPTION 'this database already follows a coordinator as node "%", not "%"', cur.node, $1
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Detach it first (sharding.detach_node on its coordinator).';
+        END IF;
+        IF cur.coordinator_dsn IS DISTINCT FROM $2 THEN
+            UPDATE sharding.local_node SET coordinator_dsn = $2;
+        END IF;
+        RETURN false;
+    END IF;
+    -- The coordinator's copy replaces ours: unguard, then empty.
+    FOR d IN SELECT * FROM sharding.distributed_tables LOOP
+        PERFORM sharding._drop_guard(d.schema_name, d.table_name);
+    END LOOP;
+    TRUNCATE sharding.distributed_tables, sharding.pins, sharding.shards, sharding.maps, sharding.nodes,
+             sharding.map_versions;
+    INSERT INTO sharding.local_node AS l (node, coordinator_dsn, following) VALUES ($1, $2, true)
+        ON CONFLICT (one_row) DO UPDATE SET node = EXCLUDED.node, coordinator_dsn = EXCLUDED.coordinator_dsn,
+                                            following = true, attached = pg_catalog.now();
+    RETURN true;
+END $$;
+COMMENT ON FUNCTION sharding._follow(text, text) IS
+    'internal: makes this database a follower named node (its configuration is replaced by the coordinator''s)';
+
+-- On the node (through dblink), after its subscription is gone.
+CREATE FUNCTION sharding._unfollow() RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    d record;
+    top bigint;
+BEGIN
+    UPDATE sharding.local_node SET following = false WHERE following;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    FOR d IN SELECT * FROM sharding.distributed_tables LOOP
+        PERFORM sharding._drop_guard(d.schema_name, d.table_name);
+    END LOOP;
+    -- The copied versions came from the coordinator's sequence: ours must
+    -- continue above them, so that cluster_version never falls here.
+    top := (SELECT pg_catalog.max(v.version) FROM sharding.map_versions AS v);
+    IF top IS NOT NULL AND (SELECT s.last_value FROM sharding.version_seq AS s) < top THEN
+        PERFORM pg_catalog.setval('sharding.version_seq', top);
+    END IF;
+    RETURN true;
+END $$;
+COMMENT ON FUNCTION sharding._unfollow() IS
+    'internal: stops following (configuration editable again, guards removed, versions continue above the copy)';
+
+-- attach_node(node text): see the top of this file. Not STRICT: NULL raises.
+CREATE FUNCTION sharding.attach_node(node text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    dl name;
+    dsn text;
+    me text;
+    sub text;
+    slot text;
+    facts record;
+    node_maps text[];
+    node_versions bigint[];
+    pending integer;
+    deadline timestamptz;
+    sub_conninfo text;
+    sub_enabled boolean;
+BEGIN
+    IF attach_node.node IS NULL OR attach_node.node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(attach_node.node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF current_setting('wal_level') <> 'logical' THEN
+        RAISE EXCEPTION 'attach_node needs wal_level = logical on the coordinator, got %', current_setting('wal_level')
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Set wal_level = logical (and max_replication_slots, max_wal_senders for one slot per node) '
+                         'in postgresql.conf, then restart PostgreSQL.';
+    END IF;
+    IF EXISTS (SELECT FROM sharding.local_node AS l WHERE l.following) THEN
+        RAISE EXCEPTION 'this database follows a coordinator: attach node "%" there', attach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    SELECT n.dsn INTO dsn FROM sharding.nodes AS n WHERE n.node = attach_node.node;
+    IF dsn IS NULL THEN
+        RAISE EXCEPTION 'node "%" has no connection string', attach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Call sharding.add_node(%L, ''<dsn>'') first.', attach_node.node);
+    END IF;
+    -- The node's CREATE SUBSCRIPTION makes a replication slot here, which
+    -- waits for every transaction holding a transaction id to end.
+    IF txid_current_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'attach_node must run in a transaction that has not written yet'
+            USING ERRCODE = 'active_sql_transaction',
+                  HINT = 'Call it in its own transaction.';
+    END IF;
+    dl := sharding._dblink_schema('attach_node');
+    me := sharding._coordinator_dsn();
+    sub := sharding._config_subscription(attach_node.node);
+    slot := sharding._config_slot(attach_node.node);
+
+    -- The node: this extension (1.2) there, not this very database, not
+    -- following as another node. Nothing has changed anywhere yet.
+    EXECUTE format($q$SELECT * FROM %I.dblink($1, $2)
+                        AS f(sysid bigint, db text, has_follow boolean, following_as text)$q$, dl)
+       INTO facts
+      USING dsn, $r$SELECT (SELECT system_identifier FROM pg_catalog.pg_control_system())::bigint,
+                           pg_catalog.current_database()::text,
+                           pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL,
+                           NULL::text$r$;
+    IF NOT facts.has_follow THEN
+        RAISE EXCEPTION 'node "%" has no sharding extension of version 1.2 or later', attach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'CREATE EXTENSION sharding (or ALTER EXTENSION sharding UPDATE) in the node''s database.';
+    END IF;
+    IF facts.sysid = (SELECT system_identifier FROM pg_catalog.pg_control_system())
+       AND facts.db = current_database() THEN
+        RAISE EXCEPTION 'node "%" is this database: a coordinator cannot follow itself', attach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = format('Its connection string %s leads back here.', dsn);
+    END IF;
+    facts.following_as := sharding._remote(dsn, 'SELECT node FROM sharding.local_node WHERE following');
+    IF facts.following_as IS DISTINCT FROM attach_node.node AND facts.following_as IS NOT NULL THEN
+        RAISE EXCEPTION 'the database of node "%" already follows a coordinator as node "%"',
+                attach_node.node, facts.following_as
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Detach it first: sharding.detach_node(%L) on its coordinator.', facts.following_as);
+    END IF;
+    EXECUTE format($q$SELECT array_agg(f.map), array_agg(f.version) FROM %I.dblink($1, $2) AS f(map text, version bigint)$q$, dl)
+       INTO node_maps, node_versions
+      USING dsn, 'SELECT map, version FROM sharding.map_versions';
+
+    -- Coordinator side, committed before the node subscribes (a publication
+    -- nobody subscribes to, and versions that rose, are harmless leftovers
+    -- of a failure below).
+    PERFORM sharding._remote(me, format('SELECT sharding._publish_config(%L, %L)::text', node_maps, node_versions));
+
+    -- The subscription, disabled: creating it proves the node reaches us
+    -- before its configuration is touched. Its slot is made from here first:
+    -- a CREATE SUBSCRIPTION that creates its slot hangs when the node lives
+    -- in this same PostgreSQL instance.
+    EXECUTE format($q$SELECT f.c, f.e FROM %I.dblink($1, $2) AS f(c text, e boolean)$q$, dl)
+       INTO sub_conninfo, sub_enabled
+      USING dsn, format($s$SELECT subconninfo, subenabled FROM pg_catalog.pg_subscription
+                            WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
+                                                               WHERE datname = pg_catalog.current_database())$s$, sub);
+    IF sub_conninfo IS NULL THEN
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots AS r WHERE r.slot_name = slot) THEN
+            PERFORM sharding._remote(me, format(
+                $s$SELECT slot_name::text FROM pg_catalog.pg_create_logical_replication_slot(%L, 'pgoutput')$s$, slot));
+        END IF;
+        BEGIN
+            PERFORM sharding._remote_exec(dsn, format(
+                'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION sharding_config '
+                'WITH (slot_name = %L, create_slot = false, enabled = false)', sub, me, slot));
+        EXCEPTION WHEN OTHERS THEN
+            -- Leave no slot behind (it would hold WAL back forever).
+            PERFORM sharding._remote(me, format(
+                $s$SELECT 'dropped' FROM pg_catalog.pg_drop_replication_slot(%L)$s$, slot));
+            RAISE;
+        END;
+        sub_enabled := false;
+    ELSIF sub_conninfo IS DISTINCT FROM me THEN
+        PERFORM sharding._remote_exec(dsn, format('ALTER SUBSCRIPTION %I CONNECTION %L', sub, me));
+    END IF;
+
+    -- The node's configuration gives way to ours, then the copy starts.
+    BEGIN
+        PERFORM sharding._remote(dsn, format('SELECT sharding._follow(%L, %L)::text', attach_node.node, me));
+    EXCEPTION WHEN OTHERS THEN
+        IF NOT sub_enabled THEN
+            PERFORM sharding._remote_exec(dsn, format('DROP SUBSCRIPTION %I', sub));
+        END IF;
+        RAISE;
+    END;
+    IF NOT sub_enabled THEN
+        PERFORM sharding._remote_exec(dsn, format('ALTER SUBSCRIPTION %I ENABLE', sub));
+    END IF;
+
+    -- The full copy: wait (up to a minute) until every table is synchronised.
+    deadline := clock_timestamp() + interval '60 seconds';
+    LOOP
+        EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
+           INTO pending
+          USING dsn, format($s$SELECT (6 - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::integer
+                                 FROM pg_catalog.pg_subscription AS s
+                                 JOIN pg_catalog.pg_subscription_rel AS r ON r.srsubid = s.oid
+                                WHERE s.subname = %L$s$, sub);
+        EXIT WHEN pending <= 0;
+        IF clock_timestamp() > deadline THEN
+            RAISE WARNING 'node "%" is still copying the configuration (% tables to go)', attach_node.node, pending
+                USING HINT = 'It follows once the copy ends; check pg_subscription_rel on the node.';
+            EXIT;
+        END IF;
+        PERFORM pg_sleep(0.02);
+    END LOOP;
+    PERFORM sharding._remote(dsn, 'SELECT sharding._install_guards()::text');
+END $$;
+COMMENT ON FUNCTION sharding.attach_node(text) IS
+    'makes a data node follow this coordinator''s configuration through logical replication (repeating is harmless)';
+
+-- detach_node(node text): the node stops following and keeps its copy.
+CREATE FUNCTION sharding.detach_node(node text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    dl name;
+    dsn text;
+    sub text;
+    n integer;
+BEGIN
+    IF detach_node.node IS NULL OR detach_node.node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(detach_node.node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT x.dsn INTO dsn FROM sharding.nodes AS x WHERE x.node = detach_node.node;
+    IF dsn IS NULL THEN
+        RAISE EXCEPTION 'node "%" has no connection string', detach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Call sharding.add_node(%L, ''<dsn>'') first.', detach_node.node);
+    END IF;
+    dl := sharding._dblink_schema('detach_node');
+    sub := sharding._config_subscription(detach_node.node);
+    BEGIN
+        EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
+           INTO n
+          USING dsn, format($s$SELECT count(*)::integer FROM pg_catalog.pg_subscription
+                                WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
+                                                                   WHERE datname = pg_catalog.current_database())$s$,
+                            sub);
+    EXCEPTION WHEN sqlclient_unable_to_establish_sqlconnection OR connection_exception THEN
+        RAISE EXCEPTION 'cannot reach node "%" to detach it: %', detach_node.node, SQLERRM
+            USING ERRCODE = 'sqlclient_unable_to_establish_sqlconnection',
+                  HINT = format('If the node is gone for good, drop its replication slot here: '
+                                'SELECT pg_drop_replication_slot(%L);', sharding._config_slot(detach_node.node));
+    END;
+    IF n > 0 THEN
+        -- Drops the subscription's slot here too.
+        PERFORM sharding._remote_exec(dsn, format('DROP SUBSCRIPTION %I', sub));
+    END IF;
+    PERFORM sharding._remote(dsn, 'SELECT sharding._unfollow()::text');
+END $$;
+COMMENT ON FUNCTION sharding.detach_node(text) IS
+    'stops a data node following this coordinator; it keeps its copy of the configuration, editable again';
+
+-- Administrators only: these change which databases follow, guard and
+-- refuse writes.
+REVOKE ALL ON FUNCTION sharding.attach_node(text), sharding.detach_node(text), sharding._freeze_shard(text, integer),
+    sharding._thaw_shard(text, integer), sharding._follow(text, text), sharding._unfollow(),
+    sharding._publish_config(text[], bigint[]), sharding._install_guards(),
+    sharding._install_guard(text, text, text, text), sharding._drop_guard(text, text),
+    sharding._remote(text, text), sharding._remote_exec(text, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.attach_node(text), sharding.detach_node(text), sharding._freeze_shard(text, integer),
+    sharding._thaw_shard(text, integer), sharding._follow(text, text), sharding._unfollow(),
+    sharding._publish_config(text[], bigint[]), sharding._install_guards(),
+    sharding._install_guard(text, text, text, text), sharding._drop_guard(text, text),
+    sharding._remote(text, text), sharding._remote_exec(text, text)
+    TO sharding_admin;
+
+-- ------------------------------------------------------------------ checksum
+-- shard_checksum(map, logical, tbl): rows and an order-independent checksum
+-- of tbl's rows whose unpinned key lies in logical shard `logical`: the sum,
+-- modulo 2^64, of hash64 of each row's text form. The settings that change
+-- text forms are pinned, so the same rows give the same result on any node
+-- of the same PostgreSQL major version.
+CREATE FUNCTION sharding.shard_checksum(map text, logical integer, tbl regclass)
+    RETURNS TABLE(rows bigint, checksum bigint)
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    SET datestyle = 'ISO, YMD'
+    SET intervalstyle = 'postgres'
+    SET timezone = 'UTC'
+    SET extra_float_digits = 1
+    SET bytea_output = 'hex'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    l integer;
+    col text;
+    has_pins boolean;
+    s numeric;
+BEGIN
+    IF map IS NULL OR logical IS NULL OR tbl IS NULL THEN
+        RAISE EXCEPTION 'shard_checksum needs a map, a logical shard and a table, got %, %, %',
+            coalesce(quote_literal(map), 'NULL'), coalesce(logical::text, 'NULL'), coalesce(tbl::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    l := sharding._require_map(map);
+    PERFORM sharding._check_logical(map, logical, l);
+    SELECT d.key_column INTO col
+      FROM sharding.distributed_tables AS d
+      JOIN pg_catalog.pg_class AS c ON c.relname = d.table_name
+      JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = d.schema_name
+     WHERE c.oid = tbl;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'table % is not distributed', tbl
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Record its key column with sharding.distribute(tbl, key_column, map).';
+    END IF;
+    has_pins := EXISTS (SELECT FROM sharding.pins AS p WHERE p.map = shard_checksum.map);
+    EXECUTE format('SELECT count(*), coalesce(sum(sharding.hash64(t::text)::numeric), 0) FROM %s AS t
+                     WHERE sharding.logical_shard($1, t.%I) OPERATOR(pg_catalog.=) $2 %s',
+                   tbl, col,
+                   CASE WHEN has_pins THEN format('AND NOT EXISTS (SELECT FROM sharding.pins AS p
+                       WHERE p.map OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) t.%I::text)', col)
+                   ELSE '' END)
+       INTO rows, s
+      USING map, logical;
+    s := mod(s, 18446744073709551616);  -- takes the sign of the sum
+    IF s < 0 THEN
+        s := s + 18446744073709551616;
+    END IF;
+    IF s >= 9223372036854775808 THEN
+        s := s - 18446744073709551616;
+    END IF;
+    checksum := s::bigint;
+    RETURN NEXT;
+END $$;
+COMMENT ON FUNCTION sharding.shard_checksum(text, integer, regclass) IS
+    'rows and order-independent checksum of a distributed table''s rows in one logical shard (unpinned keys)';

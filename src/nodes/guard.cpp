@@ -1,0 +1,407 @@
+// Section 8, the data-node side: guarded writes and the local state a
+// follower keeps (its own node name, whether it follows, frozen shards).
+//
+// The guard is a BEFORE ROW trigger (sharding._guard) that attach_node and
+// the trigger on sharding.distributed_tables install on every distributed
+// table of an attached data node. Per row it costs two routing-cache lookups
+// (logical_shard and node_for, the same C functions SQL calls, through
+// fmgr), two lock-table probes and a look at a per-backend copy of the local
+// state: no SPI. Its enablement is ORIGIN, so logical-replication apply
+// (which runs with session_replication_role = replica) is exempt.
+//
+// Ordering that makes a cutover safe. A guarded write first takes the
+// shard's share lock (the lock fence takes: the map-level RowShareLock, then
+// the shard's ShareLock). _freeze_shard takes the same shard lock in
+// EXCLUSIVE mode, so it waits for writers in flight, and its row in
+// sharding.frozen_shards commits before the lock is released. A writer that
+// acquires the share lock afresh therefore takes in invalidations
+// (AcceptInvalidationMessages) after the lock is granted, and sees the
+// frozen row, the new owner, or both.
+//
+// Everything here is plain C data: no C++ object that owns memory is alive
+// while PostgreSQL functions that may raise an ERROR run (boundary.hpp,
+// rule 2). User errors are thrown as sharding::Error and raised by guarded().
+#include "pg/boundary.hpp"
+#include "core/hash_core.hpp"
+
+extern "C" {
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "nodes/value.h"
+#include "parser/parse_func.h"
+#include "executor/spi.h"
+#include "storage/lock.h"
+#include "storage/proc.h"
+#include "utils/datum.h"
+#include "utils/guc.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+}
+
+namespace {
+
+// ------------------------------------------------------------ local state
+// this_node(), whether this database follows a coordinator, and the frozen
+// shards: read from sharding.local_node and sharding.frozen_shards, rebuilt
+// after any change to either (a statement trigger on both sends a relcache
+// invalidation of sharding.frozen_shards).
+struct Frozen {
+    char *map;
+    int len;
+    int32 logical;
+};
+
+struct LocalState {
+    bool valid;
+    bool following;
+    char *node;  // NULL where never attached
+    int node_len;
+    int nfrozen;
+    Frozen *frozen;
+};
+
+uint64 local_generation = 1;  // bumped by the relcache callback
+uint64 local_built = 0;       // generation the state was built in
+Oid frozen_relid = InvalidOid;
+MemoryContext local_cxt = nullptr;
+LocalState local = {};
+char *coordinator_dsn = nullptr;  // sharding.coordinator_dsn (read by SQL through current_setting)
+
+void local_invalidate(Datum, Oid relid) {
+    if (relid == InvalidOid || relid == frozen_relid) local_generation++;
+}
+
+Oid lookup_frozen_relid() {
+    return get_relname_relid("frozen_shards", get_namespace_oid("sharding", false));
+}
+
+char *copy_text(MemoryContext cxt, HeapTuple tup, TupleDesc desc, int col, int *len) {
+    bool isnull;
+    Datum d = SPI_getbinval(tup, desc, col, &isnull);
+    if (isnull) {
+        *len = 0;
+        return nullptr;
+    }
+    text *t = DatumGetTextPP(d);
+    *len = static_cast<int>(VARSIZE_ANY_EXHDR(t));
+    char *out = static_cast<char *>(MemoryContextAlloc(cxt, *len + 1));
+    memcpy(out, VARDATA_ANY(t), *len);
+    out[*len] = '\0';
+    return out;
+}
+
+// Rebuilds `local` with the latest committed snapshot. May ereport; no C++
+// object is alive in any caller.
+void local_build() {
+    const uint64 started = local_generation;
+    if (local_cxt == nullptr)
+        local_cxt = AllocSetContextCreate(CacheMemoryContext, "sharding local state", ALLOCSET_SMALL_SIZES);
+    MemoryContextReset(local_cxt);
+    local = LocalState{};
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    frozen_relid = lookup_frozen_relid();
+    Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
+    SPIPlanPtr plan = SPI_prepare("SELECT node, following FROM sharding.local_node", 0, nullptr);
+    if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+    int rc = SPI_execute_snapshot(plan, nullptr, nullptr, snap, InvalidSnapshot, true, false, 1);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+    if (SPI_processed > 0) {
+        bool isnull;
+        local.node = copy_text(local_cxt, SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &local.node_len);
+        Datum f = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+        local.following = !isnull && DatumGetBool(f) && local.node != nullptr;
+    }
+    plan = SPI_prepare("SELECT map, logical FROM sharding.frozen_shards", 0, nullptr);
+    if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+    rc = SPI_execute_snapshot(plan, nullptr, nullptr, snap, InvalidSnapshot, true, false, 0);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+    local.nfrozen = static_cast<int>(SPI_processed);
+    local.frozen = static_cast<Frozen *>(MemoryContextAllocZero(local_cxt, sizeof(Frozen) * (local.nfrozen + 1)));
+    for (int i = 0; i < local.nfrozen; i++) {
+        bool isnull;
+        local.frozen[i].map = copy_text(local_cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &local.frozen[i].len);
+        local.frozen[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
+    }
+    UnregisterSnapshot(snap);
+    SPI_finish();
+    local.valid = true;
+    local_built = started;  // stale at once if an invalidation came meanwhile
+}
+
+inline const LocalState &local_state() {
+    if (!local.valid || local_built != local_generation) local_build();
+    return local;
+}
+
+bool is_frozen(const LocalState &s, const char *map, size_t len, int32 logical) {
+    for (int i = 0; i < s.nfrozen; i++)
+        if (s.frozen[i].logical == logical && static_cast<size_t>(s.frozen[i].len) == len &&
+            memcmp(s.frozen[i].map, map, len) == 0)
+            return true;
+    return false;
+}
+
+// ------------------------------------------------------------ shard locks
+// The lock tags of src/routing/maps.cpp (fence, _lock_shard, _lock_map): advisory
+// lock method, field2 = 32 bits of the map name's hash, field3 = the logical
+// shard (0xFFFFFFFF: the whole map), field4 = 3. Keep in step with maps.cpp.
+constexpr uint32 shard_lock_class = 3;
+constexpr uint32 map_level = 0xFFFFFFFFu;
+
+// Takes fence's locks; true if either was not yet held by this transaction.
+bool lock_shard_shared(const char *map, size_t len, int32 logical) {
+    LOCKTAG tag;
+    uint32 h = static_cast<uint32>(sharding::hash_bytes(map, len));
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, h, map_level, shard_lock_class);
+    bool fresh = LockAcquire(&tag, RowShareLock, false, false) != LOCKACQUIRE_ALREADY_HELD;
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, h, static_cast<uint32>(logical), shard_lock_class);
+    fresh |= LockAcquire(&tag, ShareLock, false, false) != LOCKACQUIRE_ALREADY_HELD;
+    return fresh;
+}
+
+// ------------------------------------------------------------ the guard
+// Per trigger and query execution (fn_extra of the trigger's FmgrInfo, which
+// starts NULL in every execution): the map, the key column and the routing
+// functions of its type, each with its own FmgrInfo, so that the routing
+// cache takes in invalidations once per statement, as it does for SQL calls.
+struct GuardQuery {
+    Oid relid;
+    MemoryContext cxt;  // the trigger's fn_mcxt: lives for the query
+    text *map;
+    const char *map_name;
+    size_t map_len;
+    const char *key_column;
+    AttrNumber key_att;
+    Oid key_type;  // the column's type (for error messages)
+    FmgrInfo node_for;
+    FmgrInfo logical_shard;
+    // Shards whose locks this (sub)transaction is known to hold, so that a
+    // statement writing many rows asks the lock manager once per shard.
+    // Valid for one (transaction, subtransaction): a lock taken in a
+    // subtransaction that aborts is released, and the ids change.
+    LocalTransactionId locked_lxid;
+    SubTransactionId locked_subxid;
+    uint64 *locked;  // bit per logical shard
+    int32 locked_words;
+};
+
+// Takes the shard's share lock unless this (sub)transaction is known to
+// hold it; true if it was acquired afresh (see lock_shard_shared).
+bool lock_shard_cached(GuardQuery *g, int32 logical) {
+    const LocalTransactionId lxid = sharding::compat::my_local_xid();
+    const SubTransactionId subxid = GetCurrentSubTransactionId();
+    if (g->locked_lxid != lxid || g->locked_subxid != subxid) {
+        if (g->locked != nullptr) memset(g->locked, 0, sizeof(uint64) * g->locked_words);
+        g->locked_lxid = lxid;
+        g->locked_subxid = subxid;
+    }
+    const int32 word = logical / 64;
+    const uint64 bit = uint64{1} << (logical % 64);
+    if (word < g->locked_words && (g->locked[word] & bit) != 0) return false;
+    bool fresh = lock_shard_shared(g->map_name, g->map_len, logical);
+    if (word >= g->locked_words) {
+        int32 words = word + 1;
+        uint64 *grown = static_cast<uint64 *>(MemoryContextAllocZero(g->cxt, sizeof(uint64) * words));
+        if (g->locked != nullptr) {
+            memcpy(grown, g->locked, sizeof(uint64) * g->locked_words);
+            pfree(g->locked);
+        }
+        g->locked = grown;
+        g->locked_words = words;
+    }
+    g->locked[word] |= bit;
+    return fresh;
+}
+
+GuardQuery *guard_query(FunctionCallInfo fcinfo, TriggerData *td) {
+    auto *g = static_cast<GuardQuery *>(fcinfo->flinfo->fn_extra);
+    Relation rel = td->tg_relation;
+    if (g != nullptr && g->relid == RelationGetRelid(rel)) return g;
+
+    Trigger *trig = td->tg_trigger;
+    if (trig->tgnargs != 2)
+        sharding::fail(ERRCODE_TRIGGERED_ACTION_EXCEPTION,
+                       "sharding._guard needs two arguments (map, key column), got %d", trig->tgnargs);
+    MemoryContext cxt = fcinfo->flinfo->fn_mcxt;
+    g = static_cast<GuardQuery *>(MemoryContextAllocZero(cxt, sizeof(GuardQuery)));
+    g->relid = RelationGetRelid(rel);
+    g->cxt = cxt;
+    g->map_name = MemoryContextStrdup(cxt, trig->tgargs[0]);
+    g->map_len = strlen(g->map_name);
+    g->key_column = MemoryContextStrdup(cxt, trig->tgargs[1]);
+    {
+        MemoryContext old = MemoryContextSwitchTo(cxt);
+        g->map = cstring_to_text(g->map_name);
+        MemoryContextSwitchTo(old);
+    }
+    TupleDesc desc = RelationGetDescr(rel);
+    g->key_att = InvalidAttrNumber;
+    for (int i = 0; i < desc->natts; i++) {
+        Form_pg_attribute a = TupleDescAttr(desc, i);
+        if (!a->attisdropped && strcmp(NameStr(a->attname), g->key_column) == 0) {
+            g->key_att = a->attnum;
+            g->key_type = a->atttypid;
+            break;
+        }
+    }
+    if (g->key_att == InvalidAttrNumber)
+        sharding::fail(ERRCODE_UNDEFINED_COLUMN, "key column \"%s\" of distributed table \"%s\" does not exist",
+                       g->key_column, RelationGetRelationName(rel));
+    // The SQL routing functions sharding.node_for(text, <key type>) and
+    // sharding.logical_shard(...), looked up by signature, so that the
+    // guard routes exactly as SQL does, whatever their C symbols.
+    Oid base = getBaseType(g->key_type);
+    Oid argtypes[2] = {TEXTOID, InvalidOid};
+    switch (base) {
+        case TEXTOID:
+        case VARCHAROID:
+            argtypes[1] = TEXTOID;
+            break;
+        case BYTEAOID:
+        case INT2OID:
+        case INT4OID:
+        case INT8OID:
+        case UUIDOID:
+            argtypes[1] = base;
+            break;
+        default:
+            sharding::fail(ERRCODE_DATATYPE_MISMATCH,
+                           "key column \"%s\" of distributed table \"%s\" is of type %s, not a shard key type",
+                           g->key_column, RelationGetRelationName(rel), format_type_be(g->key_type));
+    }
+    List *nf = list_make2(makeString(pstrdup("sharding")), makeString(pstrdup("node_for")));
+    List *ls = list_make2(makeString(pstrdup("sharding")), makeString(pstrdup("logical_shard")));
+    fmgr_info_cxt(LookupFuncName(nf, 2, argtypes, false), &g->node_for, cxt);
+    fmgr_info_cxt(LookupFuncName(ls, 2, argtypes, false), &g->logical_shard, cxt);
+    fcinfo->flinfo->fn_extra = g;
+    return g;
+}
+
+Datum call2(FmgrInfo *f, Datum a, Datum b) {
+    LOCAL_FCINFO(call, 2);
+    InitFunctionCallInfoData(*call, f, 2, InvalidOid, nullptr, nullptr);
+    call->args[0].value = a;
+    call->args[0].isnull = false;
+    call->args[1].value = b;
+    call->args[1].isnull = false;
+    Datum r = FunctionCallInvoke(call);
+    if (call->isnull) elog(ERROR, "routing function returned NULL");
+    return r;
+}
+
+const char *key_out(GuardQuery *g, Datum key) {
+    Oid out;
+    bool varlena;
+    getTypeOutputInfo(g->key_type, &out, &varlena);
+    return OidOutputFunctionCall(out, key);
+}
+
+// Refuses (55000) the write of one row unless this node owns its key now and
+// its shard is not frozen; takes the shard's share lock for an owned key.
+void check_row(GuardQuery *g, TriggerData *td, HeapTuple tuple) {
+    bool isnull;
+    Datum key = heap_getattr(tuple, g->key_att, RelationGetDescr(td->tg_relation), &isnull);
+    const char *table = RelationGetRelationName(td->tg_relation);
+    if (isnull)
+        throw sharding::Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                              sharding::format("key \"%s\" of distributed table \"%s\" is NULL: no node owns it",
+                                               g->key_column, table),
+                              sharding::format("Table \"%s\" is placed by map \"%s\".", table, g->map_name));
+    int32 logical = DatumGetInt32(call2(&g->logical_shard, PointerGetDatum(g->map), key));
+    if (lock_shard_cached(g, logical)) {
+        // Granted afresh: a freeze or a move may have committed while we
+        // waited; take in their invalidations before deciding.
+        AcceptInvalidationMessages();
+    }
+    const LocalState &s = local_state();
+    if (!s.following) return;  // detached meanwhile
+    text *owner = DatumGetTextPP(call2(&g->node_for, PointerGetDatum(g->map), key));
+    const size_t owner_len = VARSIZE_ANY_EXHDR(owner);
+    if (owner_len != static_cast<size_t>(s.node_len) || memcmp(VARDATA_ANY(owner), s.node, owner_len) != 0) {
+        const char *k = key_out(g, key);
+        char *o = text_to_cstring(owner);
+        throw sharding::Error(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            sharding::format("key \"%s\" of map \"%s\" belongs to node \"%s\", not to this node \"%s\"", k,
+                             g->map_name, o, s.node),
+            sharding::format("Table \"%s\" is distributed by map \"%s\" (logical shard %d); this node writes only "
+                             "the keys it owns.",
+                             table, g->map_name, logical),
+            sharding::format("Write it on node \"%s\" (route with sharding.node_for or PL/Proxy).", o));
+    }
+    if (is_frozen(s, g->map_name, g->map_len, logical)) {
+        const char *k = key_out(g, key);
+        throw sharding::Error(
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            sharding::format("key \"%s\" of map \"%s\" is in logical shard %d, which is frozen on node \"%s\"", k,
+                             g->map_name, logical, s.node),
+            "The shard is being cut over to another node (sharding.frozen_shards).",
+            "Retry shortly: after the cutover, route the key again with sharding.node_for.");
+    }
+}
+
+}  // namespace
+
+namespace sharding {
+// Registers the local state's relcache callback and the coordinator_dsn
+// setting; called once, from _PG_init.
+void guard_init() {
+    CacheRegisterRelcacheCallback(local_invalidate, (Datum)0);
+    DefineCustomStringVariable(
+        "sharding.coordinator_dsn", "Connection string data nodes use to reach this coordinator.",
+        "attach_node gives it to the node's subscription; when empty, attach_node derives one from this "
+        "connection (host, port, database, user).",
+        &coordinator_dsn, "", PGC_SUSET, 0, nullptr, nullptr, nullptr);
+}
+}  // namespace sharding
+
+/*
+ * _guard() RETURNS trigger
+ *
+ * BEFORE INSERT OR UPDATE OR DELETE FOR EACH ROW on a distributed table of an
+ * attached data node, with arguments (map, key column). See the top of the
+ * file.
+ */
+SHARDING_FUNCTION(sharding_guard) {
+    if (!CALLED_AS_TRIGGER(fcinfo))
+        sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "sharding._guard must be called as a trigger");
+    TriggerData *td = reinterpret_cast<TriggerData *>(fcinfo->context);
+    if (!TRIGGER_FIRED_BEFORE(td->tg_event) || !TRIGGER_FIRED_FOR_ROW(td->tg_event))
+        sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+                       "sharding._guard must be a BEFORE ... FOR EACH ROW trigger");
+    HeapTuple result = TRIGGER_FIRED_BY_UPDATE(td->tg_event) ? td->tg_newtuple : td->tg_trigtuple;
+    if (!local_state().following) return PointerGetDatum(result);
+    GuardQuery *g = guard_query(fcinfo, td);
+    if (TRIGGER_FIRED_BY_UPDATE(td->tg_event)) {
+        check_row(g, td, td->tg_trigtuple);
+        bool old_null, new_null;
+        TupleDesc desc = RelationGetDescr(td->tg_relation);
+        Datum o = heap_getattr(td->tg_trigtuple, g->key_att, desc, &old_null);
+        Datum n = heap_getattr(td->tg_newtuple, g->key_att, desc, &new_null);
+        Form_pg_attribute a = TupleDescAttr(desc, g->key_att - 1);
+        if (old_null != new_null || (!new_null && !datumIsEqual(o, n, a->attbyval, a->attlen)))
+            check_row(g, td, td->tg_newtuple);
+    } else {
+        check_row(g, td, td->tg_trigtuple);
+    }
+    return PointerGetDatum(result);
+}
+
+/*
+ * _local_changed() RETURNS trigger
+ *
+ * Statement trigger on sharding.local_node and sharding.frozen_shards: every
+ * backend rebuilds its copy of the local state at its next guarded write.
+ */
+SHARDING_FUNCTION(sharding_local_changed) {
+    if (!CALLED_AS_TRIGGER(fcinfo))
+        sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "_local_changed must be called as a trigger");
+    CacheInvalidateRelcacheByRelid(lookup_frozen_relid());
+    return PointerGetDatum(nullptr);
+}

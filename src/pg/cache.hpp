@@ -1,0 +1,110 @@
+// The per-backend cache module: one memory context, one relcache callback,
+// one syscache callback, one retirement rule, for every topic that caches
+// something per backend (routing, queues, rank guards, ...). Modelled on
+// Citus' metadata_cache.c.
+//
+// The memory. cache::context() is the memory context "sharding cache", a
+// child of CacheMemoryContext, created on first use (never in _PG_init,
+// which may run in the postmaster under shared_preload_libraries). Every
+// cached object lives in it or in a child of it, so
+// pg_backend_memory_contexts shows what the caches hold. C++ containers use
+// CacheAllocator (cache_alloc.hpp), which allocates there.
+//
+// Entry kinds. A topic plugs its cache in by registering one Kind, once,
+// from its init function (called by _PG_init):
+//
+//     namespace {
+//     uint64 generation = 1;                         // the topic's own state
+//     void my_relation_changed(Oid relid) { if (relid == InvalidOid || relid == my_relid) generation++; }
+//     void my_syscache_changed(int, uint32) { generation++; }
+//     const sharding::cache::Kind my_kind = {
+//         "my topic", my_relation_changed, my_syscache_changed, 2, {NAMESPACEOID, ENUMOID}};
+//     }
+//     void my_init() { sharding::cache::register_kind(&my_kind); }
+//
+// The module registers ONE relcache callback (the first time a kind is
+// registered) and ONE syscache callback function (once per syscache id that
+// some kind lists, up to 4 ids per kind). Both dispatch every invalidation to
+// every kind interested in it: relation_changed(relid) for every relcache
+// invalidation (relid InvalidOid means "every relation": a cache reset), and
+// syscache_changed(cacheid, hashvalue) for the listed syscaches (hashvalue 0
+// means "every entry"). These callbacks run inside PostgreSQL's
+// invalidation processing, possibly in the middle of a lookup or a build of
+// the same cache: they must ONLY mark entries stale (bump a generation,
+// clear a valid flag). No catalog access, no allocation, no ereport, no
+// throw, no freeing.
+//
+// Building without losing an invalidation. A build must know which
+// relation oids its entry depends on BEFORE it takes the snapshot it reads
+// with (look them up first), and record the generation after that lookup and
+// before the snapshot: an invalidation processed during the build (SPI
+// takes locks, and lock acquisition processes invalidations) then bumps the
+// generation past the recorded one, and the fresh entry is stale at once. A
+// callback that compares against an oid learned only at the END of the build
+// drops exactly the invalidations that matter (the first-build race of
+// issue 16).
+//
+// Retirement. An entry that is replaced or dropped may still be in use by a
+// call further up the stack (a trigger on a queue table that calls claim, an
+// RLS policy that routes). So nothing is freed when it is replaced: hand it
+// to retire_context / retire_plan / retire, and the module frees it when
+// the outermost call of this extension returns (SHARDING_FUNCTION counts the
+// depth), or at the latest at the end of the transaction (commit or abort),
+// or of the subtransaction that aborted the calls. Pointers into cache
+// entries are valid for the current call only: anything kept across calls
+// (fn_extra, SRF state) must be revalidated by generation.
+//
+// Everything below is C-level: functions may ereport (call them where no C++
+// object that owns memory is alive, or through pg_call), except the
+// callbacks' contract above.
+#pragma once
+
+#include "pg/pg.hpp"
+
+extern "C" {
+#include "executor/spi.h"
+}
+
+namespace sharding {
+namespace cache {
+
+// One topic's cache. Defined with static storage duration (the module keeps
+// the pointer). Either callback may be nullptr.
+struct Kind {
+    const char *name;
+    void (*relation_changed)(Oid relid);
+    void (*syscache_changed)(int cacheid, uint32 hashvalue);
+    int nsyscaches;    // how many ids of syscaches[] syscache_changed wants
+    int syscaches[4];  // syscache ids (NAMESPACEOID, ENUMOID, ...)
+};
+
+// Registers a kind: once per backend, from its topic's init function. At
+// most 16 kinds.
+void register_kind(const Kind *kind);
+
+// "sharding cache": created on first use (may ereport).
+MemoryContext context();
+
+// A new child context of context() for one entry (name: a string literal,
+// kept by pointer): delete it (or retire it)
+// as a whole when the entry is replaced.
+MemoryContext entry_context(const char *name);
+
+// Retirement (see above): what is handed over is freed when no call of this
+// extension is running any more. retire_plan calls SPI_freeplan, retire_context
+// MemoryContextDelete, retire free(arg).
+void retire_context(MemoryContext cxt);
+void retire_plan(SPIPlanPtr plan);
+void retire(void (*free)(void *arg), void *arg);
+
+// Counters for tests and pg_backend_memory_contexts users: how many
+// invalidations were dispatched, how many retired objects were freed.
+struct Stats {
+    uint64 relcache_invalidations;
+    uint64 syscache_invalidations;
+    uint64 retired_freed;
+};
+Stats stats();
+
+}  // namespace cache
+}  // namespace sharding

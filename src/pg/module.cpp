@@ -1,0 +1,34 @@
+// The loadable module: PostgreSQL's magic block and _PG_init.
+#include "pg/boundary.hpp"
+
+extern "C" {
+SHARDING_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
+SHARDING_MODULE_MAGIC;
+
+SHARDING_EXPORT void _PG_init(void);
+}
+
+// Per-topic initialisation, once per backend (or once in the postmaster under
+// shared_preload_libraries: nothing here allocates or reads a catalog). A
+// topic with a per-backend cache registers its entry kind with the cache
+// module (cache::register_kind, src/pg/cache.hpp), which owns the one relcache
+// and one syscache callback; queue.cpp still registers its own until it moves
+// onto the module. One line per topic.
+namespace sharding {
+void maps_init();   // maps.cpp: routing cache
+void queue_init();  // queue.cpp: prepared claim plans
+void rank_init();   // rank.cpp: rank lists of guarded columns
+void fanout_init();  // fanout.cpp: shared counters and hooks (preload only)
+void guard_init();  // guard.cpp: local state of a data node (this_node, frozen shards)
+}  // namespace sharding
+
+/*
+ * _PG_init: runs once when a backend loads sharding.so.
+ */
+void _PG_init(void) {
+    sharding::maps_init();
+    sharding::queue_init();
+    sharding::rank_init();
+    sharding::fanout_init();
+    sharding::guard_init();
+}

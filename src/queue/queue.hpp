@@ -1,0 +1,88 @@
+// Queue tables (sections 3, 9, 10 of the contract): the checks and column
+// discovery every claim needs, shared by queue.cpp and queue_ordered.cpp.
+//
+// Glue: these functions call PostgreSQL (syscache, relcache) and throw
+// sharding::Error for user errors, so call them only where no owning C++
+// object is alive (boundary.hpp, rule 2).
+#pragma once
+
+#include "pg/pg.hpp"
+
+namespace sharding {
+
+// maps.cpp: a counter bumped whenever this backend takes in a change of the
+// routing tables (sharding.maps, shards, pins), of any map.
+uint64_t routing_generation();
+
+namespace queue {
+
+// The optional columns a queue table has (the required ones are checked).
+struct QueueColumns {
+    bool has_attempts;  // attempts integer: counts claims, fencing token
+    bool has_run_at;    // run_at timestamptz: not claimed before it
+    bool has_priority;  // priority smallint: highest first
+};
+
+// The table's quoted, schema-qualified name (palloc'd).
+const char *qualified_name(Oid relid);
+
+// Raises PostgreSQL's own 42501 ("permission denied for table jobs", through
+// aclcheck_error) unless the caller may update the table or at least one of
+// its columns. An ereport(ERROR), not a sharding::Error: call it only where
+// no owning C++ object is alive.
+void require_update(Oid relid);
+
+// Checks that relid is a queue table: an ordinary or partitioned table with
+// id bigint (unique, non-partial index on it alone), status text, owner
+// text, claim_expires timestamptz, created timestamptz; attempts integer
+// when present. 22023 otherwise. run_at and priority count only with the
+// contract's types (timestamptz, smallint); other types are ignored.
+QueueColumns check_queue_table(Oid relid);
+
+// The contract's "id bigint primary key": a unique, non-partial index on id
+// alone (22023 otherwise). qname is the table's name for the message.
+void check_unique_id(Oid relid, const char *qname);
+
+// The key column of a claim must exist and be of a shard key type (22023).
+void check_key_column(Oid relid, const char *column);
+
+// The claim order for the present columns, each column prefixed by
+// `prefix` ("" or "t."): "priority DESC, run_at, created, id".
+const char *claim_order(const QueueColumns &cols, const char *prefix);
+
+// claim_node (contract section 9), first steps, in queue_ordered.cpp: takes
+// the map's share lock (move_shard, rebalance and pin wait for the claim's
+// transaction), raises 42704 for an unknown map, registers the worker's
+// node in sharding.claim_node_workers, and returns what handoff_needed
+// needs to know of the registrations. Needs an SPI connection.
+struct NodeClaim {
+    bool others;          // a worker is registered with another node of the map
+    int64 registrations;  // fingerprint of the map's registrations
+};
+NodeClaim begin_node_claim(Datum map, Datum node, Datum worker);
+
+// Whether the claim needs the handoff exclusion: a worker registered with
+// another node holds a job of a key of `node` (remembered as clear while
+// routing and registrations stay as they were; always true under
+// REPEATABLE READ and SERIALIZABLE). After the queue table and key column
+// were checked; needs an SPI connection.
+bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, const NodeClaim &c);
+
+// The handoff exclusion's SQL, one text for every claim that uses it.
+// qname: the queue, quoted; key: its key column, quoted; map, node: the
+// parameters that hold them ("$6"). foreign_jobs: "qname f WHERE ..." for
+// the jobs of node's keys processing under workers registered with another
+// node of the map (live_only: under a live lease). handoff_ctes: the CTEs
+// foreign_leases and blocked (those keys, and the logical shards of the
+// unpinned ones), ending in ", ". handoff_exclusion: " AND NOT (...)" of
+// key_expr against blocked.
+const char *foreign_jobs(const char *qname, const char *key, const char *map, const char *node, bool live_only);
+const char *handoff_ctes(const char *qname, const char *key, const char *map, const char *node);
+const char *handoff_exclusion(const char *key_expr, const char *map);
+
+// claim_node with ordered => false, in queue.cpp: the claim of
+// claim_shards (resumable, see queue.cpp) filtered by node_for.
+Datum claim_node_unordered(FunctionCallInfo fcinfo);
+
+}  // namespace queue
+}  // namespace sharding

@@ -1,0 +1,963 @@
+// Section 9 of the contract: claims that keep order per key
+// (claim_ordered) and claims routed by a map with a safe handoff
+// (claim_node).
+//
+// Per-key order without per-key bookkeeping. A job is claimable when it is
+// the *head* of its key: no older (created, id) job of the key is pending
+// or processing, and no other job of the key is processing under a live
+// lease. The claim walks claimable rows in claim order (the pending index
+// create_queue makes) and tests each candidate's head-ness with two probes
+// of one partial index, (key, status, created, id) WHERE status IN
+// ('pending', 'processing') (sharding.create_ordered_index makes it): one
+// for an older pending job, one among the few processing jobs of the key.
+// No row per key is ever written; the only state is the jobs themselves.
+// A head is unique per key, so a batch holds at most one job per key; a
+// concurrent claimer of the same head is excluded by the row lock
+// (FOR UPDATE SKIP LOCKED, rechecked on the latest row version).
+//
+// Handoff (claim_node). A claim through node B leaves alone every key whose
+// job is processing under a live lease and was claimed through another node
+// (its owner is registered in sharding.claim_node_workers, one row per
+// worker: the node it last claimed through, for a node other than B), and
+// every logical shard such an unpinned key lies in: after a move A -> B, B takes nothing of the shard until A's
+// leases end. claim_node holds a share lock on the map's lock tag (the one
+// move_shard and rebalance take exclusively) for the rest of its
+// transaction, so a move waits for the claims in flight and a claim after
+// the move sees it and A's committed claims.
+//
+// Plans are prepared once per backend per (queue, variant) and kept. An
+// entry records a signature of what its SQL text was built from (the
+// table's qualified name and which optional columns it has); every call
+// recomputes the signature from the syscache and rebuilds on a mismatch,
+// so no invalidation callback is needed. Replaced plans are freed once the
+// transaction that replaced them is over (an outer call may be running
+// them).
+//
+// Boundary (boundary.hpp, rule 2): no owning C++ object on the stack
+// anywhere; SQL text lives in StringInfo (palloc).
+#include "pg/boundary.hpp"
+#include "core/hash_core.hpp"
+#include "pg/keys.hpp"
+#include "queue/queue.hpp"
+
+extern "C" {
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_index.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "executor/tstoreReceiver.h"
+#include "lib/stringinfo.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
+#include "storage/lock.h"
+#include "storage/proc.h"
+#include "utils/acl.h"
+#include "utils/guc.h"
+#include "utils/array.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/rls.h"
+#include "utils/snapmgr.h"
+#include "storage/itemptr.h"
+#include "access/tableam.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+#include "utils/typcache.h"
+}
+
+namespace {
+
+// Variant bits of a claim statement.
+enum : uint32 {
+    Ordered = 1,   // per-key order (claim_ordered, claim_node ordered => true)
+    ByShard = 2,   // shards/shard_count filter
+    ByNode = 4,    // node_for(map, key) = node
+    Reap = 8,      // the queue has max_attempts: expired leases past it go to failed
+    Handoff = 16,  // ByNode, and a worker is registered with another node: the handoff exclusion
+};
+
+struct PlanKey {
+    Oid relid;
+    uint32 variant;
+    NameData key_column;
+};
+
+struct PlanEntry {
+    PlanKey key;  // hash key
+    char *signature;  // in ordered_cxt
+    SPIPlanPtr plan;
+};
+
+MemoryContext ordered_cxt = nullptr;
+HTAB *plan_cache = nullptr;
+// Plans replaced by a rebuild, and the local transaction that replaced them.
+List *retired = NIL;
+LocalTransactionId retired_lxid = InvalidLocalTransactionId;
+SPIPlanPtr settings_plan = nullptr;
+SPIPlanPtr node_check_plan = nullptr;
+SPIPlanPtr register_plan = nullptr;
+
+void ensure_cache() {
+    if (plan_cache != nullptr) return;
+    ordered_cxt = AllocSetContextCreate(CacheMemoryContext, "sharding ordered claims", ALLOCSET_SMALL_SIZES);
+    HASHCTL ctl;
+    memset(&ctl, 0, sizeof ctl);
+    ctl.keysize = sizeof(PlanKey);
+    ctl.entrysize = sizeof(PlanEntry);
+    ctl.hcxt = ordered_cxt;
+    plan_cache = hash_create("sharding ordered claim plans", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
+// Frees plans retired by an earlier transaction: none of them can be
+// running now.
+void free_retired() {
+    if (retired == NIL || retired_lxid == sharding::compat::my_local_xid()) return;
+    ListCell *lc;
+    foreach (lc, retired) SPI_freeplan(static_cast<SPIPlanPtr>(lfirst(lc)));
+    list_free(retired);
+    retired = NIL;
+}
+
+void retire(SPIPlanPtr plan) {
+    if (plan == nullptr) return;
+    MemoryContext old = MemoryContextSwitchTo(ordered_cxt);
+    retired = lappend(retired, plan);
+    MemoryContextSwitchTo(old);
+    retired_lxid = sharding::compat::my_local_xid();
+}
+
+void connect_spi() {
+    int rc = SPI_connect();
+    if (rc != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
+}
+
+SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
+    SPIPlanPtr p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
+    if (p == nullptr) elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql, SPI_result_code_string(SPI_result));
+    SPI_keepplan(p);
+    return p;
+}
+
+using sharding::queue::qualified_name;
+
+// Checks column `col`: must exist with type `type` unless `optional`.
+bool check_column(Oid relid, const char *qname, const char *col, Oid type, bool optional) {
+    AttrNumber att = get_attnum(relid, col);
+    if (att == InvalidAttrNumber) {
+        if (optional) return false;
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s lacks column \"%s\" of type %s", qname, col,
+                       format_type_be(type));
+    }
+    Oid actual = get_atttype(relid, att);
+    if (actual != type)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"%s\" of queue table %s has type %s, not %s", col,
+                       qname, format_type_be(actual), format_type_be(type));
+    return true;
+}
+
+// What the SQL text of a claim on one queue is built from.
+struct Shape {
+    Oid relid;
+    const char *qname;
+    const char *key;       // quoted key column
+    const char *key_type;  // its type, as format_type_be spells it
+    int key_att;           // its attribute number
+    bool has_attempts, has_run_at, has_priority;
+};
+
+// Claim order of rows aliased `a` (section 10): priority, run_at, created, id.
+void append_order(StringInfo s, const Shape &q, const char *a) {
+    if (q.has_priority) appendStringInfo(s, "%s.priority DESC, ", a);
+    if (q.has_run_at) appendStringInfo(s, "%s.run_at, ", a);
+    appendStringInfo(s, "%s.created, %s.id", a, a);
+}
+
+// The filter every candidate row `c` passes: key not NULL, due, shard or
+// node filter with the handoff exclusions.
+void append_filter(StringInfo s, const Shape &q, uint32 variant) {
+    appendStringInfo(s, " AND c.%s IS NOT NULL", q.key);
+    if (q.has_run_at) appendStringInfoString(s, " AND NOT (c.run_at > pg_catalog.now())");
+    if (variant & ByShard) appendStringInfo(s, " AND sharding.shard_of(c.%s, $5) = ANY ($4)", q.key);
+    if (variant & ByNode) appendStringInfo(s, " AND sharding.node_for($6, c.%s) = $7", q.key);
+    if (variant & Handoff)
+        appendStringInfoString(s, sharding::queue::handoff_exclusion(psprintf("c.%s", q.key), "$6"));
+}
+
+// Head of its key: no older pending job, no older processing job, no other
+// job under a live lease (the last only arises when plain claim and
+// claim_ordered share a queue). OFFSET 0 keeps the second a probe of the
+// key's few processing rows per candidate, where an anti join would scan
+// every live lease per candidate. Its ORDER BY is the order of the
+// (key, status, created, id) index, so the probe descends that index: with
+// statistics that count few processing rows, the planner otherwise took
+// the (claim_expires) WHERE status = 'processing' index and read, per
+// candidate, every entry in it, including the stale entries every
+// completed job leaves until VACUUM, a cost that grew with the jobs done
+// (the cause of claim_ordered's slowness with concurrent workers).
+// `oldest_pending`: c is known to be its key's oldest pending job under the
+// statement's snapshot (the fallback picks it so), and the first probe,
+// which asks just that under the same snapshot, is left out.
+void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false) {
+    // The processing probe first (CASE fixes the order), and backwards:
+    // a busy key's index range holds an entry for every job of it done
+    // lately, dead but not yet removable or killed (on a page that
+    // changes all the time, btree cannot mark them), all older than the
+    // job in flight, which a backward probe meets first. The pending
+    // probe then runs only for keys with nothing in flight.
+    //
+    // "status = ANY ('{pending,processing}') AND status > 'pending'" is
+    // status = 'processing' spelled so that only the (key, status,
+    // created, id) index can serve it: the partial index on claim_expires
+    // WHERE status = 'processing' cannot prove its predicate from it.
+    // Planned right after ANALYZE of a queue with nothing in flight, the
+    // generic plan otherwise took that index (estimated empty) and read
+    // all of it, with every entry a completed job leaves, per candidate:
+    // most of the CPU of a claim once workers had run a while.
+    appendStringInfo(s,
+                     " AND CASE WHEN EXISTS (SELECT FROM %s o WHERE o.%s = c.%s"
+                     " AND o.status = ANY ('{pending,processing}'::text[]) AND o.status > 'pending'"
+                     " AND o.id <> c.id AND ((o.created, o.id) < (c.created, c.id)"
+                     " OR o.claim_expires >= pg_catalog.now()) ORDER BY o.status DESC, o.created DESC, o.id DESC OFFSET 0)"
+                     " THEN false",
+                     q.qname, q.key, q.key);
+    if (!oldest_pending)
+        appendStringInfo(s,
+                         " ELSE NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
+                         " AND (o.created, o.id) < (c.created, c.id))",
+                         q.qname, q.key, q.key);
+    else
+        appendStringInfoString(s, " ELSE true");
+    appendStringInfoString(s, " END");
+}
+
+// The pending part of an ordered claim. Claimable rows are heads, one per
+// key, and a claim must not walk the backlog behind a blocked key. So:
+//
+// 1. walk: the first 2 x batch + 16 pending rows in claim order, bounded
+//    whatever lies behind; fresh: of each key walked, its oldest walked
+//    job if it is the key's head, locked with SKIP LOCKED, in claim order,
+//    up to batch.
+// 2. fallback, only when the walk was cut short and found fewer than batch
+//    (a blocked backlog fills the front of the line): a skip scan over the
+//    distinct keys with pending jobs (one index descent per key, on the
+//    (key, status, created, id) index), taking each key's oldest pending
+//    job if it is a head, until batch is reached. It starts after the key
+//    where this backend's previous fallback stopped (session setting
+//    sharding_ordered.c<table oid>_<key attnum>) and wraps around, so keys take turns.
+//    Its cost is batch plus the keys it passes, never the jobs behind a
+//    blocked key. In this mode keys are served round-robin rather than
+//    strictly oldest head first.
+// $9 is the cursor: the key's text form, or NULL.
+void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const char *cols) {
+    appendStringInfo(s, "walk AS MATERIALIZED (SELECT %s, c.%s AS walk_key, c.tableoid AS walk_rel, c.ctid AS walk_tid "
+                        "FROM %s c WHERE c.status = 'pending'",
+                     cols, q.key, q.qname);
+    append_filter(s, q, variant);
+    appendStringInfoString(s, " ORDER BY ");
+    append_order(s, q, "c");
+    appendStringInfoString(s, " LIMIT $10), ");
+    // Only a key's oldest walked job can be its head: one head test per
+    // key walked, however many of its jobs the walk saw. Then, in claim
+    // order, each candidate is tested and locked until batch are taken.
+    appendStringInfo(s,
+                     "fresh AS MATERIALIZED (SELECT %s FROM "
+                     "(SELECT * FROM (SELECT DISTINCT ON (w.walk_key) * FROM walk w "
+                     "ORDER BY w.walk_key, w.created, w.id) d ORDER BY ",
+                     cols);
+    append_order(s, q, "d");
+    appendStringInfo(s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM %s c "
+                        "WHERE c.tableoid = w.walk_rel AND c.ctid = w.walk_tid AND c.status = 'pending'", q.qname);
+    append_head_check(s, q);
+    appendStringInfoString(s, " AND sharding._current_version(c.tableoid, c.ctid) FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2), ");
+    // Keys after the cursor, then from the first key up to the cursor: one
+    // descent of the (key, status, created, id) index per key gives the
+    // next key with a pending job and that key's oldest pending job, whose
+    // row version (tableoid and ctid, under the statement's snapshot: a
+    // ctid alone is not unique across the partitions of a partitioned
+    // queue) the candidate test then reads directly.
+    const char *next_key = psprintf("SELECT o.%s AS k, o.tableoid AS r, o.ctid AS t FROM %s o WHERE o.status = 'pending' AND o.%s > %%s "
+                                    "ORDER BY o.%s, o.status, o.created, o.id LIMIT 1",
+                                    q.key, q.qname, q.key, q.key);
+    appendStringInfo(s, "keys_after(k, r, t) AS ((");
+    appendStringInfo(s, next_key, psprintf("$9::%s", q.key_type));
+    appendStringInfoString(s, ") UNION ALL SELECT n.k, n.r, n.t FROM keys_after a CROSS JOIN LATERAL (");
+    appendStringInfo(s, next_key, "a.k");
+    appendStringInfoString(s, ") n), ");
+    appendStringInfo(s,
+                     "keys_before(k, r, t) AS ((SELECT o.%s AS k, o.tableoid AS r, o.ctid AS t FROM %s o WHERE o.status = 'pending' "
+                     "AND o.%s IS NOT NULL ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) "
+                     "UNION ALL SELECT n.k, n.r, n.t FROM keys_before b CROSS JOIN LATERAL (",
+                     q.key, q.qname, q.key, q.key);
+    appendStringInfo(s, next_key, "b.k");
+    appendStringInfo(s, ") n WHERE $9 IS NULL OR b.k < $9::%s), ", q.key_type);
+    appendStringInfo(s,
+                     "need AS MATERIALIZED (SELECT (SELECT count(*) FROM walk) = $10 "
+                     "AND (SELECT count(*) FROM fresh) + (SELECT count(*) FROM expired) < $2 AS more), "
+                     "fallback_rows AS MATERIALIZED (SELECT h.* FROM "
+                     "(SELECT a.k, a.r, a.t FROM keys_after a "
+                     "UNION ALL SELECT b.k, b.r, b.t FROM keys_before b WHERE $9 IS NULL OR b.k <= $9::%s) AS ks "
+                     "CROSS JOIN LATERAL (SELECT %s, c.%s AS fallback_key FROM %s c "
+                     "WHERE c.tableoid = ks.r AND c.ctid = ks.t AND c.status = 'pending'",
+                     q.key_type, cols, q.key, q.qname);
+    append_filter(s, q, variant);
+    append_head_check(s, q, true);
+    appendStringInfoString(s,
+                           " AND c.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::bigint[]) "
+                           "AND sharding._current_version(c.tableoid, c.ctid) FOR UPDATE OF c SKIP LOCKED) AS h WHERE (SELECT n.more FROM need n) "
+                           "LIMIT (SELECT GREATEST($2 - count(*), 0) FROM (SELECT id FROM fresh UNION ALL SELECT id FROM expired) x)), ");
+    // The cursor: the last key taken, in rotation order.
+    appendStringInfo(s,
+                     "cursor_mark AS MATERIALIZED (SELECT pg_catalog.set_config('sharding_ordered.c%u_%d', "
+                     "coalesce(max(r.fallback_key) FILTER (WHERE r.fallback_key <= $9::%s), max(r.fallback_key))::text, "
+                     "false) FROM fallback_rows r HAVING count(*) > 0), "
+                     "fallback AS (SELECT %s FROM fallback_rows c), ",
+                     q.relid, q.key_att, q.key_type, cols);
+}
+
+// The claim statement. Parameters: $1 worker, $2 batch, $3 lease,
+// $4 shards, $5 shard_count, $6 map, $7 node, $8 max_attempts.
+//
+// Pending rows and expired leases are found by separate index paths, each
+// in claim order, filtered, locked with SKIP LOCKED and limited to batch;
+// the first batch of both in claim order is updated, and the updated rows
+// are returned sorted in claim order.
+char *claim_sql(const Shape &q, uint32 variant) {
+    const char *cols = q.has_priority && q.has_run_at ? "c.id, c.created, c.priority, c.run_at"
+                       : q.has_priority                ? "c.id, c.created, c.priority"
+                       : q.has_run_at                  ? "c.id, c.created, c.run_at"
+                                                       : "c.id, c.created";
+    StringInfoData s;
+    initStringInfo(&s);
+    appendStringInfoString(&s, (variant & Ordered) ? "WITH RECURSIVE " : "WITH ");
+    if (variant & Reap)
+        appendStringInfo(&s,
+                         "reaped AS (UPDATE %s AS sharding_reaped SET status = 'failed' "
+                         "WHERE sharding_reaped.id IN (SELECT id FROM %s "
+                         "WHERE status = 'processing' AND claim_expires < pg_catalog.now() AND attempts >= $8 "
+                         "FOR UPDATE SKIP LOCKED)), ",
+                         q.qname, q.qname);
+    if (variant & Handoff) appendStringInfoString(&s, sharding::queue::handoff_ctes(q.qname, q.key, "$6", "$7"));
+    appendStringInfo(&s, "expired AS MATERIALIZED (SELECT %s FROM %s c "
+                         "WHERE c.status = 'processing' AND c.claim_expires < pg_catalog.now()",
+                     cols, q.qname);
+    if (variant & Reap) appendStringInfoString(&s, " AND (c.attempts IS NULL OR c.attempts < $8)");
+    append_filter(&s, q, variant);
+    if (variant & Ordered) append_head_check(&s, q);
+    appendStringInfoString(&s, " ORDER BY ");
+    append_order(&s, q, "c");
+    appendStringInfoString(&s, " LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
+    if (variant & Ordered) {
+        append_ordered_fresh(&s, q, variant, cols);
+    } else {
+        appendStringInfo(&s, "fresh AS MATERIALIZED (SELECT %s FROM %s c WHERE c.status = 'pending'", cols,
+                         q.qname);
+        append_filter(&s, q, variant);
+        appendStringInfoString(&s, " ORDER BY ");
+        append_order(&s, q, "c");
+        appendStringInfoString(&s, " LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
+    }
+    // The picked ids go to the UPDATE as one array (an InitPlan, computed
+    // once): a primary key lookup per id, and the LIMIT evaluated once.
+    appendStringInfo(&s,
+                     "claimed AS (UPDATE %s AS u SET owner = $1, claim_expires = pg_catalog.now() + $3, "
+                     "status = 'processing'%s "
+                     "WHERE u.id = ANY ((SELECT pg_catalog.array_agg(p.id) FROM "
+                     "(SELECT c.id FROM (SELECT * FROM expired UNION ALL SELECT * FROM fresh%s) AS c ORDER BY ",
+                     q.qname, q.has_attempts ? ", attempts = coalesce(u.attempts, 0) + 1" : "",
+                     (variant & Ordered) ? " UNION ALL SELECT * FROM fallback" : "");
+    append_order(&s, q, "c");
+    appendStringInfoString(&s, " LIMIT $2) AS p)::bigint[]) RETURNING u.*) SELECT * FROM claimed c");
+    // The fallback's cursor is set only if the statement references it.
+    if (variant & Ordered) appendStringInfoString(&s, " WHERE (SELECT count(*) FROM cursor_mark) >= 0");
+    appendStringInfoString(&s, " ORDER BY ");
+    append_order(&s, q, "c");
+    return s.data;
+}
+
+// Checks privileges and the table, locks it, and returns the kept plan of
+// `variant`. Needs an SPI connection.
+SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
+    ensure_cache();
+    free_retired();
+    if (!OidIsValid(relid) || !SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+        sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
+    char kind = get_rel_relkind(relid);
+    if (kind != RELKIND_RELATION && kind != RELKIND_PARTITIONED_TABLE)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue %s is not a table", qualified_name(relid));
+    sharding::queue::require_update(relid);
+    LockRelationOid(relid, RowExclusiveLock);
+
+    Shape q;
+    q.relid = relid;
+    q.qname = qualified_name(relid);
+    q.key = quote_identifier(key_column);
+    {
+        AttrNumber ka = get_attnum(relid, key_column);
+        q.key_type = ka == InvalidAttrNumber ? "text" : format_type_be_qualified(get_atttype(relid, ka));
+        q.key_att = ka;
+    }
+    AttrNumber att;
+    q.has_attempts = (att = get_attnum(relid, "attempts")) != InvalidAttrNumber && get_atttype(relid, att) == INT4OID;
+    q.has_run_at = get_attnum(relid, "run_at") != InvalidAttrNumber;
+    q.has_priority = get_attnum(relid, "priority") != InvalidAttrNumber;
+    // The signature: everything the SQL text depends on, plus the types of
+    // the columns it reads, so that a changed column rebuilds the plan.
+    StringInfoData sig;
+    initStringInfo(&sig);
+    appendStringInfo(&sig, "%s|%d%d%d", q.qname, q.has_attempts, q.has_run_at, q.has_priority);
+    static const char *const cols[] = {"id", "status", "owner", "claim_expires", "created", "run_at", "priority"};
+    for (const char *col : cols) {
+        AttrNumber a = get_attnum(relid, col);
+        appendStringInfo(&sig, "|%d:%u", a, a == InvalidAttrNumber ? 0 : get_atttype(relid, a));
+    }
+    att = get_attnum(relid, key_column);
+    appendStringInfo(&sig, "|%d:%u", att, att == InvalidAttrNumber ? 0 : get_atttype(relid, att));
+
+    PlanKey k;
+    memset(&k, 0, sizeof k);
+    k.relid = relid;
+    k.variant = variant;
+    namestrcpy(&k.key_column, key_column);
+    bool found;
+    PlanEntry *e = static_cast<PlanEntry *>(hash_search(plan_cache, &k, HASH_ENTER, &found));
+    if (!found) {
+        e->signature = nullptr;
+        e->plan = nullptr;
+    }
+    if (e->plan != nullptr && e->signature != nullptr && strcmp(e->signature, sig.data) == 0) return e->plan;
+
+    elog(DEBUG1, "sharding: preparing ordered claim variant %u on %s", variant, q.qname);
+    retire(e->plan);
+    e->plan = nullptr;
+    if (e->signature != nullptr) pfree(e->signature);
+    e->signature = nullptr;
+
+    check_column(relid, q.qname, "id", INT8OID, false);
+    check_column(relid, q.qname, "status", TEXTOID, false);
+    check_column(relid, q.qname, "owner", TEXTOID, false);
+    check_column(relid, q.qname, "claim_expires", TIMESTAMPTZOID, false);
+    check_column(relid, q.qname, "created", TIMESTAMPTZOID, false);
+    if (q.has_run_at) check_column(relid, q.qname, "run_at", TIMESTAMPTZOID, false);
+    if (q.has_priority) {
+        AttrNumber a = get_attnum(relid, "priority");
+        Oid t = get_atttype(relid, a);
+        if (t != INT2OID && t != INT4OID && t != INT8OID)
+            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"priority\" of queue table %s has type %s, not smallint",
+                           q.qname, format_type_be(t));
+    }
+    sharding::queue::check_key_column(relid, key_column);
+    sharding::queue::check_unique_id(relid, q.qname);
+
+    Oid types[10] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID, INT4OID};
+    SPIPlanPtr p = keep(claim_sql(q, variant), 10, types);
+    e->signature = MemoryContextStrdup(ordered_cxt, sig.data);
+    e->plan = p;
+    return p;
+}
+
+// --- argument checks (22023, naming the value) ---
+
+void require(FunctionCallInfo fcinfo, int argno, const char *what) {
+    if (PG_ARGISNULL(argno)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s must not be null", what);
+}
+
+Datum check_lease(FunctionCallInfo fcinfo, int argno) {
+    require(fcinfo, argno, "lease");
+    Datum lease = PG_GETARG_DATUM(argno);
+    Interval zero;
+    memset(&zero, 0, sizeof zero);
+    if (DatumGetBool(DirectFunctionCall2(interval_lt, lease, IntervalPGetDatum(&zero))))
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "lease must not be negative, got %s",
+                       DatumGetCString(DirectFunctionCall1(interval_out, lease)));
+    return lease;
+}
+
+// The queue's max_attempts from sharding.queue_settings, or -1.
+int32 max_attempts(Oid relid) {
+    if (settings_plan == nullptr) {
+        Oid types[2] = {TEXTOID, TEXTOID};
+        settings_plan = keep("SELECT max_attempts FROM sharding.queue_settings WHERE schema_name = $1 AND table_name = $2",
+                             2, types);
+    }
+    Datum values[2] = {CStringGetTextDatum(get_namespace_name(get_rel_namespace(relid))),
+                       CStringGetTextDatum(get_rel_name(relid))};
+    int rc = SPI_execute_plan(settings_plan, values, nullptr, true, 1);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "reading sharding.queue_settings failed: %s", SPI_result_code_string(rc));
+    if (SPI_processed != 1) return -1;
+    bool isnull;
+    Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+    return isnull ? -1 : DatumGetInt32(d);
+}
+
+// The first cursor of a session (its setting was never set): a random
+// bound of the key column's histogram in pg_stats, which spans the keys
+// apart from the most common ones (so a whale's backlog does not draw
+// every worker to the whale's key); without statistics, the key of a
+// pending job on a few randomly sampled pages of the table; or '' (start
+// at the first key) when neither gives one. Concurrent workers that all
+// started at one key would go round the keys in step, each passing the
+// keys the others had just taken; from random starting points they work
+// on different keys. Kept in the setting, so chosen once per session and
+// table. An explicitly empty setting starts at the first key.
+const char *random_start(Oid relid, const char *key_column, const char *guc) {
+    Relation rel = table_open(relid, AccessShareLock);
+    BlockNumber pages = RelationGetNumberOfBlocks(rel);
+    table_close(rel, AccessShareLock);
+    const char *start = "";
+    {
+        Oid types[3] = {TEXTOID, TEXTOID, TEXTOID};
+        Datum args[3] = {CStringGetTextDatum(get_namespace_name(get_rel_namespace(relid))),
+                         CStringGetTextDatum(get_rel_name(relid)), CStringGetTextDatum(key_column)};
+        if (SPI_execute_with_args("SELECT x.b[1 + pg_catalog.floor(pg_catalog.random() * pg_catalog.cardinality(x.b))::int] "
+                                  "FROM (SELECT s.histogram_bounds::pg_catalog.text::pg_catalog.text[] AS b "
+                                  "FROM pg_catalog.pg_stats s WHERE s.schemaname OPERATOR(pg_catalog.=) $1 "
+                                  "AND s.tablename OPERATOR(pg_catalog.=) $2 AND s.attname OPERATOR(pg_catalog.=) $3 "
+                                  "AND s.histogram_bounds IS NOT NULL LIMIT 1) x",
+                                  3, types, args, nullptr, true, 1) == SPI_OK_SELECT &&
+            SPI_processed == 1) {
+            char *k = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+            if (k != nullptr) pages = 0, start = k;  // no sample needed
+        }
+    }
+    if (pages > 0) {
+        double percent = pages <= 4 ? 100.0 : 400.0 / pages;
+        StringInfoData q;
+        initStringInfo(&q);
+        appendStringInfo(&q,
+                         "SELECT s.%s::text FROM %s s TABLESAMPLE SYSTEM ($1) "
+                         "WHERE s.status OPERATOR(pg_catalog.=) 'pending' AND s.%s IS NOT NULL LIMIT 1",
+                         quote_identifier(key_column),
+                         quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid)),
+                         quote_identifier(key_column));
+        Oid type = FLOAT4OID;
+        Datum arg = Float4GetDatum((float4)percent);
+        if (SPI_execute_with_args(q.data, 1, &type, &arg, nullptr, true, 1) == SPI_OK_SELECT && SPI_processed == 1) {
+            char *k = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+            if (k != nullptr) start = k;
+        }
+    }
+    (void)set_config_option(guc, start, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SET, true, 0, false);
+    return start;
+}
+
+// The handoff exclusion costs a scan of the queue's live leases on every
+// claim_node. It can only matter while a worker registered with another
+// node holds a job of a key this node now routes to. Through claim_node
+// of the same map and key column, such a job arises only from a change of
+// the routing (a move, rebalance, pin or unpin, each of which bumps the
+// routing generation and waits for claims in flight through the map lock)
+// or of the registrations (a fingerprint of the map's claim_node_workers
+// rows). So once a claim found no job of another node's worker processing
+// on this node's keys (live or expired: extend_lease can revive an
+// expired one), the queue, key column, map and node are remembered as
+// clear for that generation and fingerprint, and later claims leave the
+// exclusion out until one of them changes. Jobs such workers take with
+// claim, claim_shards or claim_ordered, or through claim_node with
+// another map or key column, are outside the rule. A few slots, reused in
+// turn.
+struct HandoffClear {
+    Oid relid;
+    NameData column;
+    uint64 map_node;  // hash of map and node
+    uint64 generation;
+    int64 registrations;
+};
+HandoffClear handoff_clear[16];
+int handoff_next = 0;
+
+// Lock tag of a whole map, as maps.cpp computes it (advisory method, class
+// 3, field3 0xFFFFFFFF): move_shard and pin take it in RowExclusiveLock,
+// rebalance and drop_map in ExclusiveLock; ShareLock here conflicts with
+// them and with no claim or fence.
+void lock_map_shared(text *map) {
+    LOCKTAG tag;
+    uint32 h = static_cast<uint32>(sharding::hash_bytes(VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map)));
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, h, 0xFFFFFFFFu, 3);
+    (void)LockAcquire(&tag, ShareLock, false, false);
+    // A move may have committed while we waited: see it in node_for.
+    AcceptInvalidationMessages();
+}
+
+}  // namespace
+
+namespace sharding {
+namespace queue {
+
+const char *foreign_jobs(const char *qname, const char *key, const char *map, const char *node, bool live_only) {
+    return psprintf("%s f WHERE f.status OPERATOR(pg_catalog.=) 'processing'%s AND f.%s IS NOT NULL "
+                    "AND sharding.node_for(%s, f.%s) OPERATOR(pg_catalog.=) %s "
+                    "AND EXISTS (SELECT FROM sharding.claim_node_workers w WHERE w.map OPERATOR(pg_catalog.=) %s "
+                    "AND w.worker OPERATOR(pg_catalog.=) f.owner AND w.node OPERATOR(pg_catalog.<>) %s)",
+                    qname, live_only ? " AND f.claim_expires OPERATOR(pg_catalog.>=) pg_catalog.now()" : "", key,
+                    map, key, node, map, node);
+}
+
+const char *handoff_ctes(const char *qname, const char *key, const char *map, const char *node) {
+    return psprintf("foreign_leases AS MATERIALIZED (SELECT f.%s AS k FROM %s), "
+                    "blocked AS MATERIALIZED (SELECT coalesce(pg_catalog.array_agg(l.k::pg_catalog.text), '{}') AS keys, "
+                    "coalesce(pg_catalog.array_agg(sharding.logical_shard(%s, l.k)) FILTER (WHERE NOT EXISTS "
+                    "(SELECT FROM sharding.pins p WHERE p.map OPERATOR(pg_catalog.=) %s "
+                    "AND p.key OPERATOR(pg_catalog.=) l.k::pg_catalog.text COLLATE \"C\")), '{}') AS shards "
+                    "FROM foreign_leases l), ",
+                    key, foreign_jobs(qname, key, map, node, true), map, map);
+}
+
+const char *handoff_exclusion(const char *key_expr, const char *map) {
+    return psprintf(" AND NOT (%s::pg_catalog.text COLLATE \"C\" OPERATOR(pg_catalog.=) "
+                    "ANY ((SELECT b.keys FROM blocked b)::pg_catalog.text[]) "
+                    "OR sharding.logical_shard(%s, %s) OPERATOR(pg_catalog.=) "
+                    "ANY ((SELECT b.shards FROM blocked b)::pg_catalog.int4[]))",
+                    key_expr, map, key_expr);
+}
+
+NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {
+    lock_map_shared(DatumGetTextPP(map));
+    if (node_check_plan == nullptr) {
+        Oid types[3] = {TEXTOID, TEXTOID, TEXTOID};
+        node_check_plan = keep("SELECT EXISTS (SELECT FROM sharding.maps m WHERE m.map = $1), "
+                               "(SELECT w.node FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.worker = $2), "
+                               "(SELECT count(*) FROM sharding.claim_node_workers w WHERE w.map = $1 AND w.node <> $3), "
+                               "(SELECT pg_catalog.bit_xor(pg_catalog.hashtextextended(w.worker || E'\\x01' || w.node, 0)) "
+                               "# pg_catalog.count(*) FROM sharding.claim_node_workers w WHERE w.map = $1)",
+                               3, types);
+        Oid rtypes[3] = {TEXTOID, TEXTOID, TEXTOID};
+        register_plan = keep("INSERT INTO sharding.claim_node_workers AS w (map, worker, node) VALUES ($1, $2, $3) "
+                             "ON CONFLICT (map, worker) DO UPDATE SET node = EXCLUDED.node, since = pg_catalog.now()",
+                             3, rtypes);
+    }
+    Datum values[3] = {map, worker, node};
+    int rc = SPI_execute_plan(node_check_plan, values, nullptr, false, 1);
+    if (rc != SPI_OK_SELECT || SPI_processed != 1) elog(ERROR, "claim_node: map lookup failed");
+    HeapTuple row = SPI_tuptable->vals[0];
+    TupleDesc desc = SPI_tuptable->tupdesc;
+    bool isnull;
+    bool exists = DatumGetBool(SPI_getbinval(row, desc, 1, &isnull));
+    if (!exists)
+        sharding::fail(ERRCODE_UNDEFINED_OBJECT, "map \"%s\" does not exist", TextDatumGetCString(map));
+    NodeClaim c;
+    c.others = DatumGetInt64(SPI_getbinval(row, desc, 3, &isnull)) > 0;
+    Datum registrations = SPI_getbinval(row, desc, 4, &isnull);
+    c.registrations = isnull ? 0 : DatumGetInt64(registrations);
+    Datum current = SPI_getbinval(row, desc, 2, &isnull);
+    if (isnull || !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, current, node))) {
+        Datum rvalues[3] = {map, worker, node};
+        rc = SPI_execute_plan(register_plan, rvalues, nullptr, false, 0);
+        if (rc != SPI_OK_INSERT) elog(ERROR, "claim_node: registering the worker failed");
+    }
+    return c;
+}
+
+bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, const NodeClaim &c) {
+    if (!c.others) return false;
+    // Under REPEATABLE READ or SERIALIZABLE the check would read the
+    // transaction's snapshot, taken before the map lock was granted: no
+    // conclusion to remember, and the claim applies the exclusion.
+    if (IsolationUsesXactSnapshot()) return true;
+    text *m = DatumGetTextPP(map), *n = DatumGetTextPP(node);
+    uint64 mn = sharding::hash_bytes(VARDATA_ANY(m), VARSIZE_ANY_EXHDR(m));
+    mn = mn * 0x9E3779B97F4A7C15ull ^ sharding::hash_bytes(VARDATA_ANY(n), VARSIZE_ANY_EXHDR(n));
+    uint64 generation = sharding::routing_generation();
+    HandoffClear *slot = nullptr;
+    for (HandoffClear &h : handoff_clear) {
+        if (h.relid == relid && h.map_node == mn && strcmp(NameStr(h.column), key_column) == 0) {
+            if (h.generation == generation && h.registrations == c.registrations) return false;
+            slot = &h;
+            break;
+        }
+    }
+    // Are there any, live or not? (An expired lease still processing can
+    // be extended by its worker, live again. The claim statement itself
+    // computes which block what.)
+    const char *q = psprintf("SELECT FROM %s LIMIT 1",
+                             foreign_jobs(qualified_name(relid), quote_identifier(key_column), "$1", "$2", false));
+    Oid types[2] = {TEXTOID, TEXTOID};
+    Datum values[2] = {map, node};
+    int rc = SPI_execute_with_args(q, 2, types, values, nullptr, false, 1);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "claim_node: reading the live leases failed: %s", SPI_result_code_string(rc));
+    if (SPI_processed > 0) return true;
+    if (slot == nullptr) {
+        slot = &handoff_clear[handoff_next];
+        handoff_next = (handoff_next + 1) % lengthof(handoff_clear);
+    }
+    slot->relid = relid;
+    namestrcpy(&slot->column, key_column);
+    slot->map_node = mn;
+    slot->generation = generation;
+    slot->registrations = c.registrations;
+    return false;
+}
+
+}  // namespace queue
+}  // namespace sharding
+
+namespace {
+
+struct ClaimArgs {
+    int worker, batch, lease, key_column;
+    int shards = -1, shard_count = -1;  // claim_ordered
+    int map = -1, node = -1, ordered = -1;  // claim_node
+};
+
+// Validates the shard filter of claim_ordered; returns whether it is used.
+bool shard_args(FunctionCallInfo fcinfo, const ClaimArgs &a, int32 *shard_count) {
+    bool has_shards = !PG_ARGISNULL(a.shards), has_count = !PG_ARGISNULL(a.shard_count);
+    if (has_shards != has_count)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
+                       has_shards ? "shards needs shard_count, got NULL" : "shard_count %d needs shards, got NULL",
+                       has_count ? PG_GETARG_INT32(a.shard_count) : 0);
+    if (!has_count) return false;
+    *shard_count = sharding::check_shard_count(PG_GETARG_INT32(a.shard_count));
+    ArrayType *arr = PG_GETARG_ARRAYTYPE_P(a.shards);
+    if (ARR_NDIM(arr) > 1)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shards must be a one-dimensional array");
+    Datum *elems;
+    bool *elem_nulls;
+    int n;
+    deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &elem_nulls, &n);
+    for (int i = 0; i < n; i++) {
+        if (elem_nulls[i]) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shards must not contain null");
+        int32 s = DatumGetInt32(elems[i]);
+        if (s < 0 || s >= *shard_count)
+            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shard must be between 0 and %d, got %d",
+                           *shard_count - 1, s);
+    }
+    return true;
+}
+
+Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
+    ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
+    if (rsinfo == nullptr || !IsA(rsinfo, ReturnSetInfo) || !(rsinfo->allowedModes & SFRM_Materialize))
+        sharding::fail(ERRCODE_FEATURE_NOT_SUPPORTED, "set-valued function called in context that cannot accept a set");
+
+    Oid typid = get_fn_expr_argtype(fcinfo->flinfo, 0);
+    Oid relid = OidIsValid(typid) ? get_typ_typrelid(typid) : InvalidOid;
+    if (!OidIsValid(relid))
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue must be a table's row type (e.g. NULL::jobs), got %s",
+                       OidIsValid(typid) ? format_type_be(typid) : "unknown");
+    uint32 variant = 0;
+    if (a.map >= 0) {
+        require(fcinfo, a.map, "map");
+        require(fcinfo, a.node, "node");
+        require(fcinfo, a.ordered, "ordered");
+        variant |= ByNode;
+        if (PG_GETARG_BOOL(a.ordered)) variant |= Ordered;
+    } else {
+        variant |= Ordered;
+    }
+    require(fcinfo, a.worker, "worker");
+    require(fcinfo, a.batch, "batch");
+    int32 batch = PG_GETARG_INT32(a.batch);
+    if (batch < 1) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "batch must be at least 1, got %d", batch);
+    Datum lease = check_lease(fcinfo, a.lease);
+    require(fcinfo, a.key_column, "key_column");
+    const char *key_column = NameStr(*PG_GETARG_NAME(a.key_column));
+    int32 shard_count = 0;
+    if (a.shards >= 0 && shard_args(fcinfo, a, &shard_count)) variant |= ByShard;
+
+    connect_spi();
+    sharding::queue::NodeClaim node_claim{false, 0};
+    // Refuse a caller without rights before taking the map's lock.
+    if ((variant & ByNode) && SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+        sharding::queue::require_update(relid);
+    if (variant & ByNode)
+        node_claim = sharding::queue::begin_node_claim(PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node),
+                                                       PG_GETARG_DATUM(a.worker));
+    int32 max_att = -1;
+    // Plan checks come first (a table without attempts has no max_attempts).
+    SPIPlanPtr plan = plan_for(relid, variant, key_column);
+    if ((variant & ByNode) && sharding::queue::handoff_needed(relid, key_column, PG_GETARG_DATUM(a.map),
+                                                              PG_GETARG_DATUM(a.node), node_claim)) {
+        variant |= Handoff;
+        plan = plan_for(relid, variant, key_column);
+    }
+    if (get_attnum(relid, "attempts") != InvalidAttrNumber && get_atttype(relid, get_attnum(relid, "attempts")) == INT4OID)
+        max_att = max_attempts(relid);
+    if (max_att > 0) plan = plan_for(relid, variant | Reap, key_column);
+
+    // The ordered fallback's cursor (see append_ordered_fresh).
+    const char *cursor = nullptr;
+    // The walk's length, 2 x batch + 16 (in C: in SQL it overflowed
+    // integer for huge batches).
+    int32 walk = batch > (PG_INT32_MAX - 16) / 2 ? PG_INT32_MAX : batch * 2 + 16;
+    if (variant & Ordered) {
+        char guc[64];
+        snprintf(guc, sizeof guc, "sharding_ordered.c%u_%d", relid, get_attnum(relid, key_column));
+        cursor = GetConfigOption(guc, true, false);
+        if (cursor == nullptr) cursor = random_start(relid, key_column, guc);
+        if (cursor != nullptr && cursor[0] == '\0') cursor = nullptr;
+    }
+    Datum values[10] = {PG_GETARG_DATUM(a.worker),
+                        Int32GetDatum(batch),
+                        lease,
+                        (variant & ByShard) ? PG_GETARG_DATUM(a.shards) : (Datum)0,
+                        Int32GetDatum(shard_count),
+                        (variant & ByNode) ? PG_GETARG_DATUM(a.map) : (Datum)0,
+                        (variant & ByNode) ? PG_GETARG_DATUM(a.node) : (Datum)0,
+                        Int32GetDatum(max_att),
+                        cursor != nullptr ? CStringGetTextDatum(cursor) : (Datum)0,
+                        Int32GetDatum(walk)};
+    bool isnull[10] = {false, false, false, !(variant & ByShard), false, !(variant & ByNode), !(variant & ByNode),
+                       max_att <= 0, cursor == nullptr, false};
+    Oid types[10] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID, INT4OID};
+    ParamListInfo params = makeParamList(10);
+    params->numParams = 10;
+    for (int i = 0; i < 10; i++) {
+        params->params[i].value = values[i];
+        params->params[i].isnull = isnull[i];
+        params->params[i].pflags = PARAM_FLAG_CONST;
+        params->params[i].ptype = types[i];
+    }
+
+    MemoryContext per_query = rsinfo->econtext->ecxt_per_query_memory;
+    MemoryContext old = MemoryContextSwitchTo(per_query);
+    TupleDesc desc = lookup_rowtype_tupdesc_copy(typid, -1);
+    Tuplestorestate *store =
+        tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0, false, work_mem);
+    MemoryContextSwitchTo(old);
+    DestReceiver *dest = CreateDestReceiver(DestTuplestore);
+    SetTuplestoreDestReceiverParams(dest, store, per_query, false, desc,
+                                    "claimed rows do not match the row type of the queue table");
+    SPIExecuteOptions options;
+    memset(&options, 0, sizeof options);
+    options.params = params;
+    options.dest = dest;
+    int rc = SPI_execute_plan_extended(plan, &options);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "claim failed: %s", SPI_result_code_string(rc));
+    uint64 n = SPI_processed;
+    if (n > static_cast<uint64>(batch))
+        elog(ERROR, "claim took %llu rows for a batch of %d", static_cast<unsigned long long>(n), batch);
+    dest->rDestroy(dest);
+    SPI_finish();
+    rsinfo->returnMode = SFRM_Materialize;
+    rsinfo->setResult = store;
+    rsinfo->setDesc = desc;
+    return (Datum)0;
+}
+
+}  // namespace
+
+/*
+ * claim_ordered(queue anyelement, worker text, batch integer DEFAULT 50,
+ *               lease interval DEFAULT '5 minutes', key_column name DEFAULT 'key',
+ *               shards integer[] DEFAULT NULL, shard_count integer DEFAULT NULL)
+ *   RETURNS SETOF anyelement
+ *
+ * As claim, but only heads of their keys: per-key FIFO, one job per key in
+ * flight. Rows come back in claim order.
+ */
+SHARDING_FUNCTION(sharding_claim_ordered) {
+    ClaimArgs a;
+    a.worker = 1, a.batch = 2, a.lease = 3, a.key_column = 4, a.shards = 5, a.shard_count = 6;
+    return claim_common(fcinfo, a);
+}
+
+/*
+ * claim_node(queue anyelement, map text, node text, worker text,
+ *            batch integer DEFAULT 50, lease interval DEFAULT '5 minutes',
+ *            key_column name DEFAULT 'key', ordered boolean DEFAULT false)
+ *   RETURNS SETOF anyelement
+ *
+ * Claims only jobs that node_for(map, key) sends to node, never a key (or
+ * the logical shard of an unpinned key) that another node's worker holds
+ * under a live lease; with ordered, per key in order as claim_ordered.
+ */
+SHARDING_FUNCTION(sharding_claim_node) {
+    // Unordered: the resumable claim of claim_shards (queue.cpp).
+    if (!PG_ARGISNULL(7) && !PG_GETARG_BOOL(7)) return sharding::queue::claim_node_unordered(fcinfo);
+    ClaimArgs a;
+    a.map = 1, a.node = 2, a.worker = 3, a.batch = 4, a.lease = 5, a.key_column = 6, a.ordered = 7;
+    return claim_common(fcinfo, a);
+}
+
+/*
+ * _claim_ordered_sql(queue regclass, variant integer, key_column name) RETURNS text
+ *
+ * Internal: the SQL text claim_ordered / claim_node prepare (for EXPLAIN in
+ * the tests and when troubleshooting): variant bits 1 ordered, 2 shards,
+ * 4 node, 8 max_attempts, 16 handoff exclusion (with node).
+ */
+SHARDING_FUNCTION(sharding__claim_ordered_sql) {
+    require(fcinfo, 0, "queue");
+    require(fcinfo, 1, "variant");
+    require(fcinfo, 2, "key_column");
+    Oid relid = PG_GETARG_OID(0);
+    if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+        sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
+    int32 variant = PG_GETARG_INT32(1);
+    if (variant < 0 || variant > 31)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "variant must be between 0 and 31, got %d", variant);
+    Shape q;
+    q.relid = relid;
+    q.qname = qualified_name(relid);
+    q.key = quote_identifier(NameStr(*PG_GETARG_NAME(2)));
+    {
+        AttrNumber ka = get_attnum(relid, NameStr(*PG_GETARG_NAME(2)));
+        q.key_type = ka == InvalidAttrNumber ? "text" : format_type_be_qualified(get_atttype(relid, ka));
+        q.key_att = ka;
+    }
+    AttrNumber att = get_attnum(relid, "attempts");
+    q.has_attempts = att != InvalidAttrNumber && get_atttype(relid, att) == INT4OID;
+    q.has_run_at = get_attnum(relid, "run_at") != InvalidAttrNumber;
+    q.has_priority = get_attnum(relid, "priority") != InvalidAttrNumber;
+    PG_RETURN_TEXT_P(cstring_to_text(claim_sql(q, static_cast<uint32>(variant))));
+}
+
+/*
+ * _current_version(rel oid, tid tid) RETURNS boolean
+ *
+ * Internal, for the claim statements: whether the row version at `tid` of
+ * table `rel` is still its row's latest committed version (no committed
+ * transaction updated or deleted it since; an update still in progress
+ * does not count). A claim's candidates are read under the statement's
+ * snapshot; one that another worker claimed and committed meanwhile would,
+ * under FOR UPDATE, have its newest version locked (PostgreSQL locks it
+ * before rechecking the WHERE clause, and keeps the lock when the recheck
+ * fails), making that worker's complete wait for this claim's transaction.
+ * Checking just before the lock leaves such rows alone. True (no
+ * opinion) without SELECT or UPDATE on the table, under row level
+ * security, for other table access methods and for a tid past the end.
+ */
+SHARDING_FUNCTION(sharding__current_version) {
+    Oid relid = PG_GETARG_OID(0);
+    ItemPointer tid = reinterpret_cast<ItemPointer>(PG_GETARG_POINTER(1));
+    // Only an optimisation: never an error. A caller without SELECT or
+    // UPDATE on the table (a partition inherits no grants from its parent)
+    // or under row level security learns nothing. Decided once per table
+    // and call site (fn_extra lasts for the query): the function runs for
+    // every candidate row.
+    struct Allowed {
+        Oid relid;
+        bool allowed;
+    };
+    Allowed *a = static_cast<Allowed *>(fcinfo->flinfo->fn_extra);
+    if (a == nullptr || a->relid != relid) {
+        bool allowed = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT | ACL_UPDATE) == ACLCHECK_OK &&
+                       check_enable_rls(relid, InvalidOid, true) != RLS_ENABLED;
+        if (a == nullptr) a = static_cast<Allowed *>(MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, sizeof(Allowed)));
+        *a = Allowed{relid, allowed};
+        fcinfo->flinfo->fn_extra = a;
+    }
+    if (!a->allowed) PG_RETURN_BOOL(true);
+    Relation rel = try_table_open(relid, AccessShareLock);
+    if (rel == nullptr) PG_RETURN_BOOL(true);
+    bool current = true;
+    if (rel->rd_rel->relkind == RELKIND_RELATION && rel->rd_tableam == GetHeapamTableAmRoutine()) {
+        HeapTupleData tuple;
+        tuple.t_self = *tid;
+        Buffer buffer = InvalidBuffer;
+        if (ItemPointerIsValid(tid) && ItemPointerGetBlockNumber(tid) < RelationGetNumberOfBlocks(rel))
+            current = heap_fetch(rel, SnapshotSelf, &tuple, &buffer, false);
+        if (BufferIsValid(buffer)) ReleaseBuffer(buffer);
+    }
+    table_close(rel, AccessShareLock);
+    PG_RETURN_BOOL(current);
+}

@@ -1,0 +1,608 @@
+// Section 2 of the contract, the C++ side: routing (node_for, logical_shard)
+// from a per-backend cache, the shard locks behind fence and move_shard, the
+// rebalance planner's SQL entry point and the trigger that invalidates every
+// backend's cache when the config tables change.
+//
+// The cache. Each backend keeps, per map name, a MapRoutes (route_cache.hpp)
+// built lazily from the config tables, in the cache module's memory
+// (cache.hpp: the entry kind "routing"). A statement-level trigger on
+// sharding.maps, sharding.shards and sharding.pins registers a relcache
+// invalidation of sharding.maps; PostgreSQL delivers it to every backend at
+// its next transaction start or lock acquisition, and routes_for takes it in
+// at the start of every statement that routes (the writer itself gets it at
+// its next command). The kind's relation callback bumps `generation`; an
+// entry is valid while it was built in the current generation. A build
+// looks up the oid of sharding.maps FIRST, then records the generation, then
+// takes its snapshot: an invalidation arriving during the build (SPI's locks
+// process them) therefore matches and leaves the entry stale. (Learning the
+// oid only at the end of the first build dropped exactly those: issue 16,
+// finding 1; specs/maps_first_build.spec.) Entries are built into a fresh
+// object and swapped in last, so an ERROR while reading leaves the previous
+// state intact; replaced entries are retired, not freed.
+#include "pg/cache.hpp"
+#include "pg/keys.hpp"
+#include "core/rebalance.hpp"
+#include "core/route_cache.hpp"
+
+#include <iterator>
+#include <string_view>
+#include <unordered_map>
+
+extern "C" {
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "storage/lock.h"
+#include "utils/array.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/tuplestore.h"
+}
+
+namespace {
+using sharding::CacheAllocator;
+using sharding::CacheString;
+using sharding::KeyType;
+using sharding::MapRoutes;
+
+struct NameHash {
+    size_t operator()(const CacheString &s) const { return std::hash<std::string_view>()({s.data(), s.size()}); }
+};
+template <class V>
+using ByName = std::unordered_map<CacheString, V, NameHash, std::equal_to<CacheString>,
+                                  CacheAllocator<std::pair<const CacheString, V>>>;
+
+uint64_t generation = 1;           // bumped by every relevant invalidation
+Oid maps_relid = InvalidOid;       // sharding.maps, looked up before each build
+const MapRoutes *last = nullptr;   // the map the previous call used
+uint64_t swept = 0;                // generation of the last sweep of stale entries
+ByName<MapRoutes *> *cache = nullptr;  // in the cache module's memory
+
+// Node names as ready-made text values, shared by all maps and never freed,
+// so that node_for returns one without allocating. Function results may
+// point into memory the function does not own (functions return pointers
+// into their arguments, which may lie in shared buffers), so no caller frees
+// or writes them; and as these are never freed, a result stays valid however
+// long it is kept, across cache rebuilds. Bounded by the distinct node names
+// the backend has seen. In the cache module's memory context.
+ByName<const void *> *node_texts = nullptr;
+
+const void *node_text(const CacheString &name) {
+    auto it = node_texts->find(name);
+    if (it != node_texts->end()) return it->second;
+    // palloc'd chunks are max-aligned, as a varlena needs.
+    char *buf = CacheAllocator<char>().allocate(VARHDRSZ + name.size());
+    SET_VARSIZE(buf, VARHDRSZ + name.size());
+    memcpy(buf + VARHDRSZ, name.data(), name.size());
+    node_texts->emplace(name, buf);
+    return buf;
+}
+
+void free_routes(void *routes) { sharding::cache_delete(static_cast<MapRoutes *>(routes)); }
+
+// The routing kind's relcache callback: only marks the cache stale (it may
+// run in the middle of a lookup or build, so it must not free anything).
+void routing_invalidate(Oid relid) {
+    if (relid == InvalidOid || relid == maps_relid) {
+        generation++;
+        last = nullptr;
+    }
+}
+
+const sharding::cache::Kind routing_kind = {"routing", routing_invalidate, nullptr, 0, {0, 0, 0, 0}};
+
+Oid lookup_maps_relid() {
+    return get_relname_relid("maps", get_namespace_oid("sharding", false));
+}
+
+// The config of one map, read by SPI and copied out of SPI's memory. Plain
+// C data, palloc'd in the caller's context.
+struct RawMap {
+    bool found;
+    int32 logical_shards;
+    uint64 nshards;
+    int32 *logical;
+    char **shard_node;
+    int *shard_node_len;
+    uint64 npins;
+    char **pin_key;
+    int *pin_key_len;
+    char **pin_node;
+    int *pin_node_len;
+};
+
+char *spi_text(HeapTuple tup, TupleDesc desc, int col, int *len) {
+    bool isnull;
+    Datum d = SPI_getbinval(tup, desc, col, &isnull);
+    if (isnull) {
+        *len = 0;
+        return nullptr;
+    }
+    text *t = DatumGetTextPP(d);
+    *len = static_cast<int>(VARSIZE_ANY_EXHDR(t));
+    char *out = static_cast<char *>(SPI_palloc(*len + 1));
+    memcpy(out, VARDATA_ANY(t), *len);
+    out[*len] = '\0';
+    return out;
+}
+
+// Reads one map's config with the latest committed snapshot (not the
+// transaction's: a REPEATABLE READ transaction must not cache, as valid, a
+// config older than an invalidation it has already received). May ereport:
+// call through pg_call.
+void load_raw(text *map, RawMap *raw) {
+    memset(raw, 0, sizeof *raw);
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    // Parallel workers may not take a new snapshot; they use the query's.
+    Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
+    Oid argtypes[1] = {TEXTOID};
+    Datum args[1] = {PointerGetDatum(map)};
+    // Operators qualified: these run under the caller's search_path.
+    const char *queries[3] = {
+        "SELECT logical_shards FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1",
+        "SELECT logical, node FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1",
+        "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1",
+    };
+    for (int q = 0; q < 3; q++) {
+        SPIPlanPtr plan = SPI_prepare(queries[q], 1, argtypes);
+        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 0);
+        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+        SPITupleTable *tt = SPI_tuptable;
+        uint64 n = SPI_processed;
+        if (q == 0) {
+            if (n == 0) break;
+            bool isnull;
+            raw->found = true;
+            raw->logical_shards = DatumGetInt32(SPI_getbinval(tt->vals[0], tt->tupdesc, 1, &isnull));
+        } else if (q == 1) {
+            raw->nshards = n;
+            raw->logical = static_cast<int32 *>(SPI_palloc(sizeof(int32) * (n + 1)));
+            raw->shard_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+            raw->shard_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+            for (uint64 i = 0; i < n; i++) {
+                bool isnull;
+                raw->logical[i] = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
+                raw->shard_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &raw->shard_node_len[i]);
+            }
+        } else {
+            raw->npins = n;
+            raw->pin_key = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+            raw->pin_key_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+            raw->pin_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+            raw->pin_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+            for (uint64 i = 0; i < n; i++) {
+                raw->pin_key[i] = spi_text(tt->vals[i], tt->tupdesc, 1, &raw->pin_key_len[i]);
+                raw->pin_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &raw->pin_node_len[i]);
+            }
+        }
+        SPI_freetuptable(tt);
+    }
+    UnregisterSnapshot(snap);
+    SPI_finish();
+}
+
+// Builds (or rebuilds) the routes of `map`, whose name is name[0..len).
+// The oid of sharding.maps is looked up before the generation is recorded
+// and before load_raw takes its snapshot (see the top of this file).
+const MapRoutes &build_routes(text *map, const char *name, size_t len) {
+    uint64_t started = 0;
+    RawMap raw;
+    sharding::pg_call([&] {
+        (void)sharding::cache::context();
+        maps_relid = lookup_maps_relid();
+        started = generation;
+        load_raw(map, &raw);
+    });
+    CacheString key(name, len);
+    if (!raw.found) {
+        if (last != nullptr && last->name == key) last = nullptr;
+        auto it = cache->find(key);
+        if (it != cache->end()) {
+            MapRoutes *gone = it->second;
+            cache->erase(it);
+            sharding::pg_call([&] { sharding::cache::retire(free_routes, gone); });
+        }
+        sharding::fail(ERRCODE_UNDEFINED_OBJECT, "map \"%s\" does not exist", key.c_str());
+    }
+
+    struct Owner {  // the fresh entry until it is in the cache
+        MapRoutes *p = sharding::cache_new<MapRoutes>();
+        ~Owner() { sharding::cache_delete(p); }
+    } fresh_owner;
+    MapRoutes *fresh = fresh_owner.p;
+    fresh->name = key;
+    fresh->logical_shards = raw.logical_shards;
+    fresh->shard_mod.set(static_cast<uint64_t>(raw.logical_shards));
+    // The shard rows bound the allocation: a logical_shards value edited by
+    // hand (say 2^31 - 1) must give a clean ERROR, not an 8 GB vector.
+    if (raw.nshards != static_cast<uint64>(raw.logical_shards))
+        sharding::fail(ERRCODE_DATA_CORRUPTED, "map \"%s\" has %d logical shards but %llu shard rows", key.c_str(),
+                       raw.logical_shards, static_cast<unsigned long long>(raw.nshards));
+    fresh->owner.assign(static_cast<size_t>(raw.logical_shards), -1);
+    for (uint64 i = 0; i < raw.nshards; i++) {
+        int32 l = raw.logical[i];
+        if (l < 0 || l >= raw.logical_shards || raw.shard_node[i] == nullptr)
+            sharding::fail(ERRCODE_DATA_CORRUPTED, "map \"%s\" has an invalid shard row for logical shard %d",
+                           key.c_str(), l);
+        fresh->owner[static_cast<size_t>(l)] = fresh->node_index(raw.shard_node[i], raw.shard_node_len[i]);
+    }
+    for (int32 l = 0; l < raw.logical_shards; l++)
+        if (fresh->owner[static_cast<size_t>(l)] < 0)
+            sharding::fail(ERRCODE_DATA_CORRUPTED, "logical shard %d of map \"%s\" has no owner", l,
+                           key.c_str());
+    {
+        std::vector<std::string> keys;
+        std::vector<uint64_t> hashes;
+        std::vector<int32_t> nodes;
+        keys.reserve(raw.npins);
+        hashes.reserve(raw.npins);
+        nodes.reserve(raw.npins);
+        for (uint64 i = 0; i < raw.npins; i++) {
+            if (raw.pin_key[i] == nullptr || raw.pin_node[i] == nullptr) continue;
+            keys.emplace_back(raw.pin_key[i], raw.pin_key_len[i]);
+            hashes.push_back(sharding::hash_bytes(raw.pin_key[i], raw.pin_key_len[i]));
+            nodes.push_back(fresh->node_index(raw.pin_node[i], raw.pin_node_len[i]));
+        }
+        fresh->pins.build(keys, hashes, nodes);
+    }
+    fresh->finish_build();
+    fresh->compute_partitions();
+    fresh->node_results.reserve(fresh->nodes.size());
+    for (const CacheString &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
+    fresh->generation = started;  // stale at once if an invalidation came meanwhile
+
+    MapRoutes *&slot = (*cache)[key];
+    MapRoutes *old = slot;
+    slot = fresh;
+    fresh_owner.p = nullptr;
+    last = slot;
+    // The old entry may be in use further up the stack: retired, not freed.
+    if (old != nullptr) sharding::pg_call([&] { sharding::cache::retire(free_routes, old); });
+    return *slot;
+}
+
+// fn_extra of a call site that has taken in invalidations in this statement.
+char statement_marker;
+
+// The routes of the map named by `map`: the previous call's map when it is
+// still valid (no allocation), else the cache, else a build.
+inline const MapRoutes &routes_for(FunctionCallInfo fcinfo, text *map) {
+    // Take in invalidations committed since the previous statement, even
+    // inside an open transaction (PostgreSQL itself only does so at
+    // transaction start and on a new lock). Once per call site and query
+    // execution, marked in fn_extra, which starts NULL in every execution of
+    // a query (PL/pgSQL's simple expressions keep theirs for the
+    // transaction): a change committed meanwhile is seen by the next
+    // statement, and routing stays stable within one statement, as STABLE
+    // promises. Per call it would cost about 8% of a routed row. A backend's
+    // own changes reach its cache at once, at command end.
+    if (fcinfo->flinfo->fn_extra != &statement_marker) {
+        AcceptInvalidationMessages();
+        fcinfo->flinfo->fn_extra = &statement_marker;
+    }
+    const char *name = VARDATA_ANY(map);
+    const size_t len = VARSIZE_ANY_EXHDR(map);
+    const MapRoutes *m = last;
+    if (m != nullptr && m->generation == generation && m->name.size() == len &&
+        memcmp(m->name.data(), name, len) == 0)
+        return *m;
+    if (cache == nullptr) {  // node_texts first: cache set implies both are
+        if (node_texts == nullptr) node_texts = sharding::cache_new<ByName<const void *>>();
+        cache = sharding::cache_new<ByName<MapRoutes *>>();
+    }
+    if (swept != generation) {
+        // Something changed: retire every stale entry (maps dropped since, or
+        // not used again, would otherwise keep their memory); each map is
+        // rebuilt on its next use.
+        for (auto it = cache->begin(); it != cache->end();) {
+            if (it->second->generation == generation) {
+                ++it;
+                continue;
+            }
+            MapRoutes *stale = it->second;
+            it = cache->erase(it);
+            sharding::pg_call([&] { sharding::cache::retire(free_routes, stale); });
+        }
+        last = nullptr;
+        swept = generation;
+    }
+    {
+        auto it = cache->find(CacheString(name, len));
+        if (it != cache->end() && it->second->generation == generation) {
+            last = it->second;
+            return *last;
+        }
+    }
+    return build_routes(map, name, len);
+}
+
+const char hex_digits[] = "0123456789abcdef";
+
+// Writes the text form of a non-text key (the form pins match on) into buf,
+// which holds `cap` bytes, returning its length; larger bytea keys get a
+// palloc'd buffer through *out.
+template <KeyType K>
+size_t key_text(FunctionCallInfo fcinfo, int argno, char *buf, size_t cap, char **out) {
+    *out = buf;
+    if constexpr (K == KeyType::Bytea) {
+        // bytea's text output in hex format, whatever bytea_output says.
+        struct varlena *v = PG_GETARG_VARLENA_PP(argno);
+        const unsigned char *p = reinterpret_cast<const unsigned char *>(VARDATA_ANY(v));
+        size_t n = VARSIZE_ANY_EXHDR(v), len = 2 + 2 * n;
+        if (len > cap) *out = static_cast<char *>(palloc(len));
+        char *o = *out;
+        *o++ = '\\';
+        *o++ = 'x';
+        for (size_t i = 0; i < n; i++) {
+            *o++ = hex_digits[p[i] >> 4];
+            *o++ = hex_digits[p[i] & 15];
+        }
+        return len;
+    } else if constexpr (K == KeyType::Uuid) {
+        // Canonical lower-case 8-4-4-4-12, as uuid_out prints it.
+        pg_uuid_t *u = PG_GETARG_UUID_P(argno);
+        char *o = buf;
+        for (int i = 0; i < UUID_LEN; i++) {
+            if (i == 4 || i == 6 || i == 8 || i == 10) *o++ = '-';
+            *o++ = hex_digits[u->data[i] >> 4];
+            *o++ = hex_digits[u->data[i] & 15];
+        }
+        return static_cast<size_t>(o - buf);
+    } else {
+        int64 v = K == KeyType::Int2 ? PG_GETARG_INT16(argno)
+                  : K == KeyType::Int4 ? PG_GETARG_INT32(argno)
+                                       : PG_GETARG_INT64(argno);
+        return static_cast<size_t>(pg_lltoa(v, buf));
+    }
+}
+
+// Routes argument 1 of fcinfo through map argument 0: the logical shard,
+// and (when want_node) the pinned or owning node's index, and (when
+// `pinned` is given) whether a pin decided it.
+template <KeyType K>
+inline int32 route(FunctionCallInfo fcinfo, const MapRoutes &m, bool want_node, int32 *node,
+                   bool *pinned_out = nullptr) {
+    if constexpr (K == KeyType::Text) {
+        struct varlena *v = PG_GETARG_VARLENA_PP(1);
+        const char *p = VARDATA_ANY(v);
+        size_t n = VARSIZE_ANY_EXHDR(v);
+        uint64_t h = sharding::hash_bytes(p, n);
+        int32 shard = m.shard_of_hash(h);
+        if (want_node) {
+            int32 pinned = m.pins.size() ? m.pins.find(h, p, n) : -1;
+            *node = pinned >= 0 ? pinned : m.owner[static_cast<size_t>(shard)];
+            if (pinned_out != nullptr) *pinned_out = pinned >= 0;
+        }
+        return shard;
+    } else {
+        int32 shard = m.shard_of_hash(sharding::key_hash<K>(fcinfo, 1));
+        if (want_node) {
+            int32 pinned = -1;
+            if (m.pins.size()) {
+                char buf[128], *text;
+                size_t n = key_text<K>(fcinfo, 1, buf, sizeof buf, &text);
+                pinned = m.pins.find(sharding::hash_bytes(text, n), text, n);
+            }
+            *node = pinned >= 0 ? pinned : m.owner[static_cast<size_t>(shard)];
+            if (pinned_out != nullptr) *pinned_out = pinned >= 0;
+        }
+        return shard;
+    }
+}
+
+// node_for(map text, key) -> text. Runs once per row and allocates nothing:
+// the result is the node's interned text (see node_text).
+template <KeyType K>
+Datum node_for_body(FunctionCallInfo fcinfo) {
+    const MapRoutes &m = routes_for(fcinfo, PG_GETARG_TEXT_PP(0));
+    int32 node = -1;
+    route<K>(fcinfo, m, true, &node);
+    return PointerGetDatum(m.node_results[static_cast<size_t>(node)]);
+}
+
+// partition_for(map text, key) -> integer: the PL/Proxy partition of a key,
+// its logical shard unless a pin sends it to a node (section 7).
+template <KeyType K>
+Datum partition_for_body(FunctionCallInfo fcinfo) {
+    const MapRoutes &m = routes_for(fcinfo, PG_GETARG_TEXT_PP(0));
+    int32 node = -1;
+    bool pinned = false;
+    int32 shard = route<K>(fcinfo, m, true, &node, &pinned);
+    PG_RETURN_INT32(pinned ? m.node_partition[static_cast<size_t>(node)] : shard);
+}
+
+// logical_shard(map text, key) -> integer.
+template <KeyType K>
+Datum logical_shard_body(FunctionCallInfo fcinfo) {
+    const MapRoutes &m = routes_for(fcinfo, PG_GETARG_TEXT_PP(0));
+    PG_RETURN_INT32(route<K>(fcinfo, m, false, nullptr));
+}
+
+// Shard locks: advisory-method lock tags that no user advisory lock can
+// collide with (those use field4 = 1 or 2). field2 is 32 bits of the map
+// name's hash (two maps sharing it only wait for each other needlessly);
+// field3 is the logical shard, or map_level for the whole map.
+constexpr uint32 shard_lock_class = 3;
+constexpr uint32 map_level = 0xFFFFFFFFu;
+
+void lock_shard_tag(text *map, uint32 field3, LOCKMODE mode) {
+    LOCKTAG tag;
+    uint32 h = static_cast<uint32>(sharding::hash_bytes(VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map)));
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, h, field3, shard_lock_class);
+    (void)LockAcquire(&tag, mode, false, false);
+}
+
+}  // namespace
+
+namespace sharding {
+void maps_init() { cache::register_kind(&routing_kind); }
+// Bumped by every change to the routing tables this backend has taken in
+// from now on: the callback recognises sharding.maps only once its oid is
+// known, so it is looked up first (a backend that never routed has not).
+// Glue: may raise a PostgreSQL ERROR.
+uint64_t routing_generation() {
+    if (maps_relid == InvalidOid) maps_relid = lookup_maps_relid();
+    return generation;
+}
+}  // namespace sharding
+
+SHARDING_KEY_FUNCTIONS(sharding_node_for, node_for_body)
+SHARDING_KEY_FUNCTIONS(sharding_partition_for, partition_for_body)
+SHARDING_KEY_FUNCTIONS(sharding_logical_shard, logical_shard_body)
+
+/*
+ * fence(map text, logical integer, epoch bigint) RETURNS void
+ *
+ * A writer's guard: refuses (55000) once the shard has moved past `epoch`,
+ * else holds a share lock on the shard until the transaction ends, so that
+ * move_shard and rebalance (which take it exclusively) wait for the writer.
+ * The epoch is read after the lock is granted, with the latest snapshot,
+ * because a move may have committed while we waited. A heavyweight lock
+ * rather than SELECT ... FOR SHARE: writers need no UPDATE privilege.
+ */
+SHARDING_FUNCTION(sharding_fence) {
+    if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "fence needs a map, a logical shard and an epoch, got NULL");
+    text *map = PG_GETARG_TEXT_PP(0);
+    int32 logical = PG_GETARG_INT32(1);
+    int64 epoch = PG_GETARG_INT64(2);
+    if (logical < 0)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "logical shard must not be negative, got %d", logical);
+
+    // Plain C from here to SPI_finish: nothing owns C++ memory.
+    char *map_name = text_to_cstring(map);
+    lock_shard_tag(map, map_level, RowShareLock);
+    lock_shard_tag(map, static_cast<uint32>(logical), ShareLock);
+
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    Oid argtypes[2] = {TEXTOID, INT4OID};
+    Datum args[2] = {PointerGetDatum(map), Int32GetDatum(logical)};
+    SPIPlanPtr plan = SPI_prepare(
+        "SELECT m.logical_shards, s.epoch FROM sharding.maps m "
+        "LEFT JOIN sharding.shards s ON s.map OPERATOR(pg_catalog.=) m.map "
+        "AND s.logical OPERATOR(pg_catalog.=) $2 WHERE m.map OPERATOR(pg_catalog.=) $1",
+        2, argtypes);
+    if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+    Snapshot snap = IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot();
+    int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 1);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+    bool found = SPI_processed > 0, shards_null = true, epoch_null = true;
+    int32 logical_shards = 0;
+    int64 current = 0;
+    if (found) {
+        logical_shards = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &shards_null));
+        Datum e = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &epoch_null);
+        if (!epoch_null) current = DatumGetInt64(e);
+    }
+    SPI_finish();
+
+    if (!found) sharding::fail(ERRCODE_UNDEFINED_OBJECT, "map \"%s\" does not exist", map_name);
+    if (logical >= logical_shards)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
+                       "logical shard must be between 0 and %d for map \"%s\", got %d", logical_shards - 1,
+                       map_name, logical);
+    if (epoch_null)
+        sharding::fail(ERRCODE_DATA_CORRUPTED, "logical shard %d of map \"%s\" has no owner", logical, map_name);
+    if (current != epoch)
+        throw sharding::Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                              sharding::format("logical shard %d of map \"%s\" is at epoch %lld, not %lld",
+                                               logical, map_name, static_cast<long long>(current),
+                                               static_cast<long long>(epoch)),
+                              "The shard moved since the epoch was read.",
+                              "Re-read the owner with sharding.node_for and sharding.epoch, then retry.");
+    PG_RETURN_VOID();
+}
+
+/*
+ * _lock_shard(map text, logical integer) RETURNS void
+ *
+ * Internal, for move_shard: waits for every writer fenced on the shard and
+ * for any rebalance of the map, and keeps new ones out until commit.
+ */
+SHARDING_FUNCTION(sharding__lock_shard) {
+    text *map = PG_GETARG_TEXT_PP(0);
+    int32 logical = PG_GETARG_INT32(1);
+    if (logical < 0)  // -1 would be the map-level lock tag
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "logical shard must not be negative, got %d", logical);
+    lock_shard_tag(map, map_level, RowExclusiveLock);
+    lock_shard_tag(map, static_cast<uint32>(logical), ExclusiveLock);
+    PG_RETURN_VOID();
+}
+
+/*
+ * _lock_map(map text) RETURNS void
+ *
+ * Internal, for rebalance and drop_map: one lock that conflicts with every
+ * fence and move_shard on the map, however many shards move (a lock per
+ * shard could exhaust the shared lock table on large maps).
+ */
+SHARDING_FUNCTION(sharding__lock_map) {
+    lock_shard_tag(PG_GETARG_TEXT_PP(0), map_level, ExclusiveLock);
+    PG_RETURN_VOID();
+}
+
+/*
+ * _rebalance_plan(owners text[], targets text[])
+ *     RETURNS TABLE(logical integer, from_node text, to_node text)
+ *
+ * Internal: the pure C++ planner (rebalance.cpp) seen from SQL. owners[i]
+ * is the owner of logical shard i; the caller validated targets.
+ */
+SHARDING_FUNCTION(sharding__rebalance_plan) {
+    ArrayType *owners_arr = PG_GETARG_ARRAYTYPE_P(0), *targets_arr = PG_GETARG_ARRAYTYPE_P(1);
+    Datum *owner_d, *target_d;
+    bool *owner_n, *target_n;
+    int n_owners, n_targets;
+    deconstruct_array(owners_arr, TEXTOID, -1, false, TYPALIGN_INT, &owner_d, &owner_n, &n_owners);
+    deconstruct_array(targets_arr, TEXTOID, -1, false, TYPALIGN_INT, &target_d, &target_n, &n_targets);
+    for (int i = 0; i < n_owners; i++)
+        if (owner_n[i]) sharding::fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "owner of logical shard %d is NULL", i);
+    for (int i = 0; i < n_targets; i++)
+        if (target_n[i]) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "nodes must not contain NULL");
+    // The arrays' elements are plain text (deconstruct_array does not detoast
+    // elements, but array elements are never toasted themselves).
+    std::vector<std::string> owners, targets;
+    owners.reserve(n_owners);
+    targets.reserve(n_targets);
+    for (int i = 0; i < n_owners; i++) {
+        text *t = reinterpret_cast<text *>(DatumGetPointer(owner_d[i]));
+        owners.emplace_back(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+    }
+    for (int i = 0; i < n_targets; i++) {
+        text *t = reinterpret_cast<text *>(DatumGetPointer(target_d[i]));
+        targets.emplace_back(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+    }
+    std::vector<sharding::Move> moves = sharding::plan_rebalance(owners, targets);
+
+    ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
+    sharding::pg_call([&] { InitMaterializedSRF(fcinfo, 0); });
+    for (const sharding::Move &mv : moves) {
+        sharding::pg_call([&] {
+            Datum values[3] = {Int32GetDatum(mv.logical),
+                               PointerGetDatum(cstring_to_text_with_len(mv.from.data(), mv.from.size())),
+                               PointerGetDatum(cstring_to_text_with_len(mv.to.data(), mv.to.size()))};
+            bool nulls[3] = {false, false, false};
+            tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+        });
+    }
+    return (Datum)0;
+}
+
+/*
+ * _routing_changed() RETURNS trigger
+ *
+ * Statement-level trigger on sharding.maps, shards and pins: any committed
+ * change, through the functions or by a direct write, invalidates every
+ * backend's routing cache (see the comment at the top of this file).
+ */
+SHARDING_FUNCTION(sharding__routing_changed) {
+    if (!CALLED_AS_TRIGGER(fcinfo))
+        sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "_routing_changed must be called as a trigger");
+    Oid relid = lookup_maps_relid();
+    CacheInvalidateRelcacheByRelid(relid);
+    return PointerGetDatum(nullptr);
+}
