@@ -48,14 +48,22 @@ export SHARDING_TESTDIR=$TESTDIR
 start_time=$(psql -XAtqd postgres -c 'SELECT pg_postmaster_start_time()')
 
 # Counts TAP lines of a file: "ok N" and "not ok N" (nested ones included);
-# "ok N ... # SKIP" counts as skipped, not passed.
+# "ok N ... # SKIP" counts as skipped, not passed. The plans count too: every
+# test a top-level plan ("1..N") announced but the file never reported is a
+# failure, so a file that dies half-way fails by the tests it did not run.
 tap_count() {
-    local out=$1 rc=$2 ok nok skip
+    local out=$1 rc=$2 ok nok skip planned reported
     ok=$(grep -cE '^\s*ok [0-9]+' "$out")
     skip=$(grep -cE '^\s*ok [0-9]+.*# ?SKIP' "$out")
     ok=$((ok - skip))
     skipped=$((skipped + skip))
     nok=$(grep -cE '^\s*not ok [0-9]+' "$out")
+    planned=$(grep -oE '^1\.\.[0-9]+' "$out" | awk -F'[.][.]' '{s += $2} END {if (NR) print s}')
+    reported=$(grep -cE '^(not )?ok [0-9]+' "$out")
+    if [ -n "$planned" ] && [ "$planned" -gt "$reported" ]; then
+        echo "not ok - $((planned - reported)) planned test(s) never reported"
+        nok=$((nok + planned - reported))
+    fi
     # A script that died before reporting (bad plan, crash) is one failure.
     if [ "$rc" -ne 0 ] && [ "$nok" -eq 0 ]; then nok=1; fi
     count "$ok" "$nok"
@@ -137,6 +145,37 @@ for h in test/harness/*.sh test/multinode/*.sh; do
     tap_count "$h_out" "$h_rc"
     rm -f "$h_out"
 done
+
+# 3b. Perl TAP tests (test/tap/*.pl) on PostgreSQL's own harness,
+# PostgreSQL::Test::Cluster, run with prove. Their clusters are made by
+# initdb, which refuses root: as root they run as the server's OS user, from
+# a copy of test/tap that user owns.
+tap_pl=()
+for t in test/tap/*.pl; do [ -f "$t" ] && selected "$t" && tap_pl+=("$(basename "$t")"); done
+if [ ${#tap_pl[@]} -gt 0 ]; then
+    pgxs_perl=$(dirname "$($PG_CONFIG --pgxs)")/../test/perl
+    tapdir=$(mktemp -d)
+    cp -r test/tap "$tapdir/"
+    for t in "${tap_pl[@]}"; do mkdir -p "$tapdir/tap/out/${t%.pl}"; done
+    [ "$(id -u)" -eq 0 ] && chown -R postgres: "$tapdir"
+    for t in "${tap_pl[@]}"; do
+        log "tap test/tap/$t"
+        t_out=$(mktemp)
+        as_server_user_in "$tapdir/tap" env PATH="$PATH" PERL5LIB="$pgxs_perl:$tapdir/tap/lib" \
+            TESTDIR="$tapdir/tap/out/${t%.pl}" PG_REGRESS="$pgxs_perl/../regress/pg_regress" \
+            prove -v "$t" >"$t_out" 2>&1
+        t_rc=$?
+        grep -vE '^\s*ok [0-9]+' "$t_out"
+        tap_count "$t_out" "$t_rc"
+        if [ "$t_rc" -ne 0 ]; then
+            for l in "$tapdir/tap/out/${t%.pl}"/tmp_check/log/*.log; do
+                [ -f "$l" ] && { echo "---- $(basename "$l") (tail)"; tail -n 30 "$l"; }
+            done
+        fi
+        rm -f "$t_out"
+    done
+    rm -rf "$tapdir"
+fi
 
 # 4. The server survived everything thrown at it.
 now_start=$(psql -XAtqd postgres -c 'SELECT pg_postmaster_start_time()' 2>/dev/null)

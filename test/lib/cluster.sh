@@ -40,7 +40,7 @@ fi
 export PATH=$PG_BIN:$PATH
 SHARDING_PACKAGES="make g++ python3 perl postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR
     libxxhash-dev libicu-dev xxhash postgresql-$PG_MAJOR-pgtap libtap-parser-sourcehandler-pgtap-perl
-    postgresql-$PG_MAJOR-plproxy python3-xxhash"
+    postgresql-$PG_MAJOR-plproxy python3-xxhash libipc-run-perl"
 
 log() { printf '== %s\n' "$*" >&2; }
 
@@ -63,6 +63,8 @@ ensure_packages() {
     # dblink and the other contrib modules ship in postgresql-NN itself.
     [ -f /usr/share/postgresql/$v/extension/dblink.control ] || missing+=(postgresql-$v)
     /usr/bin/python3 -c 'import xxhash' 2>/dev/null || missing+=(python3-xxhash)
+    # PostgreSQL::Test::Cluster (the Perl TAP tests, test/tap) needs IPC::Run.
+    perl -MIPC::Run -e 1 2>/dev/null || missing+=(libipc-run-perl)
     [ ${#missing[@]} -eq 0 ] && return 0
     # SHARDING_NO_APT (set by make test): report, never install.
     if [ "$(id -u)" -ne 0 ] || [ -n "${SHARDING_NO_APT:-}" ]; then
