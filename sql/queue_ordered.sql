@@ -140,12 +140,15 @@ SELECT g, 'whale', '2026-01-01'::timestamptz + g * interval '1 second' FROM gene
 INSERT INTO ord.jobs (id, key, created) VALUES
     (41, 'o3', '2026-01-02 00:00:01+00'), (42, 'o1', '2026-01-02 00:00:02+00'),
     (43, 'o2', '2026-01-02 00:00:03+00'), (44, 'o1', '2026-01-02 00:00:04+00');
-SELECT set_config(format('sharding_ordered.c%s_2', 'ord.jobs'::regclass::oid), '', false) IS NOT NULL AS cursor_reset;
+-- This session's rotation cursor starts empty (set-up, not a check).
+DO $$ BEGIN PERFORM set_config(format('sharding_ordered.c%s_2', 'ord.jobs'::regclass::oid), '', false); END $$;
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT count(*) FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
+-- The cursor holds the last key the fallback took.
+SELECT current_setting(format('sharding_ordered.c%s_2', 'ord.jobs'::regclass::oid)) AS cursor;
 SELECT sharding.complete('ord.jobs', ARRAY[1, 42]::bigint[], 'w1');
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 5);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 5);

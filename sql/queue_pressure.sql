@@ -138,11 +138,17 @@ SELECT g, CASE WHEN g <= 3 THEN 'pending' WHEN g <= 5 THEN 'processing' ELSE 'do
 ANALYZE pq;
 SELECT pg_stat_get_xact_numscans('pq'::regclass) AS seq_scans_before,
        pg_stat_get_xact_tuples_returned('pq'::regclass) AS seq_rows_before \gset
-SELECT pending, processing, expired, oldest_pending_age, dead_tuples >= 0 AS dead_tuples_known
+SELECT pending, processing, expired, oldest_pending_age,
+       dead_tuples = pg_stat_get_dead_tuples('pq'::regclass) AS dead_tuples_from_stats
   FROM sharding.queue_health('pq');
 SELECT pg_stat_get_xact_numscans('pq'::regclass) - :seq_scans_before AS seq_scans,
        pg_stat_get_xact_tuples_returned('pq'::regclass) - :seq_rows_before AS seq_rows;
 COMMIT;
+-- dead_tuples counts what the statistics collector knows: 100 deleted rows
+-- (below autovacuum's threshold for 1,000 rows) once the counters are flushed.
+DELETE FROM pq WHERE id > 900;
+SELECT pg_stat_force_next_flush();
+SELECT dead_tuples FROM sharding.queue_health('pq');
 SELECT pg_temp.err($$SELECT * FROM sharding.queue_health('plain_q'::regclass)$$) AS plain_ok,
        pg_temp.err($$SELECT * FROM sharding.queue_health('pg_class'::regclass)$$) AS not_a_queue;
 SELECT * FROM sharding.queue_health(NULL);
