@@ -1,9 +1,6 @@
 -- The sharding demo, narrated. Run through demo/run.sh (bash demo/run.sh),
 -- which starts a throwaway cluster and exports PGHOST/PGPORT for psql and
 -- for demo/workers.sh (section 3).
---
--- Sections 2-4 use functions of contract sections 2-4 (maps, queues, rank
--- guards); a build without them says so and skips that part.
 \pset footer off
 \set QUIET on
 \set ON_ERROR_STOP on
@@ -11,16 +8,6 @@ SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS sharding CASCADE;
 DROP TABLE IF EXISTS units, jobs, job_log, orders, inbox, message_log, key_sample CASCADE;
 CREATE EXTENSION sharding;
-
--- Which contract sections this build has (a name may have several overloads).
-CREATE FUNCTION pg_temp.has(names text[]) RETURNS boolean LANGUAGE sql AS $$
-    SELECT count(DISTINCT p.proname) = cardinality(names)
-      FROM pg_catalog.pg_proc AS p
-     WHERE p.pronamespace = 'sharding'::regnamespace AND p.proname = ANY (names) $$;
-SELECT pg_temp.has(ARRAY['create_map', 'pin', 'rebalance', 'node_for', 'logical_shard', 'shards_of',
-                         'fence', 'epoch']) AS have_maps,
-       pg_temp.has(ARRAY['create_queue', 'claim', 'complete']) AS have_queue,
-       pg_temp.has(ARRAY['guard_rank', 'advance']) AS have_rank \gset
 
 -- Runs a statement and says whether it was accepted or refused (and why).
 CREATE FUNCTION pg_temp.attempt(q text) RETURNS text LANGUAGE plpgsql AS $$
@@ -110,7 +97,6 @@ SELECT n AS shards, (SELECT max(rows) FROM sharding.distribution('units', 'tenan
           FROM sharding.distribution('units', 'tenant', n)) AS imbalance
   FROM unnest(ARRAY[4, 8, 16]) AS n;
 
-\if :have_maps
 \echo
 \echo 'The directory, for real: a map of 3 logical shards over databases db0..db2,'
 \echo 'and sharding.pin sends t007 to dedicated capacity (db-whale, which owns no shard).'
@@ -121,10 +107,6 @@ SELECT node, logical_shards AS "logical shards", pinned_keys AS "pinned keys", r
        round(share::numeric, 3) AS share, bar
   FROM sharding.map_load('tenants', 'units', 'tenant');
 SELECT sharding.node_for('tenants', 't007') AS "t007 goes to", sharding.node_for('tenants', 't001') AS "t001 goes to";
-\else
-\echo
-\echo '(map_load with real pins skipped: this build has no sharding.create_map/pin yet.)'
-\endif
 
 \echo
 \echo '======================================================================'
@@ -132,7 +114,6 @@ SELECT sharding.node_for('tenants', 't007') AS "t007 goes to", sharding.node_for
 \echo '======================================================================'
 \echo 'The number of logical shards never changes: a key''s logical shard is fixed'
 \echo 'forever. Only the owner of each logical shard changes.'
-\if :have_maps
 SELECT sharding.create_map('workers', 64, ARRAY['w1', 'w2', 'w3', 'w4']) AS ok \gset
 SELECT n AS worker, sharding.shards_of('workers', n) AS "logical shards owned"
   FROM unnest(ARRAY['w1', 'w2', 'w3', 'w4']) AS n;
@@ -173,20 +154,11 @@ SELECT :moved AS "logical shard",
          AS "fence with epoch 1 (old owner)",
        pg_temp.attempt(format('SELECT sharding.fence(%L, %s, 2)', 'workers', :moved))
          AS "fence with epoch 2 (new owner)";
-\else
-\echo '(create_map/rebalance are not in this build yet; the dealing rule alone:)'
-SELECT w AS worker, sharding.worker_shards(w, 4, 64) AS "shards with 4 workers"
-  FROM generate_series(0, 3) AS w;
-SELECT count(*) FILTER (WHERE sharding.worker_of(s, 4, 64) <> sharding.worker_of(s, 5, 64))
-         AS "shards dealt differently with 5 workers"
-  FROM generate_series(0, 63) AS s;
-\endif
 
 \echo
 \echo '======================================================================'
 \echo ' 3. Four workers claim jobs with FOR UPDATE SKIP LOCKED; one dies'
 \echo '======================================================================'
-\if :have_queue
 \echo 'A queue of 200 jobs. Workers w1..w4 each loop: claim up to 5 jobs with a'
 \echo '3-second lease (sharding.claim), do them, mark them done (sharding.complete).'
 \echo 'w4 claims its first batch and hangs; we kill its backend mid-lease.'
@@ -214,15 +186,11 @@ SELECT (SELECT count(*) FROM jobs WHERE status = 'done') AS "jobs done",
 \echo 'complete(..., worker => w4, attempt => 1) no longer matches it:'
 SELECT sharding.complete('jobs', (SELECT min(id) FROM job_log WHERE attempt > 1), 'w4', 1)
        AS "late complete accepted?";
-\else
-\echo '(sharding.create_queue/claim/complete are not in this build yet: skipped.)'
-\endif
 
 \echo
 \echo '======================================================================'
 \echo ' 4. The late "shipped" after "delivered"'
 \echo '======================================================================'
-\if :have_rank
 \echo 'Order status only moves forward: preparing -> shipped -> delivered.'
 \echo 'sharding.guard_rank makes the table itself refuse to move it backwards.'
 CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL);
@@ -249,9 +217,6 @@ SELECT i.seq AS arrival, i.order_id AS "order", i.status AS message,
 WITH u AS (UPDATE orders SET status = 'shipped' WHERE id = 1002 RETURNING id)
 SELECT count(*) AS "rows the late UPDATE changed" FROM u;
 SELECT id AS "order", status FROM orders ORDER BY id;
-\else
-\echo '(sharding.guard_rank/advance are not in this build yet: skipped.)'
-\endif
 
 \echo
 \echo 'Done. Everything above ran inside PostgreSQL; see README.md for the reference.'
