@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Runs the README's client snippets against the extension, emitting TAP.
+"""Runs the client snippets of docs/hashing.md against the extension, emitting TAP.
 
-The Python and Node snippets are extracted from README.md (the fenced block
-after `<!-- client: python -->` and `<!-- client: node -->`), so the README
+The Python and Node snippets are extracted from docs/hashing.md (the fenced block
+after `<!-- client: python -->` and `<!-- client: node -->`), so the page
 shows exactly what is tested. Every key of test/vectors.csv plus generated
 keys (non-ASCII text, random integers of every width, random uuids) is hashed
 by the snippet and by the extension (hash64, shard_of over several n,
@@ -20,7 +20,7 @@ JUMP_NS = [1, 5, 64, 100000, 2147483647]
 NODE_PACKAGE = '@node-rs/xxhash@1'
 
 def snippet(lang):
-    text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+    text = open(os.path.join(ROOT, "docs", "hashing.md"), encoding='utf-8').read()
     m = re.search(r'<!-- client: %s -->\s*```\w*\n(.*?)\n```' % lang, text, re.S)
     return m.group(1) if m else None
 
@@ -99,11 +99,11 @@ def by_type(cs, got, want):
 def check_python(tap, cs, want):
     code = snippet('python')
     if code is None:
-        tap.ok(False, 'README has a python client snippet', 'no <!-- client: python --> block')
+        tap.ok(False, 'docs/hashing.md has a python client snippet', 'no <!-- client: python --> block')
         return
     ns = {}
     try:
-        exec(compile(code, 'README.md python snippet', 'exec'), ns)
+        exec(compile(code, 'docs/hashing.md python snippet', 'exec'), ns)
         tap.ok(True, "python snippet runs, its own asserts hold")
     except Exception as e:  # noqa: BLE001
         tap.ok(False, 'python snippet runs, its own asserts hold', repr(e))
@@ -134,7 +134,7 @@ process.stdout.write(JSON.stringify(out));
 def check_node(tap, cs, want):
     code = snippet('node')
     if code is None:
-        tap.ok(False, 'README has a node client snippet', 'no <!-- client: node --> block')
+        tap.ok(False, 'docs/hashing.md has a node client snippet', 'no <!-- client: node --> block')
         return
     label = 'node snippet (@node-rs/xxhash) agrees with the extension'
     if not shutil.which('node') or not shutil.which('npm'):

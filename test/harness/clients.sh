@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's client snippets (Python, Node) against the extension
+# The client snippets of docs/hashing.md (Python, Node) against the extension
 # (test/check_clients.py). Debian's python3-xxhash serves /usr/bin/python3,
 # which need not be the python3 first on PATH.
 set -uo pipefail

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Every single-node SQL example of README.md, run and checked as written:
-# one fresh database per section, `-- → VALUE` results and `-- ERROR SQLSTATE`
-# errors compared with what PostgreSQL answers (test/lib/readme_examples.py
-# describes the convention). `sql node=NAME` blocks run in the multi-node
-# harness instead; Go/Java and `sql norun` blocks are counted as skipped.
+# Every single-node SQL example of README.md and of every page of docs/
+# (docs/*.md, whoever wrote it), run and checked as written: one fresh
+# database per section, `-- → VALUE` results and `-- ERROR SQLSTATE` errors
+# compared with what PostgreSQL answers (test/lib/readme_examples.py
+# describes the convention). A page without runnable examples adds nothing.
+# `sql node=NAME` blocks run in the multi-node harness
+# (test/multinode/readme.sh) instead; Go/Java and `sql norun` blocks are
+# counted as skipped.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-exec /usr/bin/python3 test/lib/readme_examples.py single README.md
+exec /usr/bin/python3 test/lib/readme_examples.py single README.md docs/*.md

@@ -1,21 +1,26 @@
 #!/usr/bin/python3
 """Runs the SQL examples of a README and checks what their comments claim.
 
-    python3 test/lib/readme_examples.py single README.md
-    python3 test/lib/readme_examples.py nodes README.md n1='host=... dbname=...' n2=...
-    python3 test/lib/readme_examples.py list README.md      # what would run (no database)
-    README_SECTIONS='Maps*' python3 test/lib/readme_examples.py single README.md   # some sections only
+    python3 test/lib/readme_examples.py single README.md docs/*.md
+    python3 test/lib/readme_examples.py nodes docs/nodes.md n1='host=... dbname=...' n2=...
+    python3 test/lib/readme_examples.py list README.md docs/*.md   # what would run (no database)
+    README_SECTIONS='Maps*' python3 test/lib/readme_examples.py single docs/maps.md   # some sections only
 
-The convention (the README follows it, this script enforces it):
+The convention (README.md and every page of docs/ follow it, this script
+enforces it):
 
-* Every `##` or `###` heading starts a section (`####` and deeper do not).
+* In README.md, every `##` or `###` heading starts a section (`####` and
+  deeper do not). In a page of docs/ (a file whose folder is named docs),
+  the page title `#` and every `##` heading start a section (`###` and
+  deeper do not: a page's subsections share their section's database).
 * Every fenced block whose info string starts with `sql` runs. `sql norun`
   blocks do not run and are reported as skipped, as are `go` and `java`
   blocks (no toolchain here). `sql node=NAME` blocks run only in `nodes`
   mode, on the session of node NAME, in document order across the whole
-  README. Other blocks (sh, python, js, ...) are not this script's business
+  file (each file given to `nodes` mode runs on its own sessions). Other blocks (sh, python, js, ...) are not this script's business
   (test/harness/clients.sh runs the Python and Node snippets).
-* single mode: each section's single-node blocks run in order in ONE psql
+* single mode (one or more files, in the order given, one TAP stream):
+  each section's single-node blocks run in order in ONE psql
   session against a fresh database readme_<n> (created first, with
   `CREATE EXTENSION sharding` unless the section runs that itself: a copy
   of database readme_template, made once with the extension; dropped
@@ -87,7 +92,7 @@ class Block:
 
 class Section:
     def __init__(self, index, title, line):
-        self.index = index
+        self.index = index      # per file; run_single numbers databases across files
         self.title = title
         self.line = line
         self.blocks = []
@@ -107,7 +112,13 @@ class Statement:
 
 
 FENCE = re.compile(r'^(\s{0,3})(`{3,}|~{3,})\s*(.*)$')
-HEADING = re.compile(r'^(#{2,3})\s+(.*?)\s*#*\s*$')
+HEADING = re.compile(r'^(#{1,6})\s+(.*?)\s*#*\s*$')
+
+
+def section_levels(path):
+    """Heading levels that start a section: 1-2 in a page of docs/, else 2-3."""
+    folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return (1, 2) if folder == 'docs' else (2, 3)
 
 
 def parse_readme(path):
@@ -124,6 +135,7 @@ def parse_readme(path):
 
 def _parse_readme(path):
     lines = open(path, encoding='utf-8').read().split('\n')
+    levels = section_levels(path)
     sections = [Section(0, '(top)', 1)]
     i = 0
     while i < len(lines):
@@ -143,7 +155,7 @@ def _parse_readme(path):
             i += 1
             continue
         h = HEADING.match(line)
-        if h:
+        if h and len(h.group(1)) in levels:
             sections.append(Section(len(sections), h.group(2), i + 1))
         i += 1
     return sections
@@ -530,12 +542,25 @@ def make_template():
     return TEMPLATE
 
 
-def run_single(path):
+def file_sections(paths):
+    """The sections of every file, in order. When several files are given,
+    a section's title outside README.md starts with its file's name
+    (docs/maps.md: ...)."""
+    out = []
+    for path in paths:
+        for sec in parse_readme(path):
+            if len(paths) > 1 and os.path.basename(path) != 'README.md':
+                sec.title = '%s: %s' % (os.path.relpath(path), sec.title)
+            out.append(sec)
+    return out
+
+
+def run_single(paths):
     tap = Tap()
-    sections = parse_readme(path)
+    sections = file_sections(paths)
     node_blocks = 0
     template = None
-    for sec in sections:
+    for number, sec in enumerate(sections):
         blocks = [b for b in sec.blocks if b.is_sql and not b.norun and b.node is None]
         node_blocks += sum(1 for b in sec.blocks if b.is_sql and not b.norun and b.node is not None)
         if not blocks:
@@ -543,7 +568,7 @@ def run_single(path):
         stmts = [s for b in blocks for s in split_statements(b)]
         if not stmts:
             continue
-        db = 'readme_%d' % sec.index
+        db = 'readme_%d' % number
         own_extension = any(not s.meta and CREATE_EXT.match(strip_comments(s.text)) for s in stmts)
         if not own_extension and template is None:
             template = make_template() or ''
@@ -613,7 +638,7 @@ def run_nodes(path, specs):
 
 
 def run_list(path):
-    for sec in parse_readme(path):
+    for sec in file_sections([path]):
         for b in sec.blocks:
             if not b.is_sql and b.lang not in SKIP_LANGS:
                 continue
@@ -630,12 +655,14 @@ def main(argv):
     if len(argv) < 3 or argv[1] not in ('single', 'nodes', 'list'):
         print(__doc__, file=sys.stderr)
         return 2
-    mode, path = argv[1], argv[2]
+    mode = argv[1]
     if mode == 'single':
-        return run_single(path)
+        return run_single(argv[2:])
     if mode == 'nodes':
-        return run_nodes(path, argv[3:])
-    return run_list(path)
+        return run_nodes(argv[2], argv[3:])
+    for path in argv[2:]:
+        run_list(path)
+    return 0
 
 
 if __name__ == '__main__':
