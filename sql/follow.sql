@@ -1,6 +1,6 @@
 -- Section 8 on one database: this_node, attach_node/detach_node refusals,
 -- frozen shards, guards that stay inert where nothing follows, and
--- shard_checksum. test/multinode/follow.sh covers following itself.
+-- shard_checksum. test/tap/610_follow.pl covers following itself.
 CREATE EXTENSION sharding;
 
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$

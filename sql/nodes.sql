@@ -1,6 +1,6 @@
 -- Section 7 on one node: add_node, drop_node, partition_for, the PL/Proxy
 -- cluster functions, plproxy_install and copy_shard's argument checks.
--- test/multinode/run.sh drives real PL/Proxy over four instances.
+-- test/tap/600_plproxy.pl drives real PL/Proxy over four instances.
 CREATE EXTENSION sharding;
 
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
@@ -146,7 +146,7 @@ SET client_min_messages = warning;
 DROP SCHEMA plproxy CASCADE;
 RESET client_min_messages;
 
--- copy_shard's checks (the copy itself runs in test/multinode/run.sh).
+-- copy_shard's checks (copies between live instances: the multi-node tests).
 CREATE TABLE docs_t (workspace_id text PRIMARY KEY, n numeric, body text);
 SELECT pg_temp.err($$SELECT sharding.copy_shard('nope', 0, 'docs_t', 'workspace_id', 'a', 'b')$$);
 SELECT pg_temp.err($$SELECT sharding.copy_shard('m2', 4, 'docs_t', 'workspace_id', 'a', 'b')$$);

@@ -1,4 +1,5 @@
-# Shared by the multi-node harnesses (test/multinode/*.sh): TAP helpers and
+# Shared by the bash multi-node harnesses (test/multinode/*.sh; new multi-node
+# tests are Perl TAP, test/tap/): TAP helpers and
 # a set of live PostgreSQL 15 instances on loopback, each with its own port
 # and socket directory under one private temporary directory, configured
 # for logical replication (followers, online moves).

@@ -39,4 +39,86 @@ sub sharding_node
 	return $node;
 }
 
+# ---------------------------------------------------------------- helpers of
+# the multi-node tests (test/tap/6xx_*.pl)
+use IPC::Run;
+use Time::HiRes qw(time usleep);
+push @EXPORT, qw(sharding_dsn sharding_q sharding_wait sharding_start sharding_finish sharding_guards);
+
+# sharding_dsn(NODE, DB): a libpq connection string for database DB of NODE
+# (its socket directory and port), free of quotes, so that it can be written
+# inside an SQL string literal (add_node, dblink, coordinator_dsn).
+sub sharding_dsn
+{
+	my ($node, $db) = @_;
+	return 'host=' . $node->host . ' port=' . $node->port . " dbname=$db";
+}
+
+# sharding_q(NODE, DB, SQL, %opts): runs SQL (one script, ON_ERROR_STOP) with
+# psql -XAtq and returns its output, rows joined by "\n". It never dies: a
+# failure returns "ERROR: " and psql's messages, which no check expects.
+# opts{verbose} => 1 runs with VERBOSITY verbose (the SQLSTATE in messages);
+# opts{stderr} => 1 returns the output followed by psql's messages.
+sub sharding_q
+{
+	my ($node, $db, $sql, %opts) = @_;
+	$sql = "\\set VERBOSITY verbose\n$sql" if $opts{verbose};
+	my ($rc, $out, $err) = $node->psql($db, $sql, on_error_stop => 1);
+	return "$out\n$err" if $opts{stderr};
+	return $rc == 0 ? $out : "ERROR: $err";
+}
+
+# sharding_wait(NODE, DB, SQL, EXPECTED, TIMEOUT_S): polls SQL every 10 ms
+# until it returns EXPECTED; returns the milliseconds waited, or undef on
+# timeout (then $ShardingNode::last_wait holds the last value seen).
+our $last_wait;
+sub sharding_wait
+{
+	my ($node, $db, $sql, $expected, $timeout) = @_;
+	my $t0 = time;
+	while (1)
+	{
+		$last_wait = sharding_q($node, $db, $sql);
+		return int((time - $t0) * 1000) if $last_wait eq $expected;
+		return undef if time - $t0 >= $timeout;
+		usleep(10_000);
+	}
+}
+
+# sharding_start(NODE, DB, SQL): starts psql -XAtq (ON_ERROR_STOP) on SQL in
+# the background (SQL, output and messages go through files, so that the
+# session runs on its own without being pumped); sharding_finish(HANDLE)
+# waits for it and returns its exit status, its output and its messages.
+my $background = 0;
+sub sharding_start
+{
+	my ($node, $db, $sql) = @_;
+	my $base = PostgreSQL::Test::Utils::tempdir() . '/background' . ++$background;
+	PostgreSQL::Test::Utils::append_to_file("$base.sql", $sql);
+	local %ENV = $node->_get_env();
+	my $h = IPC::Run::start(
+		[ $node->installed_command('psql'), '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr($db), '-f', "$base.sql" ],
+		'<', '/dev/null', '>', "$base.out", '2>', "$base.err");
+	return { h => $h, base => $base };
+}
+
+sub sharding_finish
+{
+	my ($bg) = @_;
+	$bg->{h}->finish;
+	my $out = PostgreSQL::Test::Utils::slurp_file("$bg->{base}.out");
+	my $err = PostgreSQL::Test::Utils::slurp_file("$bg->{base}.err");
+	chomp $out;
+	return (($bg->{h}->full_result(0) // -256) >> 8, $out, $err);
+}
+
+# sharding_guards(NODE, DB, TABLE): how many guard triggers (zz_sharding_guard)
+# TABLE has on NODE, or, with TABLE undef, the database has.
+sub sharding_guards
+{
+	my ($node, $db, $table) = @_;
+	my $where = defined $table ? "tgrelid = '$table'::regclass AND " : '';
+	return sharding_q($node, $db, "SELECT count(*) FROM pg_trigger WHERE ${where}tgname = 'zz_sharding_guard'");
+}
+
 1;
