@@ -9,12 +9,7 @@ SRC=sharding_part_src
 DST=sharding_part_dst
 N=64
 
-n=0
-fails=0
-ok() { # ok CONDITION-RESULT DESCRIPTION
-    n=$((n + 1))
-    if [ "$1" = "t" ]; then echo "ok $n - $2"; else echo "not ok $n - $2 (got: $1)"; fails=$((fails + 1)); fi
-}
+. test/lib/tap.sh
 q() { psql -XqAt -v ON_ERROR_STOP=1 -d "$@"; }
 
 echo "1..20"
@@ -81,4 +76,4 @@ ok "$(grep -q 'no partition of relation "ev" found for row' <<<"$err" && echo t 
 
 dropdb $SRC
 dropdb $DST
-exit $((fails > 0))
+exit $((failures > 0))

@@ -28,12 +28,7 @@ if [ -z "$OLD" ] || [ ! -x "/usr/lib/postgresql/$OLD/bin/pg_ctl" ] ||
 fi
 
 echo "1..12"
-n=0
-failures=0
-ok() {
-    n=$((n + 1))
-    if [ "$1" = t ]; then echo "ok $n - $2"; else echo "not ok $n - $2 (got: $1)"; failures=$((failures + 1)); fi
-}
+. test/lib/tap.sh
 
 dir=$(make_cluster_dir upgrade)
 build=$(mktemp -d)
@@ -155,4 +150,4 @@ ok "$(psql -XAtc "SELECT count(*) = 5 FROM sharding.claim(NULL::jobs, 'w2', 5)")
 ok "$(psql -XAtc "SELECT sharding.complete('jobs', (SELECT min(id) FROM jobs WHERE owner = 'w1'), 'w1')")" \
     "complete fences on the owner recorded before the upgrade"
 
-exit $failures
+exit $((failures > 0))

@@ -11,9 +11,7 @@ WORK=$(mktemp -d)
 cleanup() { for d in $SRC $DBS; do dropdb --if-exists "$d" 2>/dev/null; done; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-n=0 failed=0
-ok() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
-is() { if [ "$1" = "$2" ]; then ok 0 "$3"; else ok 1 "$3"; echo "#   got: '$1'"; echo "#  want: '$2'"; fi; }
+. test/lib/tap.sh
 echo "1..21"
 
 for d in $SRC $DBS; do dropdb --if-exists "$d" 2>/dev/null; done
@@ -41,15 +39,15 @@ SQL
 
 pg_dump -d $SRC >"$WORK/plain.sql" && pg_dump -Fc -d $SRC -f "$WORK/custom.dump" &&
     pg_dump -d $SRC -t orders >"$WORK/orders.sql"
-ok $? "pg_dump (plain, custom, one table)"
+ok_rc $? "pg_dump (plain, custom, one table)"
 
 createdb sharding_rank_dump_plain && psql -XqAt -v ON_ERROR_STOP=1 -d sharding_rank_dump_plain -f "$WORK/plain.sql" \
     >/dev/null 2>"$WORK/plain.err"
-ok $? "plain dump restores into a fresh database without error"
+ok_rc $? "plain dump restores into a fresh database without error"
 sed 's/^/# /' "$WORK/plain.err" | head -5
 createdb sharding_rank_dump_custom && pg_restore --exit-on-error -d sharding_rank_dump_custom "$WORK/custom.dump" \
     2>"$WORK/custom.err"
-ok $? "custom dump restores with pg_restore without error"
+ok_rc $? "custom dump restores with pg_restore without error"
 sed 's/^/# /' "$WORK/custom.err" | head -5
 
 config() { psql -XqAt -d "$1" -c "SELECT schema_name, table_name, column_name, ranks, on_regress FROM sharding.rank_guards ORDER BY 1, 2, 3"; }
@@ -77,11 +75,11 @@ done
 # carries its configuration, so the guard works without a config row.
 createdb sharding_rank_dump_table && psql -XqAt -d sharding_rank_dump_table -c 'CREATE EXTENSION sharding' >/dev/null &&
     psql -XqAt -v ON_ERROR_STOP=1 -d sharding_rank_dump_table -f "$WORK/orders.sql" >/dev/null 2>"$WORK/table.err"
-ok $? "a one-table dump restores"
+ok_rc $? "a one-table dump restores"
 db=sharding_rank_dump_table
 is "$(psql -XqAt -d $db -c "UPDATE orders SET status = 'placed' RETURNING id")" "1" \
     "one-table restore: the guard skips shipped -> placed, lets placed through"
 is "$(psql -XqAt -d $db -c "SELECT sharding.rank_of('orders', 'status', 'delivered')")" "3" \
     "one-table restore: rank_of reads the ranks from the restored trigger"
 
-exit $failed
+exit $((failures > 0))

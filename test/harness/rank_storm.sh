@@ -14,8 +14,7 @@ SESSIONS=4 TRANSITIONS=20000 ORDERS=200
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-n=0 failed=0
-ok() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
+. test/lib/tap.sh
 echo "1..12"
 
 dropdb --if-exists $PGDATABASE; createdb $PGDATABASE || exit 1
@@ -101,12 +100,12 @@ rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 elapsed=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
 echo "# storm of $TRANSITIONS transitions x 3 tables in ${elapsed}s"
-ok $rc "all $SESSIONS sessions ran to the end"
-ok "$([ ! -s "$WORK/err_guard" ] && echo 0 || echo 1)" "guard replaced three times during the storm"
+ok_rc $rc "all $SESSIONS sessions ran to the end"
+ok_rc "$([ ! -s "$WORK/err_guard" ] && echo 0 || echo 1)" "guard replaced three times during the storm"
 
 errors=$(cat "$WORK"/err? | grep -c '^psql.*ERROR' || true)
 guard_errors=$(cat "$WORK"/err? | grep -c 'ERROR:  rank guard refuses to lower column "status" of relation "storm_e"' || true)
-ok "$([ "$errors" -gt 0 ] && [ "$errors" -eq "$guard_errors" ] && echo 0 || echo 1)" \
+ok_rc "$([ "$errors" -gt 0 ] && [ "$errors" -eq "$guard_errors" ] && echo 0 || echo 1)" \
     "the error guard refused $guard_errors plain UPDATEs with 23514, and nothing else failed ($errors errors)"
 cat "$WORK"/err? | grep ERROR | grep -v 'rank guard refuses' | head -5 | sed 's/^/# /'
 
@@ -116,39 +115,39 @@ q() { psql -XqAt -c "$1"; }
 wrong_t=$(q "SELECT count(*) FROM storm_t JOIN expected USING (id) WHERE storm_t.status <> expected.status")
 wrong_e=$(q "SELECT count(*) FROM storm_e JOIN expected USING (id) WHERE storm_e.status::text <> expected.status")
 rows=$(q "SELECT count(*) FROM expected")
-ok "$([ "$wrong_t" = 0 ] && [ "$rows" = "$ORDERS" ] && echo 0 || echo 1)" \
+ok_rc "$([ "$wrong_t" = 0 ] && [ "$rows" = "$ORDERS" ] && echo 0 || echo 1)" \
     "text/skip: every order holds the highest rank sent to it ($wrong_t of $rows differ)"
-ok "$([ "$wrong_e" = 0 ] && echo 0 || echo 1)" \
+ok_rc "$([ "$wrong_e" = 0 ] && echo 0 || echo 1)" \
     "enum/error: every order holds the highest rank sent to it ($wrong_e of $rows differ)"
 lowered_t=$(q "SELECT count(*) FROM audit WHERE tbl = 'storm_t' AND new_rank < old_rank")
 lowered_e=$(q "SELECT count(*) FROM audit WHERE tbl = 'storm_e' AND new_rank < old_rank")
 audited_t=$(q "SELECT count(*) FROM audit WHERE tbl = 'storm_t'")
 audited_e=$(q "SELECT count(*) FROM audit WHERE tbl = 'storm_e'")
-ok "$([ "$lowered_t" = 0 ] && [ "$audited_t" -gt 0 ] && echo 0 || echo 1)" \
+ok_rc "$([ "$lowered_t" = 0 ] && [ "$audited_t" -gt 0 ] && echo 0 || echo 1)" \
     "text/skip: no committed update lowered a rank ($audited_t audited)"
-ok "$([ "$lowered_e" = 0 ] && [ "$audited_e" -gt 0 ] && echo 0 || echo 1)" \
+ok_rc "$([ "$lowered_e" = 0 ] && [ "$audited_e" -gt 0 ] && echo 0 || echo 1)" \
     "enum/error: no committed update lowered a rank ($audited_e audited)"
 unranked=$(q "SELECT count(*) FROM audit WHERE old_rank IS NULL OR new_rank IS NULL")
-ok "$([ "$unranked" = 0 ] && echo 0 || echo 1)" "every audited value is a rank"
+ok_rc "$([ "$unranked" = 0 ] && echo 0 || echo 1)" "every audited value is a rank"
 # The control proves the storm really is out of order.
 lowered_u=$(q "SELECT count(*) FROM audit WHERE tbl = 'storm_u' AND new_rank < old_rank")
 wrong_u=$(q "SELECT count(*) FROM storm_u JOIN expected USING (id) WHERE storm_u.status <> expected.status")
-ok "$([ "$lowered_u" -gt 1000 ] && [ "$wrong_u" -gt 0 ] && echo 0 || echo 1)" \
+ok_rc "$([ "$lowered_u" -gt 1000 ] && [ "$wrong_u" -gt 0 ] && echo 0 || echo 1)" \
     "control: the unguarded table was lowered $lowered_u times and ends wrong for $wrong_u orders"
 # Skipped rows still count as sent: the other column moved only with status.
 touched=$(q "SELECT sum(touched) FROM storm_t")
 plain_t=$(cat "$WORK"/session?.sql | grep -c '^UPDATE storm_t' || true)
-ok "$([ "$touched" -gt 0 ] && [ "$touched" -lt "$plain_t" ] && echo 0 || echo 1)" \
+ok_rc "$([ "$touched" -gt 0 ] && [ "$touched" -lt "$plain_t" ] && echo 0 || echo 1)" \
     "skip: $touched of $plain_t plain UPDATEs of storm_t applied, the rest were skipped"
 # Every advance() that returned true raised the rank by one audited update.
 adv_true=$(cat "$WORK"/out? | grep -c '^t$' || true)
 adv_false=$(cat "$WORK"/out? | grep -c '^f$' || true)
 adv_sent=$(cat "$WORK"/session?.sql | grep -c '^SELECT sharding.advance' || true)
-ok "$([ $((adv_true + adv_false)) = "$adv_sent" ] && [ "$adv_true" -gt 0 ] && [ "$adv_false" -gt 0 ] && echo 0 || echo 1)" \
+ok_rc "$([ $((adv_true + adv_false)) = "$adv_sent" ] && [ "$adv_true" -gt 0 ] && [ "$adv_false" -gt 0 ] && echo 0 || echo 1)" \
     "advance answered all $adv_sent calls: $adv_true moved a row forward, $adv_false did not"
 raised=$(q "SELECT count(*) FROM audit WHERE new_rank > old_rank")
-ok "$([ "$raised" -ge "$adv_true" ] && echo 0 || echo 1)" \
+ok_rc "$([ "$raised" -ge "$adv_true" ] && echo 0 || echo 1)" \
     "audited forward moves ($raised) cover every advance that reported true"
 
 dropdb $PGDATABASE
-exit $failed
+exit $((failures > 0))

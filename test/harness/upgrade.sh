@@ -12,9 +12,7 @@ current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
 # Every released version upgrades to the current one.
 FROMS="1.0 1.1 1.2"
 echo "1..$((8 * $(echo $FROMS | wc -w)))"
-n=0
-fail=0
-ok() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fail=1; fi; }
+. test/lib/tap.sh
 trap 'dropdb --if-exists $OLD 2>/dev/null; dropdb --if-exists $NEW 2>/dev/null' EXIT
 
 # upgrade_from VERSION: install VERSION, use it, update, compare with a fresh install.
@@ -36,7 +34,7 @@ SELECT sharding.guard_rank('orders', 'status', ARRAY['new', 'shipped', 'delivere
 SELECT sharding.create_queue('jobs');
 INSERT INTO jobs (key) SELECT 'k' || i FROM generate_series(1, 5) AS i;
 SQL
-ok $? "version $from installs and works"
+ok_rc $? "version $from installs and works"
 
 routes="SELECT string_agg(sharding.partition_for('docs', k)::text || '/' || sharding.node_for('docs', k), ',' ORDER BY k)
           FROM (SELECT 'key-' || i AS k FROM generate_series(1, 300) i UNION ALL SELECT 'whale' UNION ALL SELECT '42') t"
@@ -48,11 +46,11 @@ data="SELECT (SELECT string_agg(map || logical || node || epoch, ',' ORDER BY ma
 data_before=$(psql -XAtd $OLD -c "$data")
 
 psql -XqAtd $OLD -v ON_ERROR_STOP=1 -c 'ALTER EXTENSION sharding UPDATE' >/dev/null
-ok $? "ALTER EXTENSION sharding UPDATE from $from"
+ok_rc $? "ALTER EXTENSION sharding UPDATE from $from"
 psql -XqAtd $NEW -v ON_ERROR_STOP=1 -c 'CREATE EXTENSION sharding' >/dev/null
 got=$(psql -XAtd $OLD -c "SELECT extversion FROM pg_extension WHERE extname = 'sharding'")
 [ "$got" = "$current" ]
-ok $? "the updated extension is at version $current (got $got)"
+ok_rc $? "the updated extension is at version $current (got $got)"
 
 # Every object the extension owns, with the attributes users depend on.
 catalog=$(cat <<'SQL'
@@ -106,25 +104,25 @@ SQL
 a=$(psql -XAtd $OLD -c "$catalog" 2>&1)
 b=$(psql -XAtd $NEW -c "$catalog" 2>&1)
 [ -n "$a" ] && [ "$a" = "$b" ]
-ok $? "catalog after update equals a fresh install ($(echo "$b" | wc -l) objects and attributes compared)"
+ok_rc $? "catalog after update equals a fresh install ($(echo "$b" | wc -l) objects and attributes compared)"
 [ -n "$a" ] && [ "$a" = "$b" ] || diff <(echo "$a") <(echo "$b") | head -20 | sed 's/^/#   /'
 
 a=$(psql -Xd $OLD -c '\df+ sharding.*' | grep -v 'Owner\|^-' | sed 's/|[^|]*| *postgres *|/|/')
 b=$(psql -Xd $NEW -c '\df+ sharding.*' | grep -v 'Owner\|^-' | sed 's/|[^|]*| *postgres *|/|/')
 [ "$(echo "$a" | wc -l)" -gt 100 ] && [ "$a" = "$b" ]
-ok $? "\\df+ sharding.* is the same ($(echo "$b" | wc -l) lines)"
+ok_rc $? "\\df+ sharding.* is the same ($(echo "$b" | wc -l) lines)"
 [ "$a" = "$b" ] || diff <(echo "$a") <(echo "$b") | head -10 | sed 's/^/#   /'
 
 after=$(psql -XAtd $OLD -c "$routes")
 [ -n "$before" ] && [ "$before" = "$after" ]
-ok $? "partition_for and node_for route 302 keys (pins included) as before the update"
+ok_rc $? "partition_for and node_for route 302 keys (pins included) as before the update"
 data_after=$(psql -XAtd $OLD -c "$data")
 [ -n "$data_before" ] && [ "$data_before" = "$data_after" ]
-ok $? "maps, epochs, pins, DSNs, queue rows and cluster_version survive the update"
+ok_rc $? "maps, epochs, pins, DSNs, queue rows and cluster_version survive the update"
 got=$(psql -XAtd $OLD -c "UPDATE orders SET status = 'new' WHERE id = 1" -c "SELECT status FROM orders WHERE id = 1" 2>&1 | tail -1)
 [ "$got" = "delivered" ]
-ok $? "the rank guard installed under $from still guards after the update"
+ok_rc $? "the rank guard installed under $from still guards after the update"
 }
 
 for v in $FROMS; do upgrade_from "$v"; done
-exit $fail
+exit $((failures > 0))
