@@ -1,4 +1,4 @@
--- The observing scenes of the demo (contract section 11), run by
+-- The observing scenes of the demo (docs/observe.md), run by
 -- demo/run.sh after demo/demo.sql, on a cluster that preloads sharding.
 \pset footer off
 \set QUIET on

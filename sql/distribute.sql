@@ -1,4 +1,4 @@
--- Section 8 (part): distribute / undistribute and the distributed_tables
+-- Distributed tables (docs/nodes.md): distribute / undistribute and the distributed_tables
 -- config table.
 CREATE EXTENSION sharding;
 

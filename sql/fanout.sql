@@ -1,4 +1,4 @@
--- Fan-out counting (contract section 11). The test cluster preloads the
+-- Fan-out counting (docs/observe.md). The test cluster preloads the
 -- library (test/lib/cluster.sh), so the counters are on. Each case resets
 -- the counters of this database, runs statements, and reads the counts.
 CREATE EXTENSION sharding;

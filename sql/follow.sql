@@ -1,4 +1,4 @@
--- Section 8 on one database: this_node, attach_node/detach_node refusals,
+-- Followers and guarded writes (docs/nodes.md) on one database: this_node, attach_node/detach_node refusals,
 -- frozen shards, guards that stay inert where nothing follows, and
 -- shard_checksum. test/tap/610_follow.pl covers following itself.
 CREATE EXTENSION sharding;

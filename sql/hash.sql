@@ -1,4 +1,4 @@
--- Section 1: hash64, shard_of, jump_shard. The oracle vectors (xxhsum) are
+-- Hashing (docs/hashing.md): hash64, shard_of, jump_shard. The oracle vectors (xxhsum) are
 -- checked by test/harness/vectors.sh; this file checks the SQL surface.
 CREATE EXTENSION sharding;
 
@@ -24,7 +24,7 @@ SELECT sharding.shard_of('abc', 8) = sharding.shard_of('abc'::text, 8) AS litera
        sharding.hash64('00000000-0000-0000-0000-000000000001'::uuid)
          = sharding.hash64('\x00000000000000000000000000000001'::bytea) AS uuid_bytes;
 
--- Named notation, as the contract promises.
+-- Named notation, with the parameter names docs/hashing.md gives.
 SELECT sharding.shard_of(key => 'abc', n => 8) = sharding.shard_of('abc', 8) AS named,
        sharding.jump_shard(n => 8, key => 7) = sharding.jump_shard(7, 8) AS named_jump;
 

@@ -1,4 +1,4 @@
--- Section 12 (issue 18): identities that cannot drift.
+-- Identities that cannot drift (docs/identities.md).
 --  1. typed pin/unpin: a typed pin stores the key's canonical text form and
 --     matches node_for (and partition_for) on the typed key;
 --  2. database maps refuse a node without DSN (55000) in create_map, pin,

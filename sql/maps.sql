@@ -1,4 +1,4 @@
--- Section 2: logical-shard maps, pins, moves, rebalancing, epochs, fences.
+-- Maps (docs/maps.md): logical-shard maps, pins, moves, rebalancing, epochs, fences.
 -- Multi-session behaviour (cache invalidation across backends, fence against
 -- move) is in test/harness/maps_*.sh.
 CREATE EXTENSION sharding;

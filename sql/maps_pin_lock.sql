@@ -1,4 +1,4 @@
--- pin and unpin lock (sharding._lock_pin, issue 13): the map-level lock tag
+-- pin and unpin lock (sharding._lock_pin, docs/ordered.md): the map-level lock tag
 -- in RowExclusiveLock (conflicting with claim_node's ShareLock and with
 -- rebalance) and, in ExclusiveLock (conflicting with fence), every logical
 -- shard the pinned text routes a key of: the text key's own shard and, when

@@ -1,4 +1,4 @@
--- Section 7 on one node: add_node, drop_node, partition_for, the PL/Proxy
+-- Nodes and PL/Proxy (docs/nodes.md) on one node: add_node, drop_node, partition_for, the PL/Proxy
 -- cluster functions, plproxy_install and copy_shard's argument checks.
 -- test/tap/600_plproxy.pl drives real PL/Proxy over four instances.
 CREATE EXTENSION sharding;

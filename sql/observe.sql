@@ -1,4 +1,4 @@
--- Section 5: distribution, imbalance, whales, map_load, and the bar they draw.
+-- Observing load (docs/observe.md): distribution, imbalance, whales, map_load, and the bar they draw.
 CREATE EXTENSION sharding;
 
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$

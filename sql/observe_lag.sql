@@ -1,4 +1,4 @@
--- shard_lag (contract section 11): per shard, the claimable jobs and the
+-- shard_lag (docs/observe.md): per shard, the claimable jobs and the
 -- wait of the oldest. Timestamps are set relative to now() inside one
 -- transaction, so every age is exact.
 CREATE EXTENSION sharding;

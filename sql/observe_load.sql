@@ -1,4 +1,4 @@
--- rebalance_by_load (contract section 11): load-aware moves, fewest first.
+-- rebalance_by_load (docs/observe.md): load-aware moves, fewest first.
 CREATE EXTENSION sharding;
 
 -- The whale story: 64 shards over 4 nodes; shard 5 carries 40% of the load,

@@ -1,4 +1,4 @@
--- Section 6: hash operator classes whose partitions line up with shard_of,
+-- Native partitions (docs/partitions.md): hash operator classes whose partitions line up with shard_of,
 -- and create_partitions. The cross-database move of a partition (pg_dump -t)
 -- is checked by test/harness/partitions.sh.
 CREATE EXTENSION sharding;

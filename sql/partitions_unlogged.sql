@@ -1,4 +1,4 @@
--- Section 6 with an UNLOGGED parent: create_partitions makes unlogged
+-- Native partitions (docs/partitions.md) with an UNLOGGED parent: create_partitions makes unlogged
 -- partitions. PostgreSQL 18 refuses unlogged partitioned tables outright
 -- ("partitioned tables cannot be unlogged"), so there the parent cannot be
 -- made and there is nothing to line up: expected/partitions_unlogged_1.out.

@@ -1,4 +1,4 @@
--- Section 3: claiming work. Single-session behaviour; concurrency, dead
+-- Claiming work (docs/queue.md). Single-session behaviour; concurrency, dead
 -- workers and shard-scoped workers are in test/harness/queue_*.sh.
 CREATE EXTENSION sharding;
 
@@ -320,7 +320,7 @@ DROP ROLE queue_reader;
 DROP ROLE queue_worker;
 DROP ROLE queue_columns;
 
--- The signatures, parameter names and defaults are the contract's.
+-- The signatures, parameter names and defaults docs/queue.md documents.
 SELECT p.proname || '(' || pg_get_function_arguments(p.oid) || ') -> ' || pg_get_function_result(p.oid) AS signature,
        p.provolatile AS vol, p.proisstrict AS strict, p.proparallel AS par
   FROM pg_proc p

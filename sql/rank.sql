@@ -1,4 +1,4 @@
--- Section 4: rank-guarded transitions. Concurrency and dump/restore are in
+-- Rank-guarded transitions (docs/rank.md). Concurrency and dump/restore are in
 -- test/harness/rank_storm.sh and test/harness/rank_dump.sh.
 CREATE EXTENSION sharding;
 

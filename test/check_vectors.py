@@ -5,7 +5,7 @@
    and must reproduce the file's xxh3 column (the file was not edited by hand).
 2. PostgreSQL's own functions (convert_to, int8send, uuid_send) turn each
    row's SQL expression into bytes, which must equal the row's hex column
-   (the canonical bytes of contract section 1).
+   (the canonical bytes of docs/hashing.md).
 3. sharding.hash64 / shard_of / jump_shard must equal values derived from the
    oracle's hash here in Python: signed reinterpretation, unsigned modulo, and
    an independent Lamping-Veach implementation.

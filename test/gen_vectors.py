@@ -3,7 +3,7 @@
 independent oracle `xxhsum -H3` (Debian package xxhash), never from our code.
 
 Each row: type, sql (an SQL expression producing the key), hex (the key's
-canonical bytes per contract section 1, built here in Python), xxh3 (the
+canonical bytes per docs/hashing.md, built here in Python), xxh3 (the
 oracle's 64-bit hash of those bytes, hex). test/harness/vectors.sh re-runs
 the oracle on every row and compares the extension against it.
 """

@@ -1,4 +1,4 @@
--- Section 1: hashing. XXH3-64 (seed 0) over the key's canonical bytes.
+-- Hashing (docs/hashing.md). XXH3-64 (seed 0) over the key's canonical bytes.
 -- IMMUTABLE STRICT PARALLEL SAFE: pure functions of their arguments whose
 -- values are a compatibility promise, so they may back indexes, generated
 -- columns and partition routing.

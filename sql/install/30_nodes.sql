@@ -1,4 +1,4 @@
--- Section 7: nodes and multi-node routing through PL/Proxy.
+-- Nodes and multi-node routing through PL/Proxy (docs/nodes.md).
 --
 -- A map's PL/Proxy cluster has one partition per logical shard (in order,
 -- each pointing at its owner's DSN) followed by one partition per node that
@@ -11,7 +11,7 @@
 -- its next call.
 --
 -- The functions are plpgsql: they read the config tables with cached plans
--- and raise the contract's SQLSTATEs. partition_for, the one called per
+-- and raise the SQLSTATEs docs/nodes.md lists. partition_for, the one called per
 -- proxied request, costs one C++ routing-cache lookup (logical_shard) and
 -- one index probe of sharding.pins.
 
@@ -57,7 +57,7 @@ END
 $$;
 COMMENT ON FUNCTION sharding.add_node(text, text) IS
     'sets (or replaces) the connection string of a node; raises the cluster version of every map using it';
--- Changing where maps route is an administrator's job (contract: 42501 otherwise).
+-- Changing where maps route is an administrator's job (42501 otherwise: docs/nodes.md).
 REVOKE ALL ON FUNCTION sharding.add_node(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.add_node(text, text) TO sharding_admin;
 
@@ -102,7 +102,7 @@ END
 $$;
 COMMENT ON FUNCTION sharding.drop_node(text) IS
     'forgets a node; refused (55000) while it owns logical shards or pins';
--- Changing where maps route is an administrator's job (contract: 42501 otherwise).
+-- Changing where maps route is an administrator's job (42501 otherwise: docs/nodes.md).
 REVOKE ALL ON FUNCTION sharding.drop_node(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.drop_node(text) TO sharding_admin;
 

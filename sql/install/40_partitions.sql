@@ -1,4 +1,4 @@
--- Section 6: native hash partitions aligned with shard_of.
+-- Native hash partitions aligned with shard_of (docs/partitions.md).
 --
 -- With PARTITION BY HASH (k sharding.<type>_shard_ops) on a single column,
 -- partition MODULUS n REMAINDER r holds exactly the rows with

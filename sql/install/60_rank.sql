@@ -1,4 +1,4 @@
--- Section 4: rank-guarded transitions.
+-- Rank-guarded transitions (docs/rank.md).
 --
 -- A guard is a C trigger, sharding._rank_guard, installed on the table as
 -- BEFORE UPDATE OF col FOR EACH ROW, so every write path is checked and

@@ -1,8 +1,9 @@
 // The stable shard hash: pure C++, no PostgreSQL header.
 //
-// These functions define the compatibility promise of section 1 of the
-// contract: XXH3-64 with seed 0 over a key's canonical bytes, then either a
-// plain modulo or Lamping-Veach jump consistent hashing. Their values must
+// These functions define the compatibility promise of docs/hashing.md
+// ("Computing the same shard outside the database"): XXH3-64 with seed 0
+// over a key's canonical bytes, then either a plain modulo or Lamping-Veach
+// jump consistent hashing. Their values must
 // never change between versions, platforms or byte orders.
 #pragma once
 

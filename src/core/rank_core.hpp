@@ -1,6 +1,7 @@
-// Section 4's pure core: the ranks of one column, lowest first, and how
-// values map onto them. No PostgreSQL header (Makefile: PURE); the glue in
-// rank.cpp reads catalogs and trigger arguments and hands plain data here.
+// The pure core of rank guards (docs/rank.md): the ranks of one column,
+// lowest first, and how values map onto them. No PostgreSQL header (src/core/,
+// checked by make check-layers); the glue in rank.cpp reads catalogs and
+// trigger arguments and hands plain data here.
 //
 // Bad input (an empty rank, a rank listed twice) throws
 // std::invalid_argument, which the boundary reports as 22023

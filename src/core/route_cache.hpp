@@ -93,7 +93,7 @@ struct MapRoutes {
     // shard_from_hash(hash, logical_shards), without a 64-bit division (the
     // same FastMod shard_of uses).
     int32_t shard_of_hash(uint64_t hash) const { return static_cast<int32_t>(shard_mod.mod(hash)); }
-    // PL/Proxy partitions (contract section 7, partition_for): a node that
+    // PL/Proxy partitions (docs/nodes.md, partition_for): a node that
     // owns logical shards is reached through the lowest one it owns; a node
     // that only holds pins gets its own partition after the logical ones, in
     // byte order of node names (as cluster_partitions lists them).

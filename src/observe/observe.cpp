@@ -1,4 +1,4 @@
-// Section 5 of the contract, the parts written in C++: the histogram bar
+// Observing load (docs/observe.md), the parts written in C++: the histogram bar
 // shared by every observing function, and imbalance(anyarray). The
 // table-scanning functions (distribution, whales, map_load) are SQL in
 // sql/install/80_observe.sql: each is one aggregate query over the table.

@@ -1,5 +1,5 @@
 // Reading a shard key argument of any of the six key types and hashing its
-// canonical bytes (contract section 1). Shared by hashing, routing and the
+// canonical bytes (docs/hashing.md). Shared by hashing, routing and the
 // operator classes, so that every path hashes a key the same way.
 #pragma once
 

@@ -1,10 +1,11 @@
 // The symbols the frozen scripts of 1.0 and 1.1 (sql/sharding--1.0.sql,
 // sharding--1.0--1.1.sql, sharding--1.1.sql) link their C functions to,
-// from before every symbol was named sharding_<name> (issue 16, finding 4).
+// from before every symbol was named sharding_<name> (docs/architecture.md,
+// "Layers and topics of src/").
 // A database still at 1.0 or 1.1 resolves its functions through these until
-// ALTER EXTENSION sharding UPDATE re-points them (sql/sharding--1.1--1.2.sql,
-// 10_house.sql). They go when 1.0 and 1.1 are no longer installable.
-// test/harness/symbols.sh allows exactly the names these scripts use.
+// ALTER EXTENSION sharding UPDATE re-points them (sql/sharding--1.1--1.2.sql).
+// They go when 1.0 and 1.1 are no longer installable.
+// test/harness/layers.sh allows exactly the names these scripts use.
 #include "pg/boundary.hpp"
 
 SHARDING_LEGACY_SYMBOL(_boundary_selftest, sharding__boundary_selftest)

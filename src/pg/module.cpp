@@ -12,8 +12,8 @@ SHARDING_EXPORT void _PG_init(void);
 // shared_preload_libraries: nothing here allocates or reads a catalog). A
 // topic with a per-backend cache registers its entry kind with the cache
 // module (cache::register_kind, src/pg/cache.hpp), which owns the one relcache
-// and one syscache callback; queue.cpp still registers its own until it moves
-// onto the module. One line per topic.
+// and one syscache callback (docs/architecture.md, "The cache module"). One
+// line per topic.
 namespace sharding {
 void maps_init();   // maps.cpp: routing cache
 void queue_init();  // queue.cpp: prepared claim plans

@@ -1,4 +1,4 @@
-// Section 4 of the contract: rank-guarded transitions.
+// Rank-guarded transitions (docs/rank.md).
 //
 // A guard is a `BEFORE UPDATE OF col ... FOR EACH ROW` trigger running
 // sharding._rank_guard(col, on_regress, rank0, rank1, ...). The trigger's
@@ -14,7 +14,9 @@
 // ranks is refused with 22023. A new value byte-equal to the old one always
 // passes.
 //
-// Two per-backend caches live in the "sharding rank cache" memory context:
+// Two per-backend caches, entry kinds of the cache module (src/pg/cache.hpp:
+// memory in children of the "sharding cache" context, one relcache and one
+// syscache callback, one retirement rule):
 //  - guards, by trigger oid: what the trigger needs per row. A trigger's
 //    arguments never change under one oid (guard_rank replaces the trigger),
 //    so entries go stale only when the table changes (relcache callback) or,
@@ -22,10 +24,11 @@
 //  - columns, by (table, column): ranks, the prepared UPDATE and the primary
 //    key, for rank_of and advance; stale on the same two events.
 // Callbacks only mark entries stale; the next lookup rebuilds them. Plans and
-// memory of a replaced entry are freed only when no call is running, so a
-// nested call (a trigger calling advance) never frees what an outer call uses.
+// memory of a replaced entry are retired (cache::retire_plan, retire_context)
+// and freed only when no call is running, so a nested call (a trigger calling
+// advance) never frees what an outer call uses.
 //
-// Layers (README, Contributing): the rank lists are the pure core
+// Layers (docs/architecture.md): the rank lists are the pure core
 // (rank_core.hpp); every call into PostgreSQL is a named C-style glue
 // function below (read_column_type, read_enum, read_facts,
 // prepare_advance_plan, convert_through_text, run_advance, ...) or a

@@ -1,4 +1,4 @@
-// Section 1 of the contract: hash64, shard_of and jump_shard for every key
+// Hashing (docs/hashing.md): hash64, shard_of and jump_shard for every key
 // type, and the dealing rule of worker_shards / worker_of.
 #include "pg/keys.hpp"
 

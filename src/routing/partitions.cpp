@@ -1,6 +1,6 @@
-// Section 6 of the contract: the support functions of the hash operator
-// classes text_shard_ops, bytea_shard_ops, int2/int4/int8_shard_ops (one
-// family, integer_shard_ops) and uuid_shard_ops. See partition_hash.hpp for
+// Native partitions (docs/partitions.md): the support functions of the hash
+// operator classes text_shard_ops, bytea_shard_ops, int2/int4/int8_shard_ops
+// (one family, integer_shard_ops) and uuid_shard_ops. See partition_hash.hpp for
 // why the extended hash looks the way it does.
 #include "pg/keys.hpp"
 #include "core/partition_hash.hpp"

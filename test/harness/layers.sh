@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The structure the code keeps (issue 16, findings 3 and 4):
+# The structure the code keeps (docs/architecture.md, "Layers and topics of src/"):
 # - the pure core (Makefile: PURE) compiles without any PostgreSQL header;
 # - sharding.so exports only PostgreSQL's entry points (Pg_magic_func,
 #   _PG_init), sharding_* functions with their pg_finfo_ records, and the

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Section 10 behaviour that needs more than one session:
+# Queue behaviour of docs/queue.md (run_at, priority, wake-ups, pressure)
+# that needs more than one session:
 #  - wakeups: one NOTIFY on sharding_<table> per transaction and channel,
 #    payload the first claimable job's key, for INSERT, INSERT ... SELECT,
 #    COPY, enqueue and enqueue_many; none for rows that are not claimable

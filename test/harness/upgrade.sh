@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Upgrades (issue 9): CREATE EXTENSION sharding VERSION '1.0', use it, then
+# Upgrades (docs/upgrades.md): CREATE EXTENSION sharding VERSION '1.0', use it, then
 # ALTER EXTENSION sharding UPDATE; the result must equal a fresh install of
 # the current version (every catalog object the extension owns, compared
 # attribute by attribute, and psql's \df sharding.*), and the data and the

@@ -1,5 +1,5 @@
--- The bad-input matrix (issue 9): hostile and malformed calls across every
--- section of the contract. Each must fail with the contract's SQLSTATE
+-- The bad-input matrix: hostile and malformed calls across every topic of
+-- docs/. Each must fail with the SQLSTATE its page documents
 -- (never XX000), change nothing, and leave the routing cache answering as
 -- before. test/run.sh then checks that the server never restarted.
 \set QUIET on
@@ -67,7 +67,7 @@ CREATE TABLE bad_parted_0 PARTITION OF bad_parted FOR VALUES WITH (MODULUS 4, RE
 CREATE TABLE bad_plain_parted (k text) PARTITION BY HASH (k);
 CREATE TABLE bad_two_cols (a text, b text) PARTITION BY HASH (a sharding.text_shard_ops, b sharding.text_shard_ops);
 
--- Section 1: hashing
+-- Hashing (docs/hashing.md)
 SELECT is(pg_temp.bad($$SELECT sharding.shard_of('a', 0)$$, '22023'), 'ok', 'shard_of n = 0');
 SELECT is(pg_temp.bad($$SELECT sharding.shard_of('a', -1)$$, '22023'), 'ok', 'shard_of n = -1');
 SELECT is(pg_temp.bad($$SELECT sharding.shard_of(7::bigint, -2147483648)$$, '22023'), 'ok', 'shard_of n = int min');
@@ -85,7 +85,7 @@ SELECT is(pg_temp.bad($$SELECT sharding.worker_of(64, 4, 64)$$, '22023'), 'ok', 
 SELECT is(pg_temp.bad($$SELECT sharding.worker_of(0, 4, 0)$$, '22023'), 'ok', 'worker_of zero shards');
 SELECT is(pg_temp.bad($$SELECT sharding.worker_of(0, -3, 8)$$, '22023'), 'ok', 'worker_of negative workers');
 
--- Section 2: maps
+-- Maps (docs/maps.md)
 SELECT is(pg_temp.bad($$SELECT sharding.create_map('m2', 0, ARRAY['a'])$$, '22023'), 'ok', 'create_map 0 shards');
 SELECT is(pg_temp.bad($$SELECT sharding.create_map('m2', -4, ARRAY['a'])$$, '22023'), 'ok', 'create_map negative shards');
 SELECT is(pg_temp.bad($$SELECT sharding.create_map('m2', 4, '{}')$$, '22023'), 'ok', 'create_map empty nodes');
@@ -119,7 +119,7 @@ SELECT is(pg_temp.bad($$SELECT sharding.fence('bad_map', 0, -1)$$, '55000'), 'ok
 SELECT is(pg_temp.bad($$SELECT sharding.fence('bad_map', 99, 1)$$, '22023'), 'ok', 'fence bad shard');
 SELECT is(pg_temp.bad($$SELECT sharding.fence('no map', 0, 1)$$, '42704'), 'ok', 'fence unknown map');
 
--- Section 3: claiming work
+-- Claiming work (docs/queue.md)
 SELECT is(pg_temp.bad($$SELECT * FROM sharding.claim(NULL::bad_jobs, 'w', 0)$$, '22023'), 'ok', 'claim batch 0');
 SELECT is(pg_temp.bad($$SELECT * FROM sharding.claim(NULL::bad_jobs, 'w', -1)$$, '22023'), 'ok', 'claim negative batch');
 SELECT is(pg_temp.bad($$SELECT * FROM sharding.claim(NULL::bad_jobs, 'w', 5, '-1 second')$$, '22023'), 'ok', 'claim negative lease');
@@ -137,7 +137,7 @@ SELECT is(pg_temp.bad($$SELECT sharding.extend_lease('bad_jobs', 1, 'w', '-5 min
 SELECT is(pg_temp.bad($$SELECT sharding.create_queue('bad_jobs')$$, '42P07'), 'ok', 'create_queue existing table');
 SELECT is(pg_temp.bad($$SELECT sharding.create_queue('')$$, '22023'), 'ok', 'create_queue empty name');
 
--- Section 4: rank guards
+-- Rank guards (docs/rank.md)
 SELECT is(pg_temp.bad($$SELECT sharding.guard_rank('bad_orders', 'nope', ARRAY['a'])$$, '42703'), 'ok', 'guard_rank unknown column');
 SELECT is(pg_temp.bad($$SELECT sharding.guard_rank('bad_orders', 'status')$$, '22023'), 'ok', 'guard_rank non-enum without ranks');
 SELECT is(pg_temp.bad($$SELECT sharding.guard_rank('bad_orders', 'status', ARRAY['a', 'a'])$$, '22023'), 'ok', 'guard_rank duplicate ranks');
@@ -152,7 +152,7 @@ SELECT is(pg_temp.bad($$SELECT sharding.advance('bad_nopk', 2::bigint, 'x')$$, '
 SELECT is(pg_temp.bad($$UPDATE bad_orders SET status = 'shipped' WHERE id = 1$$, '23514'), 'ok', 'guarded UPDATE regressing (error mode)');
 SELECT is(pg_temp.bad($$UPDATE bad_orders SET status = 'teleported' WHERE id = 2$$, '22023'), 'ok', 'guarded UPDATE to value outside ranks');
 
--- Section 5: observing load
+-- Observing load (docs/observe.md)
 SELECT is(pg_temp.bad($$SELECT * FROM sharding.distribution('bad_jobs', 'nope', 8)$$, '42703'), 'ok', 'distribution unknown column');
 SELECT is(pg_temp.bad($$SELECT * FROM sharding.distribution('bad_jobs', 'key', 0)$$, '22023'), 'ok', 'distribution 0 shards');
 SELECT is(pg_temp.bad($$SELECT * FROM sharding.distribution('bad_jobs', 'claim_expires', 8)$$, '22023'), 'ok', 'distribution on an unsupported key type');
@@ -162,14 +162,14 @@ SELECT is(pg_temp.bad($$SELECT * FROM sharding.whales('bad_jobs', $c$key"; DROP 
 SELECT is(pg_temp.bad($$SELECT sharding.imbalance(ARRAY['a', 'b'])$$, '22023'), 'ok', 'imbalance of text');
 SELECT is(pg_temp.bad($$SELECT * FROM sharding.map_load('no map', 'bad_jobs', 'key')$$, '42704'), 'ok', 'map_load unknown map');
 
--- Section 6: partitions
+-- Partitions (docs/partitions.md)
 SELECT is(pg_temp.bad($$SELECT sharding.create_partitions('bad_parted', 0)$$, '22023'), 'ok', 'create_partitions 0');
 SELECT is(pg_temp.bad($$SELECT sharding.create_partitions('bad_jobs', 4)$$, '22023'), 'ok', 'create_partitions not partitioned');
 SELECT is(pg_temp.bad($$SELECT sharding.create_partitions('bad_plain_parted', 4)$$, '22023'), 'ok', 'create_partitions default opclass');
 SELECT is(pg_temp.bad($$SELECT sharding.create_partitions('bad_two_cols', 4)$$, '22023'), 'ok', 'create_partitions two key columns');
 SELECT is(pg_temp.bad($$SELECT sharding.create_partitions('bad_parted', 4)$$, '42P07'), 'ok', 'create_partitions name taken');
 
--- Section 7: nodes and PL/Proxy
+-- Nodes and PL/Proxy (docs/nodes.md)
 SELECT is(pg_temp.bad($$SELECT sharding.drop_node('n1')$$, '55000'), 'ok', 'drop_node owning shards');
 SELECT is(pg_temp.bad($$SELECT sharding.drop_node('whale')$$, '55000'), 'ok', 'drop_node holding pins');
 SELECT is(pg_temp.bad($$SELECT sharding.drop_node('nobody')$$, '42704'), 'ok', 'drop_node unknown');

@@ -1,6 +1,6 @@
 -- map_load against the real router: wherever node_for sends a row, map_load
 -- counts it, for every key type, after pins, moves, rebalances and unpins.
--- Uses the maps functions of contract section 2 through plpgsql, so that a
+-- Uses the maps functions (docs/maps.md) through plpgsql, so that a
 -- build without them skips these tests instead of failing to parse.
 BEGIN;
 SELECT plan(14);

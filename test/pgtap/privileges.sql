@@ -1,4 +1,4 @@
--- Privileges (issue 9): routing and hashing for every role; changing maps,
+-- Privileges (docs/maps.md, docs/nodes.md, docs/rank.md: "Privileges"): routing and hashing for every role; changing maps,
 -- pins, nodes and rank guards only for the extension's owner or members of
 -- sharding_admin (42501 otherwise); no direct writes to the config tables by
 -- plain roles; claim and complete obey the caller's privileges on the queue.

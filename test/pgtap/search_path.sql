@@ -1,4 +1,4 @@
--- search_path safety (issue 9): a schema ahead of pg_catalog on the caller's
+-- search_path safety: a schema ahead of pg_catalog on the caller's
 -- search_path shadows the builtins the extension's SQL and SPI queries use
 -- (=, <, now(), quote_ident, format, nextval, lower, ...). Every shadow logs
 -- its call; calling every function of the extension must log nothing.
@@ -88,10 +88,10 @@ CREATE TABLE public.sp_parts (k text) PARTITION BY HASH (k sharding.text_shard_o
 
 SET LOCAL search_path = evil, pg_catalog, public;
 
--- Section 1
+-- Hashing (docs/hashing.md)
 SELECT sharding.hash64('x'), sharding.shard_of('x', 8), sharding.jump_shard(7, 8),
        sharding.worker_shards(1, 4, 64), sharding.worker_of(3, 4, 64);
--- Section 2
+-- Maps (docs/maps.md)
 SELECT sharding.logical_shard('sp_map', 'x'), sharding.node_for('sp_map', 'x'), sharding.node_for('sp_map', 42);
 SELECT sharding.pin('sp_map', 'whale', 'c');
 SELECT sharding.node_for('sp_map', 'whale');
@@ -102,14 +102,14 @@ SELECT * FROM sharding.rebalance('sp_map', ARRAY['a', 'b', 'c'], true);
 SELECT * FROM sharding.rebalance('sp_map', ARRAY['a', 'b', 'c']);
 SELECT sharding.epoch('sp_map', 0);
 SELECT sharding.fence('sp_map', 0, sharding.epoch('sp_map', 0));
--- Section 3
+-- Claiming work (docs/queue.md)
 SELECT count(*) FROM sharding.claim(NULL::public.sp_jobs, 'w1', 5);
 SELECT count(*) FROM sharding.claim_shards(NULL::public.sp_jobs, 'w2', ARRAY[0, 1, 2, 3], 4, 5);
 SELECT sharding.complete('public.sp_jobs', (SELECT min(id) FROM public.sp_jobs WHERE owner OPERATOR(pg_catalog.=) 'w1'), 'w1');
 SELECT sharding.complete('public.sp_jobs', ARRAY(SELECT id FROM public.sp_jobs WHERE owner OPERATOR(pg_catalog.=) 'w2'), 'w2');
 SELECT sharding.fail('public.sp_jobs', (SELECT max(id) FROM public.sp_jobs WHERE owner OPERATOR(pg_catalog.=) 'w1'), 'w1');
 SELECT sharding.extend_lease('public.sp_jobs', 1, 'w1', '1 minute');
--- Section 4
+-- Rank guards (docs/rank.md)
 SELECT sharding.guard_rank('public.sp_orders', 'status', ARRAY['new', 'shipped', 'delivered']);
 SELECT sharding.guard_rank('public.sp_orders', 'state', NULL, 'error');
 SELECT sharding.rank_of('public.sp_orders', 'status', 'shipped');
@@ -117,15 +117,15 @@ SELECT sharding.advance('public.sp_orders', 1::bigint, 'delivered');
 SELECT sharding.advance('public.sp_orders', 2::bigint, 'shipped', 'state');
 UPDATE public.sp_orders SET status = 'new' WHERE id OPERATOR(pg_catalog.=) 1;
 SELECT sharding.unguard_rank('public.sp_orders', 'status');
--- Section 5
+-- Observing load (docs/observe.md)
 SELECT count(*) FROM sharding.distribution('public.sp_jobs', 'key', 8);
 SELECT sharding.imbalance(ARRAY[1, 2, 3]);
 SELECT count(*) FROM sharding.whales('public.sp_jobs', 'key', 4);
 SELECT count(*) FROM sharding.map_load('sp_map', 'public.sp_jobs', 'key');
--- Section 6
+-- Partitions (docs/partitions.md)
 SELECT sharding.create_partitions('public.sp_parts', 4);
 INSERT INTO public.sp_parts VALUES ('a'), ('b');
--- Section 7
+-- Nodes and PL/Proxy (docs/nodes.md)
 SELECT sharding.add_node('a', 'host=/nonexistent dbname=a');
 SELECT sharding.add_node('b', 'host=/nonexistent dbname=b');
 SELECT sharding.add_node('c', 'host=/nonexistent dbname=c');

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): enqueue_many and queue_health (issue 14).
+# Benchmark (not a test): enqueue_many and queue_health (docs/queue.md).
 #  - enqueue_many of 100,000 jobs vs one INSERT ... SELECT of the same rows
 #    into an identical create_queue table (same indexes, same wakeup
 #    trigger); goal: at most 1.2x.

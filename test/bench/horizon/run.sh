@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): claims with the MVCC horizon pinned (issue 14).
+# Benchmark (not a test): claims with the MVCC horizon pinned (docs/queue.md).
 #
 # A steady stream of inserts (pgbench -R, 2 clients, INSERT_RATE jobs/s) and
 # 8 clients claiming and completing in batches of 10, for SECONDS_PER_RUN

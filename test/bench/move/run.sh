@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark of move_shard_online (contract section 8), ratios measured in
+# Benchmark of move_shard_online (docs/moves.md), ratios measured in
 # one run on two live instances (wal_level = logical):
 #
 #   1. write-refusal window of a 1,000,000-row shard / that of a 10,000-row

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark (not a test) of section 9's claims, each as a ratio against a
+# Benchmark (not a test) of the claims of docs/ordered.md, each as a ratio against a
 # baseline measured in the same run on identical data (pgbench, 8 clients,
 # batch 50, claim then batch complete, -M prepared, jit off):
 #
