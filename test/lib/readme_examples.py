@@ -9,10 +9,9 @@
 The convention (README.md and every page of docs/ follow it, this script
 enforces it):
 
-* In README.md, every `##` or `###` heading starts a section (`####` and
-  deeper do not). In a page of docs/ (a file whose folder is named docs),
-  the page title `#` and every `##` heading start a section (`###` and
-  deeper do not: a page's subsections share their section's database).
+* Every `#`, `##` or `###` heading starts a section (`####` and deeper do
+  not: such subsections share their section's database). What comes before
+  the first heading is a section too, "(top)".
 * Every fenced block whose info string starts with `sql` runs. `sql norun`
   blocks do not run and are reported as skipped, as are `go` and `java`
   blocks (no toolchain here). `sql node=NAME` blocks run only in `nodes`
@@ -112,13 +111,7 @@ class Statement:
 
 
 FENCE = re.compile(r'^(\s{0,3})(`{3,}|~{3,})\s*(.*)$')
-HEADING = re.compile(r'^(#{1,6})\s+(.*?)\s*#*\s*$')
-
-
-def section_levels(path):
-    """Heading levels that start a section: 1-2 in a page of docs/, else 2-3."""
-    folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    return (1, 2) if folder == 'docs' else (2, 3)
+HEADING = re.compile(r'^(#{1,3})\s+(.*?)\s*#*\s*$')
 
 
 def parse_readme(path):
@@ -135,7 +128,6 @@ def parse_readme(path):
 
 def _parse_readme(path):
     lines = open(path, encoding='utf-8').read().split('\n')
-    levels = section_levels(path)
     sections = [Section(0, '(top)', 1)]
     i = 0
     while i < len(lines):
@@ -155,7 +147,7 @@ def _parse_readme(path):
             i += 1
             continue
         h = HEADING.match(line)
-        if h and len(h.group(1)) in levels:
+        if h:
             sections.append(Section(len(sections), h.group(2), i + 1))
         i += 1
     return sections

@@ -24,7 +24,9 @@ fi
 
 pages=()
 for f in README.md docs/*.md; do
-    [ -f "$f" ] && python3 test/lib/readme_examples.py list "$f" | grep -q ' sql node=' && pages+=("$f")
+    [ -f "$f" ] || continue
+    blocks=$(python3 test/lib/readme_examples.py list "$f") || bail "cannot list the examples of $f"
+    grep -q ' sql node=' <<<"$blocks" && pages+=("$f")
 done
 if [ ${#pages[@]} -eq 0 ]; then
     echo "# no page has sql node=NAME blocks"
