@@ -1,0 +1,188 @@
+-- Fixes of issue 27 (docs: install, followers, observe) and one source for
+-- the exported symbols (issue 22).
+
+-- attach_node tells this database from a node by a probe connection seen in
+-- pg_stat_activity, not by system identifier and database name, which
+-- clones of a cluster share.
+-- Whether a connection string leads to this very database (the same
+-- server and database, whatever host, port or user it names). A clone of
+-- this cluster (pg_basebackup, a copied disk image) has the same system
+-- identifier and database name, so those prove nothing; instead a
+-- connection is opened, marked with a random application_name, and looked
+-- for in this server's pg_stat_activity, which lists every backend of this
+-- server and none of another's. The application_name of every backend is
+-- visible to every role.
+CREATE FUNCTION sharding._leads_here(dsn text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    dl name := sharding._dblink_schema('this operation');
+    token text := 'sharding_probe_' || pg_catalog.replace(pg_catalog.gen_random_uuid()::text, '-', '');
+    here boolean;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.dblink_connect($1, $2)', dl) USING token, dsn;
+    BEGIN
+        EXECUTE pg_catalog.format('SELECT f.v FROM %I.dblink($1, $2) AS f(v text)', dl)
+          USING token, pg_catalog.format('SELECT pg_catalog.set_config(%L, %L, false)', 'application_name', token);
+        -- This transaction may have read pg_stat_activity before: read it anew.
+        PERFORM pg_catalog.pg_stat_clear_snapshot();
+        here := EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a
+                         WHERE a.application_name = token AND a.datname = pg_catalog.current_database());
+    EXCEPTION WHEN OTHERS THEN
+        EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', dl) USING token;
+        RAISE;
+    END;
+    EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', dl) USING token;
+    RETURN here;
+END $$;
+COMMENT ON FUNCTION sharding._leads_here(text) IS
+    'internal: whether a connection string leads back to this database (a probe connection seen in pg_stat_activity)';
+-- For administrators, as attach_node, which calls it: it connects out.
+REVOKE ALL ON FUNCTION sharding._leads_here(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._leads_here(text) TO sharding_admin;
+
+-- attach_node(node text): see the top of this file. Not STRICT: NULL raises.
+CREATE OR REPLACE FUNCTION sharding.attach_node(node text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    dl name;
+    dsn text;
+    me text;
+    sub text;
+    slot text;
+    facts record;
+    node_maps text[];
+    node_versions bigint[];
+    pending integer;
+    deadline timestamptz;
+    sub_conninfo text;
+    sub_enabled boolean;
+BEGIN
+    IF attach_node.node IS NULL OR attach_node.node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(attach_node.node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF current_setting('wal_level') <> 'logical' THEN
+        RAISE EXCEPTION 'attach_node needs wal_level = logical on the coordinator, got %', current_setting('wal_level')
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Set wal_level = logical (and max_replication_slots, max_wal_senders for one slot per node) '
+                         'in postgresql.conf, then restart PostgreSQL.';
+    END IF;
+    IF EXISTS (SELECT FROM sharding.local_node AS l WHERE l.following) THEN
+        RAISE EXCEPTION 'this database follows a coordinator: attach node "%" there', attach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    SELECT n.dsn INTO dsn FROM sharding.nodes AS n WHERE n.node = attach_node.node;
+    IF dsn IS NULL THEN
+        RAISE EXCEPTION 'node "%" has no connection string', attach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Call sharding.add_node(%L, ''<dsn>'') first.', attach_node.node);
+    END IF;
+    -- The node's CREATE SUBSCRIPTION makes a replication slot here, which
+    -- waits for every transaction holding a transaction id to end.
+    IF txid_current_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'attach_node must run in a transaction that has not written yet'
+            USING ERRCODE = 'active_sql_transaction',
+                  HINT = 'Call it in its own transaction.';
+    END IF;
+    dl := sharding._dblink_schema('attach_node');
+    me := sharding._coordinator_dsn();
+    sub := sharding._config_subscription(attach_node.node);
+    slot := sharding._config_slot(attach_node.node);
+
+    -- The node: not this very database, this extension (1.2) there, not
+    -- following as another node. Nothing has changed anywhere yet.
+    IF sharding._leads_here(dsn) THEN
+        RAISE EXCEPTION 'node "%" is this database: a coordinator cannot follow itself', attach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = format('Its connection string %s leads back here.', dsn);
+    END IF;
+    EXECUTE format($q$SELECT * FROM %I.dblink($1, $2) AS f(has_follow boolean, following_as text)$q$, dl)
+       INTO facts
+      USING dsn, $r$SELECT pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL, NULL::text$r$;
+    IF NOT facts.has_follow THEN
+        RAISE EXCEPTION 'node "%" has no sharding extension of version 1.2 or later', attach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'CREATE EXTENSION sharding (or ALTER EXTENSION sharding UPDATE) in the node''s database.';
+    END IF;
+    facts.following_as := sharding._remote(dsn, 'SELECT node FROM sharding.local_node WHERE following');
+    IF facts.following_as IS DISTINCT FROM attach_node.node AND facts.following_as IS NOT NULL THEN
+        RAISE EXCEPTION 'the database of node "%" already follows a coordinator as node "%"',
+                attach_node.node, facts.following_as
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Detach it first: sharding.detach_node(%L) on its coordinator.', facts.following_as);
+    END IF;
+    EXECUTE format($q$SELECT array_agg(f.map), array_agg(f.version) FROM %I.dblink($1, $2) AS f(map text, version bigint)$q$, dl)
+       INTO node_maps, node_versions
+      USING dsn, 'SELECT map, version FROM sharding.map_versions';
+
+    -- Coordinator side, committed before the node subscribes (a publication
+    -- nobody subscribes to, and versions that rose, are harmless leftovers
+    -- of a failure below).
+    PERFORM sharding._remote(me, format('SELECT sharding._publish_config(%L, %L)::text', node_maps, node_versions));
+
+    -- The subscription, disabled: creating it proves the node reaches us
+    -- before its configuration is touched. Its slot is made from here first:
+    -- a CREATE SUBSCRIPTION that creates its slot hangs when the node lives
+    -- in this same PostgreSQL instance.
+    EXECUTE format($q$SELECT f.c, f.e FROM %I.dblink($1, $2) AS f(c text, e boolean)$q$, dl)
+       INTO sub_conninfo, sub_enabled
+      USING dsn, format($s$SELECT subconninfo, subenabled FROM pg_catalog.pg_subscription
+                            WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
+                                                               WHERE datname = pg_catalog.current_database())$s$, sub);
+    IF sub_conninfo IS NULL THEN
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots AS r WHERE r.slot_name = slot) THEN
+            PERFORM sharding._remote(me, format(
+                $s$SELECT slot_name::text FROM pg_catalog.pg_create_logical_replication_slot(%L, 'pgoutput')$s$, slot));
+        END IF;
+        BEGIN
+            PERFORM sharding._remote_exec(dsn, format(
+                'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION sharding_config '
+                'WITH (slot_name = %L, create_slot = false, enabled = false)', sub, me, slot));
+        EXCEPTION WHEN OTHERS THEN
+            -- Leave no slot behind (it would hold WAL back forever).
+            PERFORM sharding._remote(me, format(
+                $s$SELECT 'dropped' FROM pg_catalog.pg_drop_replication_slot(%L)$s$, slot));
+            RAISE;
+        END;
+        sub_enabled := false;
+    ELSIF sub_conninfo IS DISTINCT FROM me THEN
+        PERFORM sharding._remote_exec(dsn, format('ALTER SUBSCRIPTION %I CONNECTION %L', sub, me));
+    END IF;
+
+    -- The node's configuration gives way to ours, then the copy starts.
+    BEGIN
+        PERFORM sharding._remote(dsn, format('SELECT sharding._follow(%L, %L)::text', attach_node.node, me));
+    EXCEPTION WHEN OTHERS THEN
+        IF NOT sub_enabled THEN
+            PERFORM sharding._remote_exec(dsn, format('DROP SUBSCRIPTION %I', sub));
+        END IF;
+        RAISE;
+    END;
+    IF NOT sub_enabled THEN
+        PERFORM sharding._remote_exec(dsn, format('ALTER SUBSCRIPTION %I ENABLE', sub));
+    END IF;
+
+    -- The full copy: wait (up to a minute) until every table is synchronised.
+    deadline := clock_timestamp() + interval '60 seconds';
+    LOOP
+        EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
+           INTO pending
+          USING dsn, format($s$SELECT (6 - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::integer
+                                 FROM pg_catalog.pg_subscription AS s
+                                 JOIN pg_catalog.pg_subscription_rel AS r ON r.srsubid = s.oid
+                                WHERE s.subname = %L$s$, sub);
+        EXIT WHEN pending <= 0;
+        IF clock_timestamp() > deadline THEN
+            RAISE WARNING 'node "%" is still copying the configuration (% tables to go)', attach_node.node, pending
+                USING HINT = 'It follows once the copy ends; check pg_subscription_rel on the node.';
+            EXIT;
+        END IF;
+        PERFORM pg_sleep(0.02);
+    END LOOP;
+    PERFORM sharding._remote(dsn, 'SELECT sharding._install_guards()::text');
+END $$;
