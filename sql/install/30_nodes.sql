@@ -112,17 +112,17 @@ GRANT EXECUTE ON FUNCTION sharding.drop_node(text) TO sharding_admin;
 -- exactly as node_for matches it, and a proxied call pays a hash and a probe
 -- instead of three queries. STABLE: it reads the map.
 CREATE FUNCTION sharding.partition_for(map text, key text) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key bytea) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key smallint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key bigint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key uuid) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_for(text, text) IS
     'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
 COMMENT ON FUNCTION sharding.partition_for(text, bytea) IS

@@ -186,3 +186,18 @@ BEGIN
     END LOOP;
     PERFORM sharding._remote(dsn, 'SELECT sharding._install_guards()::text');
 END $$;
+
+-- partition_for links its sharding_ symbols (1.2 linked the bare names,
+-- which stay exported for the frozen 1.2 script only).
+CREATE OR REPLACE FUNCTION sharding.partition_for(map text, key text) RETURNS integer
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+CREATE OR REPLACE FUNCTION sharding.partition_for(map text, key bytea) RETURNS integer
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+CREATE OR REPLACE FUNCTION sharding.partition_for(map text, key smallint) RETURNS integer
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+CREATE OR REPLACE FUNCTION sharding.partition_for(map text, key integer) RETURNS integer
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+CREATE OR REPLACE FUNCTION sharding.partition_for(map text, key bigint) RETURNS integer
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+CREATE OR REPLACE FUNCTION sharding.partition_for(map text, key uuid) RETURNS integer
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
