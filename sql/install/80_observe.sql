@@ -215,13 +215,30 @@ COMMENT ON VIEW sharding.fanout_stats IS
     'per distributed table: statements that touched it (queries), those fixed to one logical shard by their key conditions (single_shard), the others (fan_out), counted since; needs shared_preload_libraries = ''sharding''';
 GRANT SELECT ON sharding.fanout_stats TO PUBLIC;
 
+-- fanout_info(): the counters' capacity and evictions. sharding.fanout_max
+-- (a server setting, 4096 by default) entries hold the counters of as many
+-- (database, distributed table) pairs; when all are taken, the least-used
+-- tables are evicted, as pg_stat_statements evicts statements: an evicted
+-- table shows zeros in fanout_stats until it is counted again, from then
+-- on. slots: sharding.fanout_max; used: tables counted now, all databases;
+-- evicted: tables of this database evicted since its last fanout_reset()
+-- (or the server's start); evicted_all: evictions in all databases since the
+-- server started. VOLATILE: shared counters. PARALLEL RESTRICTED: read in
+-- the leader. Not STRICT: no argument. Without preload: a NOTICE, no row.
+CREATE FUNCTION sharding.fanout_info(OUT slots integer, OUT used integer, OUT evicted bigint,
+                                     OUT evicted_all bigint)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'sharding_fanout_info' LANGUAGE C VOLATILE PARALLEL RESTRICTED ROWS 1;
+COMMENT ON FUNCTION sharding.fanout_info() IS
+    'fan-out counters: slots (sharding.fanout_max), used, tables of this database evicted since the last reset, evictions in all databases';
+
 -- fanout_reset(): zeroes this database's counters. VOLATILE, PARALLEL
 -- UNSAFE: it writes shared state. Everyone's picture changes, so it is an
 -- admin function, as pg_stat_statements_reset is.
 CREATE FUNCTION sharding.fanout_reset() RETURNS void
     AS 'MODULE_PATHNAME', 'sharding_fanout_reset' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding.fanout_reset() IS
-    'zeroes the fan-out counters of this database; fanout_stats.since becomes now';
+    'zeroes the fan-out counters of this database; fanout_stats.since becomes now, fanout_info().evicted zero';
 REVOKE ALL ON FUNCTION sharding.fanout_reset() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.fanout_reset() TO sharding_admin;
 

@@ -201,3 +201,25 @@ CREATE OR REPLACE FUNCTION sharding.partition_for(map text, key bigint) RETURNS 
     AS 'MODULE_PATHNAME', 'sharding_partition_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE OR REPLACE FUNCTION sharding.partition_for(map text, key uuid) RETURNS integer
     AS 'MODULE_PATHNAME', 'sharding_partition_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+-- Fan-out counters are sized by sharding.fanout_max and evict the least-used
+-- tables; fanout_info() tells how many.
+-- fanout_info(): the counters' capacity and evictions. sharding.fanout_max
+-- (a server setting, 4096 by default) entries hold the counters of as many
+-- (database, distributed table) pairs; when all are taken, the least-used
+-- tables are evicted, as pg_stat_statements evicts statements: an evicted
+-- table shows zeros in fanout_stats until it is counted again, from then
+-- on. slots: sharding.fanout_max; used: tables counted now, all databases;
+-- evicted: tables of this database evicted since its last fanout_reset()
+-- (or the server's start); evicted_all: evictions in all databases since the
+-- server started. VOLATILE: shared counters. PARALLEL RESTRICTED: read in
+-- the leader. Not STRICT: no argument. Without preload: a NOTICE, no row.
+CREATE FUNCTION sharding.fanout_info(OUT slots integer, OUT used integer, OUT evicted bigint,
+                                     OUT evicted_all bigint)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'sharding_fanout_info' LANGUAGE C VOLATILE PARALLEL RESTRICTED ROWS 1;
+COMMENT ON FUNCTION sharding.fanout_info() IS
+    'fan-out counters: slots (sharding.fanout_max), used, tables of this database evicted since the last reset, evictions in all databases';
+
+COMMENT ON FUNCTION sharding.fanout_reset() IS
+    'zeroes the fan-out counters of this database; fanout_stats.since becomes now, fanout_info().evicted zero';
