@@ -344,13 +344,13 @@ BEGIN
         RAISE EXCEPTION 'column "%" of relation % does not exist', copy_shard.key_column, copy_shard.tbl
             USING ERRCODE = 'undefined_column';
     END IF;
-    IF key_type NOT IN ('text'::regtype, 'bytea'::regtype, 'smallint'::regtype, 'integer'::regtype,
-                        'bigint'::regtype, 'uuid'::regtype) THEN
+    IF sharding._key_type(key_type) IS NULL THEN
         RAISE EXCEPTION 'key column "%" of relation % has type %, not a shard key type',
                 copy_shard.key_column, copy_shard.tbl, key_type
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Shard keys are text, bytea, smallint, integer, bigint or uuid.';
+                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
     END IF;
+    key_type := sharding._key_type(key_type);  -- as it is hashed: varchar as text, a domain as its base
 
     SELECT e.extnamespace::regnamespace::name INTO dblink_schema
       FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dblink';

@@ -46,14 +46,9 @@ BEGIN
         RAISE EXCEPTION 'column "%" of table % does not exist', key_column, tbl
             USING ERRCODE = 'undefined_column';
     END IF;
-    -- The key types of section 1 (varchar is text with a length limit; a
-    -- domain counts as its base type).
-    SELECT CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END INTO typ
-      FROM pg_catalog.pg_type t WHERE t.oid = typ;
-    IF typ NOT IN ('pg_catalog.text'::pg_catalog.regtype, 'pg_catalog.varchar'::pg_catalog.regtype,
-                   'pg_catalog.bytea'::pg_catalog.regtype, 'pg_catalog.int2'::pg_catalog.regtype,
-                   'pg_catalog.int4'::pg_catalog.regtype, 'pg_catalog.int8'::pg_catalog.regtype,
-                   'pg_catalog.uuid'::pg_catalog.regtype) THEN
+    -- The shard key types: sharding._key_type, the one test (varchar is
+    -- text with a length limit; a domain counts as its base type).
+    IF sharding._key_type(typ) IS NULL THEN
         RAISE EXCEPTION 'column "%" of table % is of type %, not a shard key type', key_column, tbl,
             pg_catalog.format_type(typ, NULL)
             USING ERRCODE = 'invalid_parameter_value',

@@ -22,8 +22,9 @@ CREATE FUNCTION sharding.imbalance(loads anyarray) RETURNS float8
 COMMENT ON FUNCTION sharding.imbalance(anyarray) IS
     'max / mean of a numeric array, NULL elements skipped; NULL when empty or all zero (1.0 = perfectly even)';
 
--- Internal: the type of a shard key column, or 42703 (no such column) or
--- 22023 (not a key type). varchar is hashed as text, like the text it casts to.
+-- Internal: the type a shard key column is hashed as (sharding._key_type:
+-- text for varchar, a domain's base type), or 42703 (no such column) or
+-- 22023 (not a key type).
 CREATE FUNCTION sharding._key_column_type(tbl regclass, key_column name) RETURNS regtype
     LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
@@ -38,18 +39,17 @@ BEGIN
         RAISE EXCEPTION 'column "%" of relation % does not exist', key_column, tbl
             USING ERRCODE = 'undefined_column';
     END IF;
-    IF t NOT IN ('text'::regtype, 'character varying'::regtype, 'bytea'::regtype, 'smallint'::regtype,
-                 'integer'::regtype, 'bigint'::regtype, 'uuid'::regtype) THEN
+    IF sharding._key_type(t) IS NULL THEN
         RAISE EXCEPTION 'column "%" of relation % has type %, which is not a shard key type',
                 key_column, tbl, t
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Shard keys are text, bytea, smallint, integer, bigint or uuid.';
+                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
     END IF;
-    RETURN t;
+    RETURN sharding._key_type(t);
 END
 $$;
 COMMENT ON FUNCTION sharding._key_column_type(regclass, name) IS
-    'internal: type of a shard key column; 42703 if missing, 22023 if not a key type';
+    'internal: type a shard key column is hashed as; 42703 if missing, 22023 if not a key type';
 
 -- Internal: SQL for the text form of a key expression of type t, the form
 -- pins match on and whales reports: bytea always in hex (\x...), whatever

@@ -32,6 +32,7 @@
 // executor, where any catalog access may longjmp.
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
+#include "pg/keys.hpp"
 #include "core/hash_core.hpp"
 
 extern "C" {
@@ -439,25 +440,26 @@ bool collation_ok(Oid coll) {
 // One value's shard, as far as known: its hash64 for the key types (the
 // logical shard follows from it, as shard_of computes it), else unknown.
 Shards value_of(Datum v, Oid type) {
+    std::optional<sharding::KeyType> k = sharding::key_type_of(type);
+    if (!k) return kOneUnknown;
     uint64_t h;
-    switch (type) {
-    case TEXTOID:
-    case VARCHAROID:
-    case BYTEAOID: {
+    switch (*k) {
+    case sharding::KeyType::Text:
+    case sharding::KeyType::Bytea: {
         struct varlena *p = PG_DETOAST_DATUM_PACKED(v);
         h = sharding::hash_bytes(VARDATA_ANY(p), VARSIZE_ANY_EXHDR(p));
         break;
     }
-    case INT2OID:
+    case sharding::KeyType::Int2:
         h = sharding::hash_int64(DatumGetInt16(v));
         break;
-    case INT4OID:
+    case sharding::KeyType::Int4:
         h = sharding::hash_int64(DatumGetInt32(v));
         break;
-    case INT8OID:
+    case sharding::KeyType::Int8:
         h = sharding::hash_int64(DatumGetInt64(v));
         break;
-    case UUIDOID:
+    case sharding::KeyType::Uuid:
         h = sharding::hash_bytes(DatumGetUUIDP(v)->data, UUID_LEN);
         break;
     default:

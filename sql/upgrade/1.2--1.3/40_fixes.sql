@@ -223,3 +223,165 @@ COMMENT ON FUNCTION sharding.fanout_info() IS
 
 COMMENT ON FUNCTION sharding.fanout_reset() IS
     'zeroes the fan-out counters of this database; fanout_stats.since becomes now, fanout_info().evicted zero';
+
+-- One test of what a shard key may be (sharding._key_type, shared with the
+-- C++ code), used by distribute, copy_shard and _key_column_type.
+-- Internal: the one test of what a shard key may be, shared with the C++
+-- code (src/pg/keys.cpp, key_type_of): the type a key of type t is hashed
+-- as (text for text, varchar and domains over them; bytea, smallint,
+-- integer, bigint, uuid and domains over them as themselves), NULL when t is
+-- not a shard key type. STABLE: it reads the type catalog (domains).
+CREATE FUNCTION sharding._key_type(t regtype) RETURNS regtype
+    AS 'MODULE_PATHNAME', 'sharding__key_type' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding._key_type(regtype) IS
+    'internal: the type a shard key of type t is hashed as (text for varchar, a domain''s base type), NULL if none';
+CREATE OR REPLACE FUNCTION sharding.distribute(tbl regclass, key_column name, map text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    nsp text;
+    rel text;
+    typ oid;
+BEGIN
+    IF tbl IS NULL OR key_column IS NULL OR map IS NULL THEN
+        RAISE EXCEPTION 'distribute needs a table, a key column and a map, got %, %, %',
+            coalesce(tbl::text, 'NULL'), coalesce(key_column::text, 'NULL'), coalesce(map, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map(map);
+    SELECT n.nspname, c.relname INTO nsp, rel
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = tbl;
+    SELECT a.atttypid INTO typ FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = tbl AND a.attname = key_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of table % does not exist', key_column, tbl
+            USING ERRCODE = 'undefined_column';
+    END IF;
+    -- The shard key types: sharding._key_type, the one test (varchar is
+    -- text with a length limit; a domain counts as its base type).
+    IF sharding._key_type(typ) IS NULL THEN
+        RAISE EXCEPTION 'column "%" of table % is of type %, not a shard key type', key_column, tbl,
+            pg_catalog.format_type(typ, NULL)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
+    END IF;
+    IF EXISTS (SELECT FROM sharding.distributed_tables d WHERE d.schema_name = nsp AND d.table_name = rel) THEN
+        RAISE EXCEPTION 'table % is already distributed', tbl
+            USING ERRCODE = 'duplicate_object', HINT = 'Call sharding.undistribute first to change it.';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid = tbl AND i.indisprimary) THEN
+        RAISE EXCEPTION 'table % has no primary key', tbl
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Moving a shard online replicates updates and deletes by primary key.';
+    END IF;
+    INSERT INTO sharding.distributed_tables (schema_name, table_name, key_column, map)
+    VALUES (nsp, rel, key_column, map);
+END $$;
+CREATE OR REPLACE FUNCTION sharding.copy_shard(map text, logical integer, tbl regclass, key_column name,
+                                    from_dsn text, to_dsn text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE STRICT PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+#variable_conflict use_column
+DECLARE
+    shards integer;
+    dblink_schema name;
+    key_type regtype;
+    rel text;
+    cols text;
+    coldefs text;
+    pinned text[];
+    src_query text;
+    dst_command text;
+    status text;
+BEGIN
+    SELECT m.logical_shards INTO shards FROM sharding.maps AS m WHERE m.map = copy_shard.map;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" does not exist', copy_shard.map USING ERRCODE = 'undefined_object';
+    END IF;
+    IF copy_shard.logical < 0 OR copy_shard.logical >= shards THEN
+        RAISE EXCEPTION 'logical shard must be between 0 and % for map "%", got %',
+                shards - 1, copy_shard.map, copy_shard.logical
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT a.atttypid::regtype INTO key_type
+      FROM pg_catalog.pg_attribute AS a
+     WHERE a.attrelid = copy_shard.tbl AND a.attname = copy_shard.key_column
+       AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of relation % does not exist', copy_shard.key_column, copy_shard.tbl
+            USING ERRCODE = 'undefined_column';
+    END IF;
+    IF sharding._key_type(key_type) IS NULL THEN
+        RAISE EXCEPTION 'key column "%" of relation % has type %, not a shard key type',
+                copy_shard.key_column, copy_shard.tbl, key_type
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
+    END IF;
+    key_type := sharding._key_type(key_type);  -- as it is hashed: varchar as text, a domain as its base
+
+    SELECT e.extnamespace::regnamespace::name INTO dblink_schema
+      FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dblink';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'copy_shard needs extension "dblink"'
+            USING ERRCODE = 'undefined_function',
+                  HINT = 'CREATE EXTENSION dblink here and at the destination.';
+    END IF;
+
+    -- The table by schema-qualified name (the other ends' search_path is
+    -- theirs), its stored columns, and the record type dblink returns.
+    SELECT format('%I.%I', n.nspname, c.relname) INTO rel
+      FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = copy_shard.tbl;
+    SELECT string_agg(format('%I', a.attname), ', ' ORDER BY a.attnum),
+           string_agg(format('%I %s', a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)), ', '
+                      ORDER BY a.attnum)
+      INTO cols, coldefs
+      FROM pg_catalog.pg_attribute AS a
+     WHERE a.attrelid = copy_shard.tbl AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '';
+
+    -- Pinned keys live on their pin's node, not on the shard's owner.
+    SELECT coalesce(array_agg(p.key), '{}') INTO pinned
+      FROM sharding.pins AS p WHERE p.map = copy_shard.map;
+
+    -- Pins hold the key's canonical text form (bytea in hex): compare that
+    -- form, not ::text, which for bytea follows the source's bytea_output.
+    src_query := format('SELECT %s FROM %s WHERE sharding.shard_of(%I, %s) = %s AND NOT (%s = ANY (%L::text[]))',
+                        cols, rel, copy_shard.key_column, shards, copy_shard.logical,
+                        sharding._key_text_sql(format('%I', copy_shard.key_column), key_type), pinned);
+    dst_command := format('INSERT INTO %s (%s) SELECT %s FROM %I.dblink(%L, %L) AS s(%s) ON CONFLICT DO NOTHING',
+                          rel, cols, cols, dblink_schema, copy_shard.from_dsn, src_query, coldefs);
+    EXECUTE format('SELECT %I.dblink_exec($1, $2)', dblink_schema)
+       INTO status USING copy_shard.to_dsn, dst_command;
+    -- The command tag: "INSERT 0 <rows>".
+    RETURN split_part(status, ' ', 3)::bigint;
+END
+$$;
+CREATE OR REPLACE FUNCTION sharding._key_column_type(tbl regclass, key_column name) RETURNS regtype
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t regtype;
+BEGIN
+    SELECT a.atttypid INTO t
+      FROM pg_catalog.pg_attribute AS a
+     WHERE a.attrelid = tbl AND a.attname = key_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of relation % does not exist', key_column, tbl
+            USING ERRCODE = 'undefined_column';
+    END IF;
+    IF sharding._key_type(t) IS NULL THEN
+        RAISE EXCEPTION 'column "%" of relation % has type %, which is not a shard key type',
+                key_column, tbl, t
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
+    END IF;
+    RETURN sharding._key_type(t);
+END
+$$;
+COMMENT ON FUNCTION sharding._key_column_type(regclass, name) IS
+    'internal: type a shard key column is hashed as; 42703 if missing, 22023 if not a key type';
