@@ -2,11 +2,20 @@
 
 -- The role that may change maps, pins, nodes and rank guards besides the
 -- extension's owner. Roles are cluster-wide, so another database may have
--- created it already.
+-- created it already, or be creating it right now: an install running at
+-- the same time in another database may have made it without committing
+-- yet, which our check cannot see. Our CREATE ROLE then waits for that
+-- install and fails on pg_authid's unique index (23505) if it commits, or
+-- finds the name taken (42710) if it committed before; either way the role
+-- exists, which is all we need.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'sharding_admin') THEN
-        CREATE ROLE sharding_admin NOLOGIN;
+        BEGIN
+            CREATE ROLE sharding_admin NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
     END IF;
 END
 $$;

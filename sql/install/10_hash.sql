@@ -91,3 +91,13 @@ CREATE FUNCTION sharding.worker_of(shard integer, workers integer, shards intege
     AS 'MODULE_PATHNAME', 'sharding_worker_of' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.worker_of(integer, integer, integer) IS
     'worker (0-based) that worker_shards deals the shard to';
+
+-- Internal: the one test of what a shard key may be, shared with the C++
+-- code (src/pg/keys.cpp, key_type_of): the type a key of type t is hashed
+-- as (text for text, varchar and domains over them; bytea, smallint,
+-- integer, bigint, uuid and domains over them as themselves), NULL when t is
+-- not a shard key type. STABLE: it reads the type catalog (domains).
+CREATE FUNCTION sharding._key_type(t regtype) RETURNS regtype
+    AS 'MODULE_PATHNAME', 'sharding__key_type' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding._key_type(regtype) IS
+    'internal: the type a shard key of type t is hashed as (text for varchar, a domain''s base type), NULL if none';

@@ -112,17 +112,17 @@ GRANT EXECUTE ON FUNCTION sharding.drop_node(text) TO sharding_admin;
 -- exactly as node_for matches it, and a proxied call pays a hash and a probe
 -- instead of three queries. STABLE: it reads the map.
 CREATE FUNCTION sharding.partition_for(map text, key text) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_text' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key bytea) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_bytea' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key smallint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_int2' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key integer) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_int4' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key bigint) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_int8' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 CREATE FUNCTION sharding.partition_for(map text, key uuid) RETURNS integer
-    AS 'MODULE_PATHNAME', 'partition_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+    AS 'MODULE_PATHNAME', 'sharding_partition_for_uuid' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.partition_for(text, text) IS
     'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
 COMMENT ON FUNCTION sharding.partition_for(text, bytea) IS
@@ -344,13 +344,13 @@ BEGIN
         RAISE EXCEPTION 'column "%" of relation % does not exist', copy_shard.key_column, copy_shard.tbl
             USING ERRCODE = 'undefined_column';
     END IF;
-    IF key_type NOT IN ('text'::regtype, 'bytea'::regtype, 'smallint'::regtype, 'integer'::regtype,
-                        'bigint'::regtype, 'uuid'::regtype) THEN
+    IF sharding._key_type(key_type) IS NULL THEN
         RAISE EXCEPTION 'key column "%" of relation % has type %, not a shard key type',
                 copy_shard.key_column, copy_shard.tbl, key_type
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Shard keys are text, bytea, smallint, integer, bigint or uuid.';
+                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
     END IF;
+    key_type := sharding._key_type(key_type);  -- as it is hashed: varchar as text, a domain as its base
 
     SELECT e.extnamespace::regnamespace::name INTO dblink_schema
       FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dblink';

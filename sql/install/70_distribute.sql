@@ -46,14 +46,9 @@ BEGIN
         RAISE EXCEPTION 'column "%" of table % does not exist', key_column, tbl
             USING ERRCODE = 'undefined_column';
     END IF;
-    -- The key types of section 1 (varchar is text with a length limit; a
-    -- domain counts as its base type).
-    SELECT CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END INTO typ
-      FROM pg_catalog.pg_type t WHERE t.oid = typ;
-    IF typ NOT IN ('pg_catalog.text'::pg_catalog.regtype, 'pg_catalog.varchar'::pg_catalog.regtype,
-                   'pg_catalog.bytea'::pg_catalog.regtype, 'pg_catalog.int2'::pg_catalog.regtype,
-                   'pg_catalog.int4'::pg_catalog.regtype, 'pg_catalog.int8'::pg_catalog.regtype,
-                   'pg_catalog.uuid'::pg_catalog.regtype) THEN
+    -- The shard key types: sharding._key_type, the one test (varchar is
+    -- text with a length limit; a domain counts as its base type).
+    IF sharding._key_type(typ) IS NULL THEN
         RAISE EXCEPTION 'column "%" of table % is of type %, not a shard key type', key_column, tbl,
             pg_catalog.format_type(typ, NULL)
             USING ERRCODE = 'invalid_parameter_value',
@@ -460,6 +455,44 @@ END $$;
 COMMENT ON FUNCTION sharding._remote_exec(text, text) IS
     'internal: runs a command on another database through dblink';
 
+-- Whether a connection string leads to this very database (the same
+-- server and database, whatever host, port or user it names). A clone of
+-- this cluster (pg_basebackup, a copied disk image) has the same system
+-- identifier and database name, so those prove nothing; instead a
+-- connection is opened, marked with a random application_name, and looked
+-- for in this server's pg_stat_activity, which lists every backend of this
+-- server and none of another's. The application_name of every backend is
+-- visible to every role.
+CREATE FUNCTION sharding._leads_here(dsn text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    dl name := sharding._dblink_schema('this operation');
+    token text := 'sharding_probe_' || pg_catalog.replace(pg_catalog.gen_random_uuid()::text, '-', '');
+    here boolean;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.dblink_connect($1, $2)', dl) USING token, dsn;
+    BEGIN
+        EXECUTE pg_catalog.format('SELECT f.v FROM %I.dblink($1, $2) AS f(v text)', dl)
+          USING token, pg_catalog.format('SELECT pg_catalog.set_config(%L, %L, false)', 'application_name', token);
+        -- This transaction may have read pg_stat_activity before: read it anew.
+        PERFORM pg_catalog.pg_stat_clear_snapshot();
+        here := EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a
+                         WHERE a.application_name = token AND a.datname = pg_catalog.current_database());
+    EXCEPTION WHEN OTHERS THEN
+        EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', dl) USING token;
+        RAISE;
+    END;
+    EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', dl) USING token;
+    RETURN here;
+END $$;
+COMMENT ON FUNCTION sharding._leads_here(text) IS
+    'internal: whether a connection string leads back to this database (a probe connection seen in pg_stat_activity)';
+-- For administrators, as attach_node, which calls it: it connects out.
+REVOKE ALL ON FUNCTION sharding._leads_here(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._leads_here(text) TO sharding_admin;
+
 -- Subscription and slot names of a node's configuration feed. Slot names
 -- allow only [a-z0-9_]: other node names get a sanitised name plus a hash.
 CREATE FUNCTION sharding._config_subscription(node text) RETURNS text
@@ -636,25 +669,20 @@ BEGIN
     sub := sharding._config_subscription(attach_node.node);
     slot := sharding._config_slot(attach_node.node);
 
-    -- The node: this extension (1.2) there, not this very database, not
+    -- The node: not this very database, this extension (1.2) there, not
     -- following as another node. Nothing has changed anywhere yet.
-    EXECUTE format($q$SELECT * FROM %I.dblink($1, $2)
-                        AS f(sysid bigint, db text, has_follow boolean, following_as text)$q$, dl)
+    IF sharding._leads_here(dsn) THEN
+        RAISE EXCEPTION 'node "%" is this database: a coordinator cannot follow itself', attach_node.node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = format('Its connection string %s leads back here.', dsn);
+    END IF;
+    EXECUTE format($q$SELECT * FROM %I.dblink($1, $2) AS f(has_follow boolean, following_as text)$q$, dl)
        INTO facts
-      USING dsn, $r$SELECT (SELECT system_identifier FROM pg_catalog.pg_control_system())::bigint,
-                           pg_catalog.current_database()::text,
-                           pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL,
-                           NULL::text$r$;
+      USING dsn, $r$SELECT pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL, NULL::text$r$;
     IF NOT facts.has_follow THEN
         RAISE EXCEPTION 'node "%" has no sharding extension of version 1.2 or later', attach_node.node
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'CREATE EXTENSION sharding (or ALTER EXTENSION sharding UPDATE) in the node''s database.';
-    END IF;
-    IF facts.sysid = (SELECT system_identifier FROM pg_catalog.pg_control_system())
-       AND facts.db = current_database() THEN
-        RAISE EXCEPTION 'node "%" is this database: a coordinator cannot follow itself', attach_node.node
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = format('Its connection string %s leads back here.', dsn);
     END IF;
     facts.following_as := sharding._remote(dsn, 'SELECT node FROM sharding.local_node WHERE following');
     IF facts.following_as IS DISTINCT FROM attach_node.node AND facts.following_as IS NOT NULL THEN

@@ -22,8 +22,9 @@ CREATE FUNCTION sharding.imbalance(loads anyarray) RETURNS float8
 COMMENT ON FUNCTION sharding.imbalance(anyarray) IS
     'max / mean of a numeric array, NULL elements skipped; NULL when empty or all zero (1.0 = perfectly even)';
 
--- Internal: the type of a shard key column, or 42703 (no such column) or
--- 22023 (not a key type). varchar is hashed as text, like the text it casts to.
+-- Internal: the type a shard key column is hashed as (sharding._key_type:
+-- text for varchar, a domain's base type), or 42703 (no such column) or
+-- 22023 (not a key type).
 CREATE FUNCTION sharding._key_column_type(tbl regclass, key_column name) RETURNS regtype
     LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
@@ -38,18 +39,17 @@ BEGIN
         RAISE EXCEPTION 'column "%" of relation % does not exist', key_column, tbl
             USING ERRCODE = 'undefined_column';
     END IF;
-    IF t NOT IN ('text'::regtype, 'character varying'::regtype, 'bytea'::regtype, 'smallint'::regtype,
-                 'integer'::regtype, 'bigint'::regtype, 'uuid'::regtype) THEN
+    IF sharding._key_type(t) IS NULL THEN
         RAISE EXCEPTION 'column "%" of relation % has type %, which is not a shard key type',
                 key_column, tbl, t
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Shard keys are text, bytea, smallint, integer, bigint or uuid.';
+                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
     END IF;
-    RETURN t;
+    RETURN sharding._key_type(t);
 END
 $$;
 COMMENT ON FUNCTION sharding._key_column_type(regclass, name) IS
-    'internal: type of a shard key column; 42703 if missing, 22023 if not a key type';
+    'internal: type a shard key column is hashed as; 42703 if missing, 22023 if not a key type';
 
 -- Internal: SQL for the text form of a key expression of type t, the form
 -- pins match on and whales reports: bytea always in hex (\x...), whatever
@@ -215,13 +215,30 @@ COMMENT ON VIEW sharding.fanout_stats IS
     'per distributed table: statements that touched it (queries), those fixed to one logical shard by their key conditions (single_shard), the others (fan_out), counted since; needs shared_preload_libraries = ''sharding''';
 GRANT SELECT ON sharding.fanout_stats TO PUBLIC;
 
+-- fanout_info(): the counters' capacity and evictions. sharding.fanout_max
+-- (a server setting, 4096 by default) entries hold the counters of as many
+-- (database, distributed table) pairs; when all are taken, the least-used
+-- tables are evicted, as pg_stat_statements evicts statements: an evicted
+-- table shows zeros in fanout_stats until it is counted again, from then
+-- on. slots: sharding.fanout_max; used: tables counted now, all databases;
+-- evicted: tables of this database evicted since its last fanout_reset()
+-- (or the server's start); evicted_all: evictions in all databases since the
+-- server started. VOLATILE: shared counters. PARALLEL RESTRICTED: read in
+-- the leader. Not STRICT: no argument. Without preload: a NOTICE, no row.
+CREATE FUNCTION sharding.fanout_info(OUT slots integer, OUT used integer, OUT evicted bigint,
+                                     OUT evicted_all bigint)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'sharding_fanout_info' LANGUAGE C VOLATILE PARALLEL RESTRICTED ROWS 1;
+COMMENT ON FUNCTION sharding.fanout_info() IS
+    'fan-out counters: slots (sharding.fanout_max), used, tables of this database evicted since the last reset, evictions in all databases';
+
 -- fanout_reset(): zeroes this database's counters. VOLATILE, PARALLEL
 -- UNSAFE: it writes shared state. Everyone's picture changes, so it is an
 -- admin function, as pg_stat_statements_reset is.
 CREATE FUNCTION sharding.fanout_reset() RETURNS void
     AS 'MODULE_PATHNAME', 'sharding_fanout_reset' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding.fanout_reset() IS
-    'zeroes the fan-out counters of this database; fanout_stats.since becomes now';
+    'zeroes the fan-out counters of this database; fanout_stats.since becomes now, fanout_info().evicted zero';
 REVOKE ALL ON FUNCTION sharding.fanout_reset() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.fanout_reset() TO sharding_admin;
 

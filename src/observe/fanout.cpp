@@ -14,10 +14,11 @@
 //  - ProcessUtility: COPY to or from a distributed table counts as fan-out
 //    (a COPY may carry any keys).
 //
-// The counters: a fixed open-addressing table in shared memory, one slot per
-// (database, table), each with pg_atomic_uint64 counters. A slot is claimed
-// with compare-and-swap and never freed, so counting takes no lock at all:
-// one atomic add per distributed table per statement.
+// The counters: a shared hash table of at most sharding.fanout_max
+// (database, table) entries, each with pg_atomic_uint64 counters; counting
+// takes the table's lock in shared mode and adds atomically. When every
+// entry is taken, the least-used tables are evicted, as pg_stat_statements
+// evicts statements, and counted (fanout_info()). See "Shared memory" below.
 //
 // Which tables are distributed is read from sharding.distributed_tables into
 // a per-backend hash (by relation oid), rebuilt after a relcache invalidation
@@ -31,6 +32,7 @@
 // executor, where any catalog access may longjmp.
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
+#include "pg/keys.hpp"
 #include "core/hash_core.hpp"
 
 extern "C" {
@@ -54,6 +56,7 @@ extern "C" {
 #include "tcop/utility.h"
 #include "utils/array.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
@@ -72,80 +75,170 @@ namespace {
 
 // ---------------------------------------------------------------------------
 // Shared memory: the counters.
+//
+// A shared hash table (dynahash), as pg_stat_statements keeps, of at most
+// sharding.fanout_max (database, table) entries, plus one marker per
+// database (rel 0) holding its last reset time and how many of its tables
+// were evicted since. One LWLock: counting holds it shared (an atomic add on
+// an entry that exists), creating or removing entries holds it exclusive.
+// When a new table finds every entry taken, the least-used 5% of the tables
+// (at least one) are evicted first, pg_stat_statements' rule: usage is the
+// number of statements counted, decayed by 0.99 at every eviction, so a
+// table that was busy long ago eventually gives way.
+//
+// Each backend remembers the entry of each table it counts, with the
+// generation it found it in; removing entries raises the generation, so a
+// remembered entry is used only while no entry can have been removed since.
 
-// Slots for (database, table) pairs. A slot is never freed; when all are
-// taken, tables seen later are not counted (fanout_stats shows zeros).
-constexpr uint32 kSlots = 4096;
+int fanout_max = 4096;                 // GUC sharding.fanout_max (PGC_POSTMASTER)
+constexpr int kMarkerReserve = 64;     // room for database markers besides the tables
+constexpr double kUsageDecay = 0.99;   // as pg_stat_statements' USAGE_DECREASE_FACTOR
+constexpr int kEvictPercent = 5;       // as its USAGE_DEALLOC_PERCENT
 
-struct Slot {
-    pg_atomic_uint64 key;  // (database oid << 32) | relation oid; 0 = free
+struct EntryKey {
+    Oid db;
+    Oid rel;  // InvalidOid: the database's marker
+};
+
+struct Entry {
+    EntryKey key;  // hash key
     pg_atomic_uint64 single_shard;
     pg_atomic_uint64 fan_out;
-    pg_atomic_uint64 since;  // TimestampTz of the last reset (0: the start)
+    // The rest is written under the exclusive lock only.
+    TimestampTz since;  // tables: counted since; markers: the last reset (0: never)
+    double usage;       // tables: decayed statement count, as of the last eviction
+    uint64 seen;        // tables: single_shard + fan_out at the last eviction
+    uint64 evicted;     // markers: tables of this database evicted since its last reset
 };
 
 struct Shared {
+    LWLock *lock;
     TimestampTz started;
-    Slot slots[kSlots];
+    uint64 generation;   // raised whenever entries are removed
+    int32 tables;        // table entries (markers not included)
+    uint64 evicted_all;  // table entries evicted since the server started
 };
 
 Shared *shared = nullptr;
+HTAB *entries = nullptr;
 shmem_request_hook_type prev_shmem_request = nullptr;
 shmem_startup_hook_type prev_shmem_startup = nullptr;
 ExecutorStart_hook_type prev_executor_start = nullptr;
 ProcessUtility_hook_type prev_process_utility = nullptr;
 
+constexpr const char *kTranche = "sharding fan-out";
+
+Size fanout_shmem_size() {
+    return add_size(MAXALIGN(sizeof(Shared)), hash_estimate_size(fanout_max + kMarkerReserve, sizeof(Entry)));
+}
+
 void fanout_shmem_request() {
     if (prev_shmem_request) prev_shmem_request();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(Shared)));
+    RequestAddinShmemSpace(fanout_shmem_size());
+    RequestNamedLWLockTranche(kTranche, 1);
 }
 
 void fanout_shmem_startup() {
     if (prev_shmem_startup) prev_shmem_startup();
+    shared = nullptr;
+    entries = nullptr;
     LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
     bool found;
     shared = static_cast<Shared *>(ShmemInitStruct("sharding fan-out counters", sizeof(Shared), &found));
     if (!found) {
+        shared->lock = &(GetNamedLWLockTranche(kTranche))->lock;
         shared->started = GetCurrentTimestamp();
-        for (uint32 i = 0; i < kSlots; i++) {
-            pg_atomic_init_u64(&shared->slots[i].key, 0);
-            pg_atomic_init_u64(&shared->slots[i].single_shard, 0);
-            pg_atomic_init_u64(&shared->slots[i].fan_out, 0);
-            pg_atomic_init_u64(&shared->slots[i].since, 0);
-        }
+        shared->generation = 0;
+        shared->tables = 0;
+        shared->evicted_all = 0;
     }
+    HASHCTL info;
+    memset(&info, 0, sizeof(info));
+    info.keysize = sizeof(EntryKey);
+    info.entrysize = sizeof(Entry);
+    entries = ShmemInitHash("sharding fan-out entries", fanout_max + kMarkerReserve, fanout_max + kMarkerReserve,
+                            &info, HASH_ELEM | HASH_BLOBS);
     LWLockRelease(AddinShmemInitLock);
 }
 
-uint64 slot_key(Oid db, Oid rel) { return (static_cast<uint64>(db) << 32) | rel; }
+Entry *lookup(Oid db, Oid rel) {
+    EntryKey key = {db, rel};
+    return static_cast<Entry *>(hash_search(entries, &key, HASH_FIND, nullptr));
+}
 
-// The slot of (db, rel), claimed if new; nullptr when every slot is taken.
-// Database markers (rel = 0, holding the database's last reset time) use a
-// key with a bit that no (db, rel) pair has: the relation part 0 with the
-// database in the high half.
-Slot *find_slot(Oid db, Oid rel, bool create) {
-    if (shared == nullptr) return nullptr;
-    const uint64 key = slot_key(db, rel);
-    uint32 i = static_cast<uint32>(sharding::hash_int64(static_cast<int64_t>(key)) % kSlots);
-    for (uint32 probe = 0; probe < kSlots; probe++, i = (i + 1) % kSlots) {
-        Slot *s = &shared->slots[i];
-        uint64 cur = pg_atomic_read_u64(&s->key);
-        if (cur == key) return s;
-        if (cur == 0) {
-            if (!create) return nullptr;
-            uint64 expected = 0;
-            if (pg_atomic_compare_exchange_u64(&s->key, &expected, key)) {
-                // A new table counts from its database's last reset.
-                if (rel != InvalidOid) {
-                    Slot *marker = find_slot(db, InvalidOid, false);
-                    if (marker) pg_atomic_write_u64(&s->since, pg_atomic_read_u64(&marker->since));
-                }
-                return s;
-            }
-            if (expected == key) return s;  // another backend claimed it for us
-        }
+// The marker of a database, made if missing; nullptr when shared memory is
+// out (more databases than the reserve, and no spare memory). Exclusive lock.
+Entry *marker_of(Oid db) {
+    EntryKey key = {db, InvalidOid};
+    bool found;
+    auto *m = static_cast<Entry *>(hash_search(entries, &key, HASH_ENTER_NULL, &found));
+    if (m && !found) {
+        pg_atomic_init_u64(&m->single_shard, 0);
+        pg_atomic_init_u64(&m->fan_out, 0);
+        m->since = 0;
+        m->usage = 0;
+        m->seen = 0;
+        m->evicted = 0;
     }
-    return nullptr;
+    return m;
+}
+
+int by_usage(const void *a, const void *b) {
+    double ua = (*static_cast<Entry *const *>(a))->usage;
+    double ub = (*static_cast<Entry *const *>(b))->usage;
+    return ua < ub ? -1 : ua > ub ? 1 : 0;
+}
+
+// Evicts the least-used 5% of the table entries (at least one). Exclusive
+// lock.
+void evict() {
+    Entry **all = static_cast<Entry **>(palloc(sizeof(Entry *) * (shared->tables + 1)));
+    int n = 0;
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, entries);
+    Entry *e;
+    while ((e = static_cast<Entry *>(hash_seq_search(&scan))) != nullptr) {
+        if (e->key.rel == InvalidOid) continue;
+        uint64 total = pg_atomic_read_u64(&e->single_shard) + pg_atomic_read_u64(&e->fan_out);
+        e->usage = (e->usage + static_cast<double>(total - e->seen)) * kUsageDecay;
+        e->seen = total;
+        if (n <= shared->tables) all[n++] = e;
+    }
+    qsort(all, n, sizeof(Entry *), by_usage);
+    int victims = Max(1, n * kEvictPercent / 100);
+    for (int i = 0; i < victims && i < n; i++) {
+        Oid db = all[i]->key.db;
+        hash_search(entries, &all[i]->key, HASH_REMOVE, nullptr);
+        shared->tables--;
+        shared->evicted_all++;
+        Entry *m = marker_of(db);
+        if (m) m->evicted++;
+    }
+    shared->generation++;
+    pfree(all);
+}
+
+// The entry of (db, rel), made (evicting others first when all are taken)
+// if missing; nullptr only when shared memory is out. Exclusive lock.
+Entry *entry_for(Oid db, Oid rel) {
+    Entry *e = lookup(db, rel);
+    if (e) return e;
+    if (shared->tables >= fanout_max) evict();
+    EntryKey key = {db, rel};
+    bool found;
+    e = static_cast<Entry *>(hash_search(entries, &key, HASH_ENTER_NULL, &found));
+    if (e == nullptr) return nullptr;
+    pg_atomic_init_u64(&e->single_shard, 0);
+    pg_atomic_init_u64(&e->fan_out, 0);
+    e->usage = 0;
+    e->seen = 0;
+    // A new table counts from its database's last reset, unless tables of
+    // that database were evicted since: this one may have been, so it counts
+    // from now.
+    Entry *m = lookup(db, InvalidOid);
+    e->since = m == nullptr ? 0 : m->evicted > 0 ? GetCurrentTimestamp() : m->since;
+    shared->tables++;
+    return e;
 }
 
 // ---------------------------------------------------------------------------
@@ -157,7 +250,8 @@ struct TableEntry {
     AttrNumber key;  // attribute number of the key column
     char *map;       // the table's map (in the directory's memory)
     int32 logical;   // its logical shards: -1 not read yet, 0 unknown map
-    Slot *slot;      // its counters, found on first use
+    Entry *slot;     // its counters, found on first use
+    uint64 slot_gen;  // the generation slot was found in
 };
 
 HTAB *tables = nullptr;
@@ -228,6 +322,7 @@ void rebuild_tables() {
             e->map = map;
             e->logical = -1;
             e->slot = nullptr;
+            e->slot_gen = 0;
         }
         systable_endscan(scan);
         table_close(dt, AccessShareLock);
@@ -345,25 +440,26 @@ bool collation_ok(Oid coll) {
 // One value's shard, as far as known: its hash64 for the key types (the
 // logical shard follows from it, as shard_of computes it), else unknown.
 Shards value_of(Datum v, Oid type) {
+    std::optional<sharding::KeyType> k = sharding::key_type_of(type);
+    if (!k) return kOneUnknown;
     uint64_t h;
-    switch (type) {
-    case TEXTOID:
-    case VARCHAROID:
-    case BYTEAOID: {
+    switch (*k) {
+    case sharding::KeyType::Text:
+    case sharding::KeyType::Bytea: {
         struct varlena *p = PG_DETOAST_DATUM_PACKED(v);
         h = sharding::hash_bytes(VARDATA_ANY(p), VARSIZE_ANY_EXHDR(p));
         break;
     }
-    case INT2OID:
+    case sharding::KeyType::Int2:
         h = sharding::hash_int64(DatumGetInt16(v));
         break;
-    case INT4OID:
+    case sharding::KeyType::Int4:
         h = sharding::hash_int64(DatumGetInt32(v));
         break;
-    case INT8OID:
+    case sharding::KeyType::Int8:
         h = sharding::hash_int64(DatumGetInt64(v));
         break;
-    case UUIDOID:
+    case sharding::KeyType::Uuid:
         h = sharding::hash_bytes(DatumGetUUIDP(v)->data, UUID_LEN);
         break;
     default:
@@ -699,15 +795,38 @@ void walk_plan(Walk &w, Plan *plan) {
     walk_plan(w, plan->righttree);
 }
 
-Slot *slot_of(TableEntry *e) {
-    if (e->slot == nullptr) e->slot = find_slot(MyDatabaseId, e->table, true);
-    return e->slot;
-}
-
-void count(TableEntry *e, bool single) {
-    Slot *s = slot_of(e);
-    if (s == nullptr) return;
-    pg_atomic_fetch_add_u64(single ? &s->single_shard : &s->fan_out, 1);
+// Counts one statement for each of n tables: under the shared lock where
+// their entries exist, then under the exclusive lock for those that need
+// one made.
+void count(TableEntry **es, const bool *single, int n) {
+    bool missing[Walk::kMax + 1];
+    int nmissing = 0;
+    LWLockAcquire(shared->lock, LW_SHARED);
+    for (int i = 0; i < n; i++) {
+        TableEntry *e = es[i];
+        if (e->slot == nullptr || e->slot_gen != shared->generation) {
+            e->slot = lookup(MyDatabaseId, e->table);
+            e->slot_gen = shared->generation;
+        }
+        missing[i] = e->slot == nullptr;
+        if (missing[i])
+            nmissing++;
+        else
+            pg_atomic_fetch_add_u64(single[i] ? &e->slot->single_shard : &e->slot->fan_out, 1);
+    }
+    LWLockRelease(shared->lock);
+    if (nmissing == 0) return;
+    LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+    for (int i = 0; i < n; i++) {
+        if (!missing[i]) continue;
+        TableEntry *e = es[i];
+        e->slot = entry_for(MyDatabaseId, e->table);
+        // A later eviction in this loop raises the generation: this entry is
+        // then looked up again before its next use.
+        e->slot_gen = shared->generation;
+        if (e->slot) pg_atomic_fetch_add_u64(single[i] ? &e->slot->single_shard : &e->slot->fan_out, 1);
+    }
+    LWLockRelease(shared->lock);
 }
 
 bool tables_ready() {
@@ -726,8 +845,9 @@ void count_statement(QueryDesc *qd) {
     w.params = qd->params;
     walk_plan(w, stmt->planTree);
     walk_list(w, stmt->subplans);
-    for (int i = 0; i < w.n; i++)
-        count(w.entry[i], w.reach[i].reach == Reach::One || w.reach[i].reach == Reach::None);
+    bool single[Walk::kMax];
+    for (int i = 0; i < w.n; i++) single[i] = w.reach[i].reach == Reach::One || w.reach[i].reach == Reach::None;
+    if (w.n > 0) count(w.entry, single, w.n);
 }
 
 void fanout_executor_start(QueryDesc *qd, int eflags) {
@@ -755,7 +875,10 @@ void fanout_process_utility(PlannedStmt *pstmt, const char *query, bool read_onl
     Oid relid = RangeVarGetRelid(copy->relation, NoLock, true);
     if (!OidIsValid(relid) || !tables_ready()) return;
     auto *e = static_cast<TableEntry *>(hash_search(tables, &relid, HASH_FIND, nullptr));
-    if (e) count(e, false);
+    if (e) {
+        bool single = false;
+        count(&e, &single, 1);
+    }
 }
 
 }  // namespace
@@ -765,7 +888,14 @@ namespace sharding {
 // Called from _PG_init: hooks only when preloaded (shared memory can only be
 // had then); loaded later in a backend, the counters are simply absent.
 void fanout_init() {
+    // A PGC_POSTMASTER setting can only be defined while preloading (as
+    // pg_stat_statements.max): loaded later, the counters are absent anyway.
     if (!process_shared_preload_libraries_in_progress) return;
+    DefineCustomIntVariable("sharding.fanout_max", "Tables whose fan-out statements are counted at most.",
+                            "Each (database, distributed table) counted takes one entry of shared memory; when "
+                            "all are taken, the least-used tables are evicted (sharding.fanout_info() counts "
+                            "them).",
+                            &fanout_max, 4096, 16, INT_MAX / 2, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
     prev_shmem_request = shmem_request_hook;
     shmem_request_hook = fanout_shmem_request;
     prev_shmem_startup = shmem_startup_hook;
@@ -779,6 +909,16 @@ void fanout_init() {
 
 }  // namespace sharding
 
+namespace {
+void notice_off() {
+    ereport(NOTICE, (errmsg("fan-out counting is off: sharding is not in shared_preload_libraries"),
+                     errdetail("The counters live in shared memory, which is only available to a library "
+                               "loaded at server start."),
+                     errhint("Add 'sharding' to shared_preload_libraries in postgresql.conf and restart "
+                             "the server.")));
+}
+}  // namespace
+
 /*
  * _fanout_counts() RETURNS TABLE(relid oid, single_shard bigint, fan_out bigint, since timestamptz)
  *
@@ -790,64 +930,95 @@ SHARDING_FUNCTION(sharding__fanout_counts) {
     InitMaterializedSRF(fcinfo, 0);
     ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
     if (shared == nullptr) {
-        ereport(NOTICE, (errmsg("fan-out counting is off: sharding is not in shared_preload_libraries"),
-                         errdetail("The counters live in shared memory, which is only available to a library "
-                                   "loaded at server start."),
-                         errhint("Add 'sharding' to shared_preload_libraries in postgresql.conf and restart "
-                                 "the server.")));
+        notice_off();
         return (Datum)0;
     }
-    Slot *marker = find_slot(MyDatabaseId, InvalidOid, false);
-    TimestampTz db_since = marker ? static_cast<TimestampTz>(pg_atomic_read_u64(&marker->since)) : 0;
-    if (db_since == 0) db_since = shared->started;
+    LWLockAcquire(shared->lock, LW_SHARED);
+    Entry *marker = lookup(MyDatabaseId, InvalidOid);
+    TimestampTz db_since = marker && marker->since != 0 ? marker->since : shared->started;
     {
         Datum values[4] = {ObjectIdGetDatum(InvalidOid), Int64GetDatum(0), Int64GetDatum(0),
                            TimestampTzGetDatum(db_since)};
         bool nulls[4] = {false, false, false, false};
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     }
-    for (uint32 i = 0; i < kSlots; i++) {
-        Slot *s = &shared->slots[i];
-        uint64 key = pg_atomic_read_u64(&s->key);
-        if (key == 0 || static_cast<Oid>(key >> 32) != MyDatabaseId || static_cast<Oid>(key & 0xffffffff) == 0)
-            continue;
-        TimestampTz since = static_cast<TimestampTz>(pg_atomic_read_u64(&s->since));
-        if (since == 0) since = shared->started;
-        Datum values[4] = {ObjectIdGetDatum(static_cast<Oid>(key & 0xffffffff)),
-                           Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&s->single_shard))),
-                           Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&s->fan_out))),
-                           TimestampTzGetDatum(since)};
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, entries);
+    Entry *e;
+    while ((e = static_cast<Entry *>(hash_seq_search(&scan))) != nullptr) {
+        if (e->key.db != MyDatabaseId || e->key.rel == InvalidOid) continue;
+        Datum values[4] = {ObjectIdGetDatum(e->key.rel),
+                           Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&e->single_shard))),
+                           Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&e->fan_out))),
+                           TimestampTzGetDatum(e->since != 0 ? e->since : shared->started)};
         bool nulls[4] = {false, false, false, false};
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     }
+    LWLockRelease(shared->lock);
+    return (Datum)0;
+}
+
+/*
+ * fanout_info() RETURNS TABLE(slots integer, used integer, evicted bigint, evicted_all bigint)
+ *
+ * The counters' capacity (sharding.fanout_max), the tables counted now in
+ * all databases, the tables of this database evicted since its last
+ * fanout_reset() (or the server's start), and evictions in all databases
+ * since the server started. Without preload: a NOTICE and no row.
+ */
+SHARDING_FUNCTION(sharding_fanout_info) {
+    InitMaterializedSRF(fcinfo, 0);
+    ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
+    if (shared == nullptr) {
+        notice_off();
+        return (Datum)0;
+    }
+    LWLockAcquire(shared->lock, LW_SHARED);
+    Entry *marker = lookup(MyDatabaseId, InvalidOid);
+    Datum values[4] = {Int32GetDatum(fanout_max), Int32GetDatum(shared->tables),
+                       Int64GetDatum(static_cast<int64>(marker ? marker->evicted : 0)),
+                       Int64GetDatum(static_cast<int64>(shared->evicted_all))};
+    LWLockRelease(shared->lock);
+    bool nulls[4] = {false, false, false, false};
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     return (Datum)0;
 }
 
 /*
  * fanout_reset() RETURNS void
  *
- * Zeroes this database's counters; since becomes now. Without preload: a
- * NOTICE, nothing to reset.
+ * Forgets this database's counters (their entries are freed for any
+ * database); since becomes now and the database's eviction count zero.
+ * Without preload: a NOTICE, nothing to reset.
  */
 SHARDING_FUNCTION(sharding_fanout_reset) {
     (void)fcinfo;
     if (shared == nullptr) {
-        ereport(NOTICE, (errmsg("fan-out counting is off: sharding is not in shared_preload_libraries"),
-                         errhint("Add 'sharding' to shared_preload_libraries in postgresql.conf and restart "
-                                 "the server.")));
+        notice_off();
         PG_RETURN_VOID();
     }
     TimestampTz now = GetCurrentTimestamp();
-    Slot *marker = find_slot(MyDatabaseId, InvalidOid, true);
-    if (marker) pg_atomic_write_u64(&marker->since, static_cast<uint64>(now));
-    for (uint32 i = 0; i < kSlots; i++) {
-        Slot *s = &shared->slots[i];
-        uint64 key = pg_atomic_read_u64(&s->key);
-        if (key == 0 || static_cast<Oid>(key >> 32) != MyDatabaseId) continue;
-        pg_atomic_write_u64(&s->single_shard, 0);
-        pg_atomic_write_u64(&s->fan_out, 0);
-        pg_atomic_write_u64(&s->since, static_cast<uint64>(now));
+    LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+    Entry *marker = marker_of(MyDatabaseId);
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, entries);
+    Entry *e;
+    // dynahash allows removing the entry just returned by a sequential scan.
+    while ((e = static_cast<Entry *>(hash_seq_search(&scan))) != nullptr) {
+        if (e->key.db != MyDatabaseId || e->key.rel == InvalidOid) continue;
+        hash_search(entries, &e->key, HASH_REMOVE, nullptr);
+        shared->tables--;
     }
+    shared->generation++;
+    if (marker) {
+        marker->since = now;
+        marker->evicted = 0;
+    }
+    LWLockRelease(shared->lock);
+    if (marker == nullptr)
+        ereport(WARNING, (errmsg("fan-out counters of this database were reset, but their new start was not kept"),
+                          errdetail("Shared memory for per-database records is exhausted."),
+                          errhint("Raise sharding.fanout_max.")));
     PG_RETURN_VOID();
 }
 

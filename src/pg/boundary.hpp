@@ -214,9 +214,10 @@ R glue(R (*fn)(P...), A... args) {
     }                                                                                            \
     static Datum name##_impl(FunctionCallInfo fcinfo)
 
-// An old symbol name that the frozen install and upgrade scripts of 1.0 and
-// 1.1 link to, kept exported (src/pg/legacy.cpp) so that databases not yet
-// updated to 1.2 keep working; it calls `current`.
+// An old symbol name that a released (frozen) install or upgrade script
+// links to, kept exported so that databases not yet updated keep working; it
+// calls `current`. The list is generated from those scripts by the Makefile
+// (src/pg/legacy_symbols.inc, included by src/pg/legacy.cpp).
 #define SHARDING_LEGACY_SYMBOL(old, current)                                                     \
     extern "C" {                                                                                 \
     Datum current(PG_FUNCTION_ARGS);                                                             \

@@ -6,6 +6,8 @@
 #include "pg/boundary.hpp"
 #include "core/hash_core.hpp"
 
+#include <optional>
+
 extern "C" {
 #include "utils/uuid.h"
 }
@@ -13,6 +15,15 @@ extern "C" {
 namespace sharding {
 
 enum class KeyType { Text, Bytea, Int2, Int4, Int8, Uuid };
+
+// The one test of what a shard key may be (keys.cpp; SQL sees it as
+// sharding._key_type): the KeyType a key of PostgreSQL type `type` is hashed
+// as, or none. text and varchar are Text; a domain is its base type. May
+// raise a PostgreSQL ERROR (a catalog lookup for types that are no key type).
+std::optional<KeyType> key_type_of(Oid type);
+
+// The PostgreSQL type of each KeyType (TEXTOID for Text).
+Oid key_type_oid(KeyType k);
 
 // Hash of argument `argno`, which must not be NULL. Raises no C++ exception;
 // detoasting may raise a PostgreSQL ERROR, so call it before any owning C++

@@ -1,71 +1,17 @@
-// The symbols the frozen scripts of 1.0 and 1.1 (sql/sharding--1.0.sql,
-// sharding--1.0--1.1.sql, sharding--1.1.sql) link their C functions to,
-// from before every symbol was named sharding_<name> (docs/architecture.md,
-// "Layers and topics of src/").
-// A database still at 1.0 or 1.1 resolves its functions through these until
-// ALTER EXTENSION sharding UPDATE re-points them (sql/sharding--1.1--1.2.sql).
-// They go when 1.0 and 1.1 are no longer installable.
-// test/harness/layers.sh allows exactly the names these scripts use.
+// The symbols the released (frozen) scripts link their C functions to from
+// before every symbol was named sharding_<name>: sql/sharding--1.0.sql,
+// sharding--1.0--1.1.sql, sharding--1.1.sql and, for partition_for,
+// sharding--1.2.sql. A database still at such a version resolves its
+// functions through these aliases until ALTER EXTENSION sharding UPDATE
+// re-points them at the sharding_ symbols.
+//
+// The list is not written by hand: the Makefile generates
+// src/pg/legacy_symbols.inc from those scripts (every name they link that is
+// not sharding_*, each an alias of sharding_ plus that name), and
+// src/pg/exports.map from every installable script. A name goes when the
+// last released script that links it is no longer installable (removed from
+// DATA in the Makefile). test/harness/layers.sh checks that sharding.so
+// exports exactly what the scripts link.
 #include "pg/boundary.hpp"
 
-SHARDING_LEGACY_SYMBOL(_boundary_selftest, sharding__boundary_selftest)
-SHARDING_LEGACY_SYMBOL(worker_shards, sharding_worker_shards)
-SHARDING_LEGACY_SYMBOL(worker_of, sharding_worker_of)
-SHARDING_LEGACY_SYMBOL(hash64_text, sharding_hash64_text)
-SHARDING_LEGACY_SYMBOL(hash64_bytea, sharding_hash64_bytea)
-SHARDING_LEGACY_SYMBOL(hash64_int2, sharding_hash64_int2)
-SHARDING_LEGACY_SYMBOL(hash64_int4, sharding_hash64_int4)
-SHARDING_LEGACY_SYMBOL(hash64_int8, sharding_hash64_int8)
-SHARDING_LEGACY_SYMBOL(hash64_uuid, sharding_hash64_uuid)
-SHARDING_LEGACY_SYMBOL(shard_of_text, sharding_shard_of_text)
-SHARDING_LEGACY_SYMBOL(shard_of_bytea, sharding_shard_of_bytea)
-SHARDING_LEGACY_SYMBOL(shard_of_int2, sharding_shard_of_int2)
-SHARDING_LEGACY_SYMBOL(shard_of_int4, sharding_shard_of_int4)
-SHARDING_LEGACY_SYMBOL(shard_of_int8, sharding_shard_of_int8)
-SHARDING_LEGACY_SYMBOL(shard_of_uuid, sharding_shard_of_uuid)
-SHARDING_LEGACY_SYMBOL(jump_shard_text, sharding_jump_shard_text)
-SHARDING_LEGACY_SYMBOL(jump_shard_bytea, sharding_jump_shard_bytea)
-SHARDING_LEGACY_SYMBOL(jump_shard_int2, sharding_jump_shard_int2)
-SHARDING_LEGACY_SYMBOL(jump_shard_int4, sharding_jump_shard_int4)
-SHARDING_LEGACY_SYMBOL(jump_shard_int8, sharding_jump_shard_int8)
-SHARDING_LEGACY_SYMBOL(jump_shard_uuid, sharding_jump_shard_uuid)
-SHARDING_LEGACY_SYMBOL(fence, sharding_fence)
-SHARDING_LEGACY_SYMBOL(_lock_shard, sharding__lock_shard)
-SHARDING_LEGACY_SYMBOL(_lock_map, sharding__lock_map)
-SHARDING_LEGACY_SYMBOL(_rebalance_plan, sharding__rebalance_plan)
-SHARDING_LEGACY_SYMBOL(_routing_changed, sharding__routing_changed)
-SHARDING_LEGACY_SYMBOL(node_for_text, sharding_node_for_text)
-SHARDING_LEGACY_SYMBOL(node_for_bytea, sharding_node_for_bytea)
-SHARDING_LEGACY_SYMBOL(node_for_int2, sharding_node_for_int2)
-SHARDING_LEGACY_SYMBOL(node_for_int4, sharding_node_for_int4)
-SHARDING_LEGACY_SYMBOL(node_for_int8, sharding_node_for_int8)
-SHARDING_LEGACY_SYMBOL(node_for_uuid, sharding_node_for_uuid)
-SHARDING_LEGACY_SYMBOL(partition_for_text, sharding_partition_for_text)
-SHARDING_LEGACY_SYMBOL(partition_for_bytea, sharding_partition_for_bytea)
-SHARDING_LEGACY_SYMBOL(partition_for_int2, sharding_partition_for_int2)
-SHARDING_LEGACY_SYMBOL(partition_for_int4, sharding_partition_for_int4)
-SHARDING_LEGACY_SYMBOL(partition_for_int8, sharding_partition_for_int8)
-SHARDING_LEGACY_SYMBOL(partition_for_uuid, sharding_partition_for_uuid)
-SHARDING_LEGACY_SYMBOL(logical_shard_text, sharding_logical_shard_text)
-SHARDING_LEGACY_SYMBOL(logical_shard_bytea, sharding_logical_shard_bytea)
-SHARDING_LEGACY_SYMBOL(logical_shard_int2, sharding_logical_shard_int2)
-SHARDING_LEGACY_SYMBOL(logical_shard_int4, sharding_logical_shard_int4)
-SHARDING_LEGACY_SYMBOL(logical_shard_int8, sharding_logical_shard_int8)
-SHARDING_LEGACY_SYMBOL(logical_shard_uuid, sharding_logical_shard_uuid)
-SHARDING_LEGACY_SYMBOL(bar, sharding_bar)
-SHARDING_LEGACY_SYMBOL(imbalance, sharding_imbalance)
-SHARDING_LEGACY_SYMBOL(partition_hash_text, sharding_partition_hash_text)
-SHARDING_LEGACY_SYMBOL(partition_hash_bytea, sharding_partition_hash_bytea)
-SHARDING_LEGACY_SYMBOL(partition_hash_int2, sharding_partition_hash_int2)
-SHARDING_LEGACY_SYMBOL(partition_hash_int4, sharding_partition_hash_int4)
-SHARDING_LEGACY_SYMBOL(partition_hash_int8, sharding_partition_hash_int8)
-SHARDING_LEGACY_SYMBOL(partition_hash_uuid, sharding_partition_hash_uuid)
-SHARDING_LEGACY_SYMBOL(partition_hash_extended_text, sharding_partition_hash_extended_text)
-SHARDING_LEGACY_SYMBOL(partition_hash_extended_bytea, sharding_partition_hash_extended_bytea)
-SHARDING_LEGACY_SYMBOL(partition_hash_extended_int2, sharding_partition_hash_extended_int2)
-SHARDING_LEGACY_SYMBOL(partition_hash_extended_int4, sharding_partition_hash_extended_int4)
-SHARDING_LEGACY_SYMBOL(partition_hash_extended_int8, sharding_partition_hash_extended_int8)
-SHARDING_LEGACY_SYMBOL(partition_hash_extended_uuid, sharding_partition_hash_extended_uuid)
-SHARDING_LEGACY_SYMBOL(_rank_guard, sharding__rank_guard)
-SHARDING_LEGACY_SYMBOL(rank_of, sharding_rank_of)
-SHARDING_LEGACY_SYMBOL(advance, sharding_advance)
+#include "pg/legacy_symbols.inc"

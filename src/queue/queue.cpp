@@ -1394,15 +1394,3 @@ SHARDING_FUNCTION(sharding__queue_settings_changed) {
     }
     return PointerGetDatum(nullptr);
 }
-
-// The C symbols the frozen install scripts of versions 1.0 and 1.1 name
-// (CREATE EXTENSION sharding VERSION '1.1' must still load them; the 1.2
-// upgrade points every function at its sharding_ symbol).
-SHARDING_LEGACY_SYMBOL(claim, sharding_claim)
-SHARDING_LEGACY_SYMBOL(claim_shards, sharding_claim_shards)
-SHARDING_LEGACY_SYMBOL(complete, sharding_complete)
-SHARDING_LEGACY_SYMBOL(complete_many, sharding_complete_many)
-SHARDING_LEGACY_SYMBOL(fail, sharding_fail)
-SHARDING_LEGACY_SYMBOL(extend_lease, sharding_extend_lease)
-SHARDING_LEGACY_SYMBOL(_queue_sql, sharding__queue_sql)
-SHARDING_LEGACY_SYMBOL(_queue_settings_changed, sharding__queue_settings_changed)

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The structure the code keeps (docs/architecture.md, "Layers and topics of src/"):
 # - the pure core (Makefile: PURE) compiles without any PostgreSQL header;
-# - sharding.so exports only PostgreSQL's entry points (Pg_magic_func,
-#   _PG_init), sharding_* functions with their pg_finfo_ records, and the
-#   old names that the frozen 1.0/1.1 scripts link to (src/pg/legacy.cpp);
-# - every C function of the current install script links to a symbol that
-#   sharding.so exports;
+# - sharding.so exports exactly the entry points PostgreSQL looks up by name
+#   (the Makefile's EXPORTS_EXTRA: Pg_magic_func, _PG_init, background
+#   workers' sharding_*_main) and the symbols the installable SQL scripts
+#   link their C functions to, each with its pg_finfo_ record (the Makefile
+#   generates the version script src/pg/exports.map from those scripts):
+#   nothing stray, nothing missing, no C++ symbol;
+# - the current install and upgrade scripts link sharding_* names only; the
+#   old bare names are aliases only for the released (frozen) scripts
+#   (src/pg/legacy.cpp, generated list), and each alias resolves;
 # - rank.cpp reaches PostgreSQL only through named glue functions called by
 #   glue(), never through a pg_call lambda.
 set -uo pipefail
@@ -13,7 +17,7 @@ cd "$(dirname "$0")/../.."
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 layers=$(make -s --no-print-directory check-layers PG_CONFIG=$PG_CONFIG)
 npure=$(printf '%s\n' "$layers" | grep -c '^\(not \)\?ok')
-echo "1..$((npure + 5))"
+echo "1..$((npure + 9))"
 n=0
 while IFS= read -r line; do
     n=$((n + 1))
@@ -36,28 +40,69 @@ rm -rf "$bad"
 report $? "make check-layers fails when a src/core/ file includes a PostgreSQL header"
 
 [ -f sharding.so ] || make -s PG_CONFIG=$PG_CONFIG >/dev/null
-legacy=$(grep -ho "'MODULE_PATHNAME', '[a-z_0-9]*'" sql/sharding--1.0.sql sql/sharding--1.0--1.1.sql sql/sharding--1.1.sql |
-    sed "s/.*, '//;s/'\$//" | sort -u)
-exported=$(nm -D --defined-only sharding.so | awk '{print $3}')
-stray=$(printf '%s\n' "$exported" | while read -r s; do
-    case $s in
-        Pg_magic_func | _PG_init | sharding_* | pg_finfo_sharding_*) continue ;;
+current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
+# The symbols a script's C functions link to.
+linked() { grep -ho "'MODULE_PATHNAME', *'[A-Za-z0-9_]*'" "$@" | sed "s/.*, *'//;s/'\$//" | LC_ALL=C sort -u; }
+# Released scripts are frozen; those of the current version are built from
+# sql/install/ and sql/upgrade/.
+released=()
+current_scripts=()
+for f in sql/sharding--*.sql; do
+    case $f in
+        *--"$current".sql) current_scripts+=("$f") ;;
+        *) released+=("$f") ;;
     esac
-    base=${s#pg_finfo_}
-    grep -qxF "$base" <<<"$legacy" || echo "$s"
+done
+# Entry points: names, or patterns (sharding_*_main), as the Makefile lists them.
+set -f
+extra=($(make -s --no-print-directory print-exports-extra PG_CONFIG=$PG_CONFIG))
+set +f
+extra_names=$(for p in "${extra[@]}"; do case $p in *'*'*) ;; *) echo "$p" ;; esac; done)
+expected=$({ printf '%s\n' $extra_names; linked "${released[@]}" "${current_scripts[@]}" | sed 'p;s/^/pg_finfo_/'; } |
+    LC_ALL=C sort -u)
+exported=$(nm -D --defined-only sharding.so | awk '{print $3}' | LC_ALL=C sort -u)
+stray=$(LC_ALL=C comm -23 <(printf '%s\n' "$exported") <(printf '%s\n' "$expected") | while read -r s; do
+    for p in "${extra[@]}"; do case $p in *'*'*) [[ $s == $p ]] && continue 2 ;; esac; done
+    echo "$s"
 done)
 [ -z "$stray" ]
-report $? "sharding.so exports nothing but entry points, sharding_* and the frozen scripts' names${stray:+ (stray: $(echo $stray | head -c 300))}"
+report $? "sharding.so exports nothing but entry points and what the installable scripts link${stray:+ (stray: $(echo $stray | head -c 300))}"
+
+missing=$(LC_ALL=C comm -13 <(printf '%s\n' "$exported") <(printf '%s\n' "$expected"))
+[ -z "$missing" ]
+report $? "every C function of every installable script (1.0 to $current) links to an exported symbol${missing:+ (missing: $(echo $missing | head -c 300))}"
 
 grep -qx "_PG_init" <<<"$exported" && grep -qx "Pg_magic_func" <<<"$exported" &&
     [ "$(printf '%s\n' "$exported" | grep -c '^_Z')" -eq 0 ]
 report $? "Pg_magic_func and _PG_init are exported, no C++ symbol is"
 
-current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
-missing=$(grep -ho "'MODULE_PATHNAME', '[a-z_0-9]*'" "sql/sharding--$current.sql" | sed "s/.*, '//;s/'\$//" | sort -u |
-    while read -r s; do grep -qxF "$s" <<<"$exported" || echo "$s"; done)
-[ -z "$missing" ]
-report $? "every C function of the $current install script links to an exported symbol${missing:+ (missing: $missing)}"
+# The new rule: the current scripts link sharding_* names only. The check is
+# shown to fail on a script that breaks the rule (1.2 linked partition_for_*).
+bare() { linked "$@" | grep -v '^sharding_'; }
+current_bare=$(bare "${current_scripts[@]}")
+[ -z "$current_bare" ]
+report $? "the $current install and upgrade scripts link sharding_* symbols only${current_bare:+ (bare: $(echo $current_bare | head -c 300))}"
+old_bare=$(bare sql/sharding--1.2.sql | tr '\n' ' ')
+[ "$old_bare" = "partition_for_bytea partition_for_int2 partition_for_int4 partition_for_int8 partition_for_text partition_for_uuid " ]
+report $? "the same check finds the six bare partition_for names of the frozen 1.2 script (got: $old_bare)"
+
+# Each legacy alias calls a sharding_ function that exists (an alias of a
+# name that is gone would leave an undefined symbol: the library would not
+# load).
+undefined=$(nm -D --undefined-only sharding.so | awk '{print $2}' | grep '^sharding_')
+[ -z "$undefined" ]
+report $? "every alias of an old name resolves to a sharding_ function in sharding.so${undefined:+ (undefined: $(echo $undefined | head -c 300))}"
+
+# The generated version script itself: linked into a small library, it
+# exports a background worker's entry point and a SQL-linked symbol, and
+# hides everything else.
+probe=$(mktemp -d)
+printf 'int sharding_probe_main(void) { return 0; }\nint sharding_hash64_text(void) { return 1; }\nint helper(void) { return 2; }\n' >"$probe/p.c"
+cc -shared -fPIC -Wl,--version-script=src/pg/exports.map -o "$probe/p.so" "$probe/p.c" 2>"$probe/err" &&
+    probe_syms=$(nm -D --defined-only "$probe/p.so" | awk '{print $3}' | LC_ALL=C sort | tr '\n' ' ')
+rm -rf "$probe"
+[ "${probe_syms:-}" = "sharding_hash64_text sharding_probe_main " ]
+report $? "src/pg/exports.map exports sharding_*_main and script symbols, hides the rest (got: ${probe_syms:-link failed})"
 
 lambdas=$(grep -n 'pg_call(' src/rank/rank.cpp)
 [ -z "$lambdas" ]

@@ -1,0 +1,75 @@
+-- What a shard key may be: one test, sharding._key_type (src/pg/keys.cpp,
+-- key_type_of), which the C++ code uses too. Every SQL check of a key column
+-- (distribute, copy_shard, and _key_column_type behind distribution, whales,
+-- map_load and shard_lag) answers as it does, for every type below; fan-out counting
+-- hashes a key value of each accepted type as hash64 does.
+CREATE EXTENSION sharding;
+
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE;
+END $$;
+
+CREATE DOMAIN key_dom AS bigint;
+CREATE DOMAIN name_dom AS varchar(20);
+CREATE DOMAIN dom_dom AS key_dom;
+CREATE DOMAIN num_dom AS numeric;
+CREATE TEMP TABLE types (t regtype, n integer);
+INSERT INTO types VALUES
+    ('text', 1), ('varchar', 2), ('bytea', 3), ('smallint', 4), ('integer', 5), ('bigint', 6), ('uuid', 7),
+    ('key_dom', 8), ('name_dom', 9), ('dom_dom', 10),
+    ('bpchar', 11), ('numeric', 12), ('jsonb', 13), ('timestamptz', 14), ('num_dom', 15), ('text[]', 16);
+
+-- The test itself.
+SELECT t, sharding._key_type(t) AS hashed_as FROM types ORDER BY n;
+SELECT sharding._key_type(NULL) IS NULL AS strict;
+
+-- One table per type, each with the key column k of that type.
+SELECT sharding.create_map('m', 8, ARRAY['a', 'b']);
+DO $$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT * FROM types LOOP
+        EXECUTE format('CREATE TABLE kt_%s (id bigint PRIMARY KEY, k %s)', r.n, r.t);
+    END LOOP;
+END $$;
+
+-- Every check agrees with _key_type: 'ok' for the key types, 22023 for the
+-- others.
+SELECT x.t,
+       sharding._key_type(x.t) IS NOT NULL AS key_type,
+       pg_temp.err(format($$SELECT sharding.distribute('kt_%s', 'k', 'm')$$, x.n)) AS distribute,
+       pg_temp.err(format($$SELECT sharding.distribution('kt_%s', 'k', 8)$$, x.n)) AS distribution,
+       pg_temp.err(format($$SELECT sharding.whales('kt_%s', 'k', 8)$$, x.n)) AS whales,
+       pg_temp.err(format($$SELECT sharding.map_load('m', 'kt_%s', 'k')$$, x.n)) AS map_load,
+       -- copy_shard checks the key type before it needs dblink (42883 here).
+       pg_temp.err(format($$SELECT sharding.copy_shard('m', 0, 'kt_%s', 'k', 'a', 'b')$$, x.n)) AS copy_shard
+  FROM types AS x ORDER BY x.n;
+
+-- Fan-out counting hashes each accepted type as hash64 hashes the type it
+-- is hashed as: two keys in one shard count as single-shard, in two shards
+-- as fan-out (the classification needs the hashes to be right).
+SELECT min(k) AS k1, max(k) AS k2 FROM (
+    SELECT i::text AS k FROM generate_series(1, 50) AS i
+     WHERE sharding.shard_of(i::bigint, 8) = sharding.shard_of(1::bigint, 8)) AS same \gset same_
+SELECT i AS other FROM generate_series(1, 50) AS i WHERE sharding.shard_of(i::bigint, 8) <> sharding.shard_of(1::bigint, 8)
+ LIMIT 1 \gset
+SELECT sharding.fanout_reset();
+SELECT count(*) FROM kt_6 WHERE k IN (:same_k1, :same_k2);
+SELECT count(*) FROM kt_8 WHERE k IN (:same_k1::key_dom, :same_k2::key_dom);
+SELECT count(*) FROM kt_6 WHERE k IN (:same_k1, :other);
+SELECT count(*) FROM kt_8 WHERE k IN (:same_k1::key_dom, :other::key_dom);
+SELECT table_name, single_shard, fan_out FROM sharding.fanout_stats WHERE table_name IN ('kt_6', 'kt_8') ORDER BY 1;
+
+DROP EXTENSION sharding CASCADE;
+DO $$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT * FROM types LOOP
+        EXECUTE format('DROP TABLE kt_%s', r.n);
+    END LOOP;
+END $$;
+DROP DOMAIN dom_dom, key_dom, name_dom, num_dom;
