@@ -30,7 +30,10 @@ CREATE TABLE sharding.move_jobs (
     started          timestamptz,
     finished         timestamptz,
     error            text,
-    waiting          text
+    waiting          text,
+    -- key moves (drain's pins) enqueued once no live move of their shard
+    -- remains (the journal allows one live move per shard)
+    deferred         jsonb NOT NULL DEFAULT '[]'
 );
 COMMENT ON TABLE sharding.move_jobs IS
     'rebalance jobs (rebalance_start, drain_node), one row per job, kept after it ends; read it through the rebalance_jobs view';
@@ -123,6 +126,18 @@ END $$;
 COMMENT ON FUNCTION sharding._job_key_shard(text, text) IS
     'internal: the logical shard of a pinned key, by the type of the map''s key columns';
 
+-- Cancels the moves a failed start enqueued (the journal committed them).
+CREATE FUNCTION sharding._job_unqueue(job bigint) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    PERFORM sharding._move_cancel(m.move) FROM sharding.move_journal m
+      WHERE m.job = $1 AND m.phase = 'queued' ORDER BY m.move;
+END $$;
+COMMENT ON FUNCTION sharding._job_unqueue(bigint) IS
+    'internal: cancels the queued moves of a job whose start failed';
+
 -- rebalance_start: plans as rebalance / rebalance_by_load (their dry runs)
 -- and enqueues every planned move; a map without distributed tables is
 -- rebalanced in place (owner switches) and its job is done at once.
@@ -174,18 +189,26 @@ BEGIN
     INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, loads, max_imbalance, max_parallel, runas)
     VALUES ($1, strategy, nodes, loads, max_imbalance, max_parallel, me)
     RETURNING t.job INTO j;
-    IF strategy = 'count' THEN
-        FOR mv IN SELECT * FROM sharding.rebalance($1, nodes, dry_run => true) r ORDER BY r.logical LOOP
-            PERFORM sharding._move_enqueue(j, $1, mv.logical, NULL, mv.to_node);
-            n := n + 1;
-        END LOOP;
-    ELSE
-        FOR mv IN SELECT * FROM sharding.rebalance_by_load($1, nodes, loads, max_imbalance, dry_run => true) r
-                   ORDER BY r.logical LOOP
-            PERFORM sharding._move_enqueue(j, $1, mv.logical, NULL, mv.to_node);
-            n := n + 1;
-        END LOOP;
-    END IF;
+    -- The journal commits each enqueued move at once (its own connection):
+    -- if a later step fails, the moves already enqueued are cancelled, so a
+    -- failed start leaves no live move behind.
+    BEGIN
+        IF strategy = 'count' THEN
+            FOR mv IN SELECT * FROM sharding.rebalance($1, nodes, dry_run => true) r ORDER BY r.logical LOOP
+                PERFORM sharding._move_enqueue(j, $1, mv.logical, NULL, mv.to_node);
+                n := n + 1;
+            END LOOP;
+        ELSE
+            FOR mv IN SELECT * FROM sharding.rebalance_by_load($1, nodes, loads, max_imbalance, dry_run => true) r
+                       ORDER BY r.logical LOOP
+                PERFORM sharding._move_enqueue(j, $1, mv.logical, NULL, mv.to_node);
+                n := n + 1;
+            END LOOP;
+        END IF;
+    EXCEPTION WHEN OTHERS THEN
+        PERFORM sharding._job_unqueue(j);
+        RAISE;
+    END;
     IF n = 0 THEN
         UPDATE sharding.move_jobs t SET state = 'done', started = pg_catalog.now(), finished = pg_catalog.now()
          WHERE t.job = j;
@@ -248,28 +271,39 @@ BEGIN
     INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, drained, max_parallel, runas)
     VALUES ($1, 'drain', others, $2, max_parallel, me)
     RETURNING t.job INTO j;
-    -- Shards: rebalance's plan over the other owners.
-    FOR mv IN SELECT * FROM sharding.rebalance($1, others, dry_run => true) r ORDER BY r.logical LOOP
-        plan := plan || jsonb_build_object(mv.logical::text, mv.to_node);
-        IF tables THEN
-            PERFORM sharding._move_enqueue(j, $1, mv.logical, NULL, mv.to_node);
-        ELSE
-            PERFORM sharding.move_shard($1, mv.logical, mv.to_node);
-        END IF;
-        n := n + 1;
-    END LOOP;
-    -- Pins: to the owner of the key's shard once the plan is carried out.
-    FOR pinned_key IN SELECT pp.key FROM sharding.pins pp WHERE pp.map = $1 AND pp.node = $2 ORDER BY pp.key LOOP
-        l := sharding._job_key_shard($1, pinned_key.key);
-        dest := coalesce(plan ->> l::text,
-                         (SELECT s.node FROM sharding.shards s WHERE s.map = $1 AND s.logical = l));
-        IF tables THEN
-            PERFORM sharding._move_enqueue(j, $1, l, pinned_key.key, dest);
-        ELSE
-            PERFORM sharding.pin($1, pinned_key.key, dest);
-        END IF;
-        n := n + 1;
-    END LOOP;
+    BEGIN
+        -- Shards: rebalance's plan over the other owners.
+        FOR mv IN SELECT * FROM sharding.rebalance($1, others, dry_run => true) r ORDER BY r.logical LOOP
+            plan := plan || jsonb_build_object(mv.logical::text, mv.to_node);
+            IF tables THEN
+                PERFORM sharding._move_enqueue(j, $1, mv.logical, NULL, mv.to_node);
+            ELSE
+                PERFORM sharding.move_shard($1, mv.logical, mv.to_node);
+            END IF;
+            n := n + 1;
+        END LOOP;
+        -- Pins: to the owner of the key's shard once the plan is carried
+        -- out; a key whose shard moves too waits for that move (deferred).
+        FOR pinned_key IN SELECT pp.key FROM sharding.pins pp WHERE pp.map = $1 AND pp.node = $2 ORDER BY pp.key LOOP
+            l := sharding._job_key_shard($1, pinned_key.key);
+            dest := coalesce(plan ->> l::text,
+                             (SELECT s.node FROM sharding.shards s WHERE s.map = $1 AND s.logical = l));
+            IF NOT tables THEN
+                PERFORM sharding.pin($1, pinned_key.key, dest);
+            ELSIF plan ? l::text THEN
+                UPDATE sharding.move_jobs t
+                   SET deferred = t.deferred || jsonb_build_array(jsonb_build_object(
+                                      'logical', l, 'key', pinned_key.key, 'destination', dest))
+                 WHERE t.job = j;
+            ELSE
+                PERFORM sharding._move_enqueue(j, $1, l, pinned_key.key, dest);
+            END IF;
+            n := n + 1;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        PERFORM sharding._job_unqueue(j);
+        RAISE;
+    END;
     IF NOT tables THEN
         UPDATE sharding.move_jobs t SET state = 'done', switched = n, started = pg_catalog.now(),
                                         finished = pg_catalog.now()
@@ -442,9 +476,25 @@ BEGIN
     IF j.state = 'queued' THEN
         UPDATE sharding.move_jobs t SET state = 'running', started = pg_catalog.now() WHERE t.job = $1;
     END IF;
+    -- Deferred key moves whose shard has no live move any more: enqueue.
+    IF j.deferred <> '[]' AND NOT j.cancel_requested THEN
+        FOR c IN SELECT d.value AS v, (d.value ->> 'logical')::integer AS logical
+                   FROM pg_catalog.jsonb_array_elements(j.deferred) d LOOP
+            CONTINUE WHEN EXISTS (SELECT FROM sharding.move_journal m
+                                   WHERE m.map = j.map AND m.logical = c.logical
+                                     AND m.phase NOT IN ('done', 'failed', 'cancelled'));
+            PERFORM sharding._move_enqueue($1, j.map, c.logical, c.v ->> 'key', c.v ->> 'destination');
+            UPDATE sharding.move_jobs t
+               SET deferred = (SELECT coalesce(pg_catalog.jsonb_agg(e.value), '[]')
+                                 FROM pg_catalog.jsonb_array_elements(t.deferred) e WHERE e.value <> c.v)
+             WHERE t.job = $1
+             RETURNING t.deferred INTO j.deferred;
+        END LOOP;
+    END IF;
     SELECT pg_catalog.count(*) INTO in_flight FROM sharding._job_in_flight($1);
     IF j.cancel_requested OR EXISTS (SELECT FROM sharding.move_journal m WHERE m.job = $1 AND m.phase = 'failed') THEN
         -- Stopping: drop what has not begun, let what is in flight end.
+        UPDATE sharding.move_jobs t SET deferred = '[]' WHERE t.job = $1 AND t.deferred <> '[]';
         PERFORM sharding._move_cancel(m.move) FROM sharding.move_journal m
           WHERE m.job = $1 AND m.phase = 'queued'
             AND m.move NOT IN (SELECT f.move FROM sharding._job_in_flight($1) f);
@@ -458,7 +508,7 @@ BEGIN
         END IF;
         -- An interrupted move (no executor): resumed or rolled back below.
     END IF;
-    SELECT pg_catalog.count(*) INTO live FROM sharding.move_journal m
+    SELECT pg_catalog.count(*) + pg_catalog.jsonb_array_length(j.deferred) INTO live FROM sharding.move_journal m
      WHERE m.job = $1 AND m.phase NOT IN ('done', 'failed', 'cancelled');
     IF live = 0 THEN
         PERFORM sharding._job_finish($1);
@@ -617,7 +667,7 @@ BEGIN
     IF j.state NOT IN ('queued', 'running') THEN
         RETURN false;
     END IF;
-    UPDATE sharding.move_jobs t SET cancel_requested = true WHERE t.job = $1;
+    UPDATE sharding.move_jobs t SET cancel_requested = true, deferred = '[]' WHERE t.job = $1;
     PERFORM sharding._move_cancel(m.move) FROM sharding.move_journal m
       WHERE m.job = $1 AND m.phase NOT IN ('done', 'failed', 'cancelled') ORDER BY m.move;
     IF NOT EXISTS (SELECT FROM sharding._job_in_flight($1))
@@ -669,3 +719,99 @@ COMMENT ON PROCEDURE sharding.rebalance_run(bigint) IS
     'carries out a queued or interrupted rebalance job in this session until it ends';
 REVOKE ALL ON PROCEDURE sharding.rebalance_run(bigint) FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE sharding.rebalance_run(bigint) TO sharding_admin;
+
+-- The WAL a move's destination still has to confirm, read live at the
+-- source (its slot); NULL when it cannot be read (no dblink right, node
+-- down): move_progress then shows the journal's figure.
+CREATE FUNCTION sharding._job_lag(source text, slot text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    dbl name;
+    dsn text;
+    lag bigint;
+BEGIN
+    SELECT n.nspname INTO dbl FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n
+        ON n.oid = e.extnamespace WHERE e.extname = 'dblink';
+    SELECT n.dsn INTO dsn FROM sharding.nodes n WHERE n.node = $1;
+    IF dbl IS NULL OR dsn IS NULL THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE pg_catalog.format('SELECT l FROM %I.dblink($1, $2) AS t(l bigint)', dbl) INTO lag
+      USING dsn, pg_catalog.format(
+          'SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint'
+          ' FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = %L', $2);
+    RETURN greatest(lag, 0);
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION sharding._job_lag(text, text) IS
+    'internal: bytes of WAL a move''s slot at the source has not had confirmed yet, NULL if unreadable';
+
+-- rebalance_jobs: one row per job, kept after it ends. A move retried
+-- does not exist (a failed move stops its job), so the counts are of
+-- journal rows, plus the owner switches of maps without distributed
+-- tables.
+CREATE VIEW sharding.rebalance_jobs AS
+    SELECT j.job, j.map, j.strategy, j.state,
+           (j.switched + coalesce(c.total, 0) + pg_catalog.jsonb_array_length(j.deferred))::integer AS moves_total,
+           (j.switched + coalesce(c.done, 0))::integer AS moves_done,
+           coalesce(c.failed, 0)::integer AS moves_failed,
+           j.started, j.finished, j.error,
+           coalesce(c.cancelled, 0)::integer AS moves_cancelled,
+           j.max_parallel, j.nodes, j.drained, j.created, j.waiting
+      FROM sharding.move_jobs j
+      LEFT JOIN LATERAL (
+           SELECT pg_catalog.count(*) AS total,
+                  pg_catalog.count(*) FILTER (WHERE m.phase = 'done') AS done,
+                  pg_catalog.count(*) FILTER (WHERE m.phase = 'failed') AS failed,
+                  pg_catalog.count(*) FILTER (WHERE m.phase = 'cancelled') AS cancelled
+             FROM sharding.move_journal m WHERE m.job = j.job) c ON true;
+COMMENT ON VIEW sharding.rebalance_jobs IS
+    'rebalance jobs: state, moves total/done/failed, times and the first failed move''s error';
+GRANT SELECT ON sharding.rebalance_jobs TO PUBLIC;
+
+-- move_progress: every move planned or in flight (of a job, or a direct
+-- move_shard_online/isolate call), and every move of a job still running.
+-- lag_bytes is read live at the source while the move catches up. The bar
+-- and time_left come from how long the job's (else the map's) finished
+-- moves took: a move is expected to take their median; without history,
+-- the bar shows the phase and time_left is NULL.
+CREATE VIEW sharding.move_progress AS
+    SELECT m.job, m.map, m.logical, m.key, m.source, m.destination, m.phase,
+           m.rows_copied, m.bytes_copied,
+           CASE WHEN m.phase IN ('catching_up', 'cutover')
+                THEN coalesce(sharding._job_lag(m.source, sharding._move_name(m.map, m.logical)), m.lag_bytes)
+                ELSE m.lag_bytes END AS lag_bytes,
+           m.started, m.phase_started, m.error,
+           sharding.bar(p.fraction, 1, 20) AS bar,
+           CASE WHEN m.phase IN ('done', 'failed', 'cancelled') THEN interval '0'
+                WHEN h.expected IS NULL THEN NULL
+                WHEN m.phase = 'queued' THEN h.expected
+                ELSE greatest(h.expected - (pg_catalog.clock_timestamp() - m.started), interval '1 s') END
+               AS time_left,
+           CASE WHEN m.phase = 'queued' AND j.state IN ('queued', 'running') THEN j.waiting END AS waiting,
+           m.move
+      FROM sharding.move_journal m
+      LEFT JOIN sharding.move_jobs j ON j.job = m.job
+      LEFT JOIN LATERAL (
+           SELECT pg_catalog.percentile_cont(0.5) WITHIN GROUP (ORDER BY d.finished - d.started) AS expected
+             FROM (SELECT x.started, x.finished FROM sharding.move_journal x
+                    WHERE x.phase = 'done' AND x.started IS NOT NULL AND x.map = m.map
+                      AND (x.job = m.job OR NOT EXISTS (SELECT FROM sharding.move_journal y
+                                                         WHERE y.job = m.job AND y.phase = 'done'))
+                    ORDER BY x.finished DESC LIMIT 20) d) h ON true
+      CROSS JOIN LATERAL (
+           SELECT CASE WHEN m.phase = 'done' THEN 1.0
+                       WHEN m.phase IN ('queued', 'failed', 'cancelled') OR m.started IS NULL THEN 0.0
+                       WHEN h.expected IS NOT NULL AND h.expected > interval '0'
+                       THEN least(0.95, pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() - m.started)
+                                        / pg_catalog.date_part('epoch', h.expected))
+                       ELSE CASE m.phase WHEN 'copying' THEN 0.25 WHEN 'catching_up' THEN 0.6
+                                         WHEN 'cutover' THEN 0.85 ELSE 0.95 END
+                  END::float8 AS fraction) p
+     WHERE m.phase NOT IN ('done', 'failed', 'cancelled') OR j.state IN ('queued', 'running');
+COMMENT ON VIEW sharding.move_progress IS
+    'moves planned or in flight (and every move of a running job): phase, rows/bytes copied, lag, bar, time left, why it waits';
+GRANT SELECT ON sharding.move_progress TO PUBLIC;
