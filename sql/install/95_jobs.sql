@@ -530,6 +530,22 @@ BEGIN
                 AND (NOT j.cancel_requested OR m.phase <> 'queued')
               ORDER BY (m.phase = 'queued'), m.move LOOP
         IF c.phase = 'queued' THEN
+            -- One move at a time into a node, per map: the engine filters
+            -- what a move's subscription applies with a trigger on each
+            -- table at the destination that passes only its own shard, so a
+            -- second move into the same tables would have its changes
+            -- dropped by the first one's trigger (seen as lost updates).
+            SELECT pg_catalog.format('destination %s is receiving move %s of logical shard %s (one move into a node at a time)',
+                                     c.destination, x.move, x.logical) INTO reason
+              FROM sharding.move_journal x
+             WHERE x.map = j.map AND x.destination = c.destination AND x.move <> c.move
+               AND (x.phase IN ('copying', 'catching_up', 'cutover', 'cleanup')
+                    OR x.move IN (SELECT f.move FROM sharding._job_in_flight($1) f))
+             LIMIT 1;
+            IF reason IS NOT NULL THEN
+                why := coalesce(why, pg_catalog.format('move %s waits: %s', c.move, reason));
+                CONTINUE;
+            END IF;
             reason := sharding._job_capacity(c.source, c.destination);
             IF reason IS NOT NULL THEN
                 why := coalesce(why, pg_catalog.format('move %s waits: %s', c.move, reason));
