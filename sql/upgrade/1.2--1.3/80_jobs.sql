@@ -36,7 +36,11 @@ CREATE TABLE sharding.move_jobs (
     waiting          text,
     -- key moves (drain's pins) enqueued once no live move of their shard
     -- remains (the journal allows one live move per shard)
-    deferred         jsonb NOT NULL DEFAULT '[]'
+    deferred         jsonb NOT NULL DEFAULT '[]',
+    -- failed moves that were interrupted (their executor died: crash,
+    -- restart) and rolled back by recovery, each replaced by a new move of
+    -- the same shard: they do not fail the job
+    retried          bigint[] NOT NULL DEFAULT '{}'
 );
 COMMENT ON TABLE sharding.move_jobs IS
     'rebalance jobs (rebalance_start, drain_node), one row per job, kept after it ends; read it through the rebalance_jobs view';
@@ -429,7 +433,9 @@ DECLARE
     cancelled boolean;
 BEGIN
     SELECT m.error INTO err FROM sharding.move_journal m
-     WHERE m.job = $1 AND m.phase = 'failed' ORDER BY m.finished NULLS LAST, m.move LIMIT 1;
+     WHERE m.job = $1 AND m.phase = 'failed'
+       AND m.move <> ALL ((SELECT t.retried FROM sharding.move_jobs t WHERE t.job = $1)::bigint[])
+     ORDER BY m.finished NULLS LAST, m.move LIMIT 1;
     failed := FOUND;
     SELECT j.cancel_requested INTO cancelled FROM sharding.move_jobs j WHERE j.job = $1;
     st := CASE WHEN cancelled THEN 'cancelled' WHEN failed THEN 'failed' ELSE 'done' END;
@@ -494,8 +500,27 @@ BEGIN
              RETURNING t.deferred INTO j.deferred;
         END LOOP;
     END IF;
+    -- A move interrupted by the death of its executor (crash, restart) and
+    -- rolled back by recovery is carried out again: a new move of the same
+    -- shard (at most 3 tries per shard).
+    IF NOT j.cancel_requested THEN
+        FOR c IN SELECT m.move, m.logical, m.key, m.destination FROM sharding.move_journal m
+                  WHERE m.job = $1 AND m.phase = 'failed' AND m.move <> ALL (j.retried)
+                    AND m.error LIKE 'interrupted in phase %, rolled back'
+                    AND (SELECT pg_catalog.count(*) FROM sharding.move_journal x
+                          WHERE x.job = $1 AND x.logical = m.logical AND x.key IS NOT DISTINCT FROM m.key) < 3
+                  ORDER BY m.move LOOP
+            CONTINUE WHEN EXISTS (SELECT FROM sharding.move_journal x
+                                   WHERE x.map = j.map AND x.logical = c.logical
+                                     AND x.phase NOT IN ('done', 'failed', 'cancelled'));
+            PERFORM sharding._move_enqueue($1, j.map, c.logical, c.key, c.destination);
+            UPDATE sharding.move_jobs t SET retried = t.retried || c.move WHERE t.job = $1
+            RETURNING t.retried INTO j.retried;
+        END LOOP;
+    END IF;
     SELECT pg_catalog.count(*) INTO in_flight FROM sharding._job_in_flight($1);
-    IF j.cancel_requested OR EXISTS (SELECT FROM sharding.move_journal m WHERE m.job = $1 AND m.phase = 'failed') THEN
+    IF j.cancel_requested OR EXISTS (SELECT FROM sharding.move_journal m
+                                      WHERE m.job = $1 AND m.phase = 'failed' AND m.move <> ALL (j.retried)) THEN
         -- Stopping: drop what has not begun, let what is in flight end.
         UPDATE sharding.move_jobs t SET deferred = '[]' WHERE t.job = $1 AND t.deferred <> '[]';
         PERFORM sharding._move_cancel(m.move) FROM sharding.move_journal m
@@ -768,15 +793,16 @@ END $$;
 COMMENT ON FUNCTION sharding._job_lag(text, text) IS
     'internal: bytes of WAL a move''s slot at the source has not had confirmed yet, NULL if unreadable';
 
--- rebalance_jobs: one row per job, kept after it ends. A move retried
--- does not exist (a failed move stops its job), so the counts are of
--- journal rows, plus the owner switches of maps without distributed
+-- rebalance_jobs: one row per job, kept after it ends. The counts are of
+-- the job's journal rows (a move interrupted by a crash and carried out
+-- again counts once), plus the owner switches of maps without distributed
 -- tables.
 CREATE VIEW sharding.rebalance_jobs AS
     SELECT j.job, j.map, j.strategy, j.state,
-           (j.switched + coalesce(c.total, 0) + pg_catalog.jsonb_array_length(j.deferred))::integer AS moves_total,
+           (j.switched + coalesce(c.total, 0) - pg_catalog.cardinality(j.retried)
+            + pg_catalog.jsonb_array_length(j.deferred))::integer AS moves_total,
            (j.switched + coalesce(c.done, 0))::integer AS moves_done,
-           coalesce(c.failed, 0)::integer AS moves_failed,
+           (coalesce(c.failed, 0) - pg_catalog.cardinality(j.retried))::integer AS moves_failed,
            j.started, j.finished, j.error,
            coalesce(c.cancelled, 0)::integer AS moves_cancelled,
            j.max_parallel, j.nodes, j.drained, j.created, j.waiting

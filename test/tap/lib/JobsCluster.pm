@@ -249,14 +249,16 @@ sub check_data
 	return;
 }
 
-# followers_agree(): every data node shows the coordinator's shards and epochs.
+# followers_agree(nodes...): every data node (default n1 n2 n3) shows the
+# coordinator's shards and epochs.
 sub followers_agree
 {
+	my @nodes = @_ ? @_ : qw(n1 n2 n3);
 	my $want = q_db('coord',
 		"SELECT string_agg(logical || '=' || node || '\@' || epoch, ' ' ORDER BY logical) FROM sharding.shards WHERE map = 'bank'");
 	my $sql = "SELECT string_agg(logical || '=' || node || '\@' || epoch, ' ' ORDER BY logical) FROM sharding.shards WHERE map = 'bank'";
 	my $ok = 1;
-	for my $n (qw(n1 n2 n3)) { $ok &&= wait_for($n, $sql, $want, 20); }
+	for my $n (@nodes) { $ok &&= wait_for($n, $sql, $want, 20); }
 	return $ok;
 }
 
