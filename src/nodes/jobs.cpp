@@ -474,15 +474,16 @@ SHARDING_FUNCTION(sharding__job_runners) {
 }
 
 namespace sharding {
-// Called from _PG_init: the GUC always; shared memory and the launcher only
-// when preloaded.
+// Called from _PG_init: the setting, shared memory and the launcher, only
+// when preloaded (without, rebalance_run carries jobs out).
 void jobs_init() {
+    // A PGC_POSTMASTER setting can only be defined while preloading.
+    if (!process_shared_preload_libraries_in_progress) return;
     DefineCustomIntVariable("sharding.max_move_workers",
                             "Background workers running rebalance jobs' moves at once, per server.",
                             "Takes effect at server start; needs shared_preload_libraries = 'sharding'.",
                             &max_move_workers, 2, 1, kMaxWorkersLimit, PGC_POSTMASTER, 0, nullptr, nullptr,
                             nullptr);
-    if (!process_shared_preload_libraries_in_progress) return;
     prev_shmem_request = shmem_request_hook;
     shmem_request_hook = jobs_shmem_request;
     prev_shmem_startup = shmem_startup_hook;
