@@ -351,39 +351,67 @@ $$;
 COMMENT ON FUNCTION sharding._job_in_flight(bigint) IS
     'internal: the moves of a job claimed by a live executor';
 
--- Why `source`/`destination` cannot take one more move now (NULL: they can):
--- each move needs a replication slot and a WAL sender at the source and an
--- apply worker at the destination; moves claimed but not begun count as
--- using one.
-CREATE FUNCTION sharding._job_capacity(source text, destination text) RETURNS text
+-- A value read at a node over a connection this session keeps open
+-- (named by the DSN's hash), so a runner checking capacity before every
+-- move does not connect each time; NULL when the node cannot answer.
+CREATE FUNCTION sharding._job_ask(dsn text, sql text) RETURNS text
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
     dbl name;
-    dsn text;
+    conn text := 'sharding_job_' || pg_catalog.left(pg_catalog.md5($1), 12);
+    answer text;
+BEGIN
+    SELECT n.nspname INTO dbl FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n
+        ON n.oid = e.extnamespace WHERE e.extname = 'dblink';
+    IF dbl IS NULL OR $1 IS NULL THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        EXECUTE pg_catalog.format('SELECT $1 = ANY (coalesce(%I.dblink_get_connections(), ''{}''))', dbl)
+           INTO STRICT answer USING conn;
+        IF NOT answer::boolean THEN
+            EXECUTE pg_catalog.format('SELECT %I.dblink_connect($1, $2)', dbl) USING conn, $1;
+        END IF;
+        EXECUTE pg_catalog.format('SELECT a FROM %I.dblink($1, $2) AS t(a text)', dbl) INTO answer USING conn, $2;
+        RETURN answer;
+    EXCEPTION WHEN OTHERS THEN
+        BEGIN
+            EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', dbl) USING conn;
+        EXCEPTION WHEN OTHERS THEN
+            NULL;
+        END;
+        RETURN NULL;
+    END;
+END $$;
+COMMENT ON FUNCTION sharding._job_ask(text, text) IS
+    'internal: one value read at a node over a kept connection, NULL if it cannot answer';
+
+-- Why `source`/`destination` cannot take one more move now (NULL: they can):
+-- each move needs a replication slot and a WAL sender at the source and an
+-- apply worker at the destination; moves claimed but not begun count as
+-- using one. A node that cannot answer is not waited for: the move itself
+-- then fails and says why.
+CREATE FUNCTION sharding._job_capacity(source text, destination text) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    answer text;
     free_slots integer;
     free_senders integer;
     free_workers integer;
     pending integer;
 BEGIN
-    SELECT n.nspname INTO dbl FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n
-        ON n.oid = e.extnamespace WHERE e.extname = 'dblink';
-    IF dbl IS NULL THEN
-        RETURN NULL;  -- the engine reports the missing dblink itself
-    END IF;
-    SELECT n.dsn INTO dsn FROM sharding.nodes n WHERE n.node = $1;
-    IF dsn IS NOT NULL THEN
-        BEGIN
-            EXECUTE pg_catalog.format('SELECT a, b FROM %I.dblink($1, $2) AS t(a integer, b integer)', dbl)
-               INTO free_slots, free_senders
-              USING dsn, 'SELECT pg_catalog.current_setting(''max_replication_slots'')::integer'
-                         ' - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_replication_slots)::integer,'
-                         ' pg_catalog.current_setting(''max_wal_senders'')::integer'
-                         ' - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication)::integer';
-        EXCEPTION WHEN OTHERS THEN
-            RETURN NULL;  -- unreachable: the move itself fails and says why
-        END;
+    answer := sharding._job_ask((SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1),
+        'SELECT (pg_catalog.current_setting(''max_replication_slots'')::integer'
+        ' - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_replication_slots)::integer)'
+        ' || '' '' || (pg_catalog.current_setting(''max_wal_senders'')::integer'
+        ' - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication)::integer)');
+    IF answer IS NOT NULL THEN
+        free_slots := pg_catalog.split_part(answer, ' ', 1)::integer;
+        free_senders := pg_catalog.split_part(answer, ' ', 2)::integer;
         SELECT pg_catalog.count(*) INTO pending
           FROM sharding.move_jobs j, LATERAL sharding._job_in_flight(j.job) f
          WHERE j.state = 'running' AND f.source = $1 AND f.phase = 'queued';
@@ -396,17 +424,11 @@ BEGIN
                                      $1, pending);
         END IF;
     END IF;
-    SELECT n.dsn INTO dsn FROM sharding.nodes n WHERE n.node = $2;
-    IF dsn IS NOT NULL THEN
-        BEGIN
-            EXECUTE pg_catalog.format('SELECT a FROM %I.dblink($1, $2) AS t(a integer)', dbl)
-               INTO free_workers
-              USING dsn, 'SELECT pg_catalog.current_setting(''max_logical_replication_workers'')::integer'
-                         ' - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_subscription s'
-                         '     WHERE s.pid IS NOT NULL)::integer';
-        EXCEPTION WHEN OTHERS THEN
-            RETURN NULL;
-        END;
+    answer := sharding._job_ask((SELECT n.dsn FROM sharding.nodes n WHERE n.node = $2),
+        'SELECT pg_catalog.current_setting(''max_logical_replication_workers'')::integer'
+        ' - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_subscription s WHERE s.pid IS NOT NULL)::integer');
+    IF answer IS NOT NULL THEN
+        free_workers := answer::integer;
         SELECT pg_catalog.count(*) INTO pending
           FROM sharding.move_jobs j, LATERAL sharding._job_in_flight(j.job) f
          WHERE j.state = 'running' AND f.destination = $2 AND f.phase = 'queued';
@@ -688,7 +710,7 @@ BEGIN
         IF st IN ('done', 'failed', 'cancelled') OR pg_catalog.clock_timestamp() >= deadline THEN
             RETURN st;
         END IF;
-        PERFORM pg_catalog.pg_sleep(0.1);
+        PERFORM pg_catalog.pg_sleep(0.05);
     END LOOP;
 END $$;
 COMMENT ON FUNCTION sharding.rebalance_wait(bigint, interval) IS
@@ -768,28 +790,13 @@ GRANT EXECUTE ON PROCEDURE sharding.rebalance_run(bigint) TO sharding_admin;
 -- source (its slot); NULL when it cannot be read (no dblink right, node
 -- down): move_progress then shows the journal's figure.
 CREATE FUNCTION sharding._job_lag(source text, slot text) RETURNS bigint
-    LANGUAGE plpgsql VOLATILE
+    LANGUAGE sql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
-DECLARE
-    dbl name;
-    dsn text;
-    lag bigint;
-BEGIN
-    SELECT n.nspname INTO dbl FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n
-        ON n.oid = e.extnamespace WHERE e.extname = 'dblink';
-    SELECT n.dsn INTO dsn FROM sharding.nodes n WHERE n.node = $1;
-    IF dbl IS NULL OR dsn IS NULL THEN
-        RETURN NULL;
-    END IF;
-    EXECUTE pg_catalog.format('SELECT l FROM %I.dblink($1, $2) AS t(l bigint)', dbl) INTO lag
-      USING dsn, pg_catalog.format(
-          'SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint'
-          ' FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = %L', $2);
-    RETURN greatest(lag, 0);
-EXCEPTION WHEN OTHERS THEN
-    RETURN NULL;
-END $$;
+    SELECT greatest(sharding._job_ask((SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1), pg_catalog.format(
+               'SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint'
+               ' FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = %L', $2))::bigint, 0)
+$$;
 COMMENT ON FUNCTION sharding._job_lag(text, text) IS
     'internal: bytes of WAL a move''s slot at the source has not had confirmed yet, NULL if unreadable';
 
