@@ -29,6 +29,7 @@ SELECT current_setting('wal_level') = 'logical' AS logical_ok,
 \quit
 \endif
 
+\o /dev/null
 DROP DATABASE IF EXISTS demo_coord WITH (FORCE);
 DROP DATABASE IF EXISTS demo_n1 WITH (FORCE);
 DROP DATABASE IF EXISTS demo_n2 WITH (FORCE);
@@ -83,7 +84,7 @@ CREATE TABLE stop_writing (stop boolean NOT NULL);
 INSERT INTO stop_writing VALUES (false);
 CREATE PROCEDURE writer(w integer) LANGUAGE plpgsql AS $$
 DECLARE
-    tenant text; dest text; id bigint := w * 1000000000; done boolean;
+    tenant text; dest text; id bigint := w::bigint * 1000000000; done boolean;
     n bigint := 0; total bigint := 0; retries bigint := 0;
 BEGIN
     LOOP
@@ -117,6 +118,7 @@ END $$;
 SELECT public.dblink_connect('writer' || w, :'here' || ' dbname=demo_coord') FROM generate_series(1, 4) w;
 SELECT public.dblink_send_query('writer' || w, format('CALL writer(%s)', w)) FROM generate_series(1, 4) w;
 SELECT pg_sleep(1);
+\o
 
 \echo
 \echo 'Two nodes own the 8 shards of map shop; four writers insert orders.'
@@ -127,18 +129,20 @@ SELECT pg_sleep(1);
 SELECT sharding.rebalance_start('shop', ARRAY['n1', 'n2', 'n3'], max_parallel => 2) AS job \gset
 \echo
 \echo 'It returned job' :job 'at once. While it runs, move_progress shows each move:'
-SELECT pg_sleep(0.7);
+SELECT pg_sleep(0.7) \g /dev/null
 SELECT logical, source, destination, phase, rows_copied, lag_bytes, bar, time_left, waiting
   FROM sharding.move_progress WHERE job = :job ORDER BY move;
-SELECT pg_sleep(0.7);
+SELECT pg_sleep(0.7) \g /dev/null
 \echo 'and a moment later:'
 SELECT logical, source, destination, phase, rows_copied, lag_bytes, bar, time_left, waiting
   FROM sharding.move_progress WHERE job = :job ORDER BY move;
 \echo 'rebalance_wait returns once the job has ended:'
 SELECT sharding.rebalance_wait(:job, '300 s') AS state;
 UPDATE stop_writing SET stop = true;
+\o /dev/null
 SELECT count(*) AS writers_stopped FROM generate_series(1, 4) w,
        LATERAL public.dblink_get_result('writer' || w) AS r(status text);
+\o
 SELECT job, strategy, state, moves_total, moves_done, moves_failed, finished - started AS took
   FROM sharding.rebalance_jobs WHERE job = :job;
 
@@ -155,6 +159,7 @@ SELECT (SELECT string_agg(node || ': ' || orders, ', ' ORDER BY node) FROM count
        (SELECT sum(amount) FROM counts) = 40000 + (SELECT sum(amount) FROM written) AS amounts_match,
        (SELECT sum(retries) FROM written) AS refusals_retried;
 
+\o /dev/null
 SELECT sharding.detach_node(n) FROM unnest(ARRAY['n1', 'n2', 'n3']) n;
 SELECT public.dblink_disconnect(c) FROM unnest(public.dblink_get_connections()) c;
 \c postgres

@@ -838,11 +838,12 @@ CREATE VIEW sharding.move_progress AS
                 ELSE m.lag_bytes END AS lag_bytes,
            m.started, m.phase_started, m.error,
            sharding.bar(p.fraction, 1, 20) AS bar,
-           CASE WHEN m.phase IN ('done', 'failed', 'cancelled') THEN interval '0'
-                WHEN h.expected IS NULL THEN NULL
-                WHEN m.phase = 'queued' THEN h.expected
-                ELSE greatest(h.expected - (pg_catalog.clock_timestamp() - m.started), interval '1 s') END
-               AS time_left,
+           pg_catalog.date_trunc('second',
+               CASE WHEN m.phase IN ('done', 'failed', 'cancelled') THEN interval '0'
+                    WHEN h.expected IS NULL THEN NULL
+                    WHEN m.phase = 'queued' THEN greatest(h.expected, interval '1 s')
+                    ELSE greatest(h.expected - (pg_catalog.clock_timestamp() - m.started), interval '1 s') END
+               + interval '0.5 s') AS time_left,
            CASE WHEN m.phase = 'queued' AND j.state IN ('queued', 'running') THEN j.waiting END AS waiting,
            m.move
       FROM sharding.move_journal m
