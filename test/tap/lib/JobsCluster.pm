@@ -39,7 +39,8 @@ sub q_db
 
 # jobs_cluster(%opts): (coord cluster, data cluster). opts{rows}: initial
 # rows per table (default 20000); opts{preload}: preload on the coordinator
-# (default 1); opts{conf}: extra coordinator configuration.
+# (default 1); opts{conf}, opts{data_conf}: extra configuration of the
+# coordinator's and the data nodes' instance.
 sub jobs_cluster
 {
 	my (%opts) = @_;
@@ -47,7 +48,7 @@ sub jobs_cluster
 	my $c = sharding_node('coord', db => 'coord',
 		preload => (exists $opts{preload} ? $opts{preload} : 1),
 		conf => "max_connections = 60\n" . ($opts{conf} // ''));
-	my $d = sharding_node('data', conf => "max_connections = 80\n");
+	my $d = sharding_node('data', conf => "max_connections = 80\n" . ($opts{data_conf} // ''));
 	%HOST = (coord => $c, n1 => $d, n2 => $d, n3 => $d);
 	my $tables = "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
 	    CREATE TABLE events (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
