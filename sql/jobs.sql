@@ -116,3 +116,4 @@ SELECT pg_temp.err($$SELECT sharding._job_launch(1, 1, 10)$$);
 RESET ROLE;
 DROP ROLE jobs_reader;
 DROP ROLE jobs_admin;
+DROP EXTENSION sharding;
