@@ -269,10 +269,15 @@ void sleep_ms(long ms) {
 
 int my_slot = -1;
 uint32 my_generation = 0;
+bool runner_done = false;  // the runner ends normally (its jobs are over)
 
+// A runner that exits otherwise (terminated, FATAL) leaves its job without
+// it: the launcher rescans and starts another, which resumes or rolls back
+// the move it was carrying out.
 void runner_exit(int, Datum) {
     if (my_slot >= 0) release_slot(my_slot, my_generation);
     my_slot = -1;
+    if (!runner_done) wake_launcher();
 }
 
 }  // namespace
@@ -342,6 +347,7 @@ void sharding_jobs_runner_main(Datum) {
         }
         errors = 0;
     }
+    runner_done = true;
     proc_exit(0);
 }
 

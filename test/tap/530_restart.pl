@@ -2,7 +2,9 @@
 # -m immediate while a job runs, the library preloaded. After the restart
 # the launcher finds the job by itself: the move in flight is resumed or
 # rolled back from its journal, the job goes on and ends done, and every
-# row is exactly where the map says, nothing lost or left behind.
+# row is exactly where the map says, nothing lost or left behind. Then the
+# move worker of a second job is terminated (pg_terminate_backend) mid-move:
+# another worker takes the job over and it ends done.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -38,5 +40,17 @@ is($q->("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'sharding mo
 	'the launcher runs after the restart');
 ok(wait_for('coord', "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'sharding move worker'", '0', 20),
 	'no move worker is left once the job is over');
+
+# A move worker terminated mid-move.
+my $j2 = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2', 'n3'], max_parallel => 1)");
+ok(wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $j2 AND phase IN ('copying', 'catching_up')", 't', 60),
+	'a move of a second job is in flight');
+my $pid = $q->("SELECT pid FROM pg_stat_activity WHERE backend_type = 'sharding move worker'");
+is($q->("SELECT pg_terminate_backend($pid)"), 't', "its worker (pid $pid) is terminated");
+is($q->("SELECT sharding.rebalance_wait($j2, '180 s')"), 'done', 'another worker took the job over: it ends done');
+note $q->("SELECT move, logical, phase, coalesce(error, '') FROM sharding.move_journal WHERE job = $j2 ORDER BY move");
+ok(followers_agree(), 'followers agree');
+check_data('after the terminated worker');
+is(leftovers(), 'n1:0/0/0/0/0 n2:0/0/0/0/0 n3:0/0/0/0/0 coord:0', 'nothing of the moves is left');
 
 done_testing();
