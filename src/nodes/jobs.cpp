@@ -171,10 +171,10 @@ bool start_runner(int64 job, Oid user) {
     w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
     w.bgw_start_time = BgWorkerStart_RecoveryFinished;
     w.bgw_restart_time = BGW_NEVER_RESTART;
-    strlcpy(w.bgw_library_name, "sharding", BGW_MAXLEN);
-    strlcpy(w.bgw_function_name, "sharding_jobs_runner_main", BGW_MAXLEN);
+    snprintf(w.bgw_library_name, BGW_MAXLEN, "%s", "sharding");
+    snprintf(w.bgw_function_name, BGW_MAXLEN, "%s", "sharding_jobs_runner_main");
     snprintf(w.bgw_name, BGW_MAXLEN, "sharding move worker for job %lld", static_cast<long long>(job));
-    strlcpy(w.bgw_type, "sharding move worker", BGW_MAXLEN);
+    snprintf(w.bgw_type, BGW_MAXLEN, "%s", "sharding move worker");
     w.bgw_main_arg = Int32GetDatum(slot);
     RunnerArgs args{MyDatabaseId, user, job, slot, generation};
     memcpy(w.bgw_extra, &args, sizeof(args));
@@ -402,10 +402,10 @@ void scan_databases() {
         w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
         w.bgw_start_time = BgWorkerStart_RecoveryFinished;
         w.bgw_restart_time = BGW_NEVER_RESTART;
-        strlcpy(w.bgw_library_name, "sharding", BGW_MAXLEN);
-        strlcpy(w.bgw_function_name, "sharding_jobs_scanner_main", BGW_MAXLEN);
+        snprintf(w.bgw_library_name, BGW_MAXLEN, "%s", "sharding");
+        snprintf(w.bgw_function_name, BGW_MAXLEN, "%s", "sharding_jobs_scanner_main");
         snprintf(w.bgw_name, BGW_MAXLEN, "sharding move scanner for database %u", dbs[i]);
-        strlcpy(w.bgw_type, "sharding move scanner", BGW_MAXLEN);
+        snprintf(w.bgw_type, BGW_MAXLEN, "%s", "sharding move scanner");
         w.bgw_main_arg = ObjectIdGetDatum(dbs[i]);
         w.bgw_notify_pid = MyProcPid;
         BackgroundWorkerHandle *handle = nullptr;
@@ -500,10 +500,10 @@ void jobs_init() {
     w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
     w.bgw_start_time = BgWorkerStart_RecoveryFinished;
     w.bgw_restart_time = 10;
-    strlcpy(w.bgw_library_name, "sharding", BGW_MAXLEN);
-    strlcpy(w.bgw_function_name, "sharding_jobs_launcher_main", BGW_MAXLEN);
-    strlcpy(w.bgw_name, "sharding move launcher", BGW_MAXLEN);
-    strlcpy(w.bgw_type, "sharding move launcher", BGW_MAXLEN);
+    snprintf(w.bgw_library_name, BGW_MAXLEN, "%s", "sharding");
+    snprintf(w.bgw_function_name, BGW_MAXLEN, "%s", "sharding_jobs_launcher_main");
+    snprintf(w.bgw_name, BGW_MAXLEN, "%s", "sharding move launcher");
+    snprintf(w.bgw_type, BGW_MAXLEN, "%s", "sharding move launcher");
     RegisterBackgroundWorker(&w);
 }
 }  // namespace sharding
