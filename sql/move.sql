@@ -49,6 +49,47 @@ SELECT sharding.add_node('a', 'dbname=nowhere_a'), sharding.add_node('b', 'dbnam
 SELECT pg_temp.err($$SELECT sharding.move_shard_online('mv', 0, 'b')$$);
 ROLLBACK;
 
+-- The journal interface (sharding.move_journal, _move_enqueue,
+-- _move_execute, _move_cancel, _move_recover): rows commit at once through
+-- the engine's own connection to this database (dblink here).
+CREATE EXTENSION dblink;
+SELECT sharding.add_node('a', 'dbname=nowhere_a'), sharding.add_node('b', 'dbname=nowhere_b');
+SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'nope', 0, NULL, 'b')$$);
+SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 8, NULL, 'b')$$);
+SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 0, NULL, NULL)$$);
+SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 0, NULL, 'unknown')$$);
+SELECT pg_temp.err(format($$SELECT sharding._move_enqueue(NULL, 'mv', %s, 'whale', 'b')$$, (:whale_shard + 1) % 8));
+SELECT sharding._move_enqueue(42, 'mv', 0, NULL, 'b') AS m1 \gset
+SELECT job, map, logical, key, source, destination, phase, rows_copied, lag_bytes, started IS NULL AS not_started
+  FROM sharding.move_journal WHERE move = :m1;
+-- Committed at once: another session sees it while this transaction goes on.
+SELECT count(*) AS seen_elsewhere FROM dblink(sharding._coordinator_dsn(),
+    format('SELECT 1 FROM sharding.move_journal WHERE move = %s', :m1)) AS t(x integer);
+-- One live move per shard.
+SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 0, NULL, 'b')$$);
+SELECT map, logical, key, source, destination, state FROM sharding.moves;
+SELECT sharding._move_cancel(:m1) AS cancelled, sharding._move_cancel(:m1) AS again,
+       sharding._move_execute(:m1) AS executes_to;
+SELECT phase, finished IS NOT NULL AS finished FROM sharding.move_journal WHERE move = :m1;
+SELECT pg_temp.err($$SELECT sharding._move_cancel(-1)$$);
+SELECT pg_temp.err($$SELECT sharding._move_execute(-1)$$);
+-- A move that fails (the destination cannot be reached) is recorded and
+-- returned, not raised; move_shard_online raises what was recorded.
+SELECT sharding._move_enqueue(NULL, 'mv', 0, NULL, 'b') AS m2 \gset
+SELECT sharding._move_execute(:m2) AS result;
+SELECT phase, error_state, error IS NOT NULL AS has_error, pid FROM sharding.move_journal WHERE move = :m2;
+SELECT pg_temp.err($$SELECT sharding.move_shard_online('mv', 0, 'b')$$) LIKE '08001: %' AS raises_recorded;
+SELECT phase, count(*) FROM sharding.move_journal GROUP BY phase ORDER BY phase;
+SELECT sharding._move_recover() AS recovered_nothing;
+-- An interrupted move (its executor died after the journal said
+-- 'copying'): _move_recover rolls it back; here its nodes are unreachable,
+-- so it warns and the row stays for the next call.
+INSERT INTO sharding.move_journal (map, logical, source, destination, phase) VALUES ('mv', 1, 'a', 'b', 'copying');
+SELECT sharding._move_recover() AS recovered;
+SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 1, NULL, 'b')$$) LIKE '55006: %' AS blocked;
+DELETE FROM sharding.move_journal;
+UPDATE sharding.nodes SET dsn = NULL WHERE node IN ('a', 'b');
+
 -- Deterministic object names: [a-z0-9_] and at most 63 bytes, distinct
 -- for map names that fold alike.
 SELECT sharding._move_name('mv', 3) AS plain,
@@ -62,8 +103,14 @@ SET ROLE move_reader;
 SELECT pg_temp.err($$SELECT sharding.move_shard_online('mv', 0, 'a')$$);
 SELECT pg_temp.err($$SELECT sharding.isolate('mv', 'whale', 'a')$$);
 SELECT count(*) AS readable_journal FROM sharding.moves;
+SELECT count(*) AS readable_journal FROM sharding.move_journal;
+SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 0, NULL, 'b')$$);
+SELECT pg_temp.err($$SELECT sharding._move_cancel(1)$$);
+SELECT pg_temp.err($$SELECT sharding._move_recover()$$);
+SELECT pg_temp.err($$DELETE FROM sharding.move_journal$$);
 RESET ROLE;
 DROP ROLE move_reader;
 
 SELECT sharding.drop_map('mv');
 DROP EXTENSION sharding;
+DROP EXTENSION dblink;

@@ -20,6 +20,7 @@ void queue_init();  // queue.cpp: prepared claim plans
 void rank_init();   // rank.cpp: rank lists of guarded columns
 void fanout_init();  // fanout.cpp: shared counters and hooks (preload only)
 void guard_init();  // guard.cpp: local state of a data node (this_node, frozen shards)
+void jobs_init();   // jobs.cpp: sharding.max_move_workers, move workers (preload only)
 }  // namespace sharding
 
 /*
@@ -31,4 +32,5 @@ void _PG_init(void) {
     sharding::rank_init();
     sharding::fanout_init();
     sharding::guard_init();
+    sharding::jobs_init();
 }

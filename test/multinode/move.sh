@@ -328,7 +328,7 @@ epoch3=$(qn coord -c "SELECT sharding.epoch('bank', $S3)")
 name3=$(qn coord -c "SELECT sharding._move_name('bank', $S3)")
 qn n1 -c "CREATE PUBLICATION $name3 FOR TABLE accounts" -c "SELECT pg_create_logical_replication_slot('$name3', 'pgoutput')" \
       -c "SELECT sharding._freeze_shard('bank', $S3)" >/dev/null
-qn coord -c "INSERT INTO sharding.moves (map, logical, source, destination, state) VALUES ('bank', $S3, 'n1', 'n2', 'copying')"
+qn coord -c "INSERT INTO sharding.move_journal (map, logical, source, destination, phase) VALUES ('bank', $S3, 'n1', 'n2', 'copying')"
 check "a same-owner call returns the current epoch and cleans up the leftovers of a crashed move" "$epoch3 $CLEAN" \
     "$(qn coord -c "SELECT sharding.move_shard_online('bank', $S3, 'n1')") $(leftovers)"
 
@@ -342,7 +342,7 @@ qn n1 -c "SET session_replication_role = replica" \
       -c "INSERT INTO accounts SELECT tenant, 50000000 + row_number() OVER (), 'stale' FROM (SELECT unnest('$HOT'::text[]) AS tenant) t, generate_series(1, 5)" \
       -c "CREATE PUBLICATION $name1 FOR TABLE accounts" -c "SELECT pg_create_logical_replication_slot('$name1', 'pgoutput')" \
       -c "SELECT sharding._freeze_shard('bank', $S)" >/dev/null
-qn coord -c "INSERT INTO sharding.moves (map, logical, source, destination, state) VALUES ('bank', $S, 'n1', 'n2', 'switched')"
+qn coord -c "INSERT INTO sharding.move_journal (map, logical, source, destination, phase) VALUES ('bank', $S, 'n1', 'n2', 'cleanup')"
 check "leftovers of a switched move in place: stale rows, a frozen shard, publication and slot at n1" \
     "$(( $(echo "$HOT" | tr ',' '\n' | wc -l) * 5 ))|1|1|1" \
     "$(qn n1 -c "SELECT (SELECT count(*) FROM accounts WHERE $in_s) || '|' || (SELECT count(*) FROM sharding.frozen_shards)

@@ -1,0 +1,119 @@
+-- Section 13, rebalance jobs, on one node: argument checks (22023, 42704,
+-- 55006, 42501, each changing nothing), maps without distributed tables
+-- (owner switches done before rebalance_start returns), drain_node's plan,
+-- wait and cancel of ended jobs, and the views. test/tap/5xx move data.
+CREATE EXTENSION sharding;
+
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+CREATE FUNCTION pg_temp.snapshot() RETURNS text LANGUAGE sql AS $$
+    SELECT (SELECT string_agg(logical || '=' || node || '@' || epoch, ' ' ORDER BY logical)
+              FROM sharding.shards WHERE map = 'j')
+        || ' | pins ' || coalesce((SELECT string_agg(key || '=' || node, ' ' ORDER BY key)
+                                     FROM sharding.pins WHERE map = 'j'), '-')
+        || ' | jobs ' || (SELECT count(*) FROM sharding.move_jobs)
+$$;
+
+SELECT sharding.create_map('j', 8, ARRAY['a', 'b']);
+SELECT pg_temp.snapshot() AS before \gset
+SELECT :'before' AS before;
+
+-- Bad input: nothing changes.
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('nope', ARRAY['a', 'b', 'c'])$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start(NULL, ARRAY['a', 'b', 'c'])$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'], strategy => 'random')$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'], strategy => NULL)$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'], strategy => 'load')$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'], loads => '{1,1,1,1,1,1,1,1}')$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'], strategy => 'load', loads => '{1,2}')$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'], max_parallel => 0)$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'], max_parallel => NULL)$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'a'])$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', NULL)$$);
+SELECT pg_temp.err($$SELECT sharding.drain_node('nope', 'a')$$);
+SELECT pg_temp.err($$SELECT sharding.drain_node('j', NULL)$$);
+SELECT pg_temp.err($$SELECT sharding.drain_node('j', 'a', max_parallel => -1)$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_wait(424242)$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_wait(NULL)$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_cancel(424242)$$);
+SELECT pg_temp.err($$CALL sharding.rebalance_run(424242)$$);
+SELECT pg_temp.snapshot() = :'before' AS nothing_changed;
+
+-- A map without distributed tables: the plan's owner switches are done
+-- before rebalance_start returns, exactly rebalance's plan, and the job is
+-- done with that many moves.
+CREATE TEMP TABLE plan AS SELECT * FROM sharding.rebalance('j', ARRAY['a', 'b', 'c'], dry_run => true);
+SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'], max_parallel => 2) AS job1 \gset
+SELECT state, strategy, moves_total = (SELECT count(*) FROM plan) AS all_planned, moves_done = moves_total AS all_done,
+       moves_failed, started IS NOT NULL AND finished IS NOT NULL AS timed, error
+  FROM sharding.rebalance_jobs WHERE job = :job1;
+SELECT count(*) AS switched_as_planned FROM plan p JOIN sharding.shards s
+    ON s.map = 'j' AND s.logical = p.logical AND s.node = p.to_node AND s.epoch = 2;
+SELECT count(*) AS untouched_at_epoch_1 FROM sharding.shards s WHERE s.map = 'j' AND s.epoch = 1;
+SELECT sharding.rebalance_wait(:job1) AS waited, sharding.rebalance_cancel(:job1) AS cancelled_ended_job;
+SELECT sharding.rebalance_wait(:job1, '0 s') AS zero_timeout;
+SELECT pg_temp.err($$SELECT sharding.rebalance_wait(1, '-1 s')$$);
+-- Nothing left to do: a job done at once with no moves.
+SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c']) AS job2 \gset
+SELECT state, moves_total FROM sharding.rebalance_jobs WHERE job = :job2;
+
+-- Strategy load: rebalance_by_load's plan.
+SELECT pg_temp.snapshot() AS before \gset
+CREATE TEMP TABLE lplan AS
+    SELECT * FROM sharding.rebalance_by_load('j', ARRAY['a', 'b'], '{9,1,1,1,1,1,1,1}', 1.2, dry_run => true);
+SELECT sharding.rebalance_start('j', ARRAY['a', 'b'], 'load', '{9,1,1,1,1,1,1,1}', 1.2) AS job3 \gset
+SELECT state, strategy, moves_total = (SELECT count(*) FROM lplan) AS as_planned, moves_total > 0 AS moved
+  FROM sharding.rebalance_jobs WHERE job = :job3;
+SELECT count(*) = (SELECT count(*) FROM lplan) AS load_switched_as_planned FROM lplan p JOIN sharding.shards s
+    ON s.map = 'j' AND s.logical = p.logical AND s.node = p.to_node;
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'b'], 'load', '{1,1,1,1,1,1,1,-1}')$$);
+
+-- drain_node: shards count-balanced onto the other owners, pins onto the
+-- owner of their shard; then drop_node succeeds.
+SELECT sharding.create_map('d', 8, ARRAY['a', 'b', 'c']);
+SELECT sharding.pin('d', 'whale', 'c');
+SELECT sharding.pin('d', 'minnow', 'a');
+SELECT sharding.drain_node('d', 'c') AS job4 \gset
+SELECT state, strategy, moves_total FROM sharding.rebalance_jobs WHERE job = :job4;
+SELECT node, count(*) FROM sharding.shards WHERE map = 'd' GROUP BY node ORDER BY node;
+SELECT p.node = s.node AS whale_with_its_shard FROM sharding.pins p
+  JOIN sharding.shards s ON s.map = p.map AND s.logical = sharding.logical_shard('d', p.key)
+ WHERE p.map = 'd' AND p.key = 'whale';
+SELECT node FROM sharding.pins WHERE map = 'd' AND key = 'minnow';
+-- A node owning nothing: done at once; the only node: 55000.
+SELECT sharding.drain_node('d', 'c') AS job5 \gset
+SELECT state, moves_total FROM sharding.rebalance_jobs WHERE job = :job5;
+SELECT sharding.drain_node('j', 'zzz') IS NOT NULL AS unknown_node_owns_nothing;
+SELECT sharding.create_map('solo', 4, ARRAY['a']);
+SELECT pg_temp.err($$SELECT sharding.drain_node('solo', 'a')$$);
+SELECT count(*) AS solo_jobs FROM sharding.rebalance_jobs WHERE map = 'solo';
+SELECT sharding.drop_map('d');
+
+-- Privileges: starting, waiting, cancelling and running need the owner
+-- or sharding_admin (42501); reading the views does not.
+CREATE ROLE jobs_reader;
+CREATE ROLE jobs_admin IN ROLE sharding_admin;
+SELECT pg_temp.snapshot() AS before \gset
+SET ROLE jobs_reader;
+SELECT pg_temp.err($$SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'])$$);
+SELECT pg_temp.err($$SELECT sharding.drain_node('j', 'c')$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_wait(1)$$);
+SELECT pg_temp.err($$SELECT sharding.rebalance_cancel(1)$$);
+SELECT pg_temp.err($$CALL sharding.rebalance_run(1)$$);
+SELECT pg_temp.err($$SELECT sharding._job_launch(1, 1, 10)$$);
+SELECT count(*) > 0 AS reader_sees_jobs FROM sharding.rebalance_jobs;
+SELECT count(*) AS reader_sees_no_live_move FROM sharding.move_progress;
+RESET ROLE;
+SELECT pg_temp.snapshot() = :'before' AS nothing_changed;
+SET ROLE jobs_admin;
+SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c']) > 0 AS admin_may_start;
+SELECT pg_temp.err($$SELECT sharding._job_launch(1, 1, 10)$$);
+RESET ROLE;
+DROP ROLE jobs_reader;
+DROP ROLE jobs_admin;
+DROP EXTENSION sharding;

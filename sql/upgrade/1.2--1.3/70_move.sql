@@ -1,0 +1,906 @@
+
+-- Move journal (issue 24): sharding.move_journal replaces 1.2's
+-- sharding.moves (now a view of the live rows); moves are journaled
+-- through _move_enqueue / _move_execute / _move_cancel / _move_recover.
+CREATE SEQUENCE sharding.move_journal_seq;
+CREATE TABLE sharding.move_journal (
+    move          bigint PRIMARY KEY DEFAULT pg_catalog.nextval('sharding.move_journal_seq'),
+    job           bigint,             -- the rebalance job; NULL for a direct call
+    map           text NOT NULL,
+    logical       integer NOT NULL,
+    key           text,               -- isolate: the key; NULL for a shard move
+    source        text NOT NULL,
+    destination   text NOT NULL,
+    phase         text NOT NULL DEFAULT 'queued'
+                  CHECK (phase IN ('queued', 'copying', 'catching_up', 'cutover', 'cleanup', 'done', 'failed', 'cancelled')),
+    rows_copied   bigint NOT NULL DEFAULT 0,
+    bytes_copied  bigint NOT NULL DEFAULT 0,
+    lag_bytes     bigint,             -- WAL the destination still has to apply; NULL before catch-up
+    started       timestamptz,
+    phase_started timestamptz,
+    finished      timestamptz,
+    error         text,
+    -- internal: how the error was raised (re-raised by move_shard_online)
+    error_state   text,
+    error_detail  text,
+    error_hint    text,
+    -- internal: the executing backend (its session-level advisory lock on
+    -- (hashtext('sharding.move_journal'), move) says it is alive)
+    pid           integer,
+    new_epoch     bigint,             -- internal: the shard's epoch after the switch
+    rows_moved    bigint,             -- internal: rows deleted at the source (isolate's result)
+    undone        boolean NOT NULL DEFAULT false,  -- internal: the rollback has completed
+    created       timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+-- At most one live move per shard, and per key for isolate.
+CREATE UNIQUE INDEX move_journal_live_shard ON sharding.move_journal (map, logical)
+    WHERE phase NOT IN ('done', 'failed', 'cancelled');
+CREATE UNIQUE INDEX move_journal_live_key ON sharding.move_journal (map, key)
+    WHERE key IS NOT NULL AND phase NOT IN ('done', 'failed', 'cancelled');
+CREATE INDEX move_journal_job ON sharding.move_journal (job) WHERE job IS NOT NULL;
+COMMENT ON TABLE sharding.move_journal IS
+    'the move journal: one row per online move (of a job or a direct call), its phase, progress and error';
+SELECT pg_catalog.pg_extension_config_dump('sharding.move_journal', '');
+SELECT pg_catalog.pg_extension_config_dump('sharding.move_journal_seq', '');
+ALTER SEQUENCE sharding.move_journal_seq OWNED BY sharding.move_journal.move;
+GRANT USAGE ON SEQUENCE sharding.move_journal_seq TO sharding_admin;
+GRANT SELECT ON sharding.move_journal TO PUBLIC;
+GRANT INSERT, UPDATE, DELETE ON sharding.move_journal TO sharding_admin;
+
+-- Moves 1.2 left interrupted keep their journal: the next call cleans up.
+INSERT INTO sharding.move_journal (map, logical, key, source, destination, phase, started, phase_started)
+SELECT m.map, m.logical, m.key, m.source, m.destination,
+       CASE m.state WHEN 'setup' THEN 'copying' WHEN 'catchup' THEN 'catching_up'
+                    WHEN 'switched' THEN 'cleanup' ELSE m.state END,
+       m.started, m.started
+  FROM sharding.moves m;
+ALTER EXTENSION sharding DROP TABLE sharding.moves;
+DROP TABLE sharding.moves;
+
+-- 1.2's journal, as a view of the moves in progress (or interrupted).
+CREATE VIEW sharding.moves AS
+    SELECT j.map, j.logical, j.key, j.source, j.destination,
+           CASE j.phase WHEN 'queued' THEN 'setup' WHEN 'catching_up' THEN 'catchup'
+                        WHEN 'cleanup' THEN 'switched' ELSE j.phase END AS state,
+           coalesce(j.started, j.created) AS started
+      FROM sharding.move_journal j
+     WHERE j.phase NOT IN ('done', 'failed', 'cancelled');
+COMMENT ON VIEW sharding.moves IS
+    'online moves in progress (or interrupted: the next move of the shard cleans them up); see move_journal';
+GRANT SELECT ON sharding.moves TO PUBLIC;
+
+CREATE OR REPLACE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
+    RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    name text := sharding._move_name(map, logical);
+    seen boolean;
+    deleted bigint;
+BEGIN
+    -- The source's guard must see the new owner before its shard thaws
+    -- (then it refuses by ownership); the destination accepts writes once it
+    -- sees it, so the call returns only then.
+    FOREACH name IN ARRAY ARRAY['sharding_move_src', 'sharding_move_dst'] LOOP
+        seen := false;
+        FOR i IN 1 .. 3000 LOOP   -- 60 s
+            seen := sharding._move_sees_switch(name, map, logical, key, destination, new_epoch);
+            EXIT WHEN seen;
+            PERFORM pg_catalog.pg_sleep(0.005);
+        END LOOP;
+        IF NOT seen THEN
+            RAISE EXCEPTION 'node % of the move of logical shard % of map "%" does not show the switch after 60 s',
+                    CASE name WHEN 'sharding_move_src' THEN 'source' ELSE 'destination' END, logical, map
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'The coordinator has switched; the source stays frozen until it follows.',
+                      HINT = 'Check the node''s subscription sharding_config_<node>, then call sharding.move_shard_online again to finish.';
+        END IF;
+        IF name = 'sharding_move_src' THEN
+            PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
+            RAISE DEBUG 'move %: thawed at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
+        END IF;
+    END LOOP;
+    RAISE DEBUG 'move %: destination follows at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
+    name := sharding._move_name(map, logical);
+    PERFORM sharding._move_drop_replication(name);
+    PERFORM sharding._move_drop_triggers(map, name);
+    RAISE DEBUG 'move %: replication dropped at %', name, pg_catalog.clock_timestamp();
+    deleted := sharding._move_delete_rows('sharding_move_src', map, logical, key);
+    PERFORM sharding._move_journal(pg_catalog.format(
+        'UPDATE sharding.move_journal SET phase = ''done'', phase_started = pg_catalog.now(), finished = pg_catalog.now(), '
+        'rows_moved = %s, lag_bytes = 0, pid = NULL WHERE map = %L AND logical = %s AND %s',
+        deleted, map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
+    RETURN deleted;
+END $$;
+COMMENT ON FUNCTION sharding._move_finish(text, integer, text, text, bigint) IS
+    'internal: completes an online move after its switch (thaw, drop replication, delete source rows)';
+
+CREATE OR REPLACE FUNCTION sharding._move_undo(map text, logical integer, key text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    name text := sharding._move_name(map, logical);
+BEGIN
+    PERFORM sharding._move_drop_replication(name);
+    PERFORM sharding._move_drop_triggers(map, name);
+    -- A copy still running at the destination (its caller was cancelled or
+    -- died) would commit after the delete below: end it first, and wait.
+    PERFORM sharding._move_stop_backends('sharding_move_dst', name);
+    PERFORM sharding._move_delete_rows('sharding_move_dst', map, logical, key);
+    PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
+    PERFORM sharding._move_journal(pg_catalog.format(
+        'UPDATE sharding.move_journal SET undone = true WHERE map = %L AND logical = %s AND %s',
+        map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
+END $$;
+COMMENT ON FUNCTION sharding._move_undo(text, integer, text) IS
+    'internal: undoes an online move that has not switched (drops replication, deletes copies, thaws)';
+
+CREATE OR REPLACE FUNCTION sharding._move_online(map text, logical integer, key text, node text,
+                                      OUT new_epoch bigint, OUT moved bigint)
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    name text := sharding._move_name(map, logical);
+    shards integer := sharding._require_map(map);
+    source text;
+    src_dsn text;
+    dst_dblink text;
+    pins text[];
+    t record;
+    tables text;
+    step text := 'setup';
+    filter text;
+    waited float8;
+    err_state text;
+    err_msg text;
+    err_detail text;
+    err_hint text;
+    err_context text;
+    copied boolean;
+    copy_program boolean := true;
+    copy_tag text;
+    dst_encoding text;
+BEGIN
+    -- One move per shard at a time (a transaction-level lock: a crashed
+    -- caller's lock goes with it, and its journal row tells the next call).
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('sharding.move_shard_online'),
+                                                pg_catalog.hashtext(name)) THEN
+        RAISE EXCEPTION 'logical shard % of map "%" is already being moved', logical, map
+            USING ERRCODE = 'object_in_use';
+    END IF;
+    IF key IS NULL THEN
+        SELECT s.node, s.epoch INTO source, new_epoch FROM sharding.shards s
+         WHERE s.map = _move_online.map AND s.logical = _move_online.logical;
+    ELSE
+        source := coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = _move_online.map AND p.key = _move_online.key),
+                           (SELECT s.node FROM sharding.shards s
+                             WHERE s.map = _move_online.map AND s.logical = _move_online.logical));
+        new_epoch := (SELECT s.epoch FROM sharding.shards s
+                       WHERE s.map = _move_online.map AND s.logical = _move_online.logical);
+    END IF;
+    moved := 0;
+    IF source = node THEN
+        IF key IS NOT NULL THEN
+            PERFORM sharding.pin(map, key, node);   -- isolate pins even where the rows already are
+        END IF;
+        RETURN;
+    END IF;
+
+    -- The source's slot waits for every transaction holding a transaction
+    -- id to end, this one included when the source shares its instance.
+    IF pg_catalog.txid_current_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'moving a shard online must run in a transaction that has not written yet'
+            USING ERRCODE = 'active_sql_transaction',
+                  HINT = 'Call it in its own transaction.';
+    END IF;
+    PERFORM sharding._move_connect(source, node);
+    -- Prerequisites, before anything changes anywhere. Both ends follow this
+    -- coordinator: their guards refuse the shard's keys wherever the
+    -- followed map says they are not the owner, which makes the cutover hold
+    -- for every writer.
+    FOREACH filter IN ARRAY ARRAY[source, node] LOOP
+        tables := CASE filter WHEN source THEN 'sharding_move_src' ELSE 'sharding_move_dst' END;
+        IF sharding._dbl_value(tables, 'SELECT pg_catalog.to_regclass(''sharding.local_node'') IS NOT NULL') <> 't'
+           OR sharding._dbl_value(tables, 'SELECT l.node FROM sharding.local_node AS l WHERE l.following')
+              IS DISTINCT FROM filter THEN
+            PERFORM sharding._move_disconnect();
+            RAISE EXCEPTION 'node "%" does not follow this coordinator', filter
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'Both ends of an online move must be attached: their guards enforce the cutover.',
+                      HINT = pg_catalog.format('Call sharding.attach_node(%L) first.', filter);
+        END IF;
+    END LOOP;
+    -- Guards on every distributed table at both ends, even one created
+    -- while its distribute() was still on its way (idempotent).
+    PERFORM sharding._dbl_run('sharding_move_src', 'SELECT sharding._install_guards()');
+    PERFORM sharding._dbl_run('sharding_move_dst', 'SELECT sharding._install_guards()');
+    tables := NULL;
+    IF sharding._dbl_value('sharding_move_src', 'SHOW wal_level') IS DISTINCT FROM 'logical' THEN
+        PERFORM sharding._move_disconnect();
+        RAISE EXCEPTION 'wal_level of node "%" is not logical', source
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Moving a shard online replicates its rows from the source with logical replication.',
+                  HINT = 'Set wal_level = logical on the source (postgresql.conf) and restart it.';
+    END IF;
+    dst_dblink := sharding._dbl_value('sharding_move_dst',
+        'SELECT e.extnamespace::regnamespace::text FROM pg_catalog.pg_extension e WHERE e.extname = ''dblink''');
+    IF dst_dblink IS NULL THEN
+        PERFORM sharding._move_disconnect();
+        RAISE EXCEPTION 'node "%" has no extension "dblink"', node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The destination pulls the shard''s rows from the source through dblink.',
+                  HINT = 'CREATE EXTENSION dblink on the destination.';
+    END IF;
+    FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
+        IF sharding._dbl_value('sharding_move_src', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't'
+           OR sharding._dbl_value('sharding_move_dst', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't' THEN
+            PERFORM sharding._move_disconnect();
+            RAISE EXCEPTION 'table % of map "%" is missing on node "%" or "%"', t.rel, map, source, node
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Create the map''s distributed tables on every data node.';
+        END IF;
+        tables := coalesce(tables || ', ', '') || t.rel;
+    END LOOP;
+    IF tables IS NULL THEN
+        -- No distributed table: nothing to carry, the switch is the move.
+        PERFORM sharding._move_disconnect();
+        IF key IS NULL THEN
+            new_epoch := sharding.move_shard(map, logical, node);
+        ELSE
+            PERFORM sharding.pin(map, key, node);
+        END IF;
+        RETURN;
+    END IF;
+    SELECT coalesce(pg_catalog.array_agg(p.key), '{}') INTO pins FROM sharding.pins p WHERE p.map = _move_online.map;
+    SELECT n.dsn INTO src_dsn FROM sharding.nodes n WHERE n.node = source;
+
+    -- The journal says 'copying' before the publication and the slot exist.
+    PERFORM sharding._move_phase(map, logical, 'copying');
+    -- The destination's session is known by this name there: an undo ends
+    -- whatever it may still run.
+    PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('SET application_name = %L', name));
+    BEGIN
+        RAISE DEBUG 'move %: publication and slot at %', name, pg_catalog.clock_timestamp();
+        -- 2. Publication, then the slot: changes from here on are kept.
+        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
+            'CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update, delete'')', name, tables));
+        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
+            'SELECT pg_catalog.pg_create_logical_replication_slot(%L, ''pgoutput'')', name));
+
+        -- 3. Copy, filtered at the source.
+        step := 'copying';
+        RAISE DEBUG 'move %: copying at %', name, pg_catalog.clock_timestamp();
+        PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
+        dst_encoding := sharding._dbl_value('sharding_move_dst', 'SELECT pg_catalog.getdatabaseencoding()');
+        FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
+            filter := sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins);
+            -- Leftovers of the shard at the destination (it does not own them).
+            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DELETE FROM %s WHERE %s', t.rel, filter));
+            -- COPY from the source, as fast as `psql -c 'COPY ... TO STDOUT' |
+            -- psql -c 'COPY ... FROM STDIN'` because it is that: the
+            -- destination's server runs psql (COPY FROM PROGRAM: a
+            -- superuser's, as the move's connections are). Where it has no
+            -- psql, INSERT ... SELECT FROM dblink (slower: row by row).
+            copied := false;
+            IF copy_program THEN
+                BEGIN
+                    copy_tag := sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+                        'COPY %s (%s) FROM PROGRAM %L WITH (FORMAT text, ENCODING %L)', t.rel, t.cols,
+                        pg_catalog.format('PGCLIENTENCODING=%s psql -XAtq -v ON_ERROR_STOP=1 -d %s -c %s', dst_encoding,
+                                          sharding._shell_quote(src_dsn),
+                                          sharding._shell_quote(pg_catalog.format('COPY (SELECT %s FROM %s WHERE %s) TO STDOUT',
+                                                                                  t.cols, t.rel, filter))),
+                        dst_encoding));
+                    copied := true;
+                EXCEPTION WHEN OTHERS THEN
+                    GET STACKED DIAGNOSTICS err_msg = MESSAGE_TEXT;
+                    RAISE DEBUG 'move %: COPY FROM PROGRAM failed (%), copying through dblink', name, err_msg;
+                    copy_program := false;
+                    PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT n.dsn FROM sharding.nodes n WHERE n.node = _move_online.node));
+                    PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
+                END;
+            END IF;
+            IF NOT copied THEN
+                copy_tag := sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+                    'INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %I.dblink(%L, %L) AS s(%s)',
+                    t.rel, t.cols, t.cols, dst_dblink, src_dsn,
+                    pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter), t.coldefs));
+            END IF;
+            PERFORM sharding._move_journal(pg_catalog.format(
+                'UPDATE sharding.move_journal SET rows_copied = rows_copied + %s WHERE map = %L AND logical = %s AND %s',
+                coalesce(pg_catalog.split_part(copy_tag, ' ', pg_catalog.array_length(pg_catalog.string_to_array(copy_tag, ' '), 1)), '0')::bigint,
+                map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
+        END LOOP;
+        PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = origin');
+
+        -- 4. The destination's filter, for replication apply only.
+        -- Created and switched to ENABLE REPLICA in one transaction (one
+        -- multi-statement command): other sessions never see it enabled
+        -- for their own writes.
+        FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
+            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+                'CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW '
+                'EXECUTE FUNCTION sharding._move_filter(%L, %L, %L, %L, %L, %L, %L, %L, %L); '
+                'ALTER TABLE %s ENABLE REPLICA TRIGGER %I',
+                name, t.rel, t.key_column, pg_catalog.format_type(t.key_type, NULL), shards, logical, map,
+                CASE WHEN key IS NULL THEN 'shard' ELSE 'key' END, coalesce(key, ''),
+                pg_catalog.format('UPDATE %s AS t SET (%s) = ROW(%s) WHERE %s', t.rel, t.cols, t.vals, t.pk_match),
+                pg_catalog.format('DELETE FROM %s AS t WHERE %s', t.rel, t.pk_match),
+                t.rel, name));
+        END LOOP;
+
+        -- 5. Stream from the slot made before the copy. synchronous_commit
+        -- on: the apply worker confirms a position only once its commit is
+        -- flushed here, so with 'off' (the default for subscriptions) each
+        -- confirmation would wait for the WAL writer, inside the cutover.
+        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
+            'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I '
+            'WITH (create_slot = false, slot_name = %L, copy_data = false, synchronous_commit = ''on'')',
+            name, src_dsn, name, name));
+
+        -- 6. Catch up until a round is short: the backlog left for the
+        -- frozen phase is then a fraction of a second of writes.
+        step := 'catchup';
+        RAISE DEBUG 'move %: catchup at %', name, pg_catalog.clock_timestamp();
+        PERFORM sharding._move_phase(map, logical, 'catching_up');
+        FOR i IN 1 .. 100 LOOP
+            waited := sharding._move_wait_flush(name, 600);
+            EXIT WHEN waited < 0.2;
+        END LOOP;
+
+        -- 7. Cutover: freeze the source (waits for its in-flight writers),
+        -- let the destination apply the source's last change, switch.
+        step := 'cutover';
+        RAISE DEBUG 'move %: cutover at %', name, pg_catalog.clock_timestamp();
+        PERFORM sharding._move_phase(map, logical, 'cutover');
+        PERFORM sharding._move_call('sharding_move_src', '_freeze_shard', map, logical);
+        RAISE DEBUG 'move %: frozen at %', name, pg_catalog.clock_timestamp();
+        PERFORM sharding._move_wait_flush(name, 60);
+        RAISE DEBUG 'move %: caught up at %', name, pg_catalog.clock_timestamp();
+        IF key IS NULL THEN
+            new_epoch := sharding._dbl_value('sharding_move_self', pg_catalog.format(
+                'WITH m AS (SELECT sharding._move_switch(%L, %s, %L) AS e), '
+                'j AS (UPDATE sharding.move_journal SET phase = ''cleanup'', phase_started = pg_catalog.now(), new_epoch = (SELECT e FROM m) '
+                'WHERE map = %L AND logical = %s AND %s) SELECT e FROM m',
+                map, logical, node, map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'))::bigint;
+        ELSE
+            PERFORM sharding._dbl_value('sharding_move_self', pg_catalog.format(
+                'WITH m AS (SELECT sharding.pin(%L, %L::text, %L)), '
+                'j AS (UPDATE sharding.move_journal SET phase = ''cleanup'', phase_started = pg_catalog.now(), new_epoch = %s '
+                'WHERE map = %L AND logical = %s AND %s) SELECT 1 FROM m',
+                map, key, node, coalesce(new_epoch::text, 'NULL'), map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
+        END IF;
+        step := 'switched';
+        RAISE DEBUG 'move %: switched at %', name, pg_catalog.clock_timestamp();
+
+        -- 8. Clean up after the switch.
+        moved := sharding._move_finish(map, logical, key, node, new_epoch);
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_msg = MESSAGE_TEXT,
+                                err_detail = PG_EXCEPTION_DETAIL, err_hint = PG_EXCEPTION_HINT, err_context = PG_EXCEPTION_CONTEXT;
+        RAISE DEBUG 'move % failed at step %: % (%)', name, step, err_msg, err_context;
+        IF step <> 'switched' THEN
+            -- First of all the source writes again, even if the destination
+            -- is out of reach for the rest of the undo.
+            BEGIN
+                PERFORM sharding._dbl_connect('sharding_move_src', src_dsn);
+                PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
+            EXCEPTION WHEN OTHERS THEN
+                NULL;
+            END;
+        END IF;
+        BEGIN
+            -- Connections may be in any state: start from fresh ones.
+            PERFORM sharding._move_connect(source, node);
+            IF step = 'switched' THEN
+                PERFORM sharding._move_finish(map, logical, key, node, new_epoch);
+            ELSE
+                PERFORM sharding._move_undo(map, logical, key);
+            END IF;
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            RAISE WARNING 'could not clean up after the failed move of logical shard % of map "%": %',
+                logical, map, SQLERRM
+                USING HINT = 'The next sharding.move_shard_online or sharding.isolate of this shard cleans up first.';
+        END;
+        BEGIN
+            PERFORM sharding._move_disconnect();
+        EXCEPTION WHEN OTHERS THEN
+            NULL;
+        END;
+        IF step = 'switched' THEN
+            -- The move itself happened; only its tidying failed.
+            RAISE EXCEPTION 'logical shard % of map "%" moved to "%" (epoch %), but finishing failed: %',
+                    logical, map, node, new_epoch, err_msg
+                USING ERRCODE = err_state, HINT = 'Call sharding.move_shard_online again to finish.';
+        END IF;
+        -- Re-raise the original error as it was (an empty DETAIL or HINT
+        -- would print as an empty line).
+        IF coalesce(err_detail, '') = '' AND coalesce(err_hint, '') = '' THEN
+            RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg;
+        ELSIF coalesce(err_hint, '') = '' THEN
+            RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = err_detail;
+        ELSIF coalesce(err_detail, '') = '' THEN
+            RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, HINT = err_hint;
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = err_detail, HINT = err_hint;
+    END;
+    PERFORM sharding._move_disconnect();
+END $$;
+COMMENT ON FUNCTION sharding._move_online(text, integer, text, text) IS
+    'internal: moves a logical shard (or one key) online; the engine of move_shard_online and isolate';
+
+DROP FUNCTION sharding._move_cleanup(text, integer);
+
+-- _move_journal(sql): runs a statement on the journal through the engine's
+-- own connection to this database (sharding_move_self), so that it commits
+-- at once, whatever the caller's transaction does; returns its first value.
+CREATE OR REPLACE FUNCTION sharding._move_journal(sql text) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    open text[];
+BEGIN
+    EXECUTE pg_catalog.format('SELECT %I.dblink_get_connections()', sharding._move_dblink_schema()) INTO open;
+    IF NOT 'sharding_move_self' = ANY (coalesce(open, '{}')) THEN
+        PERFORM sharding._dbl_connect('sharding_move_self', sharding._coordinator_dsn());
+    END IF;
+    RETURN sharding._dbl_value('sharding_move_self', sql);
+END $$;
+COMMENT ON FUNCTION sharding._move_journal(text) IS
+    'internal: runs a statement on the move journal in its own transaction (committed at once)';
+
+-- _move_phase(map, logical, phase): the live move of the shard enters a
+-- phase (committed before the phase acts).
+CREATE OR REPLACE FUNCTION sharding._move_phase(map text, logical integer, phase text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    PERFORM sharding._move_journal(pg_catalog.format(
+        'UPDATE sharding.move_journal SET phase = %L, phase_started = pg_catalog.now() '
+        'WHERE map = %L AND logical = %s AND phase NOT IN (''done'', ''failed'', ''cancelled'')',
+        phase, map, logical));
+END $$;
+COMMENT ON FUNCTION sharding._move_phase(text, integer, text) IS
+    'internal: records the phase a live move enters, before it acts';
+
+-- _move_stop_backends(conn, name): ends every other session of that
+-- node's database whose application_name is the move's name (a copy left
+-- running by a cancelled or dead caller) and waits until they are gone.
+CREATE OR REPLACE FUNCTION sharding._move_stop_backends(conn text, name text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    left_ text;
+BEGIN
+    FOR i IN 1 .. 500 LOOP   -- 10 s
+        left_ := sharding._dbl_value(conn, pg_catalog.format(
+            'SELECT pg_catalog.count(pg_catalog.pg_terminate_backend(a.pid)) FROM pg_catalog.pg_stat_activity a '
+            'WHERE a.application_name = %L AND a.pid <> pg_catalog.pg_backend_pid() '
+            'AND a.datname = pg_catalog.current_database()', name));
+        EXIT WHEN left_ = '0';
+        PERFORM pg_catalog.pg_sleep(0.02);
+    END LOOP;
+    IF left_ <> '0' THEN
+        RAISE EXCEPTION 'sessions of move % do not end', name USING ERRCODE = 'object_in_use';
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._move_stop_backends(text, text) IS
+    'internal: ends what a move''s sessions still run on a node, and waits for them';
+
+-- _move_switch(map, logical, node): the owner switch of an online move.
+CREATE OR REPLACE FUNCTION sharding._move_switch(map text, logical integer, node text) RETURNS bigint
+    LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT sharding.move_shard($1, $2, $3) $$;
+COMMENT ON FUNCTION sharding._move_switch(text, integer, text) IS
+    'internal: switches a shard''s owner at the cutover of an online move (epoch + 1)';
+
+-- _move_resolve(move): rolls back (or, if its switch had committed,
+-- finishes) a move whose executor is gone, from its journal row; returns
+-- the final phase. The caller holds the move's advisory lock.
+CREATE OR REPLACE FUNCTION sharding._move_resolve(id bigint, final text DEFAULT 'failed') RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    j record;
+    e bigint;
+BEGIN
+    SELECT * INTO j FROM sharding.move_journal m WHERE m.move = $1;
+    IF j.phase IN ('done', 'failed', 'cancelled') THEN
+        RETURN j.phase;
+    END IF;
+    IF j.phase = 'queued' THEN
+        PERFORM sharding._move_journal(pg_catalog.format(
+            'UPDATE sharding.move_journal SET phase = %L, finished = pg_catalog.now(), pid = NULL WHERE move = %s',
+            final, $1));
+        RETURN final;
+    END IF;
+    PERFORM sharding._move_connect(j.source, j.destination);
+    IF j.phase = 'cleanup' THEN
+        e := coalesce(j.new_epoch, (SELECT s.epoch FROM sharding.shards s WHERE s.map = j.map AND s.logical = j.logical));
+        PERFORM sharding._move_finish(j.map, j.logical, j.key, j.destination, e);
+        final := 'done';
+    ELSE
+        BEGIN
+            PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', j.map, j.logical);
+        EXCEPTION WHEN OTHERS THEN
+            NULL;
+        END;
+        PERFORM sharding._move_undo(j.map, j.logical, j.key);
+        PERFORM sharding._move_journal(pg_catalog.format(
+            'UPDATE sharding.move_journal SET phase = %L, finished = pg_catalog.now(), pid = NULL, '
+            'error = coalesce(error, %L), error_state = coalesce(error_state, ''55000'') WHERE move = %s',
+            final, pg_catalog.format('interrupted in phase %s, rolled back', j.phase), $1));
+    END IF;
+    PERFORM sharding._move_disconnect();
+    RETURN final;
+END $$;
+COMMENT ON FUNCTION sharding._move_resolve(bigint, text) IS
+    'internal: rolls back or finishes an interrupted move from its journal row';
+
+-- _move_enqueue(job, map, logical, key, destination): a 'queued' journal
+-- row (committed at once); the source is the current owner.
+CREATE OR REPLACE FUNCTION sharding._move_enqueue(job bigint, map text, logical integer, key text, destination text)
+    RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+    src text;
+    n text;
+    d text;
+    id text;
+    j record;
+BEGIN
+    IF destination IS NULL OR destination = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(pg_catalog.quote_literal(destination), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    l := sharding._require_map(map);
+    IF key IS NOT NULL THEN
+        IF logical IS NULL THEN
+            logical := sharding.logical_shard(map, key);
+        ELSIF logical IS DISTINCT FROM sharding.logical_shard(map, key) THEN
+            RAISE EXCEPTION 'key % is in logical shard %, not %', pg_catalog.quote_literal(key),
+                    sharding.logical_shard(map, key), logical
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    PERFORM sharding._check_logical(map, logical, l);
+    src := (SELECT s.node FROM sharding.shards s WHERE s.map = _move_enqueue.map AND s.logical = _move_enqueue.logical);
+    IF key IS NOT NULL THEN
+        src := coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = _move_enqueue.map AND p.key = _move_enqueue.key), src);
+    END IF;
+    IF src IS DISTINCT FROM destination THEN
+        FOREACH n IN ARRAY ARRAY[destination, src] LOOP   -- the argument first
+            SELECT x.dsn INTO d FROM sharding.nodes x WHERE x.node = n;
+            IF d IS NULL THEN
+                RAISE EXCEPTION 'node "%" has no connection string', n
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          DETAIL = 'Moving a shard online connects to its source and its destination.',
+                          HINT = pg_catalog.format('Call sharding.add_node(%L, ''<dsn>'') first.', n);
+            END IF;
+        END LOOP;
+    END IF;
+    SELECT m.move, m.phase, m.error INTO j FROM sharding.move_journal m
+     WHERE m.map = _move_enqueue.map AND (m.logical = _move_enqueue.logical OR m.key = _move_enqueue.key)
+       AND m.phase NOT IN ('done', 'failed', 'cancelled')
+     LIMIT 1;
+    IF FOUND AND j.error IS NOT NULL THEN
+        RAISE EXCEPTION 'logical shard % of map "%" is already being moved (move %, phase %)', logical, map, j.move, j.phase
+            USING ERRCODE = 'object_in_use',
+                  DETAIL = pg_catalog.format('It was interrupted and could not be rolled back yet: %s', j.error),
+                  HINT = 'The next sharding.move_shard_online or sharding._move_recover tries again.';
+    ELSIF FOUND THEN
+        RAISE EXCEPTION 'logical shard % of map "%" is already being moved (move %, phase %)', logical, map, j.move, j.phase
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Wait for it, or cancel it with sharding._move_cancel.';
+    END IF;
+    BEGIN
+        id := sharding._move_journal(pg_catalog.format(
+            'INSERT INTO sharding.move_journal (job, map, logical, key, source, destination) '
+            'VALUES (%s, %L, %s, %L, %L, %L) RETURNING move',
+            coalesce(job::text, 'NULL'), map, logical, key, src, destination));
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'logical shard % of map "%" is already being moved', logical, map
+            USING ERRCODE = 'object_in_use';
+    END;
+    RETURN id::bigint;
+END $$;
+COMMENT ON FUNCTION sharding._move_enqueue(bigint, text, integer, text, text) IS
+    'internal: journals a queued online move (of a job, or a direct call) and returns its id';
+
+-- _move_execute(move): carries out a queued move, or resumes / rolls back
+-- an interrupted one, to its end; returns 'done', 'failed' or 'cancelled'.
+-- A failure is recorded (error) and returned, not raised; a cancel of the
+-- caller rolls back, records 'cancelled' and is re-raised.
+CREATE OR REPLACE FUNCTION sharding._move_execute(id bigint) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    j record;
+    res record;
+    final text;
+    st text;
+    msg text;
+    det text;
+    hnt text;
+    lock_class integer := pg_catalog.hashtext('sharding.move_journal');
+    lock_obj integer := ($1 % 2147483647)::integer;
+BEGIN
+    SELECT * INTO j FROM sharding.move_journal m WHERE m.move = $1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'move % does not exist', $1 USING ERRCODE = 'undefined_object';
+    END IF;
+    IF j.phase IN ('done', 'failed', 'cancelled') THEN
+        RETURN j.phase;
+    END IF;
+    -- The executor's session-level lock: it says the move is alive.
+    IF NOT pg_catalog.pg_try_advisory_lock(lock_class, lock_obj) THEN
+        RAISE EXCEPTION 'move % is being carried out by another session', $1 USING ERRCODE = 'object_in_use';
+    END IF;
+    BEGIN
+        IF j.phase <> 'queued' THEN
+            final := sharding._move_resolve($1);
+        ELSE
+            final := sharding._move_journal(pg_catalog.format(
+                'UPDATE sharding.move_journal SET pid = %s, started = pg_catalog.now(), phase_started = pg_catalog.now() '
+                'WHERE move = %s AND phase = ''queued'' RETURNING phase', pg_catalog.pg_backend_pid(), $1));
+            IF final IS NULL THEN   -- cancelled meanwhile
+                PERFORM pg_catalog.pg_advisory_unlock(lock_class, lock_obj);
+                RETURN (SELECT m.phase FROM sharding.move_journal m WHERE m.move = $1);
+            END IF;
+            res := sharding._move_online(j.map, j.logical, j.key, j.destination);
+            -- Moves that copy nothing (same owner, no distributed table) end here.
+            PERFORM sharding._move_journal(pg_catalog.format(
+                'UPDATE sharding.move_journal SET phase = ''done'', phase_started = pg_catalog.now(), '
+                'finished = pg_catalog.now(), pid = NULL, new_epoch = coalesce(new_epoch, %s), '
+                'rows_moved = coalesce(rows_moved, %s) WHERE move = %s AND phase NOT IN (''done'', ''failed'', ''cancelled'')',
+                coalesce(res.new_epoch::text, 'NULL'), coalesce(res.moved, 0), $1));
+            final := 'done';
+        END IF;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+        final := CASE WHEN st = '57014' THEN 'cancelled' ELSE 'failed' END;
+        -- Rolled back (or never started): the row ends. Otherwise (the
+        -- rollback or the finish could not complete) it stays in its phase
+        -- for _move_recover, with the error.
+        BEGIN
+            PERFORM sharding._move_journal(pg_catalog.format(
+                'UPDATE sharding.move_journal SET phase = CASE WHEN undone OR phase = ''queued'' THEN %L ELSE phase END, '
+                'finished = CASE WHEN undone OR phase = ''queued'' THEN pg_catalog.now() END, '
+                'error = %L, error_state = %L, error_detail = %L, error_hint = %L, pid = NULL '
+                'WHERE move = %s AND phase NOT IN (''done'', ''failed'', ''cancelled'')',
+                final, msg, st, nullif(det, ''), nullif(hnt, ''), $1));
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'could not record the end of move %: %', $1, SQLERRM;
+        END;
+        PERFORM pg_catalog.pg_advisory_unlock(lock_class, lock_obj);
+        IF st = '57014' THEN
+            RAISE EXCEPTION USING ERRCODE = 'query_canceled', MESSAGE = msg;
+        END IF;
+        RETURN 'failed';
+    END;
+    PERFORM pg_catalog.pg_advisory_unlock(lock_class, lock_obj);
+    RETURN final;
+END $$;
+COMMENT ON FUNCTION sharding._move_execute(bigint) IS
+    'internal: carries out (or resumes, or rolls back) a journaled move to its end; returns its final phase';
+
+-- _move_cancel(move): a queued move becomes 'cancelled'; a move in flight
+-- is told to stop (its executor is cancelled and rolls back); false if it
+-- had already ended.
+CREATE OR REPLACE FUNCTION sharding._move_cancel(id bigint) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    j record;
+    lock_class integer := pg_catalog.hashtext('sharding.move_journal');
+    lock_obj integer := ($1 % 2147483647)::integer;
+BEGIN
+    SELECT * INTO j FROM sharding.move_journal m WHERE m.move = $1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'move % does not exist', $1 USING ERRCODE = 'undefined_object';
+    END IF;
+    IF j.phase IN ('done', 'failed', 'cancelled') THEN
+        RETURN false;
+    END IF;
+    IF j.phase = 'queued' AND sharding._move_journal(pg_catalog.format(
+           'UPDATE sharding.move_journal SET phase = ''cancelled'', finished = pg_catalog.now() '
+           'WHERE move = %s AND phase = ''queued'' AND pid IS NULL RETURNING phase', $1)) IS NOT NULL THEN
+        RETURN true;
+    END IF;
+    IF pg_catalog.pg_try_advisory_lock(lock_class, lock_obj) THEN
+        -- Nobody runs it (its executor died): roll it back here.
+        BEGIN
+            PERFORM sharding._move_resolve($1, 'cancelled');
+        EXCEPTION WHEN OTHERS THEN
+            PERFORM pg_catalog.pg_advisory_unlock(lock_class, lock_obj);
+            RAISE;
+        END;
+        PERFORM pg_catalog.pg_advisory_unlock(lock_class, lock_obj);
+        RETURN true;
+    END IF;
+    PERFORM pg_catalog.pg_cancel_backend(j.pid);
+    RETURN true;
+END $$;
+COMMENT ON FUNCTION sharding._move_cancel(bigint) IS
+    'internal: cancels a queued or running move (it rolls back); false if it had ended';
+
+-- _move_recover(): resumes or rolls back every move whose executor died
+-- (crash, kill -9, restart); returns how many.
+CREATE OR REPLACE FUNCTION sharding._move_recover() RETURNS integer
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    j record;
+    n integer := 0;
+    lock_class integer := pg_catalog.hashtext('sharding.move_journal');
+BEGIN
+    FOR j IN SELECT m.move FROM sharding.move_journal m
+              WHERE m.phase NOT IN ('queued', 'done', 'failed', 'cancelled')
+                AND m.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+              ORDER BY m.move LOOP
+        CONTINUE WHEN NOT pg_catalog.pg_try_advisory_lock(lock_class, (j.move % 2147483647)::integer);
+        BEGIN
+            PERFORM sharding._move_resolve(j.move);
+            n := n + 1;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'could not recover move %: %', j.move, SQLERRM
+                USING HINT = 'Its journal row stays; the next call tries again.';
+        END;
+        PERFORM pg_catalog.pg_advisory_unlock(lock_class, (j.move % 2147483647)::integer);
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION sharding._move_recover() IS
+    'internal: rolls back or finishes every move whose executor died; returns how many';
+
+REVOKE ALL ON FUNCTION sharding._move_journal(text), sharding._move_phase(text, integer, text),
+    sharding._move_stop_backends(text, text), sharding._move_switch(text, integer, text),
+    sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
+    sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._move_journal(text), sharding._move_phase(text, integer, text),
+    sharding._move_stop_backends(text, text), sharding._move_switch(text, integer, text),
+    sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
+    sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()
+    TO sharding_admin;
+
+-- _move_raise(move): raises the recorded error of a move that did not end
+-- 'done' (move_shard_online and isolate raise what the engine recorded).
+CREATE OR REPLACE FUNCTION sharding._move_raise(id bigint) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    j record;
+BEGIN
+    SELECT * INTO j FROM sharding.move_journal m WHERE m.move = $1;
+    IF j.phase = 'cleanup' THEN
+        -- The move itself happened; only its tidying failed.
+        RAISE EXCEPTION 'logical shard % of map "%" moved to "%" (epoch %), but finishing failed: %',
+                j.logical, j.map, j.destination, j.new_epoch, j.error
+            USING ERRCODE = coalesce(j.error_state, '55000'), HINT = 'Call sharding.move_shard_online again to finish.';
+    END IF;
+    IF j.phase NOT IN ('failed', 'cancelled') THEN
+        RAISE WARNING 'could not clean up after the failed move of logical shard % of map "%"', j.logical, j.map
+            USING HINT = 'The next sharding.move_shard_online or sharding.isolate of this shard cleans up first.';
+    END IF;
+    IF j.error_detail IS NULL AND j.error_hint IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = coalesce(j.error_state, '55000'), MESSAGE = coalesce(j.error, 'move failed');
+    ELSIF j.error_hint IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = coalesce(j.error_state, '55000'), MESSAGE = coalesce(j.error, 'move failed'),
+                              DETAIL = j.error_detail;
+    ELSIF j.error_detail IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = coalesce(j.error_state, '55000'), MESSAGE = coalesce(j.error, 'move failed'),
+                              HINT = j.error_hint;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = coalesce(j.error_state, '55000'), MESSAGE = coalesce(j.error, 'move failed'),
+                          DETAIL = j.error_detail, HINT = j.error_hint;
+END $$;
+COMMENT ON FUNCTION sharding._move_raise(bigint) IS
+    'internal: raises the recorded error of a move that failed';
+
+-- _move_refuse_written(): the source's slot waits for every transaction
+-- holding a transaction id to end, this one included when the source
+-- shares its instance: refused before anything happens.
+CREATE OR REPLACE FUNCTION sharding._move_refuse_written() RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF pg_catalog.txid_current_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'moving a shard online must run in a transaction that has not written yet'
+            USING ERRCODE = 'active_sql_transaction',
+                  HINT = 'Call it in its own transaction.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._move_refuse_written() IS
+    'internal: 25001 in a transaction that has written (a move''s slot would wait for it)';
+
+-- move_shard_online(map text, logical integer, node text): contract
+-- section 8. Not STRICT: NULL arguments raise 22023. A journaled move:
+-- _move_execute(_move_enqueue(NULL, map, logical, NULL, node)).
+CREATE OR REPLACE FUNCTION sharding.move_shard_online(map text, logical integer, node text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+    cur record;
+    id bigint;
+BEGIN
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    l := sharding._require_map(map);
+    PERFORM sharding._check_logical(map, logical, l);
+    -- What an interrupted move left is cleaned up first.
+    PERFORM sharding._move_recover();
+    SELECT s.node, s.epoch INTO cur FROM sharding.shards s
+     WHERE s.map = move_shard_online.map AND s.logical = move_shard_online.logical;
+    IF cur.node = move_shard_online.node THEN
+        RETURN cur.epoch;
+    END IF;
+    PERFORM sharding._move_refuse_written();
+    id := sharding._move_enqueue(NULL, map, logical, NULL, node);
+    IF sharding._move_execute(id) <> 'done' THEN
+        PERFORM sharding._move_raise(id);
+    END IF;
+    RETURN (SELECT m.new_epoch FROM sharding.move_journal m WHERE m.move = id);
+END $$;
+COMMENT ON FUNCTION sharding.move_shard_online(text, integer, text) IS
+    'moves a logical shard with its rows to a node while writes go on (logical replication); returns its new epoch';
+
+-- isolate(map text, key text, node text): contract section 8. Not STRICT.
+CREATE OR REPLACE FUNCTION sharding.isolate(map text, key text, node text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+    src text;
+    id bigint;
+BEGIN
+    IF key IS NULL THEN
+        RAISE EXCEPTION 'key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map(map);
+    l := sharding.logical_shard(map, key);
+    PERFORM sharding._move_recover();
+    src := coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = isolate.map AND p.key = isolate.key),
+                    (SELECT s.node FROM sharding.shards s WHERE s.map = isolate.map AND s.logical = l));
+    IF src = node THEN
+        PERFORM sharding.pin(map, key, node);   -- isolate pins even where the rows already are
+        RETURN 0;
+    END IF;
+    PERFORM sharding._move_refuse_written();
+    id := sharding._move_enqueue(NULL, map, l, key, node);
+    IF sharding._move_execute(id) <> 'done' THEN
+        PERFORM sharding._move_raise(id);
+    END IF;
+    RETURN (SELECT coalesce(m.rows_moved, 0) FROM sharding.move_journal m WHERE m.move = id);
+END $$;
+COMMENT ON FUNCTION sharding.isolate(text, text, text) IS
+    'pins a key to a node and moves its rows of every distributed table there online; returns rows moved';
+
+REVOKE ALL ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() TO sharding_admin;
+

@@ -1,0 +1,509 @@
+// Rebalance jobs in background workers (contract section 13, issue 25).
+//
+// A job is a row of sharding.move_jobs; each of its moves is a row of the
+// move engine's journal (sharding.move_journal). Everything a job decides is
+// SQL (sql/install/95_jobs.sql): which move to start next (_job_claim), how
+// to run it (_job_execute, over the engine's _move_execute), when the job is
+// over. This file only provides the processes that call those functions:
+//
+// - a launcher (static background worker, registered here when the library
+//   is in shared_preload_libraries): at start, after a crash or a restart, it
+//   starts one short-lived scanner per database; the scanner recovers the
+//   moves whose executor died (_move_recover) and starts runners for every
+//   unfinished job (_job_pickup). Later it rescans when a job could not get
+//   a runner because all were busy (Shared::pending);
+// - runners (dynamic background workers, at most sharding.max_move_workers
+//   per server, counted in shared memory): each loops claim -> execute ->
+//   claim on one job until the job is over, then adopts another job of its
+//   database that lacks runners, or exits.
+//
+// rebalance_start asks for runners through _job_launch, which only records
+// the wish: the workers are registered when the transaction commits (an
+// xact callback), so they never look for a job row that is not committed,
+// and a rolled-back start starts nothing.
+//
+// The code below is C-style (no owning C++ object): it runs in background
+// worker entry points and in an xact callback, where PostgreSQL errors are
+// caught with PG_TRY around each transaction.
+#include "pg/boundary.hpp"
+
+extern "C" {
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "tcop/tcopprot.h"
+#include "utils/acl.h"
+#include "utils/guc.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+}
+
+namespace {
+
+constexpr int kMaxWorkersLimit = 64;
+int max_move_workers = 2;
+
+struct Slot {
+    bool used;
+    uint32 generation;
+    Oid db;
+    int64 job;
+    pid_t pid;  // 0 until the worker has started
+    TimestampTz reserved;
+};
+
+struct Shared {
+    slock_t mutex;
+    bool pending;             // a job could not get all its runners
+    Latch *launcher_latch;    // the launcher's, to wake it
+    uint32 generation;
+    Slot slots[kMaxWorkersLimit];
+};
+
+Shared *shared = nullptr;
+shmem_request_hook_type prev_shmem_request = nullptr;
+shmem_startup_hook_type prev_shmem_startup = nullptr;
+
+// What a runner is told at start (bgw_extra).
+struct RunnerArgs {
+    Oid db;
+    Oid user;
+    int64 job;
+    int slot;
+    uint32 generation;
+};
+static_assert(sizeof(RunnerArgs) <= BGW_EXTRALEN, "runner arguments fit bgw_extra");
+
+void jobs_shmem_request() {
+    if (prev_shmem_request) prev_shmem_request();
+    RequestAddinShmemSpace(MAXALIGN(sizeof(Shared)));
+}
+
+void jobs_shmem_startup() {
+    if (prev_shmem_startup) prev_shmem_startup();
+    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+    bool found = false;
+    shared = static_cast<Shared *>(ShmemInitStruct("sharding move workers", sizeof(Shared), &found));
+    if (!found) {
+        memset(shared, 0, sizeof(Shared));
+        SpinLockInit(&shared->mutex);
+    }
+    LWLockRelease(AddinShmemInitLock);
+}
+
+// A slot whose worker never started (registration lost) is free again after
+// a minute.
+bool slot_free(const Slot &s, TimestampTz now) {
+    return !s.used || (s.pid == 0 && TimestampDifferenceExceeds(s.reserved, now, 60000));
+}
+
+// Reserves a runner slot for job; -1 when all sharding.max_move_workers are busy.
+int reserve_slot(int64 job, uint32 *generation) {
+    TimestampTz now = GetCurrentTimestamp();
+    int found = -1;
+    SpinLockAcquire(&shared->mutex);
+    for (int i = 0; i < max_move_workers && i < kMaxWorkersLimit; i++) {
+        if (slot_free(shared->slots[i], now)) {
+            Slot &s = shared->slots[i];
+            s.used = true;
+            s.generation = ++shared->generation;
+            s.db = MyDatabaseId;
+            s.job = job;
+            s.pid = 0;
+            s.reserved = now;
+            *generation = s.generation;
+            found = i;
+            break;
+        }
+    }
+    if (found < 0) shared->pending = true;
+    SpinLockRelease(&shared->mutex);
+    return found;
+}
+
+void release_slot(int slot, uint32 generation) {
+    SpinLockAcquire(&shared->mutex);
+    Slot &s = shared->slots[slot];
+    bool woke = false;
+    if (s.used && s.generation == generation) {
+        s.used = false;
+        woke = shared->pending;
+    }
+    Latch *latch = shared->launcher_latch;
+    SpinLockRelease(&shared->mutex);
+    // A slot became free while some job waits for one: the launcher rescans.
+    if (woke && latch) SetLatch(latch);
+}
+
+void wake_launcher() {
+    SpinLockAcquire(&shared->mutex);
+    shared->pending = true;
+    Latch *latch = shared->launcher_latch;
+    SpinLockRelease(&shared->mutex);
+    if (latch) SetLatch(latch);
+}
+
+// Registers a runner for job (as user) in the current database; false when
+// no slot or no background worker slot is free (the job stays queued and
+// the launcher will retry).
+bool start_runner(int64 job, Oid user) {
+    uint32 generation = 0;
+    int slot = reserve_slot(job, &generation);
+    if (slot < 0) return false;
+    BackgroundWorker w;
+    memset(&w, 0, sizeof(w));
+    w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+    w.bgw_start_time = BgWorkerStart_RecoveryFinished;
+    w.bgw_restart_time = BGW_NEVER_RESTART;
+    snprintf(w.bgw_library_name, BGW_MAXLEN, "%s", "sharding");
+    snprintf(w.bgw_function_name, BGW_MAXLEN, "%s", "sharding_jobs_runner_main");
+    snprintf(w.bgw_name, BGW_MAXLEN, "sharding move worker for job %lld", static_cast<long long>(job));
+    snprintf(w.bgw_type, BGW_MAXLEN, "%s", "sharding move worker");
+    w.bgw_main_arg = Int32GetDatum(slot);
+    RunnerArgs args{MyDatabaseId, user, job, slot, generation};
+    memcpy(w.bgw_extra, &args, sizeof(args));
+    w.bgw_notify_pid = 0;
+    if (!RegisterDynamicBackgroundWorker(&w, nullptr)) {
+        release_slot(slot, generation);
+        wake_launcher();
+        return false;
+    }
+    return true;
+}
+
+// Runners wished for by this transaction, started at commit.
+struct Wish {
+    int64 job;
+    Oid user;
+    int runners;
+};
+constexpr int kMaxWishes = 64;
+Wish wishes[kMaxWishes];
+int n_wishes = 0;
+bool callback_registered = false;
+
+void jobs_xact_callback(XactEvent event, void *) {
+    if (n_wishes == 0) return;
+    if (event == XACT_EVENT_COMMIT) {
+        int n = n_wishes;
+        n_wishes = 0;
+        for (int i = 0; i < n; i++)
+            for (int r = 0; r < wishes[i].runners; r++)
+                if (!start_runner(wishes[i].job, wishes[i].user)) break;
+    } else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) {
+        n_wishes = 0;
+    }
+}
+
+int runners_of(Oid db, int64 job) {
+    int n = 0;
+    TimestampTz now = GetCurrentTimestamp();
+    SpinLockAcquire(&shared->mutex);
+    for (int i = 0; i < kMaxWorkersLimit; i++) {
+        const Slot &s = shared->slots[i];
+        if (!slot_free(s, now) && s.db == db && s.job == job) n++;
+    }
+    SpinLockRelease(&shared->mutex);
+    return n;
+}
+
+// Runs one statement returning one int8 (or NULL) in its own transaction.
+// Any ERROR is reported to the server log and swallowed: false.
+bool run_int8(const char *sql, int nargs, Datum *args, int64 *out, bool *isnull) {
+    volatile bool ok = true;
+    MemoryContext cxt = CurrentMemoryContext;
+    Oid types[2] = {INT8OID, INT8OID};
+    *out = 0;
+    *isnull = true;
+    SetCurrentStatementStartTimestamp();
+    StartTransactionCommand();
+    PG_TRY();
+    {
+        SPI_connect();
+        PushActiveSnapshot(GetTransactionSnapshot());
+        pgstat_report_activity(STATE_RUNNING, sql);
+        int rc = SPI_execute_with_args(sql, nargs, types, args, nullptr, false, 1);
+        if (rc != SPI_OK_SELECT || SPI_processed != 1)
+            elog(ERROR, "sharding move worker: \"%s\" returned %d", sql, rc);
+        bool null = true;
+        Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &null);
+        *isnull = null;
+        *out = null ? 0 : DatumGetInt64(d);
+        SPI_finish();
+        PopActiveSnapshot();
+        CommitTransactionCommand();
+    }
+    PG_CATCH();
+    {
+        MemoryContextSwitchTo(cxt);
+        EmitErrorReport();
+        AbortCurrentTransaction();
+        FlushErrorState();
+        ok = false;
+    }
+    PG_END_TRY();
+    pgstat_report_activity(STATE_IDLE, nullptr);
+    return ok;
+}
+
+void sleep_ms(long ms) {
+    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+}
+
+int my_slot = -1;
+uint32 my_generation = 0;
+bool runner_done = false;  // the runner ends normally (its jobs are over)
+
+// A runner that exits otherwise (terminated, FATAL) leaves its job without
+// it: the launcher rescans and starts another, which resumes or rolls back
+// the move it was carrying out.
+void runner_exit(int, Datum) {
+    if (my_slot >= 0) release_slot(my_slot, my_generation);
+    my_slot = -1;
+    if (!runner_done) wake_launcher();
+}
+
+}  // namespace
+
+extern "C" {
+SHARDING_EXPORT void sharding_jobs_runner_main(Datum arg);
+SHARDING_EXPORT void sharding_jobs_scanner_main(Datum arg);
+SHARDING_EXPORT void sharding_jobs_launcher_main(Datum arg);
+}
+
+// A runner: claims and executes the moves of its job until the job is over,
+// then adopts another job of this database that lacks runners.
+void sharding_jobs_runner_main(Datum) {
+    RunnerArgs args;
+    memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));
+    my_slot = args.slot;
+    my_generation = args.generation;
+    before_shmem_exit(runner_exit, 0);
+    BackgroundWorkerUnblockSignals();
+    SpinLockAcquire(&shared->mutex);
+    bool mine = shared->slots[my_slot].used && shared->slots[my_slot].generation == my_generation;
+    if (mine) shared->slots[my_slot].pid = MyProcPid;
+    SpinLockRelease(&shared->mutex);
+    if (!mine) proc_exit(0);
+    BackgroundWorkerInitializeConnectionByOid(args.db, args.user, 0);
+    pgstat_report_appname("sharding move worker");
+
+    int64 job = args.job;
+    int errors = 0;
+    for (;;) {
+        CHECK_FOR_INTERRUPTS();
+        int64 move = 0;
+        bool isnull = true;
+        Datum a[2] = {Int64GetDatum(job), 0};
+        if (!run_int8("SELECT sharding._job_claim($1)", 1, a, &move, &isnull)) {
+            // The claim itself failed (catalog missing, extension dropped,
+            // ...): retry a little, then give up (the launcher retries).
+            if (++errors > 30) break;
+            sleep_ms(1000);
+            continue;
+        }
+        if (isnull) {
+            // The job is over: take another that lacks runners, if any.
+            SpinLockAcquire(&shared->mutex);
+            shared->slots[my_slot].job = 0;
+            SpinLockRelease(&shared->mutex);
+            int64 next = 0;
+            if (!run_int8("SELECT sharding._job_adopt()", 0, a, &next, &isnull) || isnull) break;
+            job = next;
+            SpinLockAcquire(&shared->mutex);
+            shared->slots[my_slot].job = job;
+            SpinLockRelease(&shared->mutex);
+            errors = 0;
+            continue;
+        }
+        if (move == 0) {  // nothing may start now: wait
+            sleep_ms(500);
+            continue;
+        }
+        a[1] = Int64GetDatum(move);
+        // A cancel (rebalance_cancel signals the executor) arrives here as
+        // an ERROR after the engine recorded it: logged, and the loop goes
+        // on to the next claim, which sees the job cancelled.
+        if (!run_int8("SELECT sharding._job_execute($1, $2)", 2, a, &move, &isnull)) {
+            QueryCancelPending = false;
+            sleep_ms(200);
+        }
+        errors = 0;
+    }
+    runner_done = true;
+    proc_exit(0);
+}
+
+// A scanner: in one database, recovers the moves whose executor died and
+// starts runners for every unfinished job (at its commit).
+void sharding_jobs_scanner_main(Datum arg) {
+    BackgroundWorkerUnblockSignals();
+    BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(arg), InvalidOid, 0);
+    pgstat_report_appname("sharding move scanner");
+    int64 out = 0;
+    bool isnull = true;
+    Datum none[1] = {0};
+    if (run_int8("SELECT (to_regprocedure('sharding._job_pickup()') IS NOT NULL)::int::int8", 0, none, &out,
+                 &isnull) &&
+        !isnull && out == 1)
+        (void)run_int8("SELECT sharding._job_pickup()::int8", 0, none, &out, &isnull);
+    proc_exit(0);
+}
+
+namespace {
+
+// Starts a scanner in every database that accepts connections, one at a
+// time (each is short).
+void scan_databases() {
+    MemoryContext keep = CurrentMemoryContext;
+    Oid *dbs = nullptr;
+    int n = 0, cap = 0;
+    SetCurrentStatementStartTimestamp();
+    StartTransactionCommand();
+    (void)GetTransactionSnapshot();
+    Relation rel = table_open(DatabaseRelationId, AccessShareLock);
+    TableScanDesc scan = table_beginscan_catalog(rel, 0, nullptr);
+    HeapTuple tup;
+    while (HeapTupleIsValid(tup = heap_getnext(scan, ForwardScanDirection))) {
+        Form_pg_database d = reinterpret_cast<Form_pg_database>(GETSTRUCT(tup));
+        if (!d->datallowconn || d->datistemplate) continue;
+        MemoryContext old = MemoryContextSwitchTo(keep);
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            dbs = static_cast<Oid *>(dbs ? repalloc(dbs, cap * sizeof(Oid)) : palloc(cap * sizeof(Oid)));
+        }
+        dbs[n++] = d->oid;
+        MemoryContextSwitchTo(old);
+    }
+    table_endscan(scan);
+    table_close(rel, AccessShareLock);
+    CommitTransactionCommand();
+
+    for (int i = 0; i < n; i++) {
+        BackgroundWorker w;
+        memset(&w, 0, sizeof(w));
+        w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+        w.bgw_start_time = BgWorkerStart_RecoveryFinished;
+        w.bgw_restart_time = BGW_NEVER_RESTART;
+        snprintf(w.bgw_library_name, BGW_MAXLEN, "%s", "sharding");
+        snprintf(w.bgw_function_name, BGW_MAXLEN, "%s", "sharding_jobs_scanner_main");
+        snprintf(w.bgw_name, BGW_MAXLEN, "sharding move scanner for database %u", dbs[i]);
+        snprintf(w.bgw_type, BGW_MAXLEN, "%s", "sharding move scanner");
+        w.bgw_main_arg = ObjectIdGetDatum(dbs[i]);
+        w.bgw_notify_pid = MyProcPid;
+        BackgroundWorkerHandle *handle = nullptr;
+        if (!RegisterDynamicBackgroundWorker(&w, &handle)) {
+            // No background worker slot now: try again at the next round.
+            wake_launcher();
+            break;
+        }
+        (void)WaitForBackgroundWorkerShutdown(handle);
+        pfree(handle);
+    }
+    if (dbs) pfree(dbs);
+}
+
+}  // namespace
+
+void sharding_jobs_launcher_main(Datum) {
+    pqsignal(SIGHUP, SignalHandlerForConfigReload);
+    BackgroundWorkerUnblockSignals();
+    BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
+    SpinLockAcquire(&shared->mutex);
+    shared->launcher_latch = MyLatch;
+    shared->pending = true;  // at start: every database, every unfinished job
+    SpinLockRelease(&shared->mutex);
+    for (;;) {
+        CHECK_FOR_INTERRUPTS();
+        if (ConfigReloadPending) {
+            ConfigReloadPending = false;
+            ProcessConfigFile(PGC_SIGHUP);
+        }
+        SpinLockAcquire(&shared->mutex);
+        bool scan = shared->pending;
+        shared->pending = false;
+        SpinLockRelease(&shared->mutex);
+        if (scan) scan_databases();
+        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, scan ? 5000 : 30000,
+                        PG_WAIT_EXTENSION);
+        ResetLatch(MyLatch);
+    }
+}
+
+// _job_launch(job bigint, runners integer, runas oid): boolean. Asks for
+// `runners` background runners of `job`, started when this transaction
+// commits, running as `runas` (which must be the caller unless the caller
+// is a superuser). False when the library is not preloaded (then
+// rebalance_run carries the job out).
+SHARDING_FUNCTION(sharding__job_launch) {
+    int64 job = PG_GETARG_INT64(0);
+    int32 runners = PG_GETARG_INT32(1);
+    Oid runas = PG_GETARG_OID(2);
+    if (shared == nullptr) PG_RETURN_BOOL(false);
+    if (runas != GetUserId() && !superuser())
+        sharding::fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "only a superuser may start move workers as another role");
+    if (runners <= 0) PG_RETURN_BOOL(true);
+    if (!callback_registered) {
+        sharding::pg_call([] { RegisterXactCallback(jobs_xact_callback, nullptr); });
+        callback_registered = true;
+    }
+    if (n_wishes == kMaxWishes) {
+        wake_launcher();  // the launcher's next scan starts them
+        PG_RETURN_BOOL(true);
+    }
+    wishes[n_wishes++] = Wish{job, runas, runners};
+    PG_RETURN_BOOL(true);
+}
+
+// _job_runners(job bigint): integer, runners of job in this database now.
+SHARDING_FUNCTION(sharding__job_runners) {
+    int64 job = PG_GETARG_INT64(0);
+    if (shared == nullptr) PG_RETURN_INT32(0);
+    PG_RETURN_INT32(runners_of(MyDatabaseId, job));
+}
+
+namespace sharding {
+// Called from _PG_init: the setting, shared memory and the launcher, only
+// when preloaded (without, rebalance_run carries jobs out).
+void jobs_init() {
+    // A PGC_POSTMASTER setting can only be defined while preloading.
+    if (!process_shared_preload_libraries_in_progress) return;
+    DefineCustomIntVariable("sharding.max_move_workers",
+                            "Background workers running rebalance jobs' moves at once, per server.",
+                            "Takes effect at server start; needs shared_preload_libraries = 'sharding'.",
+                            &max_move_workers, 2, 1, kMaxWorkersLimit, PGC_POSTMASTER, 0, nullptr, nullptr,
+                            nullptr);
+    prev_shmem_request = shmem_request_hook;
+    shmem_request_hook = jobs_shmem_request;
+    prev_shmem_startup = shmem_startup_hook;
+    shmem_startup_hook = jobs_shmem_startup;
+
+    BackgroundWorker w;
+    memset(&w, 0, sizeof(w));
+    w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+    w.bgw_start_time = BgWorkerStart_RecoveryFinished;
+    w.bgw_restart_time = 10;
+    snprintf(w.bgw_library_name, BGW_MAXLEN, "%s", "sharding");
+    snprintf(w.bgw_function_name, BGW_MAXLEN, "%s", "sharding_jobs_launcher_main");
+    snprintf(w.bgw_name, BGW_MAXLEN, "%s", "sharding move launcher");
+    snprintf(w.bgw_type, BGW_MAXLEN, "%s", "sharding move launcher");
+    RegisterBackgroundWorker(&w);
+}
+}  // namespace sharding

@@ -1,0 +1,52 @@
+# Rebalance jobs (issue 25): a job respects the replication limits of its
+# nodes. The data nodes' instance allows one WAL sender (max_wal_senders = 1),
+# so one move at a time can stream from it: a drain whose moves go to two
+# destinations (and could run two at once with max_parallel => 2) runs them
+# one after another, says why in move_progress.waiting, and does not fail.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use lib 'lib';
+use ShardingNode;
+use JobsCluster;
+
+my ($c, $d) = jobs_cluster(rows => 40000, data_conf => "max_wal_senders = 1\n");
+my $q = sub { return $c->safe_psql('coord', $_[0]); };
+is($d->safe_psql('postgres', 'SHOW max_wal_senders'), '1', 'the data nodes allow one WAL sender');
+
+my $j0 = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2', 'n3'])");
+is($q->("SELECT sharding.rebalance_wait($j0, '120 s')"), 'done', 'the map spreads over n1, n2, n3 (one move at a time)');
+
+$q->(<<'SQL');
+CREATE TABLE samples (in_flight integer, waiting text);
+CREATE PROCEDURE sampler(j bigint) LANGUAGE plpgsql AS $$
+BEGIN
+    LOOP
+        INSERT INTO samples
+        SELECT count(*) FILTER (WHERE phase IN ('copying', 'catching_up', 'cutover', 'cleanup')),
+               string_agg(waiting, '; ')
+          FROM sharding.move_progress WHERE job = j;
+        COMMIT;
+        EXIT WHEN (SELECT state FROM sharding.rebalance_jobs WHERE job = j) NOT IN ('queued', 'running');
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+END $$;
+SQL
+my $plan = $q->("SELECT string_agg(DISTINCT to_node, ',' ORDER BY to_node) FROM sharding.rebalance('bank', ARRAY['n2', 'n3'], dry_run => true)");
+is($plan, 'n2,n3', 'draining n1 moves shards into two destinations');
+my $job = $q->("SELECT sharding.drain_node('bank', 'n1', max_parallel => 2)");
+my ($sout, $serr) = ('', '');
+my $sampler = IPC::Run::start([ 'psql', '-XAtq', '-d', $c->connstr('coord'), '-c', "CALL sampler($job)" ],
+	'>', \$sout, '2>', \$serr);
+is($q->("SELECT sharding.rebalance_wait($job, '180 s')"), 'done', 'the job does not fail: it ends done');
+$sampler->finish;
+is($q->("SELECT max(in_flight) FROM samples"), '1', 'never more than one move in flight (one WAL sender)');
+like($q->("SELECT string_agg(DISTINCT waiting, ' | ') FROM samples WHERE waiting IS NOT NULL"),
+	qr/no free WAL sender \(max_wal_senders/, 'a waiting move says the source has no free WAL sender');
+is($q->("SELECT count(*) FROM sharding.shards WHERE map = 'bank' AND node = 'n1'"), '0', 'n1 owns nothing');
+check_data('after the drain');
+is(leftovers(), 'n1:0/0/0/0/0 n2:0/0/0/0/0 n3:0/0/0/0/0 coord:0', 'nothing of the moves is left');
+
+done_testing();

@@ -1,0 +1,56 @@
+# Rebalance jobs (issue 25): the coordinator's server restarts with
+# -m immediate while a job runs, the library preloaded. After the restart
+# the launcher finds the job by itself: the move in flight is resumed or
+# rolled back from its journal, the job goes on and ends done, and every
+# row is exactly where the map says, nothing lost or left behind. Then the
+# move worker of a second job is terminated (pg_terminate_backend) mid-move:
+# another worker takes the job over and it ends done.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use lib 'lib';
+use ShardingNode;
+use JobsCluster;
+
+my ($c, $d) = jobs_cluster(rows => 60000);
+my $q = sub { return $c->safe_psql('coord', $_[0]); };
+
+my $plan = $q->("SELECT string_agg(logical || ':' || from_node || '>' || to_node, ' ' ORDER BY logical)
+                 FROM sharding.rebalance('bank', ARRAY['n2', 'n3'], dry_run => true)");
+my $job = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n2', 'n3'], max_parallel => 1)");
+ok(wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $job AND phase IN ('copying', 'catching_up')", 't', 60),
+	'a move of the job is in flight');
+my $phase = $q->("SELECT string_agg(logical || ' ' || phase, ', ') FROM sharding.move_journal WHERE job = $job AND phase NOT IN ('queued', 'done', 'failed', 'cancelled')");
+$c->stop('immediate');
+note "stopped (immediate) with $phase";
+$c->start;
+my $final = $q->("SELECT sharding.rebalance_wait($job, '180 s')");
+is($final, 'done', "after the restart the job finished by itself ($phase was in flight)");
+note $q->("SELECT move, logical, phase, coalesce(error, '') FROM sharding.move_journal WHERE job = $job ORDER BY move");
+is($q->("SELECT string_agg(logical || ':' || node, ' ' ORDER BY logical) FROM sharding.shards
+         WHERE map = 'bank' AND logical IN (SELECT DISTINCT logical FROM sharding.move_journal WHERE job = $job)"),
+	join(' ', map { my ($l, $m) = split /:/; my (undef, $to) = split />/, $m; "$l:$to" } split / /, $plan),
+	'every planned shard is at its planned owner');
+ok(followers_agree(), 'followers agree');
+check_data('after the restart');
+is(leftovers(), 'n1:0/0/0/0/0 n2:0/0/0/0/0 n3:0/0/0/0/0 coord:0', 'nothing of the moves is left');
+is($q->("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'sharding move launcher'"), '1',
+	'the launcher runs after the restart');
+ok(wait_for('coord', "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'sharding move worker'", '0', 20),
+	'no move worker is left once the job is over');
+
+# A move worker terminated mid-move.
+my $j2 = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2', 'n3'], max_parallel => 1)");
+ok(wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $j2 AND phase IN ('copying', 'catching_up')", 't', 60),
+	'a move of a second job is in flight');
+my $pid = $q->("SELECT pid FROM pg_stat_activity WHERE backend_type = 'sharding move worker'");
+is($q->("SELECT pg_terminate_backend($pid)"), 't', "its worker (pid $pid) is terminated");
+is($q->("SELECT sharding.rebalance_wait($j2, '180 s')"), 'done', 'another worker took the job over: it ends done');
+note $q->("SELECT move, logical, phase, coalesce(error, '') FROM sharding.move_journal WHERE job = $j2 ORDER BY move");
+ok(followers_agree(), 'followers agree');
+check_data('after the terminated worker');
+is(leftovers(), 'n1:0/0/0/0/0 n2:0/0/0/0/0 n3:0/0/0/0/0 coord:0', 'nothing of the moves is left');
+
+done_testing();
