@@ -374,22 +374,11 @@ END $$;
 COMMENT ON FUNCTION sharding.shards_of(text, text) IS
     'logical shards a node owns in a map, ascending (empty array if none)';
 
+-- From the routing cache (src/routing/maps.cpp), like node_for: a move
+-- committed before the call is seen, also in a REPEATABLE READ transaction
+-- or a PL/pgSQL loop.
 CREATE FUNCTION sharding.epoch(map text, logical integer) RETURNS bigint
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    l integer;
-    e bigint;
-BEGIN
-    SELECT m.logical_shards INTO l FROM sharding.maps m WHERE m.map = $1;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
-    END IF;
-    PERFORM sharding._check_logical($1, $2, l);
-    SELECT s.epoch INTO e FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2;
-    RETURN e;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding_epoch' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.epoch(text, integer) IS
     'epoch of a logical shard: 1 when the map is created, +1 per move';
 

@@ -84,11 +84,13 @@ struct MapRoutes {
     int32_t logical_shards = 0;
     FastMod shard_mod;                // h mod logical_shards, as shard_of computes it
     CacheVector<int32_t> owner;       // logical shard -> index into nodes
+    CacheVector<int64_t> epoch;       // logical shard -> its epoch (sharding.epoch)
     CacheVector<CacheString> nodes;   // distinct node names
     CacheVector<const void *> node_results;  // per node: the result node_for returns (maps.cpp)
     CacheVector<int32_t> node_partition;     // per node: its PL/Proxy partition (compute_partitions)
     PinTable pins;
-    uint64_t generation = 0;          // cache generation it was built in
+    uint32_t slot = 0;                // the map name's change slot (cache::map_slot)
+    uint64_t stamp = 0;               // its change counters, read before the build's snapshot
 
     // shard_from_hash(hash, logical_shards), without a 64-bit division (the
     // same FastMod shard_of uses).

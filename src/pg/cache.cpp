@@ -3,9 +3,15 @@
 
 #include "pg/boundary.hpp"
 #include "core/cache_alloc.hpp"
+#include "core/hash_core.hpp"
 
 extern "C" {
 #include "access/xact.h"
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
 #include "utils/catcache.h"
 #include "utils/inval.h"
 #include "utils/syscache.h"
@@ -67,6 +73,71 @@ void syscache_dispatch(Datum, int cacheid, uint32 hashvalue) {
     }
 }
 
+// ---- committed changes (cache.hpp, "changes")
+struct SharedChanges {
+    pg_atomic_uint64 topic[ntopics];
+    pg_atomic_uint64 all[ntopics];
+    pg_atomic_uint64 slot[ntopics][map_slots];
+};
+SharedChanges *shared = nullptr;
+shmem_request_hook_type prev_shmem_request = nullptr;
+shmem_startup_hook_type prev_shmem_startup = nullptr;
+
+// What this transaction changed, bumped at commit: per topic, up to
+// max_pending slots, or every map.
+constexpr int max_pending = 64;
+struct Pending {
+    bool any;
+    bool all;
+    int n;
+    uint32 slots[max_pending];
+};
+Pending pending[ntopics];
+bool pending_any = false;
+
+void shmem_request() {
+    if (prev_shmem_request) prev_shmem_request();
+    RequestAddinShmemSpace(MAXALIGN(sizeof(SharedChanges)));
+}
+
+void shmem_startup() {
+    if (prev_shmem_startup) prev_shmem_startup();
+    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+    bool found;
+    shared = static_cast<SharedChanges *>(ShmemInitStruct("sharding config changes", sizeof(SharedChanges), &found));
+    if (!found) {
+        for (int t = 0; t < ntopics; t++) {
+            // Not 0: a backend's first look must differ from "never looked".
+            pg_atomic_init_u64(&shared->topic[t], 1);
+            pg_atomic_init_u64(&shared->all[t], 1);
+            for (uint32 i = 0; i < map_slots; i++) pg_atomic_init_u64(&shared->slot[t][i], 0);
+        }
+    }
+    LWLockRelease(AddinShmemInitLock);
+}
+
+void clear_pending() {
+    for (int t = 0; t < ntopics; t++) pending[t].any = pending[t].all = false, pending[t].n = 0;
+    pending_any = false;
+}
+
+// At commit, after the change became visible and before it is acknowledged
+// or its locks are released: slots first, then the whole-topic counter, then
+// the topic counter a reader looks at first (each add is a full barrier).
+void publish_pending() {
+    if (shared != nullptr)
+        for (int t = 0; t < ntopics; t++) {
+            const Pending &p = pending[t];
+            if (!p.any) continue;
+            if (p.all)
+                pg_atomic_fetch_add_u64(&shared->all[t], 1);
+            else
+                for (int i = 0; i < p.n; i++) pg_atomic_fetch_add_u64(&shared->slot[t][p.slots[i]], 1);
+            pg_atomic_fetch_add_u64(&shared->topic[t], 1);
+        }
+    clear_pending();
+}
+
 void free_one(const Retired &r) {
     switch (r.what) {
         case Retired::Context:
@@ -83,6 +154,18 @@ void free_one(const Retired &r) {
 }
 
 void xact_callback(XactEvent event, void *) {
+    if (pending_any) {
+        if (event == XACT_EVENT_PRE_PREPARE)
+            ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                            errmsg("cannot prepare a transaction that changed the sharding configuration"),
+                            errdetail("Other backends' routing caches learn of a configuration change when the "
+                                      "backend that made it commits; COMMIT PREPARED runs elsewhere."),
+                            errhint("Change maps, shards, pins and frozen shards in ordinary transactions.")));
+        if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT)
+            publish_pending();
+        else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT || event == XACT_EVENT_PREPARE)
+            clear_pending();
+    }
     if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_ABORT && event != XACT_EVENT_PREPARE &&
         event != XACT_EVENT_PARALLEL_COMMIT && event != XACT_EVENT_PARALLEL_ABORT)
         return;
@@ -189,6 +272,58 @@ void retire_plan(SPIPlanPtr plan) {
 void retire(void (*free)(void *arg), void *arg) { add_retired(Retired{Retired::Other, arg, free}); }
 
 Stats stats() { return counters; }
+
+bool shared_changes() { return shared != nullptr; }
+
+uint64 changes(int topic) {
+    if (shared != nullptr) {
+        uint64 v = pg_atomic_read_u64(&shared->topic[topic]);
+        pg_read_barrier();  // the slots and the snapshot are read after it
+        return v;
+    }
+    AcceptInvalidationMessages();
+    return 0;
+}
+
+uint64 map_changes(int topic, uint32 slot) {
+    if (shared == nullptr) return 0;
+    return pg_atomic_read_u64(&shared->all[topic]) + pg_atomic_read_u64(&shared->slot[topic][slot % map_slots]);
+}
+
+uint32 map_slot(const char *name, size_t len) {
+    return static_cast<uint32>(hash_bytes(name, len) % map_slots);
+}
+
+void note_change(int topic, const char *name, size_t len) {
+    if (!xact_registered) {
+        RegisterXactCallback(xact_callback, nullptr);
+        RegisterSubXactCallback(subxact_callback, nullptr);
+        xact_registered = true;
+    }
+    Pending &p = pending[topic];
+    p.any = true;
+    pending_any = true;
+    if (p.all) return;
+    if (name == nullptr) {
+        p.all = true;
+        return;
+    }
+    uint32 s = map_slot(name, len);
+    for (int i = 0; i < p.n; i++)
+        if (p.slots[i] == s) return;
+    if (p.n == max_pending)
+        p.all = true;
+    else
+        p.slots[p.n++] = s;
+}
+
+void shmem_init() {
+    if (!process_shared_preload_libraries_in_progress) return;
+    prev_shmem_request = shmem_request_hook;
+    shmem_request_hook = shmem_request;
+    prev_shmem_startup = shmem_startup_hook;
+    shmem_startup_hook = shmem_startup;
+}
 
 }  // namespace cache
 

@@ -106,5 +106,60 @@ struct Stats {
 };
 Stats stats();
 
+
+// ---------------------------------------------------------------- changes
+// The one rule for caches of configuration (routing, the guard's local
+// state): every call sees every configuration change whose transaction had
+// committed (been acknowledged to its client) before the call began, on a
+// coordinator and on a follower. Invalidation messages alone cannot promise
+// that: a backend takes them in only at transaction start and when it
+// acquires a lock it does not hold yet, so a PL/pgSQL loop inside one
+// transaction (which holds all its locks after the first iteration) never
+// sees them (issue 23).
+//
+// So the config tables' triggers call note_change() (the map, or every map
+// of a topic), and at commit (XACT_EVENT_COMMIT: after the change is visible
+// to new snapshots, before the commit is acknowledged and before its locks
+// are released) the module bumps counters in shared memory: one per map slot
+// (a hash of the map name) and one per topic. A reader compares the topic
+// counter with the value it saw last, per call (one load from a cache line
+// that only commits of config changes write), and only when it moved looks
+// at the slots of the entries it holds. A build reads the counters BEFORE
+// it takes its snapshot, so an entry built from old rows is stale as soon as
+// the counter moves.
+//
+// Without shared_preload_libraries there is no shared memory: then
+// changes() takes in invalidation messages on every call
+// (AcceptInvalidationMessages, a few nanoseconds when the queue is empty),
+// and map_changes() has no per-map information (0): the topic's relcache
+// callback marks every entry of the topic stale, as before.
+//
+// A configuration change inside PREPARE TRANSACTION is refused (55000): its
+// commit would run in another backend, which would not bump the counters.
+enum Topic : int {
+    routing_topic = 0,  // sharding.maps, shards, pins
+    local_topic = 1,    // sharding.local_node, frozen_shards (the guard)
+    ntopics = 2,
+};
+constexpr uint32 map_slots = 4096;
+
+// Whether the counters live in shared memory (the library was preloaded).
+bool shared_changes();
+// The topic's counter of committed changes (see above). Never ereports
+// unless invalidation processing does (without preload).
+uint64 changes(int topic);
+// The counter of committed changes of the maps hashing to `slot`, plus the
+// topic's whole-topic counter (a TRUNCATE, a change of every map); 0 without
+// shared memory.
+uint64 map_changes(int topic, uint32 slot);
+// The slot of a map name.
+uint32 map_slot(const char *name, size_t len);
+// Called by the config tables' triggers: this transaction changed `topic`
+// for the map name[0..len) (name nullptr: every map of the topic). May
+// ereport (out of memory never: a full list degrades to "every map").
+void note_change(int topic, const char *name, size_t len);
+// From _PG_init, when preloading: asks for the shared memory.
+void shmem_init();
+
 }  // namespace cache
 }  // namespace sharding

@@ -1,24 +1,38 @@
-// Section 2 of the contract, the C++ side: routing (node_for, logical_shard)
-// from a per-backend cache, the shard locks behind fence and move_shard, the
-// rebalance planner's SQL entry point and the trigger that invalidates every
-// backend's cache when the config tables change.
+// Section 2 of the contract, the C++ side: routing (node_for, logical_shard,
+// partition_for, epoch) from a per-backend cache, the shard locks behind
+// fence and move_shard, the rebalance planner's SQL entry point and the
+// trigger that tells every backend when the config tables change.
 //
 // The cache. Each backend keeps, per map name, a MapRoutes (route_cache.hpp)
 // built lazily from the config tables, in the cache module's memory
-// (cache.hpp: the entry kind "routing"). A statement-level trigger on
-// sharding.maps, sharding.shards and sharding.pins registers a relcache
-// invalidation of sharding.maps; PostgreSQL delivers it to every backend at
-// its next transaction start or lock acquisition, and routes_for takes it in
-// at the start of every statement that routes (the writer itself gets it at
-// its next command). The kind's relation callback bumps `generation`; an
-// entry is valid while it was built in the current generation. A build
-// looks up the oid of sharding.maps FIRST, then records the generation, then
-// takes its snapshot: an invalidation arriving during the build (SPI's locks
-// process them) therefore matches and leaves the entry stale. (Learning the
-// oid only at the end of the first build dropped exactly those: issue 16,
-// finding 1; specs/maps_first_build.spec.) Entries are built into a fresh
-// object and swapped in last, so an ERROR while reading leaves the previous
-// state intact; replaced entries are retired, not freed.
+// (cache.hpp: the entry kind "routing"). Which entries are still valid
+// follows the cache module's one rule (cache.hpp, "changes"): every call
+// sees every change committed before it began. Triggers on sharding.maps,
+// sharding.shards and sharding.pins note the change (cache::note_change);
+// its commit bumps shared counters; every call of routes_for compares the
+// routing topic's counter with the one it saw last (one load), and when it
+// moved drops the entries whose map slot moved. Without preload, every call
+// takes in invalidation messages instead, and the relcache invalidation of
+// sharding.maps the same triggers register bumps `generation`, which makes
+// every entry stale.
+//
+// Why not once per statement, as 1.2 did: 1.2 took in invalidations once
+// per call site and query execution, marked in fn_extra. A PL/pgSQL
+// assignment such as `n := sharding.node_for(...)` is a "simple expression"
+// whose FmgrInfo (and so fn_extra) lives for the whole transaction; after
+// the first iteration of a loop nothing took invalidations in any more (the
+// loop already holds every lock it needs, and lock acquisition is the other
+// place PostgreSQL processes them), so the map of the transaction's first
+// call was used until the transaction ended (issue 23).
+//
+// Building without losing a change: a build looks up the oid of
+// sharding.maps FIRST (for the relcache callback), then reads the counters
+// (stamp), then takes its snapshot: a change committed during the build
+// moves the counters past the stamp, and the fresh entry is stale at once.
+// (Learning the oid only at the end of the first build dropped exactly
+// those: issue 16, finding 1; specs/maps_first_build.spec.) Entries are
+// built into a fresh object and swapped in last, so an ERROR while reading
+// leaves the previous state intact; replaced entries are retired, not freed.
 #include "pg/cache.hpp"
 #include "pg/keys.hpp"
 #include "core/rebalance.hpp"
@@ -29,11 +43,15 @@
 #include <unordered_map>
 
 extern "C" {
+#include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
+#include "port/atomics.h"
 #include "storage/lock.h"
 #include "utils/array.h"
 #include "utils/inval.h"
@@ -55,10 +73,10 @@ template <class V>
 using ByName = std::unordered_map<CacheString, V, NameHash, std::equal_to<CacheString>,
                                   CacheAllocator<std::pair<const CacheString, V>>>;
 
-uint64_t generation = 1;           // bumped by every relevant invalidation
+uint64_t generation = 1;           // bumped by relcache invalidations of sharding.maps
 Oid maps_relid = InvalidOid;       // sharding.maps, looked up before each build
 const MapRoutes *last = nullptr;   // the map the previous call used
-uint64_t swept = 0;                // generation of the last sweep of stale entries
+uint64_t seen = 0;                 // changes() + generation when the entries were last checked
 ByName<MapRoutes *> *cache = nullptr;  // in the cache module's memory
 
 // Node names as ready-made text values, shared by all maps and never freed,
@@ -86,10 +104,20 @@ void free_routes(void *routes) { sharding::cache_delete(static_cast<MapRoutes *>
 // The routing kind's relcache callback: only marks the cache stale (it may
 // run in the middle of a lookup or build, so it must not free anything).
 void routing_invalidate(Oid relid) {
-    if (relid == InvalidOid || relid == maps_relid) {
-        generation++;
-        last = nullptr;
-    }
+    if (relid == InvalidOid || relid == maps_relid) generation++;
+}
+
+// What an entry of the map in `slot` is valid for: the backend's relcache
+// generation (own changes, fallback) plus the map's shared counters.
+// Monotonic sums: unchanged only if every part is.
+inline uint64_t stamp_of(uint32_t slot) {
+    return generation + sharding::cache::map_changes(sharding::cache::routing_topic, slot);
+}
+
+// The topic-wide value compared on every call.
+inline uint64_t changes_now() {
+    const uint64_t shared = sharding::cache::changes(sharding::cache::routing_topic);  // may bump generation
+    return shared + generation;
 }
 
 const sharding::cache::Kind routing_kind = {"routing", routing_invalidate, nullptr, 0, {0, 0, 0, 0}};
@@ -105,6 +133,7 @@ struct RawMap {
     int32 logical_shards;
     uint64 nshards;
     int32 *logical;
+    int64 *epoch;
     char **shard_node;
     int *shard_node_len;
     uint64 npins;
@@ -143,7 +172,7 @@ void load_raw(text *map, RawMap *raw) {
     // Operators qualified: these run under the caller's search_path.
     const char *queries[3] = {
         "SELECT logical_shards FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1",
-        "SELECT logical, node FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1",
+        "SELECT logical, node, epoch FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1",
         "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1",
     };
     for (int q = 0; q < 3; q++) {
@@ -161,12 +190,15 @@ void load_raw(text *map, RawMap *raw) {
         } else if (q == 1) {
             raw->nshards = n;
             raw->logical = static_cast<int32 *>(SPI_palloc(sizeof(int32) * (n + 1)));
+            raw->epoch = static_cast<int64 *>(SPI_palloc(sizeof(int64) * (n + 1)));
             raw->shard_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
             raw->shard_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
             for (uint64 i = 0; i < n; i++) {
                 bool isnull;
                 raw->logical[i] = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
                 raw->shard_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &raw->shard_node_len[i]);
+                Datum e = SPI_getbinval(tt->vals[i], tt->tupdesc, 3, &isnull);
+                raw->epoch[i] = isnull ? 0 : DatumGetInt64(e);
             }
         } else {
             raw->npins = n;
@@ -186,15 +218,17 @@ void load_raw(text *map, RawMap *raw) {
 }
 
 // Builds (or rebuilds) the routes of `map`, whose name is name[0..len).
-// The oid of sharding.maps is looked up before the generation is recorded
-// and before load_raw takes its snapshot (see the top of this file).
+// The oid of sharding.maps is looked up before the stamp is read and
+// before load_raw takes its snapshot (see the top of this file).
 const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     uint64_t started = 0;
+    const uint32_t map_slot = sharding::cache::map_slot(name, len);
     RawMap raw;
     sharding::pg_call([&] {
         (void)sharding::cache::context();
         maps_relid = lookup_maps_relid();
-        started = generation;
+        pg_read_barrier();
+        started = stamp_of(map_slot);
         load_raw(map, &raw);
     });
     CacheString key(name, len);
@@ -223,12 +257,14 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
         sharding::fail(ERRCODE_DATA_CORRUPTED, "map \"%s\" has %d logical shards but %llu shard rows", key.c_str(),
                        raw.logical_shards, static_cast<unsigned long long>(raw.nshards));
     fresh->owner.assign(static_cast<size_t>(raw.logical_shards), -1);
+    fresh->epoch.assign(static_cast<size_t>(raw.logical_shards), 0);
     for (uint64 i = 0; i < raw.nshards; i++) {
         int32 l = raw.logical[i];
         if (l < 0 || l >= raw.logical_shards || raw.shard_node[i] == nullptr)
             sharding::fail(ERRCODE_DATA_CORRUPTED, "map \"%s\" has an invalid shard row for logical shard %d",
                            key.c_str(), l);
         fresh->owner[static_cast<size_t>(l)] = fresh->node_index(raw.shard_node[i], raw.shard_node_len[i]);
+        fresh->epoch[static_cast<size_t>(l)] = raw.epoch[i];
     }
     for (int32 l = 0; l < raw.logical_shards; l++)
         if (fresh->owner[static_cast<size_t>(l)] < 0)
@@ -253,7 +289,8 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     fresh->compute_partitions();
     fresh->node_results.reserve(fresh->nodes.size());
     for (const CacheString &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
-    fresh->generation = started;  // stale at once if an invalidation came meanwhile
+    fresh->slot = map_slot;
+    fresh->stamp = started;  // stale at once if a change committed meanwhile
 
     MapRoutes *&slot = (*cache)[key];
     MapRoutes *old = slot;
@@ -265,54 +302,43 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     return *slot;
 }
 
-// fn_extra of a call site that has taken in invalidations in this statement.
-char statement_marker;
-
-// The routes of the map named by `map`: the previous call's map when it is
-// still valid (no allocation), else the cache, else a build.
-inline const MapRoutes &routes_for(FunctionCallInfo fcinfo, text *map) {
-    // Take in invalidations committed since the previous statement, even
-    // inside an open transaction (PostgreSQL itself only does so at
-    // transaction start and on a new lock). Once per call site and query
-    // execution, marked in fn_extra, which starts NULL in every execution of
-    // a query (PL/pgSQL's simple expressions keep theirs for the
-    // transaction): a change committed meanwhile is seen by the next
-    // statement, and routing stays stable within one statement, as STABLE
-    // promises. Per call it would cost about 8% of a routed row. A backend's
-    // own changes reach its cache at once, at command end.
-    if (fcinfo->flinfo->fn_extra != &statement_marker) {
-        AcceptInvalidationMessages();
-        fcinfo->flinfo->fn_extra = &statement_marker;
+// Drops every entry whose map changed since it was built (maps dropped
+// since, or not used again, would otherwise keep their memory); each is
+// rebuilt on its next use.
+void revalidate(uint64_t now) {
+    for (auto it = cache->begin(); it != cache->end();) {
+        if (it->second->stamp == stamp_of(it->second->slot)) {
+            ++it;
+            continue;
+        }
+        MapRoutes *stale = it->second;
+        it = cache->erase(it);
+        sharding::pg_call([&] { sharding::cache::retire(free_routes, stale); });
     }
+    last = nullptr;
+    seen = now;
+}
+
+// The routes of the map named by `map`: the previous call's map when nothing
+// changed since (one load of the shared counter, no allocation), else the
+// cache, else a build. Checked on every call, not once per statement (see
+// the top of the file): routing within one statement follows a move
+// committed meanwhile, as a guard on the new owner does.
+inline const MapRoutes &routes_for(FunctionCallInfo, text *map) {
+    const uint64_t now = changes_now();
+    if (now != seen && cache != nullptr) revalidate(now);
+    seen = now;
     const char *name = VARDATA_ANY(map);
     const size_t len = VARSIZE_ANY_EXHDR(map);
     const MapRoutes *m = last;
-    if (m != nullptr && m->generation == generation && m->name.size() == len &&
-        memcmp(m->name.data(), name, len) == 0)
-        return *m;
+    if (m != nullptr && m->name.size() == len && memcmp(m->name.data(), name, len) == 0) return *m;
     if (cache == nullptr) {  // node_texts first: cache set implies both are
         if (node_texts == nullptr) node_texts = sharding::cache_new<ByName<const void *>>();
         cache = sharding::cache_new<ByName<MapRoutes *>>();
     }
-    if (swept != generation) {
-        // Something changed: retire every stale entry (maps dropped since, or
-        // not used again, would otherwise keep their memory); each map is
-        // rebuilt on its next use.
-        for (auto it = cache->begin(); it != cache->end();) {
-            if (it->second->generation == generation) {
-                ++it;
-                continue;
-            }
-            MapRoutes *stale = it->second;
-            it = cache->erase(it);
-            sharding::pg_call([&] { sharding::cache::retire(free_routes, stale); });
-        }
-        last = nullptr;
-        swept = generation;
-    }
     {
         auto it = cache->find(CacheString(name, len));
-        if (it != cache->end() && it->second->generation == generation) {
+        if (it != cache->end()) {
             last = it->second;
             return *last;
         }
@@ -446,13 +472,29 @@ void maps_init() { cache::register_kind(&routing_kind); }
 // Glue: may raise a PostgreSQL ERROR.
 uint64_t routing_generation() {
     if (maps_relid == InvalidOid) maps_relid = lookup_maps_relid();
-    return generation;
+    return changes_now();
 }
 }  // namespace sharding
 
 SHARDING_KEY_FUNCTIONS(sharding_node_for, node_for_body)
 SHARDING_KEY_FUNCTIONS(sharding_partition_for, partition_for_body)
 SHARDING_KEY_FUNCTIONS(sharding_logical_shard, logical_shard_body)
+
+/*
+ * epoch(map text, logical integer) RETURNS bigint
+ *
+ * From the routing cache, so that it follows the same rule as node_for (a
+ * move committed before the call is seen, also inside a REPEATABLE READ
+ * transaction or a PL/pgSQL loop) and agrees with node_for's owner.
+ */
+SHARDING_FUNCTION(sharding_epoch) {
+    const MapRoutes &m = routes_for(fcinfo, PG_GETARG_TEXT_PP(0));
+    int32 logical = PG_GETARG_INT32(1);
+    if (logical < 0 || logical >= m.logical_shards)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "logical shard must be between 0 and %d for map \"%s\", got %d",
+                       m.logical_shards - 1, m.name.c_str(), logical);
+    PG_RETURN_INT64(m.epoch[static_cast<size_t>(logical)]);
+}
 
 /*
  * fence(map text, logical integer, epoch bigint) RETURNS void
@@ -595,14 +637,60 @@ SHARDING_FUNCTION(sharding__rebalance_plan) {
 /*
  * _routing_changed() RETURNS trigger
  *
- * Statement-level trigger on sharding.maps, shards and pins: any committed
- * change, through the functions or by a direct write, invalidates every
- * backend's routing cache (see the comment at the top of this file).
+ * On sharding.maps, shards and pins: any committed change, through the
+ * functions or by a direct write, is seen by every backend's next routing
+ * call (see the top of this file). Notes the maps that changed: per row
+ * (the row triggers logical-replication apply fires on a follower), from the
+ * statement's transition tables when it has them, else every map (TRUNCATE,
+ * a statement trigger without them). Also registers the relcache
+ * invalidation of sharding.maps the per-backend fallback relies on.
  */
+namespace {
+// Notes the map column of every tuple of a transition table. Plain C.
+void note_tuplestore(Tuplestorestate *ts, TupleDesc desc, int att) {
+    TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+    int ptr = tuplestore_alloc_read_pointer(ts, EXEC_FLAG_REWIND);
+    tuplestore_select_read_pointer(ts, ptr);
+    tuplestore_rescan(ts);
+    while (tuplestore_gettupleslot(ts, true, false, slot)) {
+        bool isnull;
+        Datum d = slot_getattr(slot, att, &isnull);
+        if (isnull) continue;
+        text *t = DatumGetTextPP(d);
+        sharding::cache::note_change(sharding::cache::routing_topic, VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+        if (reinterpret_cast<Pointer>(t) != DatumGetPointer(d)) pfree(t);
+    }
+    tuplestore_select_read_pointer(ts, 0);
+    ExecDropSingleTupleTableSlot(slot);
+}
+
+void note_tuple(HeapTuple tup, TupleDesc desc, int att) {
+    bool isnull;
+    Datum d = heap_getattr(tup, att, desc, &isnull);
+    if (isnull) return;
+    text *t = DatumGetTextPP(d);
+    sharding::cache::note_change(sharding::cache::routing_topic, VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+}
+}  // namespace
+
 SHARDING_FUNCTION(sharding__routing_changed) {
     if (!CALLED_AS_TRIGGER(fcinfo))
         sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "_routing_changed must be called as a trigger");
-    Oid relid = lookup_maps_relid();
-    CacheInvalidateRelcacheByRelid(relid);
+    TriggerData *td = reinterpret_cast<TriggerData *>(fcinfo->context);
+    // Plain C from here: nothing owns C++ memory.
+    TupleDesc desc = RelationGetDescr(td->tg_relation);
+    int att = SPI_fnumber(desc, "map");
+    if (att <= 0 || TRIGGER_FIRED_BY_TRUNCATE(td->tg_event)) {
+        sharding::cache::note_change(sharding::cache::routing_topic, nullptr, 0);
+    } else if (TRIGGER_FIRED_FOR_ROW(td->tg_event)) {
+        note_tuple(td->tg_trigtuple, desc, att);
+        if (TRIGGER_FIRED_BY_UPDATE(td->tg_event)) note_tuple(td->tg_newtuple, desc, att);
+    } else if (td->tg_oldtable != nullptr || td->tg_newtable != nullptr) {
+        if (td->tg_oldtable != nullptr) note_tuplestore(td->tg_oldtable, desc, att);
+        if (td->tg_newtable != nullptr) note_tuplestore(td->tg_newtable, desc, att);
+    } else {
+        sharding::cache::note_change(sharding::cache::routing_topic, nullptr, 0);
+    }
+    CacheInvalidateRelcacheByRelid(lookup_maps_relid());
     return PointerGetDatum(nullptr);
 }
