@@ -1,7 +1,7 @@
 # Issue 23, the minimal reproduction: node_for, logical_shard, partition_for,
 # epoch and the guard, each called in a PL/pgSQL loop inside ONE transaction
 # while another session commits a change (a move, a re-created map, a pin, a
-# replicated owner switch). Every loop must see the change at its next call,
+# replicated owner switch), also under REPEATABLE READ. Every loop must see the change at its next call,
 # within a second of the commit. Version 1.2 kept the map of the
 # transaction's first call until the transaction ended: every loop ran to
 # its limit with the old answer. Run once with the library preloaded (shared
@@ -107,7 +107,13 @@ sub run_case
 		logical_shard => start_loop($node, 'postgres', loop_sql('logical_shard', "sharding.logical_shard('ml', '$key')")),
 		partition_for => start_loop($node, 'postgres', loop_sql('partition_for', "sharding.partition_for('mp', '$key')")),
 		epoch         => start_loop($node, 'postgres', loop_sql('epoch', "sharding.epoch('me', $shard)")),
-		guard         => start_loop($node, 'g', $guard_loop));
+		guard         => start_loop($node, 'g', $guard_loop),
+		# Under REPEATABLE READ the transaction snapshot is older than the
+		# change: the caches read with the latest one.
+		epoch_rr      => start_loop($node, 'postgres', 'BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;'
+			. loop_sql('epoch_rr', "sharding.epoch('me', $shard)") . 'COMMIT;'),
+		node_for_rr   => start_loop($node, 'postgres', 'BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;'
+			. loop_sql('node_for_rr', "sharding.node_for('me', '$key')") . 'COMMIT;'));
 	sleep 1;    # every loop has made its first call
 	my $other = $owner eq 'a' ? 'b' : 'a';
 	my $committed = $node->safe_psql('postgres', qq{
@@ -131,6 +137,8 @@ sub run_case
 		logical_shard => [ $shard, $new16, $committed ],
 		partition_for => [ $shard, '8', $committed ],     # a pin-only node: partition logical_shards + 0
 		epoch         => [ '1', '2', $committed ],
+		epoch_rr      => [ '1', '2', $committed ],
+		node_for_rr   => [ $owner, $other, $committed ],
 		guard         => [ 'written', 'refused', $gcommitted ]);
 	for my $name (sort keys %loops)
 	{
