@@ -103,15 +103,35 @@ void free_routes(void *routes) { sharding::cache_delete(static_cast<MapRoutes *>
 
 // The routing kind's relcache callback: only marks the cache stale (it may
 // run in the middle of a lookup or build, so it must not free anything).
+// With shared counters, an invalidation of sharding.maps only says that
+// this backend's own changes are visible to it now (the module knows which
+// maps it noted); without them, every entry is stale.
 void routing_invalidate(Oid relid) {
-    if (relid == InvalidOid || relid == maps_relid) generation++;
+    if (relid == InvalidOid)
+        generation++;
+    else if (relid == maps_relid) {
+        if (sharding::cache::shared_changes())
+            sharding::cache::own_changes_visible(sharding::cache::routing_topic);
+        else
+            generation++;
+    }
 }
 
-// What an entry of the map in `slot` is valid for: the backend's relcache
-// generation (own changes, fallback) plus the map's shared counters.
+// What an entry of the map in `slot` is valid for, per kind of change: the
+// map's counters, plus the backend's relcache generation in the map kind.
 // Monotonic sums: unchanged only if every part is.
-inline uint64_t stamp_of(uint32_t slot) {
-    return generation + sharding::cache::map_changes(sharding::cache::routing_topic, slot);
+inline sharding::cache::MapStamp stamp_of(uint32_t slot) {
+    sharding::cache::MapStamp st = sharding::cache::map_stamp(slot);
+    st.kind[sharding::cache::change_map] += generation;
+    return st;
+}
+inline bool same_kind(const MapRoutes &m, const sharding::cache::MapStamp &st, int kind) {
+    return m.stamp[kind] == st.kind[kind];
+}
+inline void set_stamp(MapRoutes *m, const sharding::cache::MapStamp &st, const sharding::cache::PinCursor &c) {
+    for (int k = 0; k < sharding::cache::nchanges; k++) m->stamp[k] = st.kind[k];
+    m->cursor_shared = c.shared_pos;
+    m->cursor_own = c.own_pos;
 }
 
 // The topic-wide value compared on every call.
@@ -221,7 +241,8 @@ void load_raw(text *map, RawMap *raw) {
 // The oid of sharding.maps is looked up before the stamp is read and
 // before load_raw takes its snapshot (see the top of this file).
 const MapRoutes &build_routes(text *map, const char *name, size_t len) {
-    uint64_t started = 0;
+    sharding::cache::MapStamp started;
+    sharding::cache::PinCursor cursor;
     const uint32_t map_slot = sharding::cache::map_slot(name, len);
     RawMap raw;
     sharding::pg_call([&] {
@@ -229,6 +250,7 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
         maps_relid = lookup_maps_relid();
         pg_read_barrier();
         started = stamp_of(map_slot);
+        cursor = sharding::cache::pin_cursor();
         load_raw(map, &raw);
     });
     CacheString key(name, len);
@@ -284,13 +306,15 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
             nodes.push_back(fresh->node_index(raw.pin_node[i], raw.pin_node_len[i]));
         }
         fresh->pins.build(keys, hashes, nodes);
+        fresh->node_pins.assign(fresh->nodes.size(), 0);
+        for (int32_t n : nodes) fresh->node_pins[static_cast<size_t>(n)]++;
     }
     fresh->finish_build();
     fresh->compute_partitions();
     fresh->node_results.reserve(fresh->nodes.size());
     for (const CacheString &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
     fresh->slot = map_slot;
-    fresh->stamp = started;  // stale at once if a change committed meanwhile
+    set_stamp(fresh, started, cursor);  // stale at once if a change committed meanwhile
 
     MapRoutes *&slot = (*cache)[key];
     MapRoutes *old = slot;
@@ -302,20 +326,204 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     return *slot;
 }
 
-// Drops every entry whose map changed since it was built (maps dropped
-// since, or not used again, would otherwise keep their memory); each is
-// rebuilt on its next use.
+// ---- incremental changes (issue 26)
+// What refresh reads: the shard rows and/or the current pins of some keys,
+// copied out of SPI's memory (plain C, palloc'd in the caller's context).
+struct RawDelta {
+    bool map_found;
+    uint64 nshards;
+    int32 *logical;
+    int64 *epoch;
+    char **shard_node;
+    int *shard_node_len;
+    uint64 npins;
+    char **pin_key;
+    int *pin_key_len;
+    char **pin_node;
+    int *pin_node_len;
+};
+
+// Reads, with the latest committed snapshot, the shard rows of the map (when
+// `shards`) and the pins of keys[0..nkeys) that exist. May ereport.
+void load_delta(const char *name, size_t len, bool shards, char **keys, int *key_lens, int nkeys, RawDelta *d) {
+    memset(d, 0, sizeof *d);
+    text *map = cstring_to_text_with_len(name, static_cast<int>(len));
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
+    Oid argtypes[2] = {TEXTOID, TEXTARRAYOID};
+    Datum args[2] = {PointerGetDatum(map), (Datum)0};
+    {
+        SPIPlanPtr plan = SPI_prepare("SELECT 1 FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes);
+        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 1);
+        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+        d->map_found = SPI_processed > 0;
+    }
+    if (d->map_found && shards) {
+        SPIPlanPtr plan = SPI_prepare(
+            "SELECT logical, node, epoch FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes);
+        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 0);
+        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+        uint64 n = SPI_processed;
+        SPITupleTable *tt = SPI_tuptable;
+        d->nshards = n;
+        d->logical = static_cast<int32 *>(SPI_palloc(sizeof(int32) * (n + 1)));
+        d->epoch = static_cast<int64 *>(SPI_palloc(sizeof(int64) * (n + 1)));
+        d->shard_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+        d->shard_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+        for (uint64 i = 0; i < n; i++) {
+            bool isnull;
+            d->logical[i] = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
+            d->shard_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &d->shard_node_len[i]);
+            Datum e = SPI_getbinval(tt->vals[i], tt->tupdesc, 3, &isnull);
+            d->epoch[i] = isnull ? 0 : DatumGetInt64(e);
+        }
+        SPI_freetuptable(tt);
+    }
+    if (d->map_found && nkeys > 0) {
+        Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * nkeys));
+        for (int i = 0; i < nkeys; i++) elems[i] = PointerGetDatum(cstring_to_text_with_len(keys[i], key_lens[i]));
+        args[1] = PointerGetDatum(construct_array(elems, nkeys, TEXTOID, -1, false, TYPALIGN_INT));
+        SPIPlanPtr plan = SPI_prepare(
+            "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1 "
+            "AND key OPERATOR(pg_catalog.=) ANY ($2)", 2, argtypes);
+        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 0);
+        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+        uint64 n = SPI_processed;
+        SPITupleTable *tt = SPI_tuptable;
+        d->npins = n;
+        d->pin_key = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+        d->pin_key_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+        d->pin_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+        d->pin_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+        for (uint64 i = 0; i < n; i++) {
+            d->pin_key[i] = spi_text(tt->vals[i], tt->tupdesc, 1, &d->pin_key_len[i]);
+            d->pin_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &d->pin_node_len[i]);
+        }
+        SPI_freetuptable(tt);
+    }
+    UnregisterSnapshot(snap);
+    SPI_finish();
+}
+
+// The changed keys pin_changes reports, collected as plain C into arrays
+// palloc'd beforehand (the callback must not ereport): at most `cap`
+// distinct keys, else `overflow` (the caller rebuilds).
+struct KeyCollect {
+    char **keys;
+    int *lens;
+    int n, cap;
+    bool overflow;
+};
+void collect_key(void *arg, const char *key, size_t len) {
+    KeyCollect *c = static_cast<KeyCollect *>(arg);
+    for (int i = 0; i < c->n; i++)
+        if (static_cast<size_t>(c->lens[i]) == len && memcmp(c->keys[i], key, len) == 0) return;
+    if (c->n == c->cap) {
+        c->overflow = true;
+        return;
+    }
+    memcpy(c->keys[c->n], key, len);
+    c->lens[c->n++] = static_cast<int>(len);
+}
+
+// Brings an entry whose shards or pins changed up to date in place, without
+// rebuilding its pins: re-reads its shard rows, and the current pins of the
+// keys the logs name. False when that is not possible (the map is gone,
+// pins were lost from the logs, too many keys changed): rebuild it.
+bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
+    using namespace sharding::cache;
+    const bool shards = !same_kind(*m, st, change_shards);
+    const bool pins = !same_kind(*m, st, change_pins);
+    constexpr int max_keys = 1024;
+    RawDelta d;
+    PinCursor now;
+    bool complete = true;
+    KeyCollect keys{};
+    sharding::pg_call([&] {
+        now = pin_cursor();
+        if (pins) {
+            keys.cap = max_keys;
+            keys.keys = static_cast<char **>(palloc(sizeof(char *) * max_keys));
+            keys.lens = static_cast<int *>(palloc(sizeof(int) * max_keys));
+            char *buf = static_cast<char *>(palloc(static_cast<size_t>(max_keys) * logged_key_bytes));
+            for (int i = 0; i < max_keys; i++) keys.keys[i] = buf + static_cast<size_t>(i) * logged_key_bytes;
+            PinCursor from{m->cursor_shared, m->cursor_own};
+            complete = pin_changes(m->slot, from, now, collect_key, &keys) && !keys.overflow;
+        }
+        if (complete) load_delta(m->name.data(), m->name.size(), shards, keys.keys, keys.lens, keys.n, &d);
+    });
+    if (!complete || !d.map_found) return false;
+    if (shards) {
+        if (d.nshards != static_cast<uint64>(m->logical_shards)) return false;
+        for (uint64 i = 0; i < d.nshards; i++)
+            if (d.logical[i] < 0 || d.logical[i] >= m->logical_shards || d.shard_node[i] == nullptr) return false;
+    }
+    // From here C++ only (no PostgreSQL call that may ereport); an exception
+    // leaves the entry half-changed, so the caller drops it.
+    size_t nodes_before = m->nodes.size();
+    bool added;
+    if (shards)
+        for (uint64 i = 0; i < d.nshards; i++) {
+            const size_t l = static_cast<size_t>(d.logical[i]);
+            m->owner[l] = m->find_or_add_node(d.shard_node[i], d.shard_node_len[i], &added);
+            m->epoch[l] = d.epoch[i];
+        }
+    m->node_pins.resize(m->nodes.size(), 0);
+    for (int k = 0; k < keys.n; k++) {
+        const char *key = keys.keys[k];
+        const size_t len = static_cast<size_t>(keys.lens[k]);
+        const uint64_t h = sharding::hash_bytes(key, len);
+        int64 row = -1;
+        for (uint64 i = 0; i < d.npins && row < 0; i++)
+            if (static_cast<size_t>(d.pin_key_len[i]) == len && memcmp(d.pin_key[i], key, len) == 0 &&
+                d.pin_node[i] != nullptr)
+                row = static_cast<int64>(i);
+        int32_t before;
+        if (row >= 0) {
+            int32_t node = m->find_or_add_node(d.pin_node[row], d.pin_node_len[row], &added);
+            m->node_pins.resize(m->nodes.size(), 0);
+            before = m->pins.upsert(h, key, len, node);
+            m->node_pins[static_cast<size_t>(node)]++;
+        } else {
+            before = m->pins.erase(h, key, len);
+        }
+        if (before >= 0) m->node_pins[static_cast<size_t>(before)]--;
+    }
+    for (size_t n = nodes_before; n < m->nodes.size(); n++) m->node_results.push_back(node_text(m->nodes[n]));
+    m->compute_partitions();
+    set_stamp(m, st, now);
+    return true;
+}
+
+// Brings every entry up to date after a change: a map whose own row changed
+// (created again, dropped) is dropped and rebuilt on its next use; one whose
+// shards or pins changed is refreshed in place; the others are untouched.
 void revalidate(uint64_t now) {
+    last = nullptr;
     for (auto it = cache->begin(); it != cache->end();) {
-        if (it->second->stamp == stamp_of(it->second->slot)) {
+        MapRoutes *m = it->second;
+        const sharding::cache::MapStamp st = stamp_of(m->slot);
+        bool keep = same_kind(*m, st, sharding::cache::change_map);
+        if (keep && !(same_kind(*m, st, sharding::cache::change_shards) &&
+                      same_kind(*m, st, sharding::cache::change_pins))) {
+            try {
+                keep = refresh(m, st);
+            } catch (...) {
+                it = cache->erase(it);
+                sharding::pg_call([&] { sharding::cache::retire(free_routes, m); });
+                throw;
+            }
+        }
+        if (keep) {
             ++it;
             continue;
         }
-        MapRoutes *stale = it->second;
         it = cache->erase(it);
-        sharding::pg_call([&] { sharding::cache::retire(free_routes, stale); });
+        sharding::pg_call([&] { sharding::cache::retire(free_routes, m); });
     }
-    last = nullptr;
     seen = now;
 }
 
@@ -646,30 +854,50 @@ SHARDING_FUNCTION(sharding__rebalance_plan) {
  * invalidation of sharding.maps the per-backend fallback relies on.
  */
 namespace {
-// Notes the map column of every tuple of a transition table. Plain C.
-void note_tuplestore(Tuplestorestate *ts, TupleDesc desc, int att) {
+// What a row of sharding.maps, shards or pins changed.
+struct TableKind {
+    sharding::cache::Change kind;
+    int map_att;
+    int key_att;  // pins: the key column
+};
+
+void note_row(const TableKind &t, TupleTableSlot *slot) {
+    bool isnull;
+    Datum d = slot_getattr(slot, t.map_att, &isnull);
+    if (isnull) return;
+    text *map = DatumGetTextPP(d);
+    const char *key = nullptr;
+    size_t keylen = 0;
+    if (t.key_att > 0) {
+        Datum k = slot_getattr(slot, t.key_att, &isnull);
+        if (!isnull) {
+            text *kt = DatumGetTextPP(k);
+            key = VARDATA_ANY(kt);
+            keylen = VARSIZE_ANY_EXHDR(kt);
+        }
+    }
+    if (t.kind == sharding::cache::change_map)
+        sharding::cache::note_change(sharding::cache::routing_topic, VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map));
+    else
+        sharding::cache::note_routing(t.kind, VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map), key, keylen);
+}
+
+// Notes every row of a transition table. Plain C.
+void note_tuplestore(const TableKind &t, Tuplestorestate *ts, TupleDesc desc) {
     TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
     int ptr = tuplestore_alloc_read_pointer(ts, EXEC_FLAG_REWIND);
     tuplestore_select_read_pointer(ts, ptr);
     tuplestore_rescan(ts);
-    while (tuplestore_gettupleslot(ts, true, false, slot)) {
-        bool isnull;
-        Datum d = slot_getattr(slot, att, &isnull);
-        if (isnull) continue;
-        text *t = DatumGetTextPP(d);
-        sharding::cache::note_change(sharding::cache::routing_topic, VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
-        if (reinterpret_cast<Pointer>(t) != DatumGetPointer(d)) pfree(t);
-    }
+    while (tuplestore_gettupleslot(ts, true, false, slot)) note_row(t, slot);
     tuplestore_select_read_pointer(ts, 0);
     ExecDropSingleTupleTableSlot(slot);
 }
 
-void note_tuple(HeapTuple tup, TupleDesc desc, int att) {
-    bool isnull;
-    Datum d = heap_getattr(tup, att, desc, &isnull);
-    if (isnull) return;
-    text *t = DatumGetTextPP(d);
-    sharding::cache::note_change(sharding::cache::routing_topic, VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
+void note_tuple(const TableKind &t, HeapTuple tup, TupleDesc desc) {
+    TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+    ExecStoreHeapTuple(tup, slot, false);
+    note_row(t, slot);
+    ExecDropSingleTupleTableSlot(slot);
 }
 }  // namespace
 
@@ -679,15 +907,22 @@ SHARDING_FUNCTION(sharding__routing_changed) {
     TriggerData *td = reinterpret_cast<TriggerData *>(fcinfo->context);
     // Plain C from here: nothing owns C++ memory.
     TupleDesc desc = RelationGetDescr(td->tg_relation);
-    int att = SPI_fnumber(desc, "map");
-    if (att <= 0 || TRIGGER_FIRED_BY_TRUNCATE(td->tg_event)) {
+    const char *rel = RelationGetRelationName(td->tg_relation);
+    TableKind t = {sharding::cache::change_map, SPI_fnumber(desc, "map"), 0};
+    if (strcmp(rel, "shards") == 0) t.kind = sharding::cache::change_shards;
+    if (strcmp(rel, "pins") == 0) {
+        t.kind = sharding::cache::change_pins;
+        t.key_att = SPI_fnumber(desc, "key");
+    }
+    const bool known = t.map_att > 0 && (t.kind != sharding::cache::change_pins || t.key_att > 0);
+    if (!known || TRIGGER_FIRED_BY_TRUNCATE(td->tg_event)) {
         sharding::cache::note_change(sharding::cache::routing_topic, nullptr, 0);
     } else if (TRIGGER_FIRED_FOR_ROW(td->tg_event)) {
-        note_tuple(td->tg_trigtuple, desc, att);
-        if (TRIGGER_FIRED_BY_UPDATE(td->tg_event)) note_tuple(td->tg_newtuple, desc, att);
+        note_tuple(t, td->tg_trigtuple, desc);
+        if (TRIGGER_FIRED_BY_UPDATE(td->tg_event)) note_tuple(t, td->tg_newtuple, desc);
     } else if (td->tg_oldtable != nullptr || td->tg_newtable != nullptr) {
-        if (td->tg_oldtable != nullptr) note_tuplestore(td->tg_oldtable, desc, att);
-        if (td->tg_newtable != nullptr) note_tuplestore(td->tg_newtable, desc, att);
+        if (td->tg_oldtable != nullptr) note_tuplestore(t, td->tg_oldtable, desc);
+        if (td->tg_newtable != nullptr) note_tuplestore(t, td->tg_newtable, desc);
     } else {
         sharding::cache::note_change(sharding::cache::routing_topic, nullptr, 0);
     }
