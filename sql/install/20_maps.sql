@@ -74,19 +74,51 @@ COMMENT ON FUNCTION sharding._touch_map(text) IS
 REVOKE ALL ON FUNCTION sharding._touch_map(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._touch_map(text) TO sharding_admin;
 
--- Routing cache invalidation: any change to maps, shards or pins, by the
--- functions or by a direct write, makes every backend rebuild its routes
--- (src/routing/maps.cpp). Statement-level: one invalidation per statement.
+-- Routing cache changes: any change to maps, shards or pins, by the
+-- functions or by a direct write, is seen by every backend's next routing
+-- call (src/routing/maps.cpp, src/pg/cache.hpp "changes"). Statement-level,
+-- with the changed rows as transition tables, so that only the maps (and
+-- pin keys) that changed are rebuilt (or re-read) anywhere; a TRUNCATE
+-- changes every map. ENABLE ALWAYS: a session under session_replication_role
+-- = replica writes them too (apply itself fires the row triggers of
+-- 70_distribute.sql).
 CREATE FUNCTION sharding._routing_changed() RETURNS trigger
     AS 'MODULE_PATHNAME', 'sharding__routing_changed' LANGUAGE C;
 COMMENT ON FUNCTION sharding._routing_changed() IS
-    'internal: invalidates every backend''s routing cache when the map config changes';
-CREATE TRIGGER routing_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.maps
+    'internal: tells every backend''s routing cache which maps, shards and pins changed';
+CREATE TRIGGER routing_changed AFTER TRUNCATE ON sharding.maps
     FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.shards
+CREATE TRIGGER routing_changed_insert AFTER INSERT ON sharding.maps REFERENCING NEW TABLE AS changed
     FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.pins
+CREATE TRIGGER routing_changed_update AFTER UPDATE ON sharding.maps REFERENCING OLD TABLE AS before NEW TABLE AS after
     FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed_delete AFTER DELETE ON sharding.maps REFERENCING OLD TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+ALTER TABLE sharding.maps ENABLE ALWAYS TRIGGER routing_changed_insert;
+ALTER TABLE sharding.maps ENABLE ALWAYS TRIGGER routing_changed_update;
+ALTER TABLE sharding.maps ENABLE ALWAYS TRIGGER routing_changed_delete;
+CREATE TRIGGER routing_changed AFTER TRUNCATE ON sharding.shards
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed_insert AFTER INSERT ON sharding.shards REFERENCING NEW TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed_update AFTER UPDATE ON sharding.shards REFERENCING OLD TABLE AS before NEW TABLE AS after
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed_delete AFTER DELETE ON sharding.shards REFERENCING OLD TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+ALTER TABLE sharding.shards ENABLE ALWAYS TRIGGER routing_changed_insert;
+ALTER TABLE sharding.shards ENABLE ALWAYS TRIGGER routing_changed_update;
+ALTER TABLE sharding.shards ENABLE ALWAYS TRIGGER routing_changed_delete;
+CREATE TRIGGER routing_changed AFTER TRUNCATE ON sharding.pins
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed_insert AFTER INSERT ON sharding.pins REFERENCING NEW TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed_update AFTER UPDATE ON sharding.pins REFERENCING OLD TABLE AS before NEW TABLE AS after
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+CREATE TRIGGER routing_changed_delete AFTER DELETE ON sharding.pins REFERENCING OLD TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
+ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_insert;
+ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_update;
+ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_delete;
 
 -- Validates a node list for create_map and rebalance: 22023 for NULL, empty,
 -- NULL-containing, empty-string, multi-dimensional or duplicate lists.
@@ -374,22 +406,11 @@ END $$;
 COMMENT ON FUNCTION sharding.shards_of(text, text) IS
     'logical shards a node owns in a map, ascending (empty array if none)';
 
+-- From the routing cache (src/routing/maps.cpp), like node_for: a move
+-- committed before the call is seen, also in a REPEATABLE READ transaction
+-- or a PL/pgSQL loop.
 CREATE FUNCTION sharding.epoch(map text, logical integer) RETURNS bigint
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    l integer;
-    e bigint;
-BEGIN
-    SELECT m.logical_shards INTO l FROM sharding.maps m WHERE m.map = $1;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
-    END IF;
-    PERFORM sharding._check_logical($1, $2, l);
-    SELECT s.epoch INTO e FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2;
-    RETURN e;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding_epoch' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.epoch(text, integer) IS
     'epoch of a logical shard: 1 when the map is created, +1 per move';
 
@@ -650,25 +671,29 @@ GRANT EXECUTE ON FUNCTION sharding.pin(text, bytea, text), sharding.pin(text, sm
 -- tag in RowExclusiveLock (conflicting with claim_node's ShareLock and with
 -- rebalance) and the shard's tag in ExclusiveLock (conflicting with fence).
 -- At most two shards, locked in ascending order, so two pins never deadlock
--- on each other. Needs the map to exist (logical_shard raises 42704).
+-- on each other. Needs the map to exist (42704).
 CREATE FUNCTION sharding._lock_pin(map text, key text) RETURNS void
     LANGUAGE plpgsql VOLATILE STRICT
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    shards integer[] := ARRAY[sharding.logical_shard($1, $2)];
+    -- shard_of over the map's shard count, not logical_shard: the same
+    -- shards, without building the map's routing cache (whose pins the
+    -- caller is changing: issue 26).
+    l integer := sharding._require_map($1, false);
+    shards integer[] := ARRAY[sharding.shard_of($2, l)];
     s integer;
 BEGIN
     -- Nested IFs: a cast must never see text its test did not accept.
     IF $2 ~ '^(0|-?[1-9][0-9]{0,18})$' THEN
         IF $2::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
-            shards := shards || sharding.logical_shard($1, $2::bigint);
+            shards := shards || sharding.shard_of($2::bigint, l);
         END IF;
     ELSIF $2 ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
-        shards := shards || sharding.logical_shard($1, $2::uuid);
+        shards := shards || sharding.shard_of($2::uuid, l);
     ELSIF pg_catalog.left($2, 2) = E'\\x' THEN
         IF pg_catalog.substr($2, 3) ~ '^([0-9a-f][0-9a-f])*$' THEN
-            shards := shards || sharding.logical_shard($1, pg_catalog.decode(pg_catalog.substr($2, 3), 'hex'));
+            shards := shards || sharding.shard_of(pg_catalog.decode(pg_catalog.substr($2, 3), 'hex'), l);
         END IF;
     END IF;
     FOR s IN SELECT DISTINCT u FROM pg_catalog.unnest(shards) AS u ORDER BY u LOOP
@@ -679,3 +704,61 @@ COMMENT ON FUNCTION sharding._lock_pin(text, text) IS
     'internal: for pin and unpin, _lock_shard on every logical shard the pinned key text routes (waits for claim_node, fences and moves)';
 REVOKE ALL ON FUNCTION sharding._lock_pin(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._lock_pin(text, text) TO sharding_admin;
+
+-- Section 14: pin_many(map, keys, nodes) pins (or re-pins) keys[i] to
+-- nodes[i] in one statement and returns how many keys it pinned (a key given
+-- twice counts once; the last one wins, as two pin calls would). Arrays of
+-- different lengths, a NULL or multi-dimensional array, a NULL key: 22023,
+-- nothing pinned; each node is checked as pin checks it (empty or NULL:
+-- 22023; on a database map, a node without DSN: 55000); followers refuse
+-- it as they refuse pin. Instead of pin's per-key shard locks it takes the
+-- map's lock (_lock_map: waits for every fence, claim_node and move of the
+-- map and keeps new ones out until commit), so that any number of keys costs
+-- one lock and two pin_many calls cannot deadlock.
+CREATE FUNCTION sharding.pin_many(map text, keys text[], nodes text[]) RETURNS integer
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    bad text;
+    n integer;
+BEGIN
+    IF keys IS NULL OR nodes IS NULL THEN
+        RAISE EXCEPTION 'pin_many needs arrays of keys and nodes, got NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.array_ndims(keys) > 1 OR pg_catalog.array_ndims(nodes) > 1 THEN
+        RAISE EXCEPTION 'pin_many needs one-dimensional arrays' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.cardinality(keys) <> pg_catalog.cardinality(nodes) THEN
+        RAISE EXCEPTION 'pin_many got % keys but % nodes', pg_catalog.cardinality(keys), pg_catalog.cardinality(nodes)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.array_position(keys, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'pin key must not be NULL (keys[%])', pg_catalog.array_position(keys, NULL)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT coalesce(pg_catalog.quote_literal(u.node), 'NULL') INTO bad
+      FROM pg_catalog.unnest(nodes) AS u(node) WHERE u.node IS NULL OR u.node = '' LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', bad USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map($1, false);
+    PERFORM sharding._lock_map($1);
+    PERFORM sharding._require_map($1, true);
+    PERFORM sharding._check_database_nodes($1, (SELECT pg_catalog.array_agg(DISTINCT u) FROM pg_catalog.unnest(nodes) u));
+    INSERT INTO sharding.nodes (node) SELECT DISTINCT u FROM pg_catalog.unnest(nodes) u ON CONFLICT DO NOTHING;
+    INSERT INTO sharding.pins AS p (map, key, node)
+    SELECT DISTINCT ON (u.key) $1, u.key, u.node
+      FROM ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(nodes)) WITH ORDINALITY AS u(key, node, i)
+     ORDER BY u.key, u.i DESC
+        ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET node = EXCLUDED.node;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM sharding._touch_map($1);
+    END IF;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION sharding.pin_many(text, text[], text[]) IS
+    'pins (or re-pins) keys[i] to nodes[i] in one statement; returns how many keys were pinned';
+REVOKE ALL ON FUNCTION sharding.pin_many(text, text[], text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.pin_many(text, text[], text[]) TO sharding_admin;

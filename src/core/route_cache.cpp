@@ -65,6 +65,92 @@ void PinTable::build(const std::vector<std::string> &keys, const std::vector<uin
     filter_mask_ = words - 1;
     slot_mask_ = mask;
     count_ = count;
+    tombstones_ = 0;
+}
+
+void PinTable::rehash(size_t live) {
+    std::vector<std::string> keys;
+    std::vector<uint64_t> hashes;
+    std::vector<int32_t> nodes;
+    keys.reserve(live);
+    hashes.reserve(live);
+    nodes.reserve(live);
+    for (const Slot &s : slots_) {
+        if (s.node < 0) continue;
+        keys.emplace_back(bytes_of(s), s.len);
+        hashes.push_back(hash_bytes(keys.back().data(), keys.back().size()));
+        nodes.push_back(s.node);
+    }
+    build(keys, hashes, nodes);
+}
+
+int32_t PinTable::upsert(uint64_t hash, const char *key, size_t len, int32_t node) {
+    // At most three quarters full (live and tombstones): a probe ends.
+    if (slots_.empty() || (count_ + tombstones_ + 1) * 4 > slots_.size() * 3) rehash(count_ + 1);
+    const uint32_t tag = static_cast<uint32_t>(hash >> 32);
+    size_t i = static_cast<size_t>(hash) & slot_mask_;
+    size_t reuse = SIZE_MAX;
+    for (;;) {
+        Slot &s = slots_[i];
+        if (s.node == empty_node) break;
+        if (s.node == deleted_node) {
+            if (reuse == SIZE_MAX) reuse = i;
+        } else if (s.tag == tag && s.len == len && std::memcmp(bytes_of(s), key, len) == 0) {
+            const int32_t before = s.node;
+            s.node = node;
+            return before;
+        }
+        i = (i + 1) & slot_mask_;
+    }
+    if (len > inline_bytes && keys_.size() + len > UINT32_MAX) throw std::length_error("too many pinned key bytes");
+    Slot fresh;
+    std::memset(&fresh, 0, sizeof fresh);
+    fresh.tag = tag;
+    fresh.node = node;
+    fresh.len = static_cast<uint32_t>(len);
+    if (len <= inline_bytes) {
+        std::memcpy(fresh.key.bytes, key, len);
+    } else {
+        fresh.key.offset = static_cast<uint32_t>(keys_.size());
+        keys_.append(key, len);
+    }
+    if (reuse != SIZE_MAX) {
+        i = reuse;
+        tombstones_--;
+    }
+    slots_[i] = fresh;
+    filter_[(hash >> 32) & filter_mask_] |= filter_bits(hash);
+    count_++;
+    // The filter was sized for the build's count; keep about 8 bits per pin.
+    if (count_ * 4 > filter_.size() * 64) rehash(count_);
+    return -1;
+}
+
+int32_t PinTable::erase(uint64_t hash, const char *key, size_t len) {
+    if (count_ == 0) return -1;
+    const uint32_t tag = static_cast<uint32_t>(hash >> 32);
+    size_t i = static_cast<size_t>(hash) & slot_mask_;
+    for (;;) {
+        Slot &s = slots_[i];
+        if (s.node == empty_node) return -1;
+        if (s.node >= 0 && s.tag == tag && s.len == len && std::memcmp(bytes_of(s), key, len) == 0) {
+            const int32_t before = s.node;
+            s.node = deleted_node;
+            count_--;
+            tombstones_++;
+            return before;
+        }
+        i = (i + 1) & slot_mask_;
+    }
+}
+
+int32_t MapRoutes::find_or_add_node(const char *node, size_t len, bool *added) {
+    *added = false;
+    for (size_t n = 0; n < nodes.size(); n++)
+        if (nodes[n].size() == len && std::memcmp(nodes[n].data(), node, len) == 0) return static_cast<int32_t>(n);
+    nodes.emplace_back(node, len);
+    *added = true;
+    return static_cast<int32_t>(nodes.size() - 1);
 }
 
 void MapRoutes::compute_partitions() {
@@ -74,8 +160,9 @@ void MapRoutes::compute_partitions() {
         if (p < 0) p = l;
     }
     std::vector<int32_t> pin_only;
+    node_pins.resize(nodes.size(), 0);
     for (size_t n = 0; n < nodes.size(); n++)
-        if (node_partition[n] < 0) pin_only.push_back(static_cast<int32_t>(n));
+        if (node_partition[n] < 0 && node_pins[n] > 0) pin_only.push_back(static_cast<int32_t>(n));
     // std::string compares like memcmp, then by length: PostgreSQL's "C" order.
     std::sort(pin_only.begin(), pin_only.end(),
               [this](int32_t a, int32_t b) { return nodes[static_cast<size_t>(a)] < nodes[static_cast<size_t>(b)]; });

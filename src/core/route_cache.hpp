@@ -45,19 +45,33 @@ class PinTable {
         size_t i = static_cast<size_t>(hash) & slot_mask_;
         for (;;) {
             const Slot &s = slots_[i];
-            if (s.node < 0) return -1;
-            if (s.tag == tag && s.len == len &&
+            if (s.node == empty_node) return -1;
+            if (s.tag == tag && s.len == len && s.node >= 0 &&
                 std::memcmp(len <= inline_bytes ? s.key.bytes : keys_.data() + s.key.offset, key, len) == 0)
                 return s.node;
             i = (i + 1) & slot_mask_;
         }
     }
     size_t size() const { return count_; }
+    // Incremental changes (a pin changed in the config tables): pins (or
+    // re-pins) one key, or removes its pin. Removal leaves a tombstone and
+    // the key's filter bits; the table is rebuilt (compacted, filter
+    // recomputed) when live entries and tombstones together pass half of
+    // it, so the cost per change is constant, amortised.
+    // Both return the node the key was pinned to before, or -1.
+    int32_t upsert(uint64_t hash, const char *key, size_t len, int32_t node);
+    int32_t erase(uint64_t hash, const char *key, size_t len);
+    // Bytes held (slots, filter, long keys), for reports.
+    size_t bytes() const {
+        return slots_.capacity() * sizeof(Slot) + filter_.capacity() * sizeof(uint64_t) + keys_.capacity();
+    }
 
   private:
+    static constexpr int32_t empty_node = -1;
+    static constexpr int32_t deleted_node = -2;  // tombstone: probes go on past it
     struct Slot {
         uint32_t tag;   // high 32 bits of the key's hash
-        int32_t node;   // -1: empty slot
+        int32_t node;   // -1: empty slot, -2: removed
         uint32_t len;   // key length
         union {
             char bytes[inline_bytes];  // len <= inline_bytes: the key itself
@@ -70,12 +84,15 @@ class PinTable {
     static uint64_t filter_bits(uint64_t hash) {
         return (uint64_t{1} << ((hash >> 20) & 63)) | (uint64_t{1} << ((hash >> 26) & 63));
     }
+    void rehash(size_t live);
+    const char *bytes_of(const Slot &s) const { return s.len <= inline_bytes ? s.key.bytes : keys_.data() + s.key.offset; }
     CacheVector<uint64_t> filter_;  // power-of-two number of words
     CacheVector<Slot> slots_;       // power-of-two size, at most half full
     CacheString keys_;              // the keys longer than inline_bytes, back to back
     uint64_t filter_mask_ = 0;
     size_t slot_mask_ = 0;
     size_t count_ = 0;
+    size_t tombstones_ = 0;
 };
 
 // Everything node_for and logical_shard need about one map.
@@ -84,11 +101,16 @@ struct MapRoutes {
     int32_t logical_shards = 0;
     FastMod shard_mod;                // h mod logical_shards, as shard_of computes it
     CacheVector<int32_t> owner;       // logical shard -> index into nodes
+    CacheVector<int64_t> epoch;       // logical shard -> its epoch (sharding.epoch)
     CacheVector<CacheString> nodes;   // distinct node names
     CacheVector<const void *> node_results;  // per node: the result node_for returns (maps.cpp)
     CacheVector<int32_t> node_partition;     // per node: its PL/Proxy partition (compute_partitions)
+    CacheVector<uint64_t> node_pins;         // per node: how many keys are pinned to it
     PinTable pins;
-    uint64_t generation = 0;          // cache generation it was built in
+    uint32_t slot = 0;                // the map name's change slot (cache::map_slot)
+    uint64_t stamp[3] = {0, 0, 0};    // its change counters (cache::MapStamp), read before the snapshot
+    uint64_t cursor_shared = 0;       // where the pin logs stood then (cache::PinCursor)
+    uint64_t cursor_own = 0;
 
     // shard_from_hash(hash, logical_shards), without a 64-bit division (the
     // same FastMod shard_of uses).
@@ -96,12 +118,17 @@ struct MapRoutes {
     // PL/Proxy partitions (docs/nodes.md, partition_for): a node that
     // owns logical shards is reached through the lowest one it owns; a node
     // that only holds pins gets its own partition after the logical ones, in
-    // byte order of node names (as cluster_partitions lists them).
+    // byte order of node names (as cluster_partitions lists them). A node
+    // that owns nothing and holds no pin any more (after incremental
+    // changes) has none (-1).
     void compute_partitions();
     // Interns a node name, returning its index (while building).
     int32_t node_index(const char *node, size_t len);
     // Drops what only building needed.
     void finish_build() { std::unordered_map<std::string, int32_t>().swap(node_ids_); }
+    // A node's index after the build (a linear search: pins changed one by
+    // one), appending it if new; returns whether it was appended.
+    int32_t find_or_add_node(const char *node, size_t len, bool *added);
 
   private:
     std::unordered_map<std::string, int32_t> node_ids_;

@@ -22,6 +22,7 @@
 // while PostgreSQL functions that may raise an ERROR run (boundary.hpp,
 // rule 2). User errors are thrown as sharding::Error and raised by guarded().
 #include "pg/boundary.hpp"
+#include "pg/cache.hpp"
 #include "core/hash_core.hpp"
 
 extern "C" {
@@ -66,15 +67,31 @@ struct LocalState {
     Frozen *frozen;
 };
 
-uint64 local_generation = 1;  // bumped by the relcache callback
-uint64 local_built = 0;       // generation the state was built in
+// Validity follows the cache module's rule (cache.hpp, "changes"): the
+// trigger on both tables notes a change of the local topic, whose commit
+// bumps a shared counter that every guarded row compares (one load); without
+// preload every check takes in invalidations, and the relcache invalidation
+// of sharding.frozen_shards the same trigger registers bumps
+// local_generation. The state lives in an entry context of the cache module
+// and a replaced one is retired (a caller up the stack may still read it).
+uint64 local_generation = 1;  // bumped by the kind's relcache callback
+uint64 local_built = 0;       // changes() + local_generation read before the build's snapshot
 Oid frozen_relid = InvalidOid;
-MemoryContext local_cxt = nullptr;
-LocalState local = {};
+MemoryContext local_cxt = nullptr;       // holds *local
+MemoryContext local_building = nullptr;  // a build under way (or one that failed)
+const LocalState empty_local = {};
+const LocalState *local = &empty_local;
 char *coordinator_dsn = nullptr;  // sharding.coordinator_dsn (read by SQL through current_setting)
 
-void local_invalidate(Datum, Oid relid) {
+void local_invalidate(Oid relid) {
     if (relid == InvalidOid || relid == frozen_relid) local_generation++;
+}
+
+const sharding::cache::Kind local_kind = {"local state", local_invalidate, nullptr, 0, {0, 0, 0, 0}};
+
+inline uint64 local_changes() {
+    const uint64 shared = sharding::cache::changes(sharding::cache::local_topic);  // may bump local_generation
+    return shared + local_generation;
 }
 
 Oid lookup_frozen_relid() {
@@ -96,16 +113,19 @@ char *copy_text(MemoryContext cxt, HeapTuple tup, TupleDesc desc, int col, int *
     return out;
 }
 
-// Rebuilds `local` with the latest committed snapshot. May ereport; no C++
-// object is alive in any caller.
+// Rebuilds the local state with the latest committed snapshot. May
+// ereport; no C++ object is alive in any caller.
 void local_build() {
-    const uint64 started = local_generation;
-    if (local_cxt == nullptr)
-        local_cxt = AllocSetContextCreate(CacheMemoryContext, "sharding local state", ALLOCSET_SMALL_SIZES);
-    MemoryContextReset(local_cxt);
-    local = LocalState{};
+    frozen_relid = lookup_frozen_relid();  // before the stamp: the callback must know it
+    pg_read_barrier();
+    const uint64 started = local_changes();
+    // A build that failed (ERROR) left its context here; nobody points into it.
+    if (local_building != nullptr) MemoryContextDelete(local_building);
+    local_building = nullptr;
+    MemoryContext cxt = sharding::cache::entry_context("sharding local state");
+    local_building = cxt;
+    LocalState *fresh = static_cast<LocalState *>(MemoryContextAllocZero(cxt, sizeof(LocalState)));
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-    frozen_relid = lookup_frozen_relid();
     Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
     SPIPlanPtr plan = SPI_prepare("SELECT node, following FROM sharding.local_node", 0, nullptr);
     if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
@@ -113,30 +133,35 @@ void local_build() {
     if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
     if (SPI_processed > 0) {
         bool isnull;
-        local.node = copy_text(local_cxt, SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &local.node_len);
+        fresh->node = copy_text(cxt, SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &fresh->node_len);
         Datum f = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
-        local.following = !isnull && DatumGetBool(f) && local.node != nullptr;
+        fresh->following = !isnull && DatumGetBool(f) && fresh->node != nullptr;
     }
     plan = SPI_prepare("SELECT map, logical FROM sharding.frozen_shards", 0, nullptr);
     if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
     rc = SPI_execute_snapshot(plan, nullptr, nullptr, snap, InvalidSnapshot, true, false, 0);
     if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-    local.nfrozen = static_cast<int>(SPI_processed);
-    local.frozen = static_cast<Frozen *>(MemoryContextAllocZero(local_cxt, sizeof(Frozen) * (local.nfrozen + 1)));
-    for (int i = 0; i < local.nfrozen; i++) {
+    fresh->nfrozen = static_cast<int>(SPI_processed);
+    fresh->frozen = static_cast<Frozen *>(MemoryContextAllocZero(cxt, sizeof(Frozen) * (fresh->nfrozen + 1)));
+    for (int i = 0; i < fresh->nfrozen; i++) {
         bool isnull;
-        local.frozen[i].map = copy_text(local_cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &local.frozen[i].len);
-        local.frozen[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
+        fresh->frozen[i].map = copy_text(cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &fresh->frozen[i].len);
+        fresh->frozen[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
     }
     UnregisterSnapshot(snap);
     SPI_finish();
-    local.valid = true;
-    local_built = started;  // stale at once if an invalidation came meanwhile
+    fresh->valid = true;
+    // Swapped in last: an ERROR above leaves the previous state in place.
+    local_building = nullptr;
+    if (local_cxt != nullptr) sharding::cache::retire_context(local_cxt);
+    local_cxt = cxt;
+    local = fresh;
+    local_built = started;  // stale at once if a change committed meanwhile
 }
 
 inline const LocalState &local_state() {
-    if (!local.valid || local_built != local_generation) local_build();
-    return local;
+    if (!local->valid || local_built != local_changes()) local_build();
+    return *local;
 }
 
 bool is_frozen(const LocalState &s, const char *map, size_t len, int32 logical) {
@@ -352,7 +377,7 @@ namespace sharding {
 // Registers the local state's relcache callback and the coordinator_dsn
 // setting; called once, from _PG_init.
 void guard_init() {
-    CacheRegisterRelcacheCallback(local_invalidate, (Datum)0);
+    cache::register_kind(&local_kind);
     DefineCustomStringVariable(
         "sharding.coordinator_dsn", "Connection string data nodes use to reach this coordinator.",
         "attach_node gives it to the node's subscription; when empty, attach_node derives one from this "
@@ -397,11 +422,13 @@ SHARDING_FUNCTION(sharding_guard) {
  * _local_changed() RETURNS trigger
  *
  * Statement trigger on sharding.local_node and sharding.frozen_shards: every
- * backend rebuilds its copy of the local state at its next guarded write.
+ * backend rebuilds its copy of the local state at its next guarded write
+ * after the change commits (cache.hpp, "changes").
  */
 SHARDING_FUNCTION(sharding_local_changed) {
     if (!CALLED_AS_TRIGGER(fcinfo))
         sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "_local_changed must be called as a trigger");
+    sharding::cache::note_change(sharding::cache::local_topic, nullptr, 0);
     CacheInvalidateRelcacheByRelid(lookup_frozen_relid());
     return PointerGetDatum(nullptr);
 }

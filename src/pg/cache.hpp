@@ -106,5 +106,103 @@ struct Stats {
 };
 Stats stats();
 
+
+// ---------------------------------------------------------------- changes
+// The one rule for caches of configuration (routing, the guard's local
+// state): every call sees every configuration change whose transaction had
+// committed (been acknowledged to its client) before the call began, on a
+// coordinator and on a follower. Invalidation messages alone cannot promise
+// that: a backend takes them in only at transaction start and when it
+// acquires a lock it does not hold yet, so a PL/pgSQL loop inside one
+// transaction (which holds all its locks after the first iteration) never
+// sees them (issue 23).
+//
+// So the config tables' triggers note what changed (note_change,
+// note_routing), and at commit (XACT_EVENT_COMMIT: after the change is
+// visible to new snapshots, before the commit is acknowledged and before
+// its locks are released) the module bumps counters in shared memory: per
+// map slot (a hash of the map name) and kind of change (the map itself, its
+// shards, its pins), and one per topic; the keys of changed pins go into a
+// shared ring. A reader compares the topic counter with the value it saw
+// last, per call (one load from a cache line that only commits of config
+// changes write), and only when it moved looks at the slots of the entries
+// it holds: a map whose pins changed re-reads just those keys (pin_changes),
+// one whose shards changed just its shard rows. A build reads the counters
+// (and the ring's head) BEFORE it takes its snapshot, so an entry built from
+// old rows is stale as soon as a counter moves.
+//
+// The backend's own changes, not committed yet, are seen at its next
+// command as before: the triggers also register a relcache invalidation,
+// processed at command end, whose callback calls own_changes_visible(); the
+// module then bumps backend-local counters (and a local log of pin keys) for
+// what was noted since. A (sub)transaction that aborts after noting changes
+// bumps the local map counters of what it noted: those maps are rebuilt.
+//
+// Without shared_preload_libraries there is no shared memory: then
+// changes() takes in invalidation messages on every call
+// (AcceptInvalidationMessages, a few nanoseconds when the queue is empty),
+// map_stamp() carries no per-map information, and the topic's relcache
+// callback marks every entry of the topic stale, as before.
+//
+// A configuration change inside PREPARE TRANSACTION is refused (55000): its
+// commit would run in another backend, which would not bump the counters.
+enum Topic : int {
+    routing_topic = 0,  // sharding.maps, shards, pins
+    local_topic = 1,    // sharding.local_node, frozen_shards (the guard)
+    ntopics = 2,
+};
+// What changed of a map (routing topic).
+enum Change : int { change_map = 0, change_shards = 1, change_pins = 2, nchanges = 3 };
+constexpr uint32 map_slots = 4096;
+// Pin keys longer than this are not logged one by one: their change makes
+// readers re-read every pin of the map.
+constexpr uint32 logged_key_bytes = 94;
+
+// Whether the counters live in shared memory (the library was preloaded).
+bool shared_changes();
+// The topic's counter of committed changes (see above), plus the local
+// counter of this backend's own visible changes. Never ereports unless
+// invalidation processing does (without preload).
+uint64 changes(int topic);
+// Per kind of change, the counters of the maps hashing to `slot` (shared
+// and own, and the topic's whole-topic counter in change_map): an entry
+// built when they read S is valid while they still read S. Without shared
+// memory every kind reads the same (the own counter only).
+struct MapStamp {
+    uint64 kind[nchanges];
+    bool operator==(const MapStamp &o) const {
+        return kind[0] == o.kind[0] && kind[1] == o.kind[1] && kind[2] == o.kind[2];
+    }
+};
+MapStamp map_stamp(uint32 slot);
+// Positions in the shared ring and in the backend's own log of pin changes.
+struct PinCursor {
+    uint64 shared_pos;
+    uint64 own_pos;
+};
+// Where both logs end now (read after map_stamp, before the snapshot).
+PinCursor pin_cursor();
+// Calls fn(arg, key, len) for every pin key of the maps in `slot` logged in
+// [from, to); false when some are no longer in the logs or a change of
+// every pin of the map was logged (then re-read all pins). May call fn for
+// a key more than once, or for keys of another map sharing the slot. Takes
+// a shared LWLock; may ereport (fn must not).
+bool pin_changes(uint32 slot, const PinCursor &from, const PinCursor &to,
+                 void (*fn)(void *arg, const char *key, size_t len), void *arg);
+// The slot of a map name.
+uint32 map_slot(const char *name, size_t len);
+// Called by the config tables' triggers: this transaction changed `topic`
+// for the map name[0..len) (name nullptr: every map of the topic); for the
+// routing topic, the map itself (its row: rebuilt).
+void note_change(int topic, const char *name, size_t len);
+// The routing topic, by kind: change_shards (the map's shard rows),
+// change_pins (key[0..keylen), or key nullptr: every pin of the map).
+void note_routing(Change kind, const char *name, size_t len, const char *key, size_t keylen);
+// From the topic's relcache callback (only marks; never ereports): what
+// this backend noted so far is visible to its own snapshots now.
+void own_changes_visible(int topic);
+// From _PG_init, when preloading: asks for the shared memory.
+void shmem_init();
+
 }  // namespace cache
 }  // namespace sharding

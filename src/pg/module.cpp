@@ -1,5 +1,6 @@
 // The loadable module: PostgreSQL's magic block and _PG_init.
 #include "pg/boundary.hpp"
+#include "pg/cache.hpp"
 
 extern "C" {
 SHARDING_EXPORT const Pg_magic_struct *PG_MAGIC_FUNCTION_NAME(void);
@@ -27,6 +28,7 @@ void jobs_init();   // jobs.cpp: sharding.max_move_workers, move workers (preloa
  * _PG_init: runs once when a backend loads sharding.so.
  */
 void _PG_init(void) {
+    sharding::cache::shmem_init();  // counters of committed config changes (preload only)
     sharding::maps_init();
     sharding::queue_init();
     sharding::rank_init();

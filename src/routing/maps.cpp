@@ -1,24 +1,38 @@
-// Section 2 of the contract, the C++ side: routing (node_for, logical_shard)
-// from a per-backend cache, the shard locks behind fence and move_shard, the
-// rebalance planner's SQL entry point and the trigger that invalidates every
-// backend's cache when the config tables change.
+// Section 2 of the contract, the C++ side: routing (node_for, logical_shard,
+// partition_for, epoch) from a per-backend cache, the shard locks behind
+// fence and move_shard, the rebalance planner's SQL entry point and the
+// trigger that tells every backend when the config tables change.
 //
 // The cache. Each backend keeps, per map name, a MapRoutes (route_cache.hpp)
 // built lazily from the config tables, in the cache module's memory
-// (cache.hpp: the entry kind "routing"). A statement-level trigger on
-// sharding.maps, sharding.shards and sharding.pins registers a relcache
-// invalidation of sharding.maps; PostgreSQL delivers it to every backend at
-// its next transaction start or lock acquisition, and routes_for takes it in
-// at the start of every statement that routes (the writer itself gets it at
-// its next command). The kind's relation callback bumps `generation`; an
-// entry is valid while it was built in the current generation. A build
-// looks up the oid of sharding.maps FIRST, then records the generation, then
-// takes its snapshot: an invalidation arriving during the build (SPI's locks
-// process them) therefore matches and leaves the entry stale. (Learning the
-// oid only at the end of the first build dropped exactly those: issue 16,
-// finding 1; specs/maps_first_build.spec.) Entries are built into a fresh
-// object and swapped in last, so an ERROR while reading leaves the previous
-// state intact; replaced entries are retired, not freed.
+// (cache.hpp: the entry kind "routing"). Which entries are still valid
+// follows the cache module's one rule (cache.hpp, "changes"): every call
+// sees every change committed before it began. Triggers on sharding.maps,
+// sharding.shards and sharding.pins note the change (cache::note_change);
+// its commit bumps shared counters; every call of routes_for compares the
+// routing topic's counter with the one it saw last (one load), and when it
+// moved drops the entries whose map slot moved. Without preload, every call
+// takes in invalidation messages instead, and the relcache invalidation of
+// sharding.maps the same triggers register bumps `generation`, which makes
+// every entry stale.
+//
+// Why not once per statement, as 1.2 did: 1.2 took in invalidations once
+// per call site and query execution, marked in fn_extra. A PL/pgSQL
+// assignment such as `n := sharding.node_for(...)` is a "simple expression"
+// whose FmgrInfo (and so fn_extra) lives for the whole transaction; after
+// the first iteration of a loop nothing took invalidations in any more (the
+// loop already holds every lock it needs, and lock acquisition is the other
+// place PostgreSQL processes them), so the map of the transaction's first
+// call was used until the transaction ended (issue 23).
+//
+// Building without losing a change: a build looks up the oid of
+// sharding.maps FIRST (for the relcache callback), then reads the counters
+// (stamp), then takes its snapshot: a change committed during the build
+// moves the counters past the stamp, and the fresh entry is stale at once.
+// (Learning the oid only at the end of the first build dropped exactly
+// those: issue 16, finding 1; specs/maps_first_build.spec.) Entries are
+// built into a fresh object and swapped in last, so an ERROR while reading
+// leaves the previous state intact; replaced entries are retired, not freed.
 #include "pg/cache.hpp"
 #include "pg/keys.hpp"
 #include "core/rebalance.hpp"
@@ -29,11 +43,15 @@
 #include <unordered_map>
 
 extern "C" {
+#include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
+#include "port/atomics.h"
 #include "storage/lock.h"
 #include "utils/array.h"
 #include "utils/inval.h"
@@ -55,10 +73,10 @@ template <class V>
 using ByName = std::unordered_map<CacheString, V, NameHash, std::equal_to<CacheString>,
                                   CacheAllocator<std::pair<const CacheString, V>>>;
 
-uint64_t generation = 1;           // bumped by every relevant invalidation
+uint64_t generation = 1;           // bumped by relcache invalidations of sharding.maps
 Oid maps_relid = InvalidOid;       // sharding.maps, looked up before each build
 const MapRoutes *last = nullptr;   // the map the previous call used
-uint64_t swept = 0;                // generation of the last sweep of stale entries
+uint64_t seen = 0;                 // changes() + generation when the entries were last checked
 ByName<MapRoutes *> *cache = nullptr;  // in the cache module's memory
 
 // Node names as ready-made text values, shared by all maps and never freed,
@@ -85,11 +103,41 @@ void free_routes(void *routes) { sharding::cache_delete(static_cast<MapRoutes *>
 
 // The routing kind's relcache callback: only marks the cache stale (it may
 // run in the middle of a lookup or build, so it must not free anything).
+// With shared counters, an invalidation of sharding.maps only says that
+// this backend's own changes are visible to it now (the module knows which
+// maps it noted); without them, every entry is stale.
 void routing_invalidate(Oid relid) {
-    if (relid == InvalidOid || relid == maps_relid) {
+    if (relid == InvalidOid)
         generation++;
-        last = nullptr;
+    else if (relid == maps_relid) {
+        if (sharding::cache::shared_changes())
+            sharding::cache::own_changes_visible(sharding::cache::routing_topic);
+        else
+            generation++;
     }
+}
+
+// What an entry of the map in `slot` is valid for, per kind of change: the
+// map's counters, plus the backend's relcache generation in the map kind.
+// Monotonic sums: unchanged only if every part is.
+inline sharding::cache::MapStamp stamp_of(uint32_t slot) {
+    sharding::cache::MapStamp st = sharding::cache::map_stamp(slot);
+    st.kind[sharding::cache::change_map] += generation;
+    return st;
+}
+inline bool same_kind(const MapRoutes &m, const sharding::cache::MapStamp &st, int kind) {
+    return m.stamp[kind] == st.kind[kind];
+}
+inline void set_stamp(MapRoutes *m, const sharding::cache::MapStamp &st, const sharding::cache::PinCursor &c) {
+    for (int k = 0; k < sharding::cache::nchanges; k++) m->stamp[k] = st.kind[k];
+    m->cursor_shared = c.shared_pos;
+    m->cursor_own = c.own_pos;
+}
+
+// The topic-wide value compared on every call.
+inline uint64_t changes_now() {
+    const uint64_t shared = sharding::cache::changes(sharding::cache::routing_topic);  // may bump generation
+    return shared + generation;
 }
 
 const sharding::cache::Kind routing_kind = {"routing", routing_invalidate, nullptr, 0, {0, 0, 0, 0}};
@@ -105,6 +153,7 @@ struct RawMap {
     int32 logical_shards;
     uint64 nshards;
     int32 *logical;
+    int64 *epoch;
     char **shard_node;
     int *shard_node_len;
     uint64 npins;
@@ -143,7 +192,7 @@ void load_raw(text *map, RawMap *raw) {
     // Operators qualified: these run under the caller's search_path.
     const char *queries[3] = {
         "SELECT logical_shards FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1",
-        "SELECT logical, node FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1",
+        "SELECT logical, node, epoch FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1",
         "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1",
     };
     for (int q = 0; q < 3; q++) {
@@ -161,12 +210,15 @@ void load_raw(text *map, RawMap *raw) {
         } else if (q == 1) {
             raw->nshards = n;
             raw->logical = static_cast<int32 *>(SPI_palloc(sizeof(int32) * (n + 1)));
+            raw->epoch = static_cast<int64 *>(SPI_palloc(sizeof(int64) * (n + 1)));
             raw->shard_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
             raw->shard_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
             for (uint64 i = 0; i < n; i++) {
                 bool isnull;
                 raw->logical[i] = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
                 raw->shard_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &raw->shard_node_len[i]);
+                Datum e = SPI_getbinval(tt->vals[i], tt->tupdesc, 3, &isnull);
+                raw->epoch[i] = isnull ? 0 : DatumGetInt64(e);
             }
         } else {
             raw->npins = n;
@@ -186,15 +238,19 @@ void load_raw(text *map, RawMap *raw) {
 }
 
 // Builds (or rebuilds) the routes of `map`, whose name is name[0..len).
-// The oid of sharding.maps is looked up before the generation is recorded
-// and before load_raw takes its snapshot (see the top of this file).
+// The oid of sharding.maps is looked up before the stamp is read and
+// before load_raw takes its snapshot (see the top of this file).
 const MapRoutes &build_routes(text *map, const char *name, size_t len) {
-    uint64_t started = 0;
+    sharding::cache::MapStamp started;
+    sharding::cache::PinCursor cursor;
+    const uint32_t map_slot = sharding::cache::map_slot(name, len);
     RawMap raw;
     sharding::pg_call([&] {
         (void)sharding::cache::context();
         maps_relid = lookup_maps_relid();
-        started = generation;
+        pg_read_barrier();
+        started = stamp_of(map_slot);
+        cursor = sharding::cache::pin_cursor();
         load_raw(map, &raw);
     });
     CacheString key(name, len);
@@ -223,12 +279,14 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
         sharding::fail(ERRCODE_DATA_CORRUPTED, "map \"%s\" has %d logical shards but %llu shard rows", key.c_str(),
                        raw.logical_shards, static_cast<unsigned long long>(raw.nshards));
     fresh->owner.assign(static_cast<size_t>(raw.logical_shards), -1);
+    fresh->epoch.assign(static_cast<size_t>(raw.logical_shards), 0);
     for (uint64 i = 0; i < raw.nshards; i++) {
         int32 l = raw.logical[i];
         if (l < 0 || l >= raw.logical_shards || raw.shard_node[i] == nullptr)
             sharding::fail(ERRCODE_DATA_CORRUPTED, "map \"%s\" has an invalid shard row for logical shard %d",
                            key.c_str(), l);
         fresh->owner[static_cast<size_t>(l)] = fresh->node_index(raw.shard_node[i], raw.shard_node_len[i]);
+        fresh->epoch[static_cast<size_t>(l)] = raw.epoch[i];
     }
     for (int32 l = 0; l < raw.logical_shards; l++)
         if (fresh->owner[static_cast<size_t>(l)] < 0)
@@ -248,12 +306,15 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
             nodes.push_back(fresh->node_index(raw.pin_node[i], raw.pin_node_len[i]));
         }
         fresh->pins.build(keys, hashes, nodes);
+        fresh->node_pins.assign(fresh->nodes.size(), 0);
+        for (int32_t n : nodes) fresh->node_pins[static_cast<size_t>(n)]++;
     }
     fresh->finish_build();
     fresh->compute_partitions();
     fresh->node_results.reserve(fresh->nodes.size());
     for (const CacheString &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
-    fresh->generation = started;  // stale at once if an invalidation came meanwhile
+    fresh->slot = map_slot;
+    set_stamp(fresh, started, cursor);  // stale at once if a change committed meanwhile
 
     MapRoutes *&slot = (*cache)[key];
     MapRoutes *old = slot;
@@ -265,54 +326,227 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     return *slot;
 }
 
-// fn_extra of a call site that has taken in invalidations in this statement.
-char statement_marker;
+// ---- incremental changes (issue 26)
+// What refresh reads: the shard rows and/or the current pins of some keys,
+// copied out of SPI's memory (plain C, palloc'd in the caller's context).
+struct RawDelta {
+    bool map_found;
+    uint64 nshards;
+    int32 *logical;
+    int64 *epoch;
+    char **shard_node;
+    int *shard_node_len;
+    uint64 npins;
+    char **pin_key;
+    int *pin_key_len;
+    char **pin_node;
+    int *pin_node_len;
+};
 
-// The routes of the map named by `map`: the previous call's map when it is
-// still valid (no allocation), else the cache, else a build.
-inline const MapRoutes &routes_for(FunctionCallInfo fcinfo, text *map) {
-    // Take in invalidations committed since the previous statement, even
-    // inside an open transaction (PostgreSQL itself only does so at
-    // transaction start and on a new lock). Once per call site and query
-    // execution, marked in fn_extra, which starts NULL in every execution of
-    // a query (PL/pgSQL's simple expressions keep theirs for the
-    // transaction): a change committed meanwhile is seen by the next
-    // statement, and routing stays stable within one statement, as STABLE
-    // promises. Per call it would cost about 8% of a routed row. A backend's
-    // own changes reach its cache at once, at command end.
-    if (fcinfo->flinfo->fn_extra != &statement_marker) {
-        AcceptInvalidationMessages();
-        fcinfo->flinfo->fn_extra = &statement_marker;
+// Reads, with the latest committed snapshot, the shard rows of the map (when
+// `shards`) and the pins of keys[0..nkeys) that exist. May ereport.
+void load_delta(const char *name, size_t len, bool shards, char **keys, int *key_lens, int nkeys, RawDelta *d) {
+    memset(d, 0, sizeof *d);
+    text *map = cstring_to_text_with_len(name, static_cast<int>(len));
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
+    Oid argtypes[2] = {TEXTOID, TEXTARRAYOID};
+    Datum args[2] = {PointerGetDatum(map), (Datum)0};
+    {
+        SPIPlanPtr plan = SPI_prepare("SELECT 1 FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes);
+        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 1);
+        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+        d->map_found = SPI_processed > 0;
     }
+    if (d->map_found && shards) {
+        SPIPlanPtr plan = SPI_prepare(
+            "SELECT logical, node, epoch FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes);
+        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 0);
+        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+        uint64 n = SPI_processed;
+        SPITupleTable *tt = SPI_tuptable;
+        d->nshards = n;
+        d->logical = static_cast<int32 *>(SPI_palloc(sizeof(int32) * (n + 1)));
+        d->epoch = static_cast<int64 *>(SPI_palloc(sizeof(int64) * (n + 1)));
+        d->shard_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+        d->shard_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+        for (uint64 i = 0; i < n; i++) {
+            bool isnull;
+            d->logical[i] = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
+            d->shard_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &d->shard_node_len[i]);
+            Datum e = SPI_getbinval(tt->vals[i], tt->tupdesc, 3, &isnull);
+            d->epoch[i] = isnull ? 0 : DatumGetInt64(e);
+        }
+        SPI_freetuptable(tt);
+    }
+    if (d->map_found && nkeys > 0) {
+        Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * nkeys));
+        for (int i = 0; i < nkeys; i++) elems[i] = PointerGetDatum(cstring_to_text_with_len(keys[i], key_lens[i]));
+        args[1] = PointerGetDatum(construct_array(elems, nkeys, TEXTOID, -1, false, TYPALIGN_INT));
+        SPIPlanPtr plan = SPI_prepare(
+            "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1 "
+            "AND key OPERATOR(pg_catalog.=) ANY ($2)", 2, argtypes);
+        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 0);
+        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+        uint64 n = SPI_processed;
+        SPITupleTable *tt = SPI_tuptable;
+        d->npins = n;
+        d->pin_key = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+        d->pin_key_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+        d->pin_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+        d->pin_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+        for (uint64 i = 0; i < n; i++) {
+            d->pin_key[i] = spi_text(tt->vals[i], tt->tupdesc, 1, &d->pin_key_len[i]);
+            d->pin_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &d->pin_node_len[i]);
+        }
+        SPI_freetuptable(tt);
+    }
+    UnregisterSnapshot(snap);
+    SPI_finish();
+}
+
+// The changed keys pin_changes reports, collected as plain C into arrays
+// palloc'd beforehand (the callback must not ereport): at most `cap`
+// distinct keys, else `overflow` (the caller rebuilds).
+struct KeyCollect {
+    char **keys;
+    int *lens;
+    int n, cap;
+    bool overflow;
+};
+void collect_key(void *arg, const char *key, size_t len) {
+    KeyCollect *c = static_cast<KeyCollect *>(arg);
+    for (int i = 0; i < c->n; i++)
+        if (static_cast<size_t>(c->lens[i]) == len && memcmp(c->keys[i], key, len) == 0) return;
+    if (c->n == c->cap) {
+        c->overflow = true;
+        return;
+    }
+    memcpy(c->keys[c->n], key, len);
+    c->lens[c->n++] = static_cast<int>(len);
+}
+
+// Brings an entry whose shards or pins changed up to date in place, without
+// rebuilding its pins: re-reads its shard rows, and the current pins of the
+// keys the logs name. False when that is not possible (the map is gone,
+// pins were lost from the logs, too many keys changed): rebuild it.
+bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
+    using namespace sharding::cache;
+    const bool shards = !same_kind(*m, st, change_shards);
+    const bool pins = !same_kind(*m, st, change_pins);
+    constexpr int max_keys = 1024;
+    RawDelta d;
+    PinCursor now;
+    bool complete = true;
+    KeyCollect keys{};
+    sharding::pg_call([&] {
+        now = pin_cursor();
+        if (pins) {
+            keys.cap = max_keys;
+            keys.keys = static_cast<char **>(palloc(sizeof(char *) * max_keys));
+            keys.lens = static_cast<int *>(palloc(sizeof(int) * max_keys));
+            char *buf = static_cast<char *>(palloc(static_cast<size_t>(max_keys) * logged_key_bytes));
+            for (int i = 0; i < max_keys; i++) keys.keys[i] = buf + static_cast<size_t>(i) * logged_key_bytes;
+            PinCursor from{m->cursor_shared, m->cursor_own};
+            complete = pin_changes(m->slot, from, now, collect_key, &keys) && !keys.overflow;
+        }
+        if (complete) load_delta(m->name.data(), m->name.size(), shards, keys.keys, keys.lens, keys.n, &d);
+    });
+    if (!complete || !d.map_found) return false;
+    if (shards) {
+        if (d.nshards != static_cast<uint64>(m->logical_shards)) return false;
+        for (uint64 i = 0; i < d.nshards; i++)
+            if (d.logical[i] < 0 || d.logical[i] >= m->logical_shards || d.shard_node[i] == nullptr) return false;
+    }
+    // From here C++ only (no PostgreSQL call that may ereport); an exception
+    // leaves the entry half-changed, so the caller drops it.
+    size_t nodes_before = m->nodes.size();
+    bool added;
+    if (shards)
+        for (uint64 i = 0; i < d.nshards; i++) {
+            const size_t l = static_cast<size_t>(d.logical[i]);
+            m->owner[l] = m->find_or_add_node(d.shard_node[i], d.shard_node_len[i], &added);
+            m->epoch[l] = d.epoch[i];
+        }
+    m->node_pins.resize(m->nodes.size(), 0);
+    for (int k = 0; k < keys.n; k++) {
+        const char *key = keys.keys[k];
+        const size_t len = static_cast<size_t>(keys.lens[k]);
+        const uint64_t h = sharding::hash_bytes(key, len);
+        int64 row = -1;
+        for (uint64 i = 0; i < d.npins && row < 0; i++)
+            if (static_cast<size_t>(d.pin_key_len[i]) == len && memcmp(d.pin_key[i], key, len) == 0 &&
+                d.pin_node[i] != nullptr)
+                row = static_cast<int64>(i);
+        int32_t before;
+        if (row >= 0) {
+            int32_t node = m->find_or_add_node(d.pin_node[row], d.pin_node_len[row], &added);
+            m->node_pins.resize(m->nodes.size(), 0);
+            before = m->pins.upsert(h, key, len, node);
+            m->node_pins[static_cast<size_t>(node)]++;
+        } else {
+            before = m->pins.erase(h, key, len);
+        }
+        if (before >= 0) m->node_pins[static_cast<size_t>(before)]--;
+    }
+    for (size_t n = nodes_before; n < m->nodes.size(); n++) m->node_results.push_back(node_text(m->nodes[n]));
+    m->compute_partitions();
+    set_stamp(m, st, now);
+    return true;
+}
+
+// Brings every entry up to date after a change: a map whose own row changed
+// (created again, dropped) is dropped and rebuilt on its next use; one whose
+// shards or pins changed is refreshed in place; the others are untouched.
+void revalidate(uint64_t now) {
+    last = nullptr;
+    for (auto it = cache->begin(); it != cache->end();) {
+        MapRoutes *m = it->second;
+        const sharding::cache::MapStamp st = stamp_of(m->slot);
+        bool keep = same_kind(*m, st, sharding::cache::change_map);
+        if (keep && !(same_kind(*m, st, sharding::cache::change_shards) &&
+                      same_kind(*m, st, sharding::cache::change_pins))) {
+            try {
+                keep = refresh(m, st);
+            } catch (...) {
+                it = cache->erase(it);
+                sharding::pg_call([&] { sharding::cache::retire(free_routes, m); });
+                throw;
+            }
+        }
+        if (keep) {
+            ++it;
+            continue;
+        }
+        it = cache->erase(it);
+        sharding::pg_call([&] { sharding::cache::retire(free_routes, m); });
+    }
+    seen = now;
+}
+
+// The routes of the map named by `map`: the previous call's map when nothing
+// changed since (one load of the shared counter, no allocation), else the
+// cache, else a build. Checked on every call, not once per statement (see
+// the top of the file): routing within one statement follows a move
+// committed meanwhile, as a guard on the new owner does.
+inline const MapRoutes &routes_for(FunctionCallInfo, text *map) {
+    const uint64_t now = changes_now();
+    if (now != seen && cache != nullptr) revalidate(now);
+    seen = now;
     const char *name = VARDATA_ANY(map);
     const size_t len = VARSIZE_ANY_EXHDR(map);
     const MapRoutes *m = last;
-    if (m != nullptr && m->generation == generation && m->name.size() == len &&
-        memcmp(m->name.data(), name, len) == 0)
-        return *m;
+    if (m != nullptr && m->name.size() == len && memcmp(m->name.data(), name, len) == 0) return *m;
     if (cache == nullptr) {  // node_texts first: cache set implies both are
         if (node_texts == nullptr) node_texts = sharding::cache_new<ByName<const void *>>();
         cache = sharding::cache_new<ByName<MapRoutes *>>();
     }
-    if (swept != generation) {
-        // Something changed: retire every stale entry (maps dropped since, or
-        // not used again, would otherwise keep their memory); each map is
-        // rebuilt on its next use.
-        for (auto it = cache->begin(); it != cache->end();) {
-            if (it->second->generation == generation) {
-                ++it;
-                continue;
-            }
-            MapRoutes *stale = it->second;
-            it = cache->erase(it);
-            sharding::pg_call([&] { sharding::cache::retire(free_routes, stale); });
-        }
-        last = nullptr;
-        swept = generation;
-    }
     {
         auto it = cache->find(CacheString(name, len));
-        if (it != cache->end() && it->second->generation == generation) {
+        if (it != cache->end()) {
             last = it->second;
             return *last;
         }
@@ -446,13 +680,29 @@ void maps_init() { cache::register_kind(&routing_kind); }
 // Glue: may raise a PostgreSQL ERROR.
 uint64_t routing_generation() {
     if (maps_relid == InvalidOid) maps_relid = lookup_maps_relid();
-    return generation;
+    return changes_now();
 }
 }  // namespace sharding
 
 SHARDING_KEY_FUNCTIONS(sharding_node_for, node_for_body)
 SHARDING_KEY_FUNCTIONS(sharding_partition_for, partition_for_body)
 SHARDING_KEY_FUNCTIONS(sharding_logical_shard, logical_shard_body)
+
+/*
+ * epoch(map text, logical integer) RETURNS bigint
+ *
+ * From the routing cache, so that it follows the same rule as node_for (a
+ * move committed before the call is seen, also inside a REPEATABLE READ
+ * transaction or a PL/pgSQL loop) and agrees with node_for's owner.
+ */
+SHARDING_FUNCTION(sharding_epoch) {
+    const MapRoutes &m = routes_for(fcinfo, PG_GETARG_TEXT_PP(0));
+    int32 logical = PG_GETARG_INT32(1);
+    if (logical < 0 || logical >= m.logical_shards)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "logical shard must be between 0 and %d for map \"%s\", got %d",
+                       m.logical_shards - 1, m.name.c_str(), logical);
+    PG_RETURN_INT64(m.epoch[static_cast<size_t>(logical)]);
+}
 
 /*
  * fence(map text, logical integer, epoch bigint) RETURNS void
@@ -595,14 +845,87 @@ SHARDING_FUNCTION(sharding__rebalance_plan) {
 /*
  * _routing_changed() RETURNS trigger
  *
- * Statement-level trigger on sharding.maps, shards and pins: any committed
- * change, through the functions or by a direct write, invalidates every
- * backend's routing cache (see the comment at the top of this file).
+ * On sharding.maps, shards and pins: any committed change, through the
+ * functions or by a direct write, is seen by every backend's next routing
+ * call (see the top of this file). Notes the maps that changed: per row
+ * (the row triggers logical-replication apply fires on a follower), from the
+ * statement's transition tables when it has them, else every map (TRUNCATE,
+ * a statement trigger without them). Also registers the relcache
+ * invalidation of sharding.maps the per-backend fallback relies on.
  */
+namespace {
+// What a row of sharding.maps, shards or pins changed.
+struct TableKind {
+    sharding::cache::Change kind;
+    int map_att;
+    int key_att;  // pins: the key column
+};
+
+void note_row(const TableKind &t, TupleTableSlot *slot) {
+    bool isnull;
+    Datum d = slot_getattr(slot, t.map_att, &isnull);
+    if (isnull) return;
+    text *map = DatumGetTextPP(d);
+    const char *key = nullptr;
+    size_t keylen = 0;
+    if (t.key_att > 0) {
+        Datum k = slot_getattr(slot, t.key_att, &isnull);
+        if (!isnull) {
+            text *kt = DatumGetTextPP(k);
+            key = VARDATA_ANY(kt);
+            keylen = VARSIZE_ANY_EXHDR(kt);
+        }
+    }
+    if (t.kind == sharding::cache::change_map)
+        sharding::cache::note_change(sharding::cache::routing_topic, VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map));
+    else
+        sharding::cache::note_routing(t.kind, VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map), key, keylen);
+}
+
+// Notes every row of a transition table. Plain C.
+void note_tuplestore(const TableKind &t, Tuplestorestate *ts, TupleDesc desc) {
+    TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+    int ptr = tuplestore_alloc_read_pointer(ts, EXEC_FLAG_REWIND);
+    tuplestore_select_read_pointer(ts, ptr);
+    tuplestore_rescan(ts);
+    while (tuplestore_gettupleslot(ts, true, false, slot)) note_row(t, slot);
+    tuplestore_select_read_pointer(ts, 0);
+    ExecDropSingleTupleTableSlot(slot);
+}
+
+void note_tuple(const TableKind &t, HeapTuple tup, TupleDesc desc) {
+    TupleTableSlot *slot = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+    ExecStoreHeapTuple(tup, slot, false);
+    note_row(t, slot);
+    ExecDropSingleTupleTableSlot(slot);
+}
+}  // namespace
+
 SHARDING_FUNCTION(sharding__routing_changed) {
     if (!CALLED_AS_TRIGGER(fcinfo))
         sharding::fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "_routing_changed must be called as a trigger");
-    Oid relid = lookup_maps_relid();
-    CacheInvalidateRelcacheByRelid(relid);
+    TriggerData *td = reinterpret_cast<TriggerData *>(fcinfo->context);
+    // Plain C from here: nothing owns C++ memory.
+    TupleDesc desc = RelationGetDescr(td->tg_relation);
+    const char *rel = RelationGetRelationName(td->tg_relation);
+    TableKind t = {sharding::cache::change_map, SPI_fnumber(desc, "map"), 0};
+    if (strcmp(rel, "shards") == 0) t.kind = sharding::cache::change_shards;
+    if (strcmp(rel, "pins") == 0) {
+        t.kind = sharding::cache::change_pins;
+        t.key_att = SPI_fnumber(desc, "key");
+    }
+    const bool known = t.map_att > 0 && (t.kind != sharding::cache::change_pins || t.key_att > 0);
+    if (!known || TRIGGER_FIRED_BY_TRUNCATE(td->tg_event)) {
+        sharding::cache::note_change(sharding::cache::routing_topic, nullptr, 0);
+    } else if (TRIGGER_FIRED_FOR_ROW(td->tg_event)) {
+        note_tuple(t, td->tg_trigtuple, desc);
+        if (TRIGGER_FIRED_BY_UPDATE(td->tg_event)) note_tuple(t, td->tg_newtuple, desc);
+    } else if (td->tg_oldtable != nullptr || td->tg_newtable != nullptr) {
+        if (td->tg_oldtable != nullptr) note_tuplestore(t, td->tg_oldtable, desc);
+        if (td->tg_newtable != nullptr) note_tuplestore(t, td->tg_newtable, desc);
+    } else {
+        sharding::cache::note_change(sharding::cache::routing_topic, nullptr, 0);
+    }
+    CacheInvalidateRelcacheByRelid(lookup_maps_relid());
     return PointerGetDatum(nullptr);
 }
