@@ -12,8 +12,14 @@ ensure_packages || exit 1
 build_and_install || { log "build failed"; exit 1; }
 DEMODIR=$(make_cluster_dir demo)
 trap 'stop_cluster "$DEMODIR"; rm -rf "$DEMODIR"' EXIT
-start_cluster "$DEMODIR" || exit 1
+# wal_level = logical and room for replication: scene 8 moves shards online
+# (logical replication between databases of this cluster, jobs in
+# background workers).
+start_cluster "$DEMODIR" -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20 \
+    -c max_worker_processes=24 -c max_logical_replication_workers=12 || exit 1
 export PGDATABASE=postgres
 psql -Xq -v ON_ERROR_STOP=1 -f demo/demo.sql || exit 1
 # Scenes 5-7 (fan-out counts, worst shard, load-aware rebalance).
-psql -Xq -v ON_ERROR_STOP=1 -f demo/observe.sql
+psql -Xq -v ON_ERROR_STOP=1 -f demo/observe.sql || exit 1
+# Scene 8 (a third node joins under live writers: rebalance_start).
+psql -Xq -v ON_ERROR_STOP=1 -f demo/rebalance.sql
