@@ -54,6 +54,7 @@ extern "C" {
 #include "utils/array.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
+#include "utils/plancache.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/syscache.h"
@@ -422,26 +423,37 @@ SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
     return p;
 }
 
-// Runs exec(), one SPI execution of `plan`, with sequential scans disabled
-// when that execution is going to (re)build the plan's generic plan: the
-// first run, or after an invalidation (new statistics, ALTER TABLE). A
+// Runs exec(), one SPI execution of `plan`, after building the plan's
+// generic plan with sequential scans disabled when it needs (re)building:
+// the first run, or after an invalidation (new statistics, ALTER TABLE). A
 // generic plan built while the table was small would otherwise keep a
 // sequential scan for the id lookups until the next invalidation, while the
 // table grows fast (done rows, and dead ones while the horizon is pinned).
-// The setting is restored before anything else runs, on error too.
+// Only the planning runs under the changed setting, restored before the
+// statement executes (on error too): the statement fires the user's
+// triggers on the queue table, which must plan their own queries with the
+// session's settings (a trigger's sequential scan costed at 1e10 is also
+// JIT-compiled, on every row).
 template <typename F>
 int execute_preferring_indexes(SPIPlanPtr plan, bool *built, F exec) {
-    if (*built && SPI_plan_is_valid(plan)) return exec();
-    bool saved = enable_seqscan;
-    enable_seqscan = false;
-    volatile int rc = 0;
-    PG_TRY();
-    { rc = exec(); }
-    PG_FINALLY();
-    { enable_seqscan = saved; }
-    PG_END_TRY();
-    *built = true;
-    return rc;
+    if (!*built || !SPI_plan_is_valid(plan)) {
+        bool saved = enable_seqscan;
+        enable_seqscan = false;
+        PG_TRY();
+        {
+            // Builds (or revalidates) the kept generic plan, which exec()
+            // then finds valid in the plan cache; locks taken here are held
+            // to the end of the transaction, so no invalidation is taken in
+            // between.
+            CachedPlan *cplan = SPI_plan_get_cached_plan(plan);
+            if (cplan != nullptr) ReleaseCachedPlan(cplan, CurrentResourceOwner);
+        }
+        PG_FINALLY();
+        { enable_seqscan = saved; }
+        PG_END_TRY();
+        *built = true;
+    }
+    return exec();
 }
 
 // Shorthands for the qualified operators of the generated SQL.
