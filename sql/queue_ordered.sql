@@ -130,17 +130,16 @@ SELECT id, attempts FROM sharding.claim_ordered(NULL::ord.jobs, 'w2');
 SELECT id, status, owner FROM ord.jobs ORDER BY id;
 SELECT sharding.set_max_attempts('ord.jobs', NULL);
 
--- A blocked backlog at the front of the line is not walked: a claim looks
--- at the first 2 x batch + 16 pending jobs, and when those hold fewer than
--- batch heads it takes heads key by key (skip scan over the keys), going
--- round from where this session's previous such claim stopped.
+-- A blocked backlog at the front of the line: keys still take turns oldest
+-- head first (contract section 14), the whale's head, then 41 (o3), 42
+-- (o1), 43 (o2); the walk leaves the whale's backlog out once it has seen
+-- it (queue_ordered.cpp, the pick).
 TRUNCATE ord.jobs;
 INSERT INTO ord.jobs (id, key, created)
 SELECT g, 'whale', '2026-01-01'::timestamptz + g * interval '1 second' FROM generate_series(1, 40) g;
 INSERT INTO ord.jobs (id, key, created) VALUES
     (41, 'o3', '2026-01-02 00:00:01+00'), (42, 'o1', '2026-01-02 00:00:02+00'),
     (43, 'o2', '2026-01-02 00:00:03+00'), (44, 'o1', '2026-01-02 00:00:04+00');
-SELECT set_config(format('sharding_ordered.c%s_2', 'ord.jobs'::regclass::oid), '', false) IS NOT NULL AS cursor_reset;
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);

@@ -213,13 +213,7 @@ struct Position {
     TransactionId xid;   // the (sub)transaction of the claim that set it
 };
 
-// When this backend last scanned a queue's pending index from its start,
-// and what that cost.
-struct SweepClock {
-    int64 last_end_us;   // monotonic clock
-    int64 cost_us;       // CPU time of that claim; 0: unknown
-    int64 cpu_since_us;  // CPU time of the resumed claims since
-};
+using sharding::queue::SweepClock;
 
 // One queue table as this backend knows it.
 struct QueueEntry {
@@ -821,9 +815,10 @@ bool run_fenced(Oid relid, PlanKind kind, Datum *values, const char *nulls) {
 // the machine is for CPU (a budget of wall-clock time alone let many
 // workers' sweeps eat it all), and a job behind the position waits at most
 // that long.
-constexpr int64 kCheapSweepUs = 1000;
-constexpr int64 kSweepRatio = 16;
-constexpr int64 kSweepWallRatio = 256;
+}  // namespace
+
+namespace sharding {
+namespace queue {
 
 int64 monotonic_us() {
     struct timespec ts;
@@ -837,20 +832,33 @@ int64 thread_cpu_us() {
     return static_cast<int64>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
 }
 
-// Whether the claim that set the position was rolled back (its jobs are
+// Whether the claim that set a position was rolled back (its jobs are
 // pending again, behind the position). A position too old to tell is no
 // position.
-bool rolled_back(const Position &pos) {
-    if (!TransactionIdIsValid(pos.xid)) return false;
-    if (TransactionIdPrecedes(pos.xid, sharding::compat::oldest_clog_xid())) return true;
-    return TransactionIdDidAbort(pos.xid);
+bool rolled_back(TransactionId xid) {
+    if (!TransactionIdIsValid(xid)) return false;
+    if (TransactionIdPrecedes(xid, sharding::compat::oldest_clog_xid())) return true;
+    return TransactionIdDidAbort(xid);
 }
 
-bool should_sweep(const Position &pos, const SweepClock &clock, uint32 filter_hash) {
-    if (!pos.valid || pos.filter_hash != filter_hash || rolled_back(pos)) return true;
+bool sweep_due(const SweepClock &clock) {
     if (clock.cost_us < kCheapSweepUs) return true;
     return clock.cpu_since_us >= kSweepRatio * clock.cost_us ||
            monotonic_us() - clock.last_end_us >= kSweepWallRatio * clock.cost_us;
+}
+
+}  // namespace queue
+}  // namespace sharding
+
+namespace {
+
+using sharding::queue::monotonic_us;
+using sharding::queue::SweepClock;
+using sharding::queue::thread_cpu_us;
+
+bool should_sweep(const Position &pos, const SweepClock &clock, uint32 filter_hash) {
+    if (!pos.valid || pos.filter_hash != filter_hash || sharding::queue::rolled_back(pos.xid)) return true;
+    return sharding::queue::sweep_due(clock);
 }
 
 // A DestReceiver that passes the claimed rows on to the tuplestore receiver
@@ -1147,7 +1155,10 @@ Datum fail_one(FunctionCallInfo fcinfo, bool int4_id) {
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     // A job this backend sent back to pending may lie behind its position.
-    if (n > 0 && PG_GETARG_BOOL(3)) e->pos.valid = e->shard_pos.valid = e->node_pos.valid = false;
+    if (n > 0 && PG_GETARG_BOOL(3)) {
+        e->pos.valid = e->shard_pos.valid = e->node_pos.valid = false;
+        sharding::queue::forget_ordered_positions(relid);
+    }
     SPI_finish();
     PG_RETURN_BOOL(n > 0);
 }
@@ -1174,6 +1185,7 @@ namespace sharding {
 // Called once from _PG_init.
 void queue_init() {
     sharding::cache::register_kind(&queue_kind);
+    sharding::queue::ordered_init();
 }
 }  // namespace sharding
 

@@ -37,17 +37,17 @@ BEGIN
       FROM pg_attribute a
      WHERE a.attrelid = queue AND a.attnum > 0 AND NOT a.attisdropped
        AND a.attname IN ('key', 'status', 'payload', 'run_at', 'priority');
-    -- The columns it writes, checked as the other queue functions check
-    -- theirs (22023, not the INSERT's 42703).
-    IF NOT has_key OR NOT has_status OR (payloads IS NOT NULL AND NOT has_payload) THEN
-        RAISE EXCEPTION 'queue table % lacks column "%"', queue,
-            CASE WHEN NOT has_key THEN 'key' WHEN NOT has_status THEN 'status' ELSE 'payload' END
-            USING ERRCODE = 'invalid_parameter_value';
-    ELSIF enqueue_many.run_at IS NOT NULL AND NOT has_run_at THEN
+    IF enqueue_many.run_at IS NOT NULL AND NOT has_run_at THEN
         RAISE EXCEPTION 'queue table % has no column "run_at" for run_at %', queue, enqueue_many.run_at
             USING ERRCODE = 'invalid_parameter_value';
     ELSIF enqueue_many.priority <> 0 AND NOT has_priority THEN
         RAISE EXCEPTION 'queue table % has no column "priority" for priority %', queue, enqueue_many.priority
+            USING ERRCODE = 'invalid_parameter_value';
+    -- The columns it writes, checked as the other queue functions check
+    -- theirs (22023, not the INSERT's 42703).
+    ELSIF NOT has_key OR NOT has_status OR (payloads IS NOT NULL AND NOT has_payload) THEN
+        RAISE EXCEPTION 'queue table % lacks column "%"', queue,
+            CASE WHEN NOT has_key THEN 'key' WHEN NOT has_status THEN 'status' ELSE 'payload' END
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF cardinality(keys) = 0 THEN
