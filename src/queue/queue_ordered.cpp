@@ -270,20 +270,24 @@ void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false
 // $4 shards, $5 shard_count, $6 map, $7 node, $8 max_attempts, $9 the
 // walk's length, $10-$13 the position the walk starts after (priority,
 // run_at, created, id; the Resume variant), $14 the keys left out of the
-// walk and probed (text[]), $15 ids already taken by this claim, $16
+// walk (text[]), $15 ids already taken by this claim, $16
 // whether this is the claim's first round (expired leases and the reaper
-// run only then).
+// run only then), $17 the keys probed (the remembered ones, in the first
+// round: a key a round left out was examined there already).
 //
 // It returns the rows it locked and what the walk saw, one row each:
 //   'e' an expired lease locked (id, its claim-order key, key)
 //   'f' a pending head locked
-//   'w' per key walked and not taken: its first such row in claim order
+//   'w' per key walked and not taken: its first such row in claim order,
+//       n: how many
 //   'p' per probed key: its oldest pending job
 //   'l' the walk's last row, n: how many rows the walk read
-constexpr int PickParams = 16;
+//   't' when the walk reached the end of the line: the last pending row in
+//       claim order (unfiltered), if due
+constexpr int PickParams = 17;
 Oid pick_types[PickParams] = {TEXTOID, INT4OID,        INTERVALOID,    INT4ARRAYOID, INT4OID,     TEXTOID,
                               TEXTOID, INT4OID,        INT4OID,        INT8OID,      TIMESTAMPTZOID, TIMESTAMPTZOID,
-                              INT8OID, TEXTARRAYOID,   INT8ARRAYOID,   BOOLOID};
+                              INT8OID, TEXTARRAYOID,   INT8ARRAYOID,   BOOLOID,      TEXTARRAYOID};
 
 // The claim-order key of rows aliased `a` as the pick returns it: id,
 // priority (int8, 0 without the column), run_at (NULL without it), created.
@@ -350,10 +354,10 @@ char *pick_sql(const Shape &q, uint32 variant) {
         }
     }
     appendStringInfoString(&s, "), ");
-    // The probes: each left-out key's oldest pending job.
+    // The probes: each remembered key's oldest pending job.
     appendStringInfo(&s,
                      "probes AS MATERIALIZED (SELECT %s, p.k, c.r, c.t "
-                     "FROM pg_catalog.unnest($14) AS p(k) CROSS JOIN LATERAL (SELECT o.*, o.tableoid AS r, o.ctid AS t FROM %s o "
+                     "FROM pg_catalog.unnest($17) AS p(k) CROSS JOIN LATERAL (SELECT o.*, o.tableoid AS r, o.ctid AS t FROM %s o "
                      "WHERE o.%s = p.k::%s AND o.status = 'pending' ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) c), ",
                      cols, q.qname, q.key, q.key_type, q.key);
     // Per key, its oldest candidate; then, in claim order, each is tested
@@ -363,19 +367,26 @@ char *pick_sql(const Shape &q, uint32 variant) {
                      "(SELECT * FROM walk UNION ALL SELECT * FROM probes) x ORDER BY x.k, x.created, x.id) d ORDER BY ",
                      cols);
     append_order(&s, q, "d");
-    appendStringInfo(&s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM %s c "
+    // The lock first, then the head check: with several workers at the
+    // front of the line, most candidates another worker holds, and
+    // SKIP LOCKED passes them over for less than the two probes of the
+    // head check. A candidate that fails the check stays locked to the end
+    // of the transaction: it was no head, no claim wanted it.
+    appendStringInfo(&s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM (SELECT c.* FROM %s c "
                          "WHERE c.tableoid = w.r AND c.ctid = w.t AND c.status = 'pending'", q.qname);
     append_filter(&s, q, variant);
-    append_head_check(&s, q);
     appendStringInfoString(&s, " AND c.id <> ALL ($15) AND sharding._current_version(c.tableoid, c.ctid) "
-                               "FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2) ");
+                               "FOR UPDATE OF c SKIP LOCKED) AS c WHERE true");
+    append_head_check(&s, q);
+    appendStringInfoString(&s, ") AS c LIMIT $2) ");
     appendStringInfoString(&s, "SELECT 'e'::\"char\" AS kind, ");
     append_position(&s, q, "e");
     appendStringInfoString(&s, ", e.k, NULL::pg_catalog.int8 AS n FROM expired e UNION ALL SELECT 'f', ");
     append_position(&s, q, "f");
     appendStringInfoString(&s, ", f.k, NULL FROM fresh f UNION ALL SELECT 'w', ");
     append_position(&s, q, "w");
-    appendStringInfoString(&s, ", w.k, NULL FROM (SELECT DISTINCT ON (v.k) v.* FROM walk v "
+    appendStringInfoString(&s, ", w.k, w.n FROM (SELECT DISTINCT ON (v.k) v.*, "
+                               "pg_catalog.count(*) OVER (PARTITION BY v.k) AS n FROM walk v "
                                "WHERE v.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::pg_catalog.int8[]) "
                                "ORDER BY v.k, ");
     append_order(&s, q, "v");
@@ -391,6 +402,16 @@ char *pick_sql(const Shape &q, uint32 variant) {
         appendStringInfoString(&s, "z.created DESC, z.id DESC");
     }
     appendStringInfoString(&s, " LIMIT 1) l");
+    // The tail of the line: the last pending row in claim order (a
+    // backward descent of the pending index), if it is due (a job
+    // scheduled later sits behind the jobs inserted meanwhile).
+    appendStringInfoString(&s, " UNION ALL SELECT 't', ");
+    append_position(&s, q, "l");
+    appendStringInfo(&s, ", NULL, NULL FROM (SELECT * FROM %s z WHERE z.status = 'pending' ORDER BY ", q.qname);
+    if (q.has_priority) appendStringInfoString(&s, "z.priority, ");
+    if (q.has_run_at) appendStringInfoString(&s, "z.run_at DESC, ");
+    appendStringInfoString(&s, "z.created DESC, z.id DESC LIMIT 1) l WHERE (SELECT pg_catalog.count(*) FROM walk) < $9");
+    if (q.has_run_at) appendStringInfoString(&s, " AND NOT (l.run_at > pg_catalog.now())");
     return s.data;
 }
 
@@ -808,15 +829,56 @@ uint32 filter_hash(FunctionCallInfo fcinfo, uint32 variant, int shards_arg, int 
     return h;
 }
 
-// Adds key to the list (of n, capacity *cap) unless it is there.
-void add_key(char ***list, int *n, int *cap, const char *key) {
-    for (int i = 0; i < *n; i++)
-        if (strcmp((*list)[i], key) == 0) return;
-    if (*n == *cap) {
-        *cap *= 2;
-        *list = static_cast<char **>(repalloc(*list, sizeof(char *) * *cap));
+// A set of keys in insertion order (palloc'd, open addressing on their
+// hashes): the keys a claim leaves out of its walks can be many.
+struct KeySet {
+    char **list;
+    int n, cap;
+    int *slots;  // index into list + 1; 0: empty
+    uint32 mask;
+};
+
+void keyset_init(KeySet *k) {
+    k->n = 0;
+    k->cap = 16;
+    k->list = static_cast<char **>(palloc(sizeof(char *) * k->cap));
+    k->mask = 31;
+    k->slots = static_cast<int *>(palloc0(sizeof(int) * (k->mask + 1)));
+}
+
+uint32 key_hash(const char *key) {
+    return hash_bytes(reinterpret_cast<const unsigned char *>(key), static_cast<int>(strlen(key)));
+}
+
+bool keyset_has(const KeySet *k, const char *key) {
+    for (uint32 i = key_hash(key) & k->mask;; i = (i + 1) & k->mask) {
+        if (k->slots[i] == 0) return false;
+        if (strcmp(k->list[k->slots[i] - 1], key) == 0) return true;
     }
-    (*list)[(*n)++] = pstrdup(key);
+}
+
+// Adds key unless it is there.
+void keyset_add(KeySet *k, const char *key) {
+    if (keyset_has(k, key)) return;
+    if (k->n == k->cap) {
+        k->cap *= 2;
+        k->list = static_cast<char **>(repalloc(k->list, sizeof(char *) * k->cap));
+    }
+    k->list[k->n++] = pstrdup(key);
+    if (static_cast<uint32>(k->n) * 2 > k->mask) {
+        k->mask = k->mask * 2 + 1;
+        pfree(k->slots);
+        k->slots = static_cast<int *>(palloc0(sizeof(int) * (k->mask + 1)));
+        for (int j = 0; j < k->n; j++) {
+            uint32 i = key_hash(k->list[j]) & k->mask;
+            while (k->slots[i] != 0) i = (i + 1) & k->mask;
+            k->slots[i] = j + 1;
+        }
+        return;
+    }
+    uint32 i = key_hash(key) & k->mask;
+    while (k->slots[i] != 0) i = (i + 1) & k->mask;
+    k->slots[i] = k->n;
 }
 
 ArrayType *text_array(char **keys, int n) {
@@ -929,11 +991,18 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     bool sweep = !st->valid || st->filter_hash != fh || sharding::queue::rolled_back(st->xid) ||
                  sharding::queue::sweep_due(st->clock) || (variant & Handoff);
     OrderPos start = {false, 0, 0, 0, 0};
-    int cap = 16, nprobe = 0;
-    char **probe = static_cast<char **>(palloc(sizeof(char *) * cap));
+    KeySet probe;
+    keyset_init(&probe);
+    // The remembered keys, copied (a trigger that claims again may replace
+    // them while this claim runs).
+    int nst_keys = 0;
+    char **st_keys = static_cast<char **>(palloc(sizeof(char *) * (kMaxProbed + 1)));
     if (!sweep) {
         start = st->pos;
-        for (int i = 0; i < st->nkeys; i++) add_key(&probe, &nprobe, &cap, st->keys[i]);
+        for (int i = 0; i < st->nkeys; i++) {
+            keyset_add(&probe, st->keys[i]);
+            st_keys[nst_keys++] = pstrdup(st->keys[i]);
+        }
     }
 
     // The rounds: a pick, and while it found fewer than batch and its walk
@@ -950,6 +1019,8 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     int32 walk = first_walk;
     constexpr int32 kMaxWalk = 1 << 20;
     bool limit_hit = false;   // the last round took all it asked for
+    bool reached_end = false;  // the last round's walk reached the end of the line
+    OrderPos tail = end;       // the last pending row in claim order
     OrderPos frontier = end;  // then: its last fresh row
     for (int round = 0;; round++) {
         CHECK_FOR_INTERRUPTS();
@@ -969,9 +1040,10 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
                                     TimestampTzGetDatum(pos.run_at),
                                     TimestampTzGetDatum(pos.created),
                                     Int64GetDatum(pos.id),
-                                    PointerGetDatum(text_array(probe, nprobe)),
+                                    PointerGetDatum(text_array(probe.list, probe.n)),
                                     (Datum)0,  // taken ids, below
-                                    BoolGetDatum(round == 0)};
+                                    BoolGetDatum(round == 0),
+                                    PointerGetDatum(text_array(st_keys, round == 0 ? nst_keys : 0))};
         {
             Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (ntaken + 1)));
             for (int i = 0; i < ntaken; i++) d[i] = Int64GetDatum(taken[i]);
@@ -1020,6 +1092,10 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
                 last = r.pos;
                 continue;
             }
+            if (r.kind == 't') {
+                tail = r.pos;
+                continue;
+            }
             if (r.kind == 'p' && round > 0) continue;  // only the first round's probes decide who stays listed
             if (r.kind == 'e' || r.kind == 'f') {
                 if (ntaken == taken_cap) {
@@ -1038,14 +1114,21 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
                 rows = static_cast<PickRow *>(repalloc(rows, sizeof(PickRow) * rows_cap));
             }
             rows[nrows++] = r;
-            // Keys seen and not taken are left out of the next rounds' walks.
-            if (r.kind == 'w' && r.key != nullptr) add_key(&probe, &nprobe, &cap, r.key);
+            // Keys with a backlog (more than one job walked and not taken)
+            // are left out of the next rounds' walks: their later jobs
+            // cannot be heads. (A key with one, blocked or held by another
+            // worker, is not worth the filter: a longer list costs every
+            // row walked.)
+            if (r.kind == 'w' && r.key != nullptr && r.n >= 2) keyset_add(&probe, r.key);
         }
         SPI_freetuptable(SPI_tuptable);
+        elog(DEBUG2, "sharding: ordered claim round %d: walk %d of %d from %s, %d left out, %d fresh of %d, %d taken",
+             round, walked, walk, pos.valid ? "a position" : "the start", probe.n, fresh, need, ntaken);
         limit_hit = fresh >= need;
         frontier = last_fresh;
         if (walked > 0) end = last;
-        if (ntaken >= batch || walked < walk) break;
+        reached_end = walked < walk;
+        if (ntaken >= batch || reached_end) break;
         if (last.valid) {
             pos = last;
         } else {
@@ -1108,10 +1191,13 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     int64 cpu = sharding::queue::thread_cpu_us() - cpu_start;
 
     elog(DEBUG1, "sharding: ordered claim on %s: %s, %d probed keys, %d locked, %d claimed, %ld us", get_rel_name(relid),
-         sweep ? "sweep" : "resume", nprobe, nlocked, nclaim, static_cast<long>(cpu));
+         sweep ? "sweep" : "resume", probe.n, nlocked, nclaim, static_cast<long>(cpu));
     // Where the next claim resumes: past the last row the walks examined,
-    // with the keys that hold pending jobs before it listed.
-    OrderPos next = limit_hit && frontier.valid ? frontier : end;
+    // with the keys that hold pending jobs before it listed. A last walk
+    // that reached the end of the line examined everything up to its tail
+    // (the rows it left out are the listed keys'): past the tail then, so
+    // that the next claims do not read a left-out backlog again.
+    OrderPos next = limit_hit && frontier.valid ? frontier : reached_end && tail.valid ? tail : end;
     if (!next.valid || (variant & Handoff)) {
         st->valid = false;
     } else {
@@ -1131,21 +1217,18 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
             if (listed) entries[nentries++] = Entry{r.pos, r.key};
         }
         qsort(entries, nentries, sizeof(Entry), compare_entries);
-        int nkeys = 0, kcap = 16;
-        char **keys = static_cast<char **>(palloc(sizeof(char *) * kcap));
+        KeySet keys;
+        keyset_init(&keys);
         for (int i = 0; i < nentries; i++) {
-            if (nkeys == kMaxProbed) {
-                bool known = false;
-                for (int j = 0; j < nkeys && !known; j++) known = strcmp(keys[j], entries[i].key) == 0;
-                if (known) continue;
+            if (keys.n == kMaxProbed && !keyset_has(&keys, entries[i].key)) {
                 // One key too many: resume just before this row.
                 next = entries[i].pos;
                 next.id = next.id - 1;
                 break;
             }
-            add_key(&keys, &nkeys, &kcap, entries[i].key);
+            keyset_add(&keys, entries[i].key);
         }
-        set_keys(st, keys, nkeys);
+        set_keys(st, keys.list, keys.n);
         st->pos = next;
         st->valid = true;
         st->filter_hash = fh;

@@ -87,6 +87,10 @@ CREATE FUNCTION oracle(b integer) RETURNS text LANGUAGE sql AS $$
 $$;
 CREATE TABLE claims_log (worker int, batch int, expected text, got text);
 });
+# The claims' summaries (DEBUG1) tell sweeps from resumed claims.
+$node->append_conf('postgresql.conf', 'log_min_messages = debug1');
+$node->reload;
+my $log_offset = -s $node->logfile;
 my @w = map { $node->background_psql($db) } 0 .. 3;
 my $mismatches = 0;
 my $claims = 0;
@@ -118,6 +122,11 @@ for my $round (1 .. 120)
 }
 $_->quit for @w;
 is($mismatches, 0, "$claims claims by four workers each took exactly the first heads in claim order");
+my $log = slurp_file($node->logfile, $log_offset);
+my $resumed = () = $log =~ /ordered claim on turns: resume/g;
+my $swept = () = $log =~ /ordered claim on turns: sweep/g;
+cmp_ok($resumed, '>', 40, "resumed claims were among them ($resumed resumed, $swept swept)");
+cmp_ok($swept, '>=', 4, 'and sweeps (each worker\'s first claims)');
 # Per key, the jobs were claimed in order, one at a time.
 is(sql("SELECT count(*) FROM turns t WHERE t.status IN ('processing', 'done')
         AND EXISTS (SELECT FROM turns o WHERE o.key = t.key AND o.status = 'pending'
