@@ -181,8 +181,49 @@ const char *claim_order(const QueueColumns &cols, const char *prefix) {
 }  // namespace queue
 }  // namespace sharding
 
+namespace sharding {
+namespace queue {
+
+// Prepares and keeps a statement. Always a generic plan: these statements
+// are not parameter-sensitive (the partial indexes serve any value), and a
+// custom plan per call would cost more planning than executing; with
+// LIMIT $2 the plan cache would otherwise keep choosing custom plans.
+SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
+    SPIPlanPtr p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
+    if (p == nullptr) elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql, SPI_result_code_string(SPI_result));
+    SPI_keepplan(p);
+    return p;
+}
+
+void connect_spi() {
+    int rc = SPI_connect();
+    if (rc != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
+}
+
+void require(FunctionCallInfo fcinfo, int argno, const char *what) {
+    if (PG_ARGISNULL(argno)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s must not be null", what);
+}
+
+Datum check_lease(FunctionCallInfo fcinfo, int argno) {
+    require(fcinfo, argno, "lease");
+    Datum lease = PG_GETARG_DATUM(argno);
+    Interval zero;
+    memset(&zero, 0, sizeof zero);
+    if (DatumGetBool(DirectFunctionCall2(interval_lt, lease, IntervalPGetDatum(&zero))))
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "lease must not be negative, got %s",
+                       DatumGetCString(DirectFunctionCall1(interval_out, lease)));
+    return lease;
+}
+
+}  // namespace queue
+}  // namespace sharding
+
 namespace {
 
+using sharding::queue::check_lease;
+using sharding::queue::connect_spi;
+using sharding::queue::keep;
+using sharding::queue::require;
 using sharding::queue::QueueColumns;
 using sharding::queue::qualified_name;
 
@@ -406,16 +447,6 @@ QueueEntry *lookup(Oid relid) {
     return e;
 }
 
-// Prepares and keeps a statement. Always a generic plan: these statements
-// are not parameter-sensitive (the partial indexes serve any value), and a
-// custom plan per call would cost more planning than executing; with
-// LIMIT $2 the plan cache would otherwise keep choosing custom plans.
-SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
-    SPIPlanPtr p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
-    if (p == nullptr) elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql, SPI_result_code_string(SPI_result));
-    SPI_keepplan(p);
-    return p;
-}
 
 // Runs exec(), one SPI execution of `plan`, after building the plan's
 // generic plan with sequential scans disabled when it needs (re)building:
@@ -650,10 +681,6 @@ char *statement_sql(const QueueEntry *e, PlanKind kind) {
     return s.data;
 }
 
-void connect_spi() {
-    int rc = SPI_connect();
-    if (rc != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
-}
 
 SPIPlanPtr plan_for(QueueEntry *e, PlanKind kind) {
     if (e->plans[kind] != nullptr) return e->plans[kind];
@@ -750,9 +777,6 @@ SPIPlanPtr node_plan_for(QueueEntry *e, const char *column, bool resume, bool ha
 
 // --- argument checks (22023, naming the value) ---
 
-void require(FunctionCallInfo fcinfo, int argno, const char *what) {
-    if (PG_ARGISNULL(argno)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s must not be null", what);
-}
 
 Oid queue_arg(FunctionCallInfo fcinfo) {
     require(fcinfo, 0, "queue");
@@ -765,16 +789,6 @@ Datum id_arg(FunctionCallInfo fcinfo, int argno, bool int4_id) {
     return int4_id ? Int64GetDatum(static_cast<int64>(PG_GETARG_INT32(argno))) : PG_GETARG_DATUM(argno);
 }
 
-Datum check_lease(FunctionCallInfo fcinfo, int argno) {
-    require(fcinfo, argno, "lease");
-    Datum lease = PG_GETARG_DATUM(argno);
-    Interval zero;
-    memset(&zero, 0, sizeof zero);
-    if (DatumGetBool(DirectFunctionCall2(interval_lt, lease, IntervalPGetDatum(&zero))))
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "lease must not be negative, got %s",
-                       DatumGetCString(DirectFunctionCall1(interval_out, lease)));
-    return lease;
-}
 
 // Runs a fenced single-row statement and reports whether it changed a row.
 bool run_fenced(Oid relid, PlanKind kind, Datum *values, const char *nulls) {
@@ -1430,3 +1444,13 @@ SHARDING_LEGACY_SYMBOL(fail, sharding_fail)
 SHARDING_LEGACY_SYMBOL(extend_lease, sharding_extend_lease)
 SHARDING_LEGACY_SYMBOL(_queue_sql, sharding__queue_sql)
 SHARDING_LEGACY_SYMBOL(_queue_settings_changed, sharding__queue_settings_changed)
+
+namespace sharding {
+namespace queue {
+// The queue's max_attempts from the cached settings (lookup), or -1.
+int32 max_attempts_of(Oid relid) {
+    QueueEntry *e = lookup(relid);
+    return e->has_max_attempts ? e->max_attempts : -1;
+}
+}  // namespace queue
+}  // namespace sharding

@@ -8,6 +8,10 @@
 
 #include "pg/pg.hpp"
 
+extern "C" {
+#include "executor/spi.h"
+}
+
 namespace sharding {
 
 // maps.cpp: a counter bumped whenever this backend takes in a change of the
@@ -79,6 +83,20 @@ bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, co
 const char *foreign_jobs(const char *qname, const char *key, const char *map, const char *node, bool live_only);
 const char *handoff_ctes(const char *qname, const char *key, const char *map, const char *node);
 const char *handoff_exclusion(const char *key_expr, const char *map);
+
+// Argument checks and SPI helpers shared by every queue function
+// (queue.cpp). require: 22023 "<what> must not be null" for a NULL argument.
+// check_lease: the lease argument, 22023 if NULL or negative. keep: prepares
+// and keeps a statement, always with a generic plan. connect_spi:
+// SPI_connect or elog.
+void require(FunctionCallInfo fcinfo, int argno, const char *what);
+Datum check_lease(FunctionCallInfo fcinfo, int argno);
+SPIPlanPtr keep(const char *sql, int nargs, Oid *types);
+void connect_spi();
+// The queue's max_attempts (sharding.queue_settings, as cached per backend
+// with the queue's other settings and invalidated when they change), or -1.
+// Checks the queue table as claim does. Needs an SPI connection.
+int32 max_attempts_of(Oid relid);
 
 // Claims under a pinned horizon (queue.cpp, "claims under a pinned
 // horizon"): a claim normally resumes past a remembered position and every

@@ -25,13 +25,14 @@
 // transaction, so a move waits for the claims in flight and a claim after
 // the move sees it and A's committed claims.
 //
-// Plans are prepared once per backend per (queue, variant) and kept. An
-// entry records a signature of what its SQL text was built from (the
-// table's qualified name and which optional columns it has); every call
-// recomputes the signature from the syscache and rebuilds on a mismatch,
-// so no invalidation callback is needed. Replaced plans are freed once the
-// transaction that replaced them is over (an outer call may be running
-// them).
+// Plans are prepared once per backend per (queue, variant, key column)
+// and kept, in the cache module's memory (cache.hpp). An entry records a
+// signature of what its SQL text was built from (the table's qualified
+// name and which optional columns it has) and is rebuilt when the
+// signature changes or the module's relcache callback marked it stale;
+// replaced plans are retired by the module's one rule. The table is
+// checked by queue.cpp's check_queue_table, as for claim, and max_attempts
+// comes from queue.cpp's cached settings.
 //
 // Boundary (boundary.hpp, rule 2): no owning C++ object on the stack
 // anywhere; SQL text lives in StringInfo (palloc).
@@ -99,22 +100,22 @@ struct PlanEntry {
     PlanKey key;  // hash key
     char *signature;  // in ordered_cxt
     SPIPlanPtr plan;
+    bool stale;  // set by the relcache callback
     bool built;  // the plan has run (a claim that builds it is no measure of its cost)
     bool has_priority, has_run_at;  // of the table it was built for
 };
 
+// In the cache module's memory (cache.hpp); its relcache callback marks
+// a table's plans stale (ordered_relation_changed), and what a rebuild
+// replaces is retired by the module's one rule.
 MemoryContext ordered_cxt = nullptr;
 HTAB *plan_cache = nullptr;
-// Plans replaced by a rebuild, and the local transaction that replaced them.
-List *retired = NIL;
-LocalTransactionId retired_lxid = InvalidLocalTransactionId;
-SPIPlanPtr settings_plan = nullptr;
 SPIPlanPtr node_check_plan = nullptr;
 SPIPlanPtr register_plan = nullptr;
 
 void ensure_cache() {
     if (plan_cache != nullptr) return;
-    ordered_cxt = AllocSetContextCreate(CacheMemoryContext, "sharding ordered claims", ALLOCSET_SMALL_SIZES);
+    ordered_cxt = sharding::cache::entry_context("sharding ordered claims");
     HASHCTL ctl;
     memset(&ctl, 0, sizeof ctl);
     ctl.keysize = sizeof(PlanKey);
@@ -123,52 +124,19 @@ void ensure_cache() {
     plan_cache = hash_create("sharding ordered claim plans", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 }
 
-// Frees plans retired by an earlier transaction: none of them can be
-// running now.
-void free_retired() {
-    if (retired == NIL || retired_lxid == sharding::compat::my_local_xid()) return;
-    ListCell *lc;
-    foreach (lc, retired) SPI_freeplan(static_cast<SPIPlanPtr>(lfirst(lc)));
-    list_free(retired);
-    retired = NIL;
-}
-
+// A replaced plan may still run further up the stack (a trigger on the
+// queue that claims again): the cache module frees it once no call of the
+// extension runs.
 void retire(SPIPlanPtr plan) {
-    if (plan == nullptr) return;
-    MemoryContext old = MemoryContextSwitchTo(ordered_cxt);
-    retired = lappend(retired, plan);
-    MemoryContextSwitchTo(old);
-    retired_lxid = sharding::compat::my_local_xid();
+    if (plan != nullptr) sharding::cache::retire_plan(plan);
 }
 
-void connect_spi() {
-    int rc = SPI_connect();
-    if (rc != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
-}
-
-SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
-    SPIPlanPtr p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
-    if (p == nullptr) elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql, SPI_result_code_string(SPI_result));
-    SPI_keepplan(p);
-    return p;
-}
-
+using sharding::queue::check_lease;
+using sharding::queue::connect_spi;
+using sharding::queue::keep;
 using sharding::queue::qualified_name;
+using sharding::queue::require;
 
-// Checks column `col`: must exist with type `type` unless `optional`.
-bool check_column(Oid relid, const char *qname, const char *col, Oid type, bool optional) {
-    AttrNumber att = get_attnum(relid, col);
-    if (att == InvalidAttrNumber) {
-        if (optional) return false;
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s lacks column \"%s\" of type %s", qname, col,
-                       format_type_be(type));
-    }
-    Oid actual = get_atttype(relid, att);
-    if (actual != type)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"%s\" of queue table %s has type %s, not %s", col,
-                       qname, format_type_be(actual), format_type_be(type));
-    return true;
-}
 
 // What the SQL text of a claim on one queue is built from.
 struct Shape {
@@ -433,7 +401,6 @@ Oid update_types[3] = {TEXTOID, INT8ARRAYOID, INTERVALOID};
 // `variant`. Needs an SPI connection.
 PlanEntry *plan_for(Oid relid, uint32 variant, const char *key_column) {
     ensure_cache();
-    free_retired();
     if (!OidIsValid(relid) || !SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
         sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
     char kind = get_rel_relkind(relid);
@@ -478,8 +445,10 @@ PlanEntry *plan_for(Oid relid, uint32 variant, const char *key_column) {
     if (!found) {
         e->signature = nullptr;
         e->plan = nullptr;
+        e->stale = false;
     }
-    if (e->plan != nullptr && e->signature != nullptr && strcmp(e->signature, sig.data) == 0) return e;
+    if (e->plan != nullptr && !e->stale && e->signature != nullptr && strcmp(e->signature, sig.data) == 0) return e;
+    e->stale = false;  // an invalidation during the build below marks it again
 
     elog(DEBUG1, "sharding: preparing ordered claim variant %u on %s", variant, q.qname);
     retire(e->plan);
@@ -487,12 +456,17 @@ PlanEntry *plan_for(Oid relid, uint32 variant, const char *key_column) {
     if (e->signature != nullptr) pfree(e->signature);
     e->signature = nullptr;
 
-    check_column(relid, q.qname, "id", INT8OID, false);
-    check_column(relid, q.qname, "status", TEXTOID, false);
-    check_column(relid, q.qname, "owner", TEXTOID, false);
-    check_column(relid, q.qname, "claim_expires", TIMESTAMPTZOID, false);
-    check_column(relid, q.qname, "created", TIMESTAMPTZOID, false);
-    if (q.has_run_at) check_column(relid, q.qname, "run_at", TIMESTAMPTZOID, false);
+    // One validation with claim (queue.cpp): the required columns, attempts
+    // if present, the unique index on id. The ordered claims also read
+    // run_at and priority wherever the columns exist, so those must have
+    // the contract's types.
+    (void)sharding::queue::check_queue_table(relid);
+    if (q.has_run_at) {
+        Oid t = get_atttype(relid, get_attnum(relid, "run_at"));
+        if (t != TIMESTAMPTZOID)
+            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"run_at\" of queue table %s has type %s, not %s",
+                           q.qname, format_type_be(t), format_type_be(TIMESTAMPTZOID));
+    }
     if (q.has_priority) {
         AttrNumber a = get_attnum(relid, "priority");
         Oid t = get_atttype(relid, a);
@@ -501,7 +475,6 @@ PlanEntry *plan_for(Oid relid, uint32 variant, const char *key_column) {
                            q.qname, format_type_be(t));
     }
     sharding::queue::check_key_column(relid, key_column);
-    sharding::queue::check_unique_id(relid, q.qname);
 
     SPIPlanPtr p = (variant & Update) ? keep(update_sql(q), 3, update_types)
                                       : keep(pick_sql(q, variant), PickParams, pick_types);
@@ -515,37 +488,8 @@ PlanEntry *plan_for(Oid relid, uint32 variant, const char *key_column) {
 
 // --- argument checks (22023, naming the value) ---
 
-void require(FunctionCallInfo fcinfo, int argno, const char *what) {
-    if (PG_ARGISNULL(argno)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s must not be null", what);
-}
 
-Datum check_lease(FunctionCallInfo fcinfo, int argno) {
-    require(fcinfo, argno, "lease");
-    Datum lease = PG_GETARG_DATUM(argno);
-    Interval zero;
-    memset(&zero, 0, sizeof zero);
-    if (DatumGetBool(DirectFunctionCall2(interval_lt, lease, IntervalPGetDatum(&zero))))
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "lease must not be negative, got %s",
-                       DatumGetCString(DirectFunctionCall1(interval_out, lease)));
-    return lease;
-}
 
-// The queue's max_attempts from sharding.queue_settings, or -1.
-int32 max_attempts(Oid relid) {
-    if (settings_plan == nullptr) {
-        Oid types[2] = {TEXTOID, TEXTOID};
-        settings_plan = keep("SELECT max_attempts FROM sharding.queue_settings WHERE schema_name = $1 AND table_name = $2",
-                             2, types);
-    }
-    Datum values[2] = {CStringGetTextDatum(get_namespace_name(get_rel_namespace(relid))),
-                       CStringGetTextDatum(get_rel_name(relid))};
-    int rc = SPI_execute_plan(settings_plan, values, nullptr, true, 1);
-    if (rc != SPI_OK_SELECT) elog(ERROR, "reading sharding.queue_settings failed: %s", SPI_result_code_string(rc));
-    if (SPI_processed != 1) return -1;
-    bool isnull;
-    Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-    return isnull ? -1 : DatumGetInt32(d);
-}
 
 // The handoff exclusion costs a scan of the queue's live leases on every
 // claim_node. It can only matter while a worker registered with another
@@ -778,13 +722,24 @@ void set_keys(OrderedState *st, char **keys, int n) {
     for (int i = 0; i < n && i < kMaxProbed; i++) st->keys[st->nkeys++] = MemoryContextStrdup(ordered_cxt, keys[i]);
 }
 
-// Cache module callback: only marks positions invalid.
-void ordered_relation_changed(Oid relid) {
+void forget_positions(Oid relid) {
     if (state_cache == nullptr) return;
     HASH_SEQ_STATUS seq;
     hash_seq_init(&seq, state_cache);
     while (OrderedState *st = static_cast<OrderedState *>(hash_seq_search(&seq)))
         if (relid == InvalidOid || st->key.relid == relid) st->valid = false;
+}
+
+// Cache module callback: marks the table's plans stale and forgets its
+// positions (TRUNCATE, ALTER TABLE: the positions may point anywhere).
+void ordered_relation_changed(Oid relid) {
+    if (plan_cache != nullptr) {
+        HASH_SEQ_STATUS pseq;
+        hash_seq_init(&pseq, plan_cache);
+        while (PlanEntry *e = static_cast<PlanEntry *>(hash_seq_search(&pseq)))
+            if (relid == InvalidOid || e->key.relid == relid) e->stale = true;
+    }
+    forget_positions(relid);
 }
 
 const sharding::cache::Kind ordered_kind = {"ordered claims", ordered_relation_changed, nullptr, 0, {0, 0, 0, 0}};
@@ -980,7 +935,7 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
         variant |= Handoff;
     {
         AttrNumber att = get_attnum(relid, "attempts");
-        if (att != InvalidAttrNumber && get_atttype(relid, att) == INT4OID) max_att = max_attempts(relid);
+        if (att != InvalidAttrNumber && get_atttype(relid, att) == INT4OID) max_att = sharding::queue::max_attempts_of(relid);
     }
     if (max_att > 0) variant |= Reap;
     const bool has_priority = pe->has_priority, has_run_at = pe->has_run_at;
@@ -1252,7 +1207,7 @@ namespace queue {
 
 void ordered_init() { sharding::cache::register_kind(&ordered_kind); }
 
-void forget_ordered_positions(Oid relid) { ordered_relation_changed(relid); }
+void forget_ordered_positions(Oid relid) { forget_positions(relid); }
 
 }  // namespace queue
 }  // namespace sharding
