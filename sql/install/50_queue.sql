@@ -331,7 +331,7 @@ CREATE FUNCTION sharding._claim_ordered_sql(queue regclass, variant integer, key
     AS 'MODULE_PATHNAME', 'sharding__claim_ordered_sql' LANGUAGE C STABLE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._claim_ordered_sql(regclass, integer, name) IS
-    'internal: SQL text of a claim_ordered/claim_node (ordered) statement (variant bits: 1 ordered, 2 shards, 4 node, 8 max_attempts, 16 handoff exclusion)';
+    'internal: SQL text of a claim_ordered/claim_node (ordered) statement: a round''s pick (variant bits: 2 shards, 4 node, 8 max_attempts, 16 handoff exclusion, 32 resume) or, with 64, the UPDATE';
 
 -- create_ordered_indexes(queue, key_column): the indexes that keep
 -- claim_ordered and claim_node an index walk, each created only when the

@@ -1249,8 +1249,9 @@ SHARDING_FUNCTION(sharding_claim_node) {
  * _claim_ordered_sql(queue regclass, variant integer, key_column name) RETURNS text
  *
  * Internal: the SQL text claim_ordered / claim_node prepare (for EXPLAIN in
- * the tests and when troubleshooting): variant bits 1 ordered, 2 shards,
- * 4 node, 8 max_attempts, 16 handoff exclusion (with node).
+ * the tests and when troubleshooting): the pick of one round (variant bits
+ * 2 shards, 4 node, 8 max_attempts, 16 handoff exclusion (with node), 32
+ * resume past a position) or, with bit 64, the claim's UPDATE.
  */
 SHARDING_FUNCTION(sharding__claim_ordered_sql) {
     require(fcinfo, 0, "queue");

@@ -131,3 +131,7 @@ END
 $$;
 COMMENT ON FUNCTION sharding._queue_notify() IS
     'internal: statement trigger of queue tables; NOTIFY sharding_<table> (payload: a new claimable job''s key), once per transaction';
+
+-- Ordered claims: a round's pick and the UPDATE (src/queue/queue_ordered.cpp).
+COMMENT ON FUNCTION sharding._claim_ordered_sql(regclass, integer, name) IS
+    'internal: SQL text of a claim_ordered/claim_node (ordered) statement: a round''s pick (variant bits: 2 shards, 4 node, 8 max_attempts, 16 handoff exclusion, 32 resume) or, with 64, the UPDATE';
