@@ -1,6 +1,6 @@
--- Ordered claims (docs/ordered.md): claim_ordered (per-key order) and
--- claim_node (map-routed, with handoff). Tables are built by hand (the
--- columns of docs/queue.md), one also with run_at and priority.
+-- Section 9: claim_ordered (per-key order) and claim_node (map-routed, with
+-- handoff). Tables are built by hand (section 3's columns), one also with
+-- section 10's run_at and priority.
 CREATE EXTENSION sharding;
 SET client_min_messages = warning;
 
@@ -130,32 +130,28 @@ SELECT id, attempts FROM sharding.claim_ordered(NULL::ord.jobs, 'w2');
 SELECT id, status, owner FROM ord.jobs ORDER BY id;
 SELECT sharding.set_max_attempts('ord.jobs', NULL);
 
--- A blocked backlog at the front of the line is not walked: a claim looks
--- at the first 2 x batch + 16 pending jobs, and when those hold fewer than
--- batch heads it takes heads key by key (skip scan over the keys), going
--- round from where this session's previous such claim stopped.
+-- A blocked backlog at the front of the line: keys still take turns oldest
+-- head first (contract section 14), the whale's head, then 41 (o3), 42
+-- (o1), 43 (o2); the walk leaves the whale's backlog out once it has seen
+-- it (queue_ordered.cpp, the pick).
 TRUNCATE ord.jobs;
 INSERT INTO ord.jobs (id, key, created)
 SELECT g, 'whale', '2026-01-01'::timestamptz + g * interval '1 second' FROM generate_series(1, 40) g;
 INSERT INTO ord.jobs (id, key, created) VALUES
     (41, 'o3', '2026-01-02 00:00:01+00'), (42, 'o1', '2026-01-02 00:00:02+00'),
     (43, 'o2', '2026-01-02 00:00:03+00'), (44, 'o1', '2026-01-02 00:00:04+00');
--- This session's rotation cursor starts empty (set-up, not a check).
-DO $$ BEGIN PERFORM set_config(format('sharding_ordered.c%s_2', 'ord.jobs'::regclass::oid), '', false); END $$;
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
 SELECT count(*) FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 1);
--- The cursor holds the last key the fallback took.
-SELECT current_setting(format('sharding_ordered.c%s_2', 'ord.jobs'::regclass::oid)) AS cursor;
 SELECT sharding.complete('ord.jobs', ARRAY[1, 42]::bigint[], 'w1');
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 5);
 SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 5);
 -- Whatever the path, a key's jobs come out in order, one at a time.
 SELECT key, array_agg(id ORDER BY id) AS claimed FROM ord.jobs WHERE status = 'processing' GROUP BY key ORDER BY key;
 
--- run_at and priority (docs/queue.md): order within a key stays (created, id);
+-- run_at and priority (section 10): order within a key stays (created, id);
 -- a head not yet due blocks its key; heads compete by priority, then
 -- run_at, then age.
 CREATE TABLE ord.timed (

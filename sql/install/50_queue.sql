@@ -331,7 +331,7 @@ CREATE FUNCTION sharding._claim_ordered_sql(queue regclass, variant integer, key
     AS 'MODULE_PATHNAME', 'sharding__claim_ordered_sql' LANGUAGE C STABLE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._claim_ordered_sql(regclass, integer, name) IS
-    'internal: SQL text of a claim_ordered/claim_node (ordered) statement (variant bits: 1 ordered, 2 shards, 4 node, 8 max_attempts, 16 handoff exclusion)';
+    'internal: SQL text of a claim_ordered/claim_node (ordered) statement: a round''s pick (variant bits: 2 shards, 4 node, 8 max_attempts, 16 handoff exclusion, 32 resume) or, with 64, the UPDATE';
 
 -- create_ordered_indexes(queue, key_column): the indexes that keep
 -- claim_ordered and claim_node an index walk, each created only when the
@@ -448,6 +448,9 @@ CREATE FUNCTION sharding.enqueue_many(queue regclass, keys text[], payloads json
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
+    has_key boolean;
+    has_status boolean;
+    has_payload boolean;
     has_run_at boolean;
     has_priority boolean;
     ids bigint[];
@@ -464,35 +467,60 @@ BEGIN
         RAISE EXCEPTION 'keys and payloads must have the same length, got % keys and % payloads',
             cardinality(keys), cardinality(payloads) USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT coalesce(bool_or(a.attname = 'run_at'), false), coalesce(bool_or(a.attname = 'priority'), false)
-      INTO has_run_at, has_priority
+    SELECT coalesce(bool_or(a.attname = 'key'), false), coalesce(bool_or(a.attname = 'status'), false),
+           coalesce(bool_or(a.attname = 'payload'), false),
+           coalesce(bool_or(a.attname = 'run_at'), false), coalesce(bool_or(a.attname = 'priority'), false)
+      INTO has_key, has_status, has_payload, has_run_at, has_priority
       FROM pg_attribute a
-     WHERE a.attrelid = queue AND a.attnum > 0 AND NOT a.attisdropped AND a.attname IN ('run_at', 'priority');
+     WHERE a.attrelid = queue AND a.attnum > 0 AND NOT a.attisdropped
+       AND a.attname IN ('key', 'status', 'payload', 'run_at', 'priority');
     IF enqueue_many.run_at IS NOT NULL AND NOT has_run_at THEN
         RAISE EXCEPTION 'queue table % has no column "run_at" for run_at %', queue, enqueue_many.run_at
             USING ERRCODE = 'invalid_parameter_value';
     ELSIF enqueue_many.priority <> 0 AND NOT has_priority THEN
         RAISE EXCEPTION 'queue table % has no column "priority" for priority %', queue, enqueue_many.priority
             USING ERRCODE = 'invalid_parameter_value';
+    -- The columns it writes, checked as the other queue functions check
+    -- theirs (22023, not the INSERT's 42703).
+    ELSIF NOT has_key OR NOT has_status OR (payloads IS NOT NULL AND NOT has_payload) THEN
+        RAISE EXCEPTION 'queue table % lacks column "%"', queue,
+            CASE WHEN NOT has_key THEN 'key' WHEN NOT has_status THEN 'status' ELSE 'payload' END
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF cardinality(keys) = 0 THEN
         RETURN '{}'::bigint[];
     END IF;
-    EXECUTE format('WITH ins AS (INSERT INTO %s (key, payload%s%s) '
-                   'SELECT k.key, k.payload%s%s FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) WITH ORDINALITY AS k(key, payload, ord) '
-                   'ORDER BY k.ord RETURNING id) '
-                   'SELECT pg_catalog.array_agg(ins.id ORDER BY ins.id) FROM ins',
-                   queue,
-                   CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', run_at' ELSE '' END,
-                   CASE WHEN has_priority THEN ', priority' ELSE '' END,
-                   CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', $3' ELSE '' END,
-                   CASE WHEN has_priority THEN ', $4' ELSE '' END)
-        INTO ids USING keys, payloads, enqueue_many.run_at, enqueue_many.priority;
+    -- status is always written: a table whose status column has no default
+    -- still gets claimable jobs. payload only where payloads are given (its
+    -- default otherwise).
+    IF payloads IS NULL THEN
+        EXECUTE format('WITH ins AS (INSERT INTO %s (key, status%s%s) '
+                       'SELECT k.key, ''pending''%s%s FROM pg_catalog.unnest($1) WITH ORDINALITY AS k(key, ord) '
+                       'ORDER BY k.ord RETURNING id) '
+                       'SELECT pg_catalog.array_agg(ins.id ORDER BY ins.id) FROM ins',
+                       queue,
+                       CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', run_at' ELSE '' END,
+                       CASE WHEN has_priority THEN ', priority' ELSE '' END,
+                       CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', $3' ELSE '' END,
+                       CASE WHEN has_priority THEN ', $4' ELSE '' END)
+            INTO ids USING keys, payloads, enqueue_many.run_at, enqueue_many.priority;
+    ELSE
+        EXECUTE format('WITH ins AS (INSERT INTO %s (key, status, payload%s%s) '
+                       'SELECT k.key, ''pending'', k.payload%s%s FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) WITH ORDINALITY AS k(key, payload, ord) '
+                       'ORDER BY k.ord RETURNING id) '
+                       'SELECT pg_catalog.array_agg(ins.id ORDER BY ins.id) FROM ins',
+                       queue,
+                       CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', run_at' ELSE '' END,
+                       CASE WHEN has_priority THEN ', priority' ELSE '' END,
+                       CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', $3' ELSE '' END,
+                       CASE WHEN has_priority THEN ', $4' ELSE '' END)
+            INTO ids USING keys, payloads, enqueue_many.run_at, enqueue_many.priority;
+    END IF;
     RETURN ids;
 END
 $$;
 COMMENT ON FUNCTION sharding.enqueue_many(regclass, text[], jsonb[], timestamptz, smallint) IS
-    'inserts one pending job per key (payloads[i], run_at, priority) in one statement; returns their ids in order';
+    'inserts one pending job per key (status pending; payloads[i], run_at, priority) in one statement; returns their ids in order';
 
 -- set_backoff: a retried job (fail with retry) is not claimed again before
 -- now() + base * 2^(attempts - 1), capped at max. Not STRICT: a NULL base
@@ -653,6 +681,29 @@ COMMENT ON FUNCTION sharding._queue_health_check(regclass) IS
 -- gets the same with:
 --   CREATE TRIGGER sharding_notify AFTER INSERT ON t REFERENCING NEW TABLE AS sharding_new
 --       FOR EACH STATEMENT EXECUTE FUNCTION sharding._queue_notify();
+-- The payload of a wake-up: the key, or, when it would not fit (NOTIFY
+-- takes at most 7999 bytes), its longest prefix that fits, cut on a
+-- character boundary. Each round drops at most the excess (a character has
+-- at most 4 bytes), so it ends on that prefix, in a few rounds.
+CREATE FUNCTION sharding._notify_payload(key text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    payload text := key;
+BEGIN
+    IF octet_length(payload) > 7999 THEN
+        payload := left(payload, 7999);
+        WHILE octet_length(payload) > 7999 LOOP
+            payload := left(payload, length(payload) - greatest(1, (octet_length(payload) - 7999) / 4));
+        END LOOP;
+    END IF;
+    RETURN payload;
+END
+$$;
+COMMENT ON FUNCTION sharding._notify_payload(text) IS
+    'internal: a wake-up''s payload: the key, cut on a character boundary to the 7999 bytes NOTIFY takes';
+
 CREATE FUNCTION sharding._queue_notify() RETURNS trigger
     LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
@@ -671,7 +722,8 @@ BEGIN
        AND (NOT (to_jsonb(n) ? 'run_at') OR (to_jsonb(n) ->> 'run_at')::timestamptz <= now())
      LIMIT 1;
     IF job IS NOT NULL THEN
-        PERFORM pg_notify(channel, coalesce(job ->> 'key', ''));
+        -- A wake-up never makes the insert fail (a long key is cut).
+        PERFORM pg_notify(channel, sharding._notify_payload(coalesce(job ->> 'key', '')));
         PERFORM set_config(flag, 'on', true);
     END IF;
     RETURN NULL;

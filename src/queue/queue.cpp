@@ -54,6 +54,7 @@ extern "C" {
 #include "utils/array.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
+#include "utils/plancache.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/syscache.h"
@@ -180,8 +181,49 @@ const char *claim_order(const QueueColumns &cols, const char *prefix) {
 }  // namespace queue
 }  // namespace sharding
 
+namespace sharding {
+namespace queue {
+
+// Prepares and keeps a statement. Always a generic plan: these statements
+// are not parameter-sensitive (the partial indexes serve any value), and a
+// custom plan per call would cost more planning than executing; with
+// LIMIT $2 the plan cache would otherwise keep choosing custom plans.
+SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
+    SPIPlanPtr p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
+    if (p == nullptr) elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql, SPI_result_code_string(SPI_result));
+    SPI_keepplan(p);
+    return p;
+}
+
+void connect_spi() {
+    int rc = SPI_connect();
+    if (rc != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
+}
+
+void require(FunctionCallInfo fcinfo, int argno, const char *what) {
+    if (PG_ARGISNULL(argno)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s must not be null", what);
+}
+
+Datum check_lease(FunctionCallInfo fcinfo, int argno) {
+    require(fcinfo, argno, "lease");
+    Datum lease = PG_GETARG_DATUM(argno);
+    Interval zero;
+    memset(&zero, 0, sizeof zero);
+    if (DatumGetBool(DirectFunctionCall2(interval_lt, lease, IntervalPGetDatum(&zero))))
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "lease must not be negative, got %s",
+                       DatumGetCString(DirectFunctionCall1(interval_out, lease)));
+    return lease;
+}
+
+}  // namespace queue
+}  // namespace sharding
+
 namespace {
 
+using sharding::queue::check_lease;
+using sharding::queue::connect_spi;
+using sharding::queue::keep;
+using sharding::queue::require;
 using sharding::queue::QueueColumns;
 using sharding::queue::qualified_name;
 
@@ -212,13 +254,7 @@ struct Position {
     TransactionId xid;   // the (sub)transaction of the claim that set it
 };
 
-// When this backend last scanned a queue's pending index from its start,
-// and what that cost.
-struct SweepClock {
-    int64 last_end_us;   // monotonic clock
-    int64 cost_us;       // CPU time of that claim; 0: unknown
-    int64 cpu_since_us;  // CPU time of the resumed claims since
-};
+using sharding::queue::SweepClock;
 
 // One queue table as this backend knows it.
 struct QueueEntry {
@@ -411,37 +447,38 @@ QueueEntry *lookup(Oid relid) {
     return e;
 }
 
-// Prepares and keeps a statement. Always a generic plan: these statements
-// are not parameter-sensitive (the partial indexes serve any value), and a
-// custom plan per call would cost more planning than executing; with
-// LIMIT $2 the plan cache would otherwise keep choosing custom plans.
-SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
-    SPIPlanPtr p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
-    if (p == nullptr) elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql, SPI_result_code_string(SPI_result));
-    SPI_keepplan(p);
-    return p;
-}
 
-// Runs exec(), one SPI execution of `plan`, with sequential scans disabled
-// when that execution is going to (re)build the plan's generic plan: the
-// first run, or after an invalidation (new statistics, ALTER TABLE). A
+// Runs exec(), one SPI execution of `plan`, after building the plan's
+// generic plan with sequential scans disabled when it needs (re)building:
+// the first run, or after an invalidation (new statistics, ALTER TABLE). A
 // generic plan built while the table was small would otherwise keep a
 // sequential scan for the id lookups until the next invalidation, while the
 // table grows fast (done rows, and dead ones while the horizon is pinned).
-// The setting is restored before anything else runs, on error too.
+// Only the planning runs under the changed setting, restored before the
+// statement executes (on error too): the statement fires the user's
+// triggers on the queue table, which must plan their own queries with the
+// session's settings (a trigger's sequential scan costed at 1e10 is also
+// JIT-compiled, on every row).
 template <typename F>
 int execute_preferring_indexes(SPIPlanPtr plan, bool *built, F exec) {
-    if (*built && SPI_plan_is_valid(plan)) return exec();
-    bool saved = enable_seqscan;
-    enable_seqscan = false;
-    volatile int rc = 0;
-    PG_TRY();
-    { rc = exec(); }
-    PG_FINALLY();
-    { enable_seqscan = saved; }
-    PG_END_TRY();
-    *built = true;
-    return rc;
+    if (!*built || !SPI_plan_is_valid(plan)) {
+        bool saved = enable_seqscan;
+        enable_seqscan = false;
+        PG_TRY();
+        {
+            // Builds (or revalidates) the kept generic plan, which exec()
+            // then finds valid in the plan cache; locks taken here are held
+            // to the end of the transaction, so no invalidation is taken in
+            // between.
+            CachedPlan *cplan = SPI_plan_get_cached_plan(plan);
+            if (cplan != nullptr) ReleaseCachedPlan(cplan, CurrentResourceOwner);
+        }
+        PG_FINALLY();
+        { enable_seqscan = saved; }
+        PG_END_TRY();
+        *built = true;
+    }
+    return exec();
 }
 
 // Shorthands for the qualified operators of the generated SQL.
@@ -644,10 +681,6 @@ char *statement_sql(const QueueEntry *e, PlanKind kind) {
     return s.data;
 }
 
-void connect_spi() {
-    int rc = SPI_connect();
-    if (rc != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
-}
 
 SPIPlanPtr plan_for(QueueEntry *e, PlanKind kind) {
     if (e->plans[kind] != nullptr) return e->plans[kind];
@@ -744,9 +777,6 @@ SPIPlanPtr node_plan_for(QueueEntry *e, const char *column, bool resume, bool ha
 
 // --- argument checks (22023, naming the value) ---
 
-void require(FunctionCallInfo fcinfo, int argno, const char *what) {
-    if (PG_ARGISNULL(argno)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s must not be null", what);
-}
 
 Oid queue_arg(FunctionCallInfo fcinfo) {
     require(fcinfo, 0, "queue");
@@ -759,16 +789,6 @@ Datum id_arg(FunctionCallInfo fcinfo, int argno, bool int4_id) {
     return int4_id ? Int64GetDatum(static_cast<int64>(PG_GETARG_INT32(argno))) : PG_GETARG_DATUM(argno);
 }
 
-Datum check_lease(FunctionCallInfo fcinfo, int argno) {
-    require(fcinfo, argno, "lease");
-    Datum lease = PG_GETARG_DATUM(argno);
-    Interval zero;
-    memset(&zero, 0, sizeof zero);
-    if (DatumGetBool(DirectFunctionCall2(interval_lt, lease, IntervalPGetDatum(&zero))))
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "lease must not be negative, got %s",
-                       DatumGetCString(DirectFunctionCall1(interval_out, lease)));
-    return lease;
-}
 
 // Runs a fenced single-row statement and reports whether it changed a row.
 bool run_fenced(Oid relid, PlanKind kind, Datum *values, const char *nulls) {
@@ -809,9 +829,10 @@ bool run_fenced(Oid relid, PlanKind kind, Datum *values, const char *nulls) {
 // the machine is for CPU (a budget of wall-clock time alone let many
 // workers' sweeps eat it all), and a job behind the position waits at most
 // that long.
-constexpr int64 kCheapSweepUs = 1000;
-constexpr int64 kSweepRatio = 16;
-constexpr int64 kSweepWallRatio = 256;
+}  // namespace
+
+namespace sharding {
+namespace queue {
 
 int64 monotonic_us() {
     struct timespec ts;
@@ -825,20 +846,33 @@ int64 thread_cpu_us() {
     return static_cast<int64>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
 }
 
-// Whether the claim that set the position was rolled back (its jobs are
+// Whether the claim that set a position was rolled back (its jobs are
 // pending again, behind the position). A position too old to tell is no
 // position.
-bool rolled_back(const Position &pos) {
-    if (!TransactionIdIsValid(pos.xid)) return false;
-    if (TransactionIdPrecedes(pos.xid, sharding::compat::oldest_clog_xid())) return true;
-    return TransactionIdDidAbort(pos.xid);
+bool rolled_back(TransactionId xid) {
+    if (!TransactionIdIsValid(xid)) return false;
+    if (TransactionIdPrecedes(xid, sharding::compat::oldest_clog_xid())) return true;
+    return TransactionIdDidAbort(xid);
 }
 
-bool should_sweep(const Position &pos, const SweepClock &clock, uint32 filter_hash) {
-    if (!pos.valid || pos.filter_hash != filter_hash || rolled_back(pos)) return true;
+bool sweep_due(const SweepClock &clock) {
     if (clock.cost_us < kCheapSweepUs) return true;
     return clock.cpu_since_us >= kSweepRatio * clock.cost_us ||
            monotonic_us() - clock.last_end_us >= kSweepWallRatio * clock.cost_us;
+}
+
+}  // namespace queue
+}  // namespace sharding
+
+namespace {
+
+using sharding::queue::monotonic_us;
+using sharding::queue::SweepClock;
+using sharding::queue::thread_cpu_us;
+
+bool should_sweep(const Position &pos, const SweepClock &clock, uint32 filter_hash) {
+    if (!pos.valid || pos.filter_hash != filter_hash || sharding::queue::rolled_back(pos.xid)) return true;
+    return sharding::queue::sweep_due(clock);
 }
 
 // A DestReceiver that passes the claimed rows on to the tuplestore receiver
@@ -1135,7 +1169,10 @@ Datum fail_one(FunctionCallInfo fcinfo, bool int4_id) {
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     // A job this backend sent back to pending may lie behind its position.
-    if (n > 0 && PG_GETARG_BOOL(3)) e->pos.valid = e->shard_pos.valid = e->node_pos.valid = false;
+    if (n > 0 && PG_GETARG_BOOL(3)) {
+        e->pos.valid = e->shard_pos.valid = e->node_pos.valid = false;
+        sharding::queue::forget_ordered_positions(relid);
+    }
     SPI_finish();
     PG_RETURN_BOOL(n > 0);
 }
@@ -1162,6 +1199,7 @@ namespace sharding {
 // Called once from _PG_init.
 void queue_init() {
     sharding::cache::register_kind(&queue_kind);
+    sharding::queue::ordered_init();
 }
 }  // namespace sharding
 
@@ -1394,3 +1432,13 @@ SHARDING_FUNCTION(sharding__queue_settings_changed) {
     }
     return PointerGetDatum(nullptr);
 }
+
+namespace sharding {
+namespace queue {
+// The queue's max_attempts from the cached settings (lookup), or -1.
+int32 max_attempts_of(Oid relid) {
+    QueueEntry *e = lookup(relid);
+    return e->has_max_attempts ? e->max_attempts : -1;
+}
+}  // namespace queue
+}  // namespace sharding

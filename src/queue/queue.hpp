@@ -8,6 +8,10 @@
 
 #include "pg/pg.hpp"
 
+extern "C" {
+#include "executor/spi.h"
+}
+
 namespace sharding {
 
 // maps.cpp: a counter bumped whenever this backend takes in a change of the
@@ -79,6 +83,51 @@ bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, co
 const char *foreign_jobs(const char *qname, const char *key, const char *map, const char *node, bool live_only);
 const char *handoff_ctes(const char *qname, const char *key, const char *map, const char *node);
 const char *handoff_exclusion(const char *key_expr, const char *map);
+
+// Argument checks and SPI helpers shared by every queue function
+// (queue.cpp). require: 22023 "<what> must not be null" for a NULL argument.
+// check_lease: the lease argument, 22023 if NULL or negative. keep: prepares
+// and keeps a statement, always with a generic plan. connect_spi:
+// SPI_connect or elog.
+void require(FunctionCallInfo fcinfo, int argno, const char *what);
+Datum check_lease(FunctionCallInfo fcinfo, int argno);
+SPIPlanPtr keep(const char *sql, int nargs, Oid *types);
+void connect_spi();
+// The queue's max_attempts (sharding.queue_settings, as cached per backend
+// with the queue's other settings and invalidated when they change), or -1.
+// Checks the queue table as claim does. Needs an SPI connection.
+int32 max_attempts_of(Oid relid);
+
+// Claims under a pinned horizon (queue.cpp, "claims under a pinned
+// horizon"): a claim normally resumes past a remembered position and every
+// so often sweeps from the start of the pending index, which is exact. A
+// claim sweeps when the last sweep was cheap (under kCheapSweepUs of CPU),
+// and otherwise once the claims resumed since have used kSweepRatio times
+// its CPU cost, or kSweepWallRatio times its cost of wall-clock time passed.
+constexpr int64 kCheapSweepUs = 1000;
+constexpr int64 kSweepRatio = 16;
+constexpr int64 kSweepWallRatio = 256;
+
+// When this backend last swept a queue, and what that cost.
+struct SweepClock {
+    int64 last_end_us;   // monotonic clock
+    int64 cost_us;       // CPU time of that claim; 0: unknown
+    int64 cpu_since_us;  // CPU time of the resumed claims since
+};
+int64 monotonic_us();
+int64 thread_cpu_us();
+// Whether the next claim must sweep, by the clock alone.
+bool sweep_due(const SweepClock &clock);
+// Whether the (sub)transaction xid that set a position was rolled back (or
+// is too old to tell). InvalidTransactionId: false.
+bool rolled_back(TransactionId xid);
+
+// queue_ordered.cpp: forgets the ordered claims' remembered positions of a
+// queue (fail with retry sent a job back to pending, behind them).
+void forget_ordered_positions(Oid relid);
+// queue_ordered.cpp: registers the ordered claims' cache kind (from
+// queue_init).
+void ordered_init();
 
 // claim_node with ordered => false, in queue.cpp: the claim of
 // claim_shards (resumable, see queue.cpp) filtered by node_for.

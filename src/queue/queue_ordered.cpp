@@ -25,18 +25,20 @@
 // transaction, so a move waits for the claims in flight and a claim after
 // the move sees it and A's committed claims.
 //
-// Plans are prepared once per backend per (queue, variant) and kept. An
-// entry records a signature of what its SQL text was built from (the
-// table's qualified name and which optional columns it has); every call
-// recomputes the signature from the syscache and rebuilds on a mismatch,
-// so no invalidation callback is needed. Replaced plans are freed once the
-// transaction that replaced them is over (an outer call may be running
-// them).
+// Plans are prepared once per backend per (queue, variant, key column)
+// and kept, in the cache module's memory (cache.hpp). An entry records a
+// signature of what its SQL text was built from (the table's qualified
+// name and which optional columns it has) and is rebuilt when the
+// signature changes or the module's relcache callback marked it stale;
+// replaced plans are retired by the module's one rule. The table is
+// checked by queue.cpp's check_queue_table, as for claim, and max_attempts
+// comes from queue.cpp's cached settings.
 //
 // Boundary (boundary.hpp, rule 2): no owning C++ object on the stack
 // anywhere; SQL text lives in StringInfo (palloc).
 #include "pg/boundary.hpp"
 #include "core/hash_core.hpp"
+#include "pg/cache.hpp"
 #include "pg/keys.hpp"
 #include "queue/queue.hpp"
 
@@ -46,6 +48,7 @@ extern "C" {
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "common/hashfn.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_index.h"
@@ -83,6 +86,8 @@ enum : uint32 {
     ByNode = 4,    // node_for(map, key) = node
     Reap = 8,      // the queue has max_attempts: expired leases past it go to failed
     Handoff = 16,  // ByNode, and a worker is registered with another node: the handoff exclusion
+    Resume = 32,   // the pick's walk starts past a position
+    Update = 64,   // not a pick: the claim's UPDATE of the picked ids
 };
 
 struct PlanKey {
@@ -95,20 +100,22 @@ struct PlanEntry {
     PlanKey key;  // hash key
     char *signature;  // in ordered_cxt
     SPIPlanPtr plan;
+    bool stale;  // set by the relcache callback
+    bool built;  // the plan has run (a claim that builds it is no measure of its cost)
+    bool has_priority, has_run_at;  // of the table it was built for
 };
 
+// In the cache module's memory (cache.hpp); its relcache callback marks
+// a table's plans stale (ordered_relation_changed), and what a rebuild
+// replaces is retired by the module's one rule.
 MemoryContext ordered_cxt = nullptr;
 HTAB *plan_cache = nullptr;
-// Plans replaced by a rebuild, and the local transaction that replaced them.
-List *retired = NIL;
-LocalTransactionId retired_lxid = InvalidLocalTransactionId;
-SPIPlanPtr settings_plan = nullptr;
 SPIPlanPtr node_check_plan = nullptr;
 SPIPlanPtr register_plan = nullptr;
 
 void ensure_cache() {
     if (plan_cache != nullptr) return;
-    ordered_cxt = AllocSetContextCreate(CacheMemoryContext, "sharding ordered claims", ALLOCSET_SMALL_SIZES);
+    ordered_cxt = sharding::cache::entry_context("sharding ordered claims");
     HASHCTL ctl;
     memset(&ctl, 0, sizeof ctl);
     ctl.keysize = sizeof(PlanKey);
@@ -117,52 +124,19 @@ void ensure_cache() {
     plan_cache = hash_create("sharding ordered claim plans", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 }
 
-// Frees plans retired by an earlier transaction: none of them can be
-// running now.
-void free_retired() {
-    if (retired == NIL || retired_lxid == sharding::compat::my_local_xid()) return;
-    ListCell *lc;
-    foreach (lc, retired) SPI_freeplan(static_cast<SPIPlanPtr>(lfirst(lc)));
-    list_free(retired);
-    retired = NIL;
-}
-
+// A replaced plan may still run further up the stack (a trigger on the
+// queue that claims again): the cache module frees it once no call of the
+// extension runs.
 void retire(SPIPlanPtr plan) {
-    if (plan == nullptr) return;
-    MemoryContext old = MemoryContextSwitchTo(ordered_cxt);
-    retired = lappend(retired, plan);
-    MemoryContextSwitchTo(old);
-    retired_lxid = sharding::compat::my_local_xid();
+    if (plan != nullptr) sharding::cache::retire_plan(plan);
 }
 
-void connect_spi() {
-    int rc = SPI_connect();
-    if (rc != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed: %s", SPI_result_code_string(rc));
-}
-
-SPIPlanPtr keep(const char *sql, int nargs, Oid *types) {
-    SPIPlanPtr p = SPI_prepare_cursor(sql, nargs, types, CURSOR_OPT_GENERIC_PLAN);
-    if (p == nullptr) elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql, SPI_result_code_string(SPI_result));
-    SPI_keepplan(p);
-    return p;
-}
-
+using sharding::queue::check_lease;
+using sharding::queue::connect_spi;
+using sharding::queue::keep;
 using sharding::queue::qualified_name;
+using sharding::queue::require;
 
-// Checks column `col`: must exist with type `type` unless `optional`.
-bool check_column(Oid relid, const char *qname, const char *col, Oid type, bool optional) {
-    AttrNumber att = get_attnum(relid, col);
-    if (att == InvalidAttrNumber) {
-        if (optional) return false;
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s lacks column \"%s\" of type %s", qname, col,
-                       format_type_be(type));
-    }
-    Oid actual = get_atttype(relid, att);
-    if (actual != type)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"%s\" of queue table %s has type %s, not %s", col,
-                       qname, format_type_be(actual), format_type_be(type));
-    return true;
-}
 
 // What the SQL text of a claim on one queue is built from.
 struct Shape {
@@ -239,155 +213,194 @@ void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false
     appendStringInfoString(s, " END");
 }
 
-// The pending part of an ordered claim. Claimable rows are heads, one per
-// key, and a claim must not walk the backlog behind a blocked key. So:
+// The pick of an ordered claim: which rows it locks, in one statement per
+// round (claim_ordered_common runs the rounds and the UPDATE). Keys take
+// turns oldest head first: a batch of b holds the b first heads in claim
+// order among the keys that have a claimable head, whatever the queue looks
+// like (contract section 14).
 //
-// 1. walk: the first 2 x batch + 16 pending rows in claim order, bounded
-//    whatever lies behind; fresh: of each key walked, its oldest walked
-//    job if it is the key's head, locked with SKIP LOCKED, in claim order,
-//    up to batch.
-// 2. fallback, only when the walk was cut short and found fewer than batch
-//    (a blocked backlog fills the front of the line): a skip scan over the
-//    distinct keys with pending jobs (one index descent per key, on the
-//    (key, status, created, id) index), taking each key's oldest pending
-//    job if it is a head, until batch is reached. It starts after the key
-//    where this backend's previous fallback stopped (session setting
-//    sharding_ordered.c<table oid>_<key attnum>) and wraps around, so keys take turns.
-//    Its cost is batch plus the keys it passes, never the jobs behind a
-//    blocked key. In this mode keys are served round-robin rather than
-//    strictly oldest head first.
-// $9 is the cursor: the key's text form, or NULL.
-void append_ordered_fresh(StringInfo s, const Shape &q, uint32 variant, const char *cols) {
-    appendStringInfo(s, "walk AS MATERIALIZED (SELECT %s, c.%s AS walk_key, c.tableoid AS walk_rel, c.ctid AS walk_tid "
-                        "FROM %s c WHERE c.status = 'pending'",
-                     cols, q.key, q.qname);
-    append_filter(s, q, variant);
-    appendStringInfoString(s, " ORDER BY ");
-    append_order(s, q, "c");
-    appendStringInfoString(s, " LIMIT $10), ");
-    // Only a key's oldest walked job can be its head: one head test per
-    // key walked, however many of its jobs the walk saw. Then, in claim
-    // order, each candidate is tested and locked until batch are taken.
-    appendStringInfo(s,
-                     "fresh AS MATERIALIZED (SELECT %s FROM "
-                     "(SELECT * FROM (SELECT DISTINCT ON (w.walk_key) * FROM walk w "
-                     "ORDER BY w.walk_key, w.created, w.id) d ORDER BY ",
-                     cols);
-    append_order(s, q, "d");
-    appendStringInfo(s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM %s c "
-                        "WHERE c.tableoid = w.walk_rel AND c.ctid = w.walk_tid AND c.status = 'pending'", q.qname);
-    append_head_check(s, q);
-    appendStringInfoString(s, " AND sharding._current_version(c.tableoid, c.ctid) FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2), ");
-    // Keys after the cursor, then from the first key up to the cursor: one
-    // descent of the (key, status, created, id) index per key gives the
-    // next key with a pending job and that key's oldest pending job, whose
-    // row version (tableoid and ctid, under the statement's snapshot: a
-    // ctid alone is not unique across the partitions of a partitioned
-    // queue) the candidate test then reads directly.
-    const char *next_key = psprintf("SELECT o.%s AS k, o.tableoid AS r, o.ctid AS t FROM %s o WHERE o.status = 'pending' AND o.%s > %%s "
-                                    "ORDER BY o.%s, o.status, o.created, o.id LIMIT 1",
-                                    q.key, q.qname, q.key, q.key);
-    appendStringInfo(s, "keys_after(k, r, t) AS ((");
-    appendStringInfo(s, next_key, psprintf("$9::%s", q.key_type));
-    appendStringInfoString(s, ") UNION ALL SELECT n.k, n.r, n.t FROM keys_after a CROSS JOIN LATERAL (");
-    appendStringInfo(s, next_key, "a.k");
-    appendStringInfoString(s, ") n), ");
-    appendStringInfo(s,
-                     "keys_before(k, r, t) AS ((SELECT o.%s AS k, o.tableoid AS r, o.ctid AS t FROM %s o WHERE o.status = 'pending' "
-                     "AND o.%s IS NOT NULL ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) "
-                     "UNION ALL SELECT n.k, n.r, n.t FROM keys_before b CROSS JOIN LATERAL (",
-                     q.key, q.qname, q.key, q.key);
-    appendStringInfo(s, next_key, "b.k");
-    appendStringInfo(s, ") n WHERE $9 IS NULL OR b.k < $9::%s), ", q.key_type);
-    appendStringInfo(s,
-                     "need AS MATERIALIZED (SELECT (SELECT count(*) FROM walk) = $10 "
-                     "AND (SELECT count(*) FROM fresh) + (SELECT count(*) FROM expired) < $2 AS more), "
-                     "fallback_rows AS MATERIALIZED (SELECT h.* FROM "
-                     "(SELECT a.k, a.r, a.t FROM keys_after a "
-                     "UNION ALL SELECT b.k, b.r, b.t FROM keys_before b WHERE $9 IS NULL OR b.k <= $9::%s) AS ks "
-                     "CROSS JOIN LATERAL (SELECT %s, c.%s AS fallback_key FROM %s c "
-                     "WHERE c.tableoid = ks.r AND c.ctid = ks.t AND c.status = 'pending'",
-                     q.key_type, cols, q.key, q.qname);
-    append_filter(s, q, variant);
-    append_head_check(s, q, true);
-    appendStringInfoString(s,
-                           " AND c.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::bigint[]) "
-                           "AND sharding._current_version(c.tableoid, c.ctid) FOR UPDATE OF c SKIP LOCKED) AS h WHERE (SELECT n.more FROM need n) "
-                           "LIMIT (SELECT GREATEST($2 - count(*), 0) FROM (SELECT id FROM fresh UNION ALL SELECT id FROM expired) x)), ");
-    // The cursor: the last key taken, in rotation order.
-    appendStringInfo(s,
-                     "cursor_mark AS MATERIALIZED (SELECT pg_catalog.set_config('sharding_ordered.c%u_%d', "
-                     "coalesce(max(r.fallback_key) FILTER (WHERE r.fallback_key <= $9::%s), max(r.fallback_key))::text, "
-                     "false) FROM fallback_rows r HAVING count(*) > 0), "
-                     "fallback AS (SELECT %s FROM fallback_rows c), ",
-                     q.relid, q.key_att, q.key_type, cols);
+// A head is a key's oldest pending job (by created, id), claimable when no
+// job of its key is processing under a live lease or older (the head
+// check). The pick walks the pending jobs in claim order (the pending
+// index create_queue makes) and tests, per key walked, its oldest walked
+// job: only it can be the head. The rows of the keys in $14 are left out
+// of the walk at the scan (a filter on the index scan: no row of theirs is
+// materialised, sorted or tested), and each such key's head is looked up
+// directly instead, one descent of the (key, status, created, id) index
+// (probes). Those are the keys known to hold pending jobs in the part of
+// the line already walked: blocked keys (their head in flight or not due),
+// keys whose head was just taken, heads another worker had locked. So a
+// whale's backlog at the front costs one probe per claim, not a walk over
+// it. Candidates from the walk and the probes are tested and locked
+// (SKIP LOCKED) in claim order until $2 are taken.
+//
+// Parameters: $1 worker, $2 batch (what the round still needs), $3 lease,
+// $4 shards, $5 shard_count, $6 map, $7 node, $8 max_attempts, $9 the
+// walk's length, $10-$13 the position the walk starts after (priority,
+// run_at, created, id; the Resume variant), $14 the keys left out of the
+// walk (text[]), $15 ids already taken by this claim, $16
+// whether this is the claim's first round (expired leases and the reaper
+// run only then), $17 the keys probed (the remembered ones, in the first
+// round: a key a round left out was examined there already).
+//
+// It returns the rows it locked and what the walk saw, one row each:
+//   'e' an expired lease locked (id, its claim-order key, key)
+//   'f' a pending head locked
+//   'w' per key walked and not taken: its first such row in claim order,
+//       n: how many
+//   'p' per probed key: its oldest pending job
+//   'l' the walk's last row, n: how many rows the walk read
+//   't' when the walk reached the end of the line: the last pending row in
+//       claim order (unfiltered), if due
+constexpr int PickParams = 17;
+Oid pick_types[PickParams] = {TEXTOID, INT4OID,        INTERVALOID,    INT4ARRAYOID, INT4OID,     TEXTOID,
+                              TEXTOID, INT4OID,        INT4OID,        INT8OID,      TIMESTAMPTZOID, TIMESTAMPTZOID,
+                              INT8OID, TEXTARRAYOID,   INT8ARRAYOID,   BOOLOID,      TEXTARRAYOID};
+
+// The claim-order key of rows aliased `a` as the pick returns it: id,
+// priority (int8, 0 without the column), run_at (NULL without it), created.
+void append_position(StringInfo s, const Shape &q, const char *a) {
+    appendStringInfo(s, "%s.id, %s, %s, %s.created", a,
+                     q.has_priority ? psprintf("%s.priority::pg_catalog.int8", a) : "0::pg_catalog.int8",
+                     q.has_run_at ? psprintf("%s.run_at", a) : "NULL::pg_catalog.timestamptz", a);
 }
 
-// The claim statement. Parameters: $1 worker, $2 batch, $3 lease,
-// $4 shards, $5 shard_count, $6 map, $7 node, $8 max_attempts.
-//
-// Pending rows and expired leases are found by separate index paths, each
-// in claim order, filtered, locked with SKIP LOCKED and limited to batch;
-// the first batch of both in claim order is updated, and the updated rows
-// are returned sorted in claim order.
-char *claim_sql(const Shape &q, uint32 variant) {
+// One arm of the walk: pending rows in claim order, filtered, past `past`.
+void append_walk_arm(StringInfo s, const Shape &q, uint32 variant, const char *cols, const char *past) {
+    appendStringInfo(s,
+                     "SELECT %s, c.%s::pg_catalog.text AS k, c.tableoid AS r, c.ctid AS t "
+                     "FROM %s c WHERE c.status = 'pending'",
+                     cols, q.key, q.qname);
+    append_filter(s, q, variant);
+    appendStringInfo(s, " AND NOT (c.%s::pg_catalog.text COLLATE \"C\" = ANY ($14))%s ORDER BY ", q.key, past);
+    append_order(s, q, "c");
+    appendStringInfoString(s, " LIMIT $9");
+}
+
+char *pick_sql(const Shape &q, uint32 variant) {
     const char *cols = q.has_priority && q.has_run_at ? "c.id, c.created, c.priority, c.run_at"
                        : q.has_priority                ? "c.id, c.created, c.priority"
                        : q.has_run_at                  ? "c.id, c.created, c.run_at"
                                                        : "c.id, c.created";
     StringInfoData s;
     initStringInfo(&s);
-    appendStringInfoString(&s, (variant & Ordered) ? "WITH RECURSIVE " : "WITH ");
+    appendStringInfoString(&s, "WITH ");
     if (variant & Reap)
         appendStringInfo(&s,
                          "reaped AS (UPDATE %s AS sharding_reaped SET status = 'failed' "
-                         "WHERE sharding_reaped.id IN (SELECT id FROM %s "
+                         "WHERE $16 AND sharding_reaped.id IN (SELECT id FROM %s "
                          "WHERE status = 'processing' AND claim_expires < pg_catalog.now() AND attempts >= $8 "
                          "FOR UPDATE SKIP LOCKED)), ",
                          q.qname, q.qname);
     if (variant & Handoff) appendStringInfoString(&s, sharding::queue::handoff_ctes(q.qname, q.key, "$6", "$7"));
-    appendStringInfo(&s, "expired AS MATERIALIZED (SELECT %s FROM %s c "
-                         "WHERE c.status = 'processing' AND c.claim_expires < pg_catalog.now()",
-                     cols, q.qname);
+    appendStringInfo(&s,
+                     "expired AS MATERIALIZED (SELECT %s, c.%s::pg_catalog.text AS k FROM %s c "
+                     "WHERE $16 AND c.status = 'processing' AND c.claim_expires < pg_catalog.now()",
+                     cols, q.key, q.qname);
     if (variant & Reap) appendStringInfoString(&s, " AND (c.attempts IS NULL OR c.attempts < $8)");
     append_filter(&s, q, variant);
-    if (variant & Ordered) append_head_check(&s, q);
+    append_head_check(&s, q);
     appendStringInfoString(&s, " ORDER BY ");
     append_order(&s, q, "c");
     appendStringInfoString(&s, " LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
-    if (variant & Ordered) {
-        append_ordered_fresh(&s, q, variant, cols);
+    // The walk, from the start of the line or past the position: as ranges
+    // of the pending index (the higher priorities are behind the position).
+    appendStringInfoString(&s, "walk AS MATERIALIZED (");
+    if (!(variant & Resume)) {
+        append_walk_arm(&s, q, variant, cols, "");
     } else {
-        appendStringInfo(&s, "fresh AS MATERIALIZED (SELECT %s FROM %s c WHERE c.status = 'pending'", cols,
-                         q.qname);
-        append_filter(&s, q, variant);
-        appendStringInfoString(&s, " ORDER BY ");
-        append_order(&s, q, "c");
-        appendStringInfoString(&s, " LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
+        const char *past = q.has_run_at ? " AND ROW(c.run_at, c.created, c.id) > ROW($11, $12, $13)"
+                                        : " AND ROW(c.created, c.id) > ROW($12, $13)";
+        if (!q.has_priority) {
+            append_walk_arm(&s, q, variant, cols, past);
+        } else {
+            appendStringInfoString(&s, "SELECT * FROM ((");
+            append_walk_arm(&s, q, variant, cols, psprintf(" AND c.priority = $10%s", past));
+            appendStringInfoString(&s, ") UNION ALL (");
+            append_walk_arm(&s, q, variant, cols, " AND c.priority < $10");
+            appendStringInfoString(&s, ")) AS arms LIMIT $9");
+        }
     }
-    // The picked ids go to the UPDATE as one array (an InitPlan, computed
-    // once): a primary key lookup per id, and the LIMIT evaluated once.
+    appendStringInfoString(&s, "), ");
+    // The probes: each remembered key's oldest pending job.
     appendStringInfo(&s,
-                     "claimed AS (UPDATE %s AS u SET owner = $1, claim_expires = pg_catalog.now() + $3, "
-                     "status = 'processing'%s "
-                     "WHERE u.id = ANY ((SELECT pg_catalog.array_agg(p.id) FROM "
-                     "(SELECT c.id FROM (SELECT * FROM expired UNION ALL SELECT * FROM fresh%s) AS c ORDER BY ",
-                     q.qname, q.has_attempts ? ", attempts = coalesce(u.attempts, 0) + 1" : "",
-                     (variant & Ordered) ? " UNION ALL SELECT * FROM fallback" : "");
-    append_order(&s, q, "c");
-    appendStringInfoString(&s, " LIMIT $2) AS p)::bigint[]) RETURNING u.*) SELECT * FROM claimed c");
-    // The fallback's cursor is set only if the statement references it.
-    if (variant & Ordered) appendStringInfoString(&s, " WHERE (SELECT count(*) FROM cursor_mark) >= 0");
-    appendStringInfoString(&s, " ORDER BY ");
-    append_order(&s, q, "c");
+                     "probes AS MATERIALIZED (SELECT %s, p.k, c.r, c.t "
+                     "FROM pg_catalog.unnest($17) AS p(k) CROSS JOIN LATERAL (SELECT o.*, o.tableoid AS r, o.ctid AS t FROM %s o "
+                     "WHERE o.%s = p.k::%s AND o.status = 'pending' ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) c), ",
+                     cols, q.qname, q.key, q.key_type, q.key);
+    // Per key, its oldest candidate; then, in claim order, each is tested
+    // and locked until $2 are taken.
+    appendStringInfo(&s,
+                     "fresh AS MATERIALIZED (SELECT %s, w.k FROM (SELECT * FROM (SELECT DISTINCT ON (x.k) x.* FROM "
+                     "(SELECT * FROM walk UNION ALL SELECT * FROM probes) x ORDER BY x.k, x.created, x.id) d ORDER BY ",
+                     cols);
+    append_order(&s, q, "d");
+    // The lock first, then the head check: with several workers at the
+    // front of the line, most candidates another worker holds, and
+    // SKIP LOCKED passes them over for less than the two probes of the
+    // head check. A candidate that fails the check stays locked to the end
+    // of the transaction: it was no head, no claim wanted it.
+    appendStringInfo(&s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM (SELECT c.* FROM %s c "
+                         "WHERE c.tableoid = w.r AND c.ctid = w.t AND c.status = 'pending'", q.qname);
+    append_filter(&s, q, variant);
+    appendStringInfoString(&s, " AND c.id <> ALL ($15) AND sharding._current_version(c.tableoid, c.ctid) "
+                               "FOR UPDATE OF c SKIP LOCKED) AS c WHERE true");
+    append_head_check(&s, q);
+    appendStringInfoString(&s, ") AS c LIMIT $2) ");
+    appendStringInfoString(&s, "SELECT 'e'::\"char\" AS kind, ");
+    append_position(&s, q, "e");
+    appendStringInfoString(&s, ", e.k, NULL::pg_catalog.int8 AS n FROM expired e UNION ALL SELECT 'f', ");
+    append_position(&s, q, "f");
+    appendStringInfoString(&s, ", f.k, NULL FROM fresh f UNION ALL SELECT 'w', ");
+    append_position(&s, q, "w");
+    appendStringInfoString(&s, ", w.k, w.n FROM (SELECT DISTINCT ON (v.k) v.*, "
+                               "pg_catalog.count(*) OVER (PARTITION BY v.k) AS n FROM walk v "
+                               "WHERE v.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::pg_catalog.int8[]) "
+                               "ORDER BY v.k, ");
+    append_order(&s, q, "v");
+    appendStringInfoString(&s, ") w UNION ALL SELECT 'p', ");
+    append_position(&s, q, "p");
+    appendStringInfoString(&s, ", p.k, NULL FROM probes p UNION ALL SELECT 'l', ");
+    append_position(&s, q, "l");
+    appendStringInfoString(&s, ", l.k, (SELECT pg_catalog.count(*) FROM walk) FROM (SELECT * FROM walk z ORDER BY ");
+    {
+        // The walk's last row: claim order reversed.
+        if (q.has_priority) appendStringInfoString(&s, "z.priority, ");
+        if (q.has_run_at) appendStringInfoString(&s, "z.run_at DESC, ");
+        appendStringInfoString(&s, "z.created DESC, z.id DESC");
+    }
+    appendStringInfoString(&s, " LIMIT 1) l");
+    // The tail of the line: the last pending row in claim order (a
+    // backward descent of the pending index), if it is due (a job
+    // scheduled later sits behind the jobs inserted meanwhile).
+    appendStringInfoString(&s, " UNION ALL SELECT 't', ");
+    append_position(&s, q, "l");
+    appendStringInfo(&s, ", NULL, NULL FROM (SELECT * FROM %s z WHERE z.status = 'pending' ORDER BY ", q.qname);
+    if (q.has_priority) appendStringInfoString(&s, "z.priority, ");
+    if (q.has_run_at) appendStringInfoString(&s, "z.run_at DESC, ");
+    appendStringInfoString(&s, "z.created DESC, z.id DESC LIMIT 1) l WHERE (SELECT pg_catalog.count(*) FROM walk) < $9");
+    if (q.has_run_at) appendStringInfoString(&s, " AND NOT (l.run_at > pg_catalog.now())");
     return s.data;
 }
 
+// The claim's UPDATE: $1 worker, $2 the picked ids, $3 lease; the claimed
+// rows come back in claim order.
+char *update_sql(const Shape &q) {
+    StringInfoData s;
+    initStringInfo(&s);
+    appendStringInfo(&s,
+                     "WITH claimed AS (UPDATE %s AS u SET owner = $1, claim_expires = pg_catalog.now() + $3, "
+                     "status = 'processing'%s WHERE u.id = ANY ($2) RETURNING u.*) SELECT * FROM claimed c ORDER BY ",
+                     q.qname, q.has_attempts ? ", attempts = coalesce(u.attempts, 0) + 1" : "");
+    append_order(&s, q, "c");
+    return s.data;
+}
+Oid update_types[3] = {TEXTOID, INT8ARRAYOID, INTERVALOID};
+
 // Checks privileges and the table, locks it, and returns the kept plan of
 // `variant`. Needs an SPI connection.
-SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
+PlanEntry *plan_for(Oid relid, uint32 variant, const char *key_column) {
     ensure_cache();
-    free_retired();
     if (!OidIsValid(relid) || !SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
         sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
     char kind = get_rel_relkind(relid);
@@ -432,8 +445,10 @@ SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
     if (!found) {
         e->signature = nullptr;
         e->plan = nullptr;
+        e->stale = false;
     }
-    if (e->plan != nullptr && e->signature != nullptr && strcmp(e->signature, sig.data) == 0) return e->plan;
+    if (e->plan != nullptr && !e->stale && e->signature != nullptr && strcmp(e->signature, sig.data) == 0) return e;
+    e->stale = false;  // an invalidation during the build below marks it again
 
     elog(DEBUG1, "sharding: preparing ordered claim variant %u on %s", variant, q.qname);
     retire(e->plan);
@@ -441,12 +456,17 @@ SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
     if (e->signature != nullptr) pfree(e->signature);
     e->signature = nullptr;
 
-    check_column(relid, q.qname, "id", INT8OID, false);
-    check_column(relid, q.qname, "status", TEXTOID, false);
-    check_column(relid, q.qname, "owner", TEXTOID, false);
-    check_column(relid, q.qname, "claim_expires", TIMESTAMPTZOID, false);
-    check_column(relid, q.qname, "created", TIMESTAMPTZOID, false);
-    if (q.has_run_at) check_column(relid, q.qname, "run_at", TIMESTAMPTZOID, false);
+    // One validation with claim (queue.cpp): the required columns, attempts
+    // if present, the unique index on id. The ordered claims also read
+    // run_at and priority wherever the columns exist, so those must have
+    // the contract's types.
+    (void)sharding::queue::check_queue_table(relid);
+    if (q.has_run_at) {
+        Oid t = get_atttype(relid, get_attnum(relid, "run_at"));
+        if (t != TIMESTAMPTZOID)
+            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"run_at\" of queue table %s has type %s, not %s",
+                           q.qname, format_type_be(t), format_type_be(TIMESTAMPTZOID));
+    }
     if (q.has_priority) {
         AttrNumber a = get_attnum(relid, "priority");
         Oid t = get_atttype(relid, a);
@@ -455,99 +475,21 @@ SPIPlanPtr plan_for(Oid relid, uint32 variant, const char *key_column) {
                            q.qname, format_type_be(t));
     }
     sharding::queue::check_key_column(relid, key_column);
-    sharding::queue::check_unique_id(relid, q.qname);
 
-    Oid types[10] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID, INT4OID};
-    SPIPlanPtr p = keep(claim_sql(q, variant), 10, types);
+    SPIPlanPtr p = (variant & Update) ? keep(update_sql(q), 3, update_types)
+                                      : keep(pick_sql(q, variant), PickParams, pick_types);
     e->signature = MemoryContextStrdup(ordered_cxt, sig.data);
     e->plan = p;
-    return p;
+    e->built = false;
+    e->has_priority = q.has_priority;
+    e->has_run_at = q.has_run_at;
+    return e;
 }
 
 // --- argument checks (22023, naming the value) ---
 
-void require(FunctionCallInfo fcinfo, int argno, const char *what) {
-    if (PG_ARGISNULL(argno)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s must not be null", what);
-}
 
-Datum check_lease(FunctionCallInfo fcinfo, int argno) {
-    require(fcinfo, argno, "lease");
-    Datum lease = PG_GETARG_DATUM(argno);
-    Interval zero;
-    memset(&zero, 0, sizeof zero);
-    if (DatumGetBool(DirectFunctionCall2(interval_lt, lease, IntervalPGetDatum(&zero))))
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "lease must not be negative, got %s",
-                       DatumGetCString(DirectFunctionCall1(interval_out, lease)));
-    return lease;
-}
 
-// The queue's max_attempts from sharding.queue_settings, or -1.
-int32 max_attempts(Oid relid) {
-    if (settings_plan == nullptr) {
-        Oid types[2] = {TEXTOID, TEXTOID};
-        settings_plan = keep("SELECT max_attempts FROM sharding.queue_settings WHERE schema_name = $1 AND table_name = $2",
-                             2, types);
-    }
-    Datum values[2] = {CStringGetTextDatum(get_namespace_name(get_rel_namespace(relid))),
-                       CStringGetTextDatum(get_rel_name(relid))};
-    int rc = SPI_execute_plan(settings_plan, values, nullptr, true, 1);
-    if (rc != SPI_OK_SELECT) elog(ERROR, "reading sharding.queue_settings failed: %s", SPI_result_code_string(rc));
-    if (SPI_processed != 1) return -1;
-    bool isnull;
-    Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-    return isnull ? -1 : DatumGetInt32(d);
-}
-
-// The first cursor of a session (its setting was never set): a random
-// bound of the key column's histogram in pg_stats, which spans the keys
-// apart from the most common ones (so a whale's backlog does not draw
-// every worker to the whale's key); without statistics, the key of a
-// pending job on a few randomly sampled pages of the table; or '' (start
-// at the first key) when neither gives one. Concurrent workers that all
-// started at one key would go round the keys in step, each passing the
-// keys the others had just taken; from random starting points they work
-// on different keys. Kept in the setting, so chosen once per session and
-// table. An explicitly empty setting starts at the first key.
-const char *random_start(Oid relid, const char *key_column, const char *guc) {
-    Relation rel = table_open(relid, AccessShareLock);
-    BlockNumber pages = RelationGetNumberOfBlocks(rel);
-    table_close(rel, AccessShareLock);
-    const char *start = "";
-    {
-        Oid types[3] = {TEXTOID, TEXTOID, TEXTOID};
-        Datum args[3] = {CStringGetTextDatum(get_namespace_name(get_rel_namespace(relid))),
-                         CStringGetTextDatum(get_rel_name(relid)), CStringGetTextDatum(key_column)};
-        if (SPI_execute_with_args("SELECT x.b[1 + pg_catalog.floor(pg_catalog.random() * pg_catalog.cardinality(x.b))::int] "
-                                  "FROM (SELECT s.histogram_bounds::pg_catalog.text::pg_catalog.text[] AS b "
-                                  "FROM pg_catalog.pg_stats s WHERE s.schemaname OPERATOR(pg_catalog.=) $1 "
-                                  "AND s.tablename OPERATOR(pg_catalog.=) $2 AND s.attname OPERATOR(pg_catalog.=) $3 "
-                                  "AND s.histogram_bounds IS NOT NULL LIMIT 1) x",
-                                  3, types, args, nullptr, true, 1) == SPI_OK_SELECT &&
-            SPI_processed == 1) {
-            char *k = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-            if (k != nullptr) pages = 0, start = k;  // no sample needed
-        }
-    }
-    if (pages > 0) {
-        double percent = pages <= 4 ? 100.0 : 400.0 / pages;
-        StringInfoData q;
-        initStringInfo(&q);
-        appendStringInfo(&q,
-                         "SELECT s.%s::text FROM %s s TABLESAMPLE SYSTEM ($1) "
-                         "WHERE s.status OPERATOR(pg_catalog.=) 'pending' AND s.%s IS NOT NULL LIMIT 1",
-                         quote_identifier(key_column),
-                         quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid)),
-                         quote_identifier(key_column));
-        Oid type = FLOAT4OID;
-        Datum arg = Float4GetDatum((float4)percent);
-        if (SPI_execute_with_args(q.data, 1, &type, &arg, nullptr, true, 1) == SPI_OK_SELECT && SPI_processed == 1) {
-            char *k = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-            if (k != nullptr) start = k;
-        }
-    }
-    (void)set_config_option(guc, start, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SET, true, 0, false);
-    return start;
-}
 
 // The handoff exclusion costs a scan of the queue's live leases on every
 // claim_node. It can only matter while a worker registered with another
@@ -701,6 +643,220 @@ bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, co
 
 namespace {
 
+// --- where an ordered claim resumes ---
+//
+// A sweep walks the line from its start: exact. Each backend also
+// remembers, per queue, filter and key column, where its last claim's walk
+// ended (the position P, a claim-order key) and the keys that still held
+// pending jobs before P when it ran (at most kMaxProbed; they were blocked,
+// or had their head taken, or another worker held it). Every pending job
+// before P then belonged to one of those keys or was taken. The next claim
+// walks only past P and probes those keys' heads: with a whale's backlog at
+// the front, one probe instead of a walk over the backlog. A key leaves the
+// list once its oldest pending job lies past P, or it has none.
+//
+// What can appear before P afterwards, of a key not in the list: a job
+// inserted with an older claim-order key, a job that became due with a
+// higher priority than P's, a job sent back to pending by another backend's
+// fail (this backend's fail forgets the positions of the queue), a claim
+// rolled back (noticed by its xid), a newer job of a listed key with a
+// higher priority than the key's older ones. As for claim (queue.cpp), a
+// sweep finds them: a claim sweeps when its backend has no position, when
+// the last sweep was cheap (then every claim is exact), and otherwise by
+// the budget of queue.hpp (SweepClock).
+constexpr int kMaxProbed = 32;
+
+struct OrderPos {
+    bool valid;
+    int64 priority;
+    TimestampTz run_at;
+    TimestampTz created;
+    int64 id;
+};
+
+struct StateKey {
+    Oid relid;
+    uint32 variant;  // ByShard | ByNode
+    NameData key_column;
+};
+
+struct OrderedState {
+    StateKey key;  // hash key
+    bool valid;
+    OrderPos pos;
+    int nkeys;
+    char *keys[kMaxProbed];  // in ordered_cxt
+    uint32 filter_hash;
+    TransactionId xid;  // of the claim that set it
+    sharding::queue::SweepClock clock;
+};
+
+HTAB *state_cache = nullptr;
+
+OrderedState *state_for(Oid relid, uint32 variant, const char *key_column) {
+    ensure_cache();
+    if (state_cache == nullptr) {
+        HASHCTL ctl;
+        memset(&ctl, 0, sizeof ctl);
+        ctl.keysize = sizeof(StateKey);
+        ctl.entrysize = sizeof(OrderedState);
+        ctl.hcxt = ordered_cxt;
+        state_cache = hash_create("sharding ordered claim positions", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    }
+    StateKey k;
+    memset(&k, 0, sizeof k);
+    k.relid = relid;
+    k.variant = variant & (ByShard | ByNode);
+    namestrcpy(&k.key_column, key_column);
+    bool found;
+    OrderedState *st = static_cast<OrderedState *>(hash_search(state_cache, &k, HASH_ENTER, &found));
+    if (!found) {
+        memset(reinterpret_cast<char *>(st) + sizeof(StateKey), 0, sizeof(OrderedState) - sizeof(StateKey));
+    }
+    return st;
+}
+
+void set_keys(OrderedState *st, char **keys, int n) {
+    for (int i = 0; i < st->nkeys; i++) pfree(st->keys[i]);
+    st->nkeys = 0;
+    for (int i = 0; i < n && i < kMaxProbed; i++) st->keys[st->nkeys++] = MemoryContextStrdup(ordered_cxt, keys[i]);
+}
+
+void forget_positions(Oid relid) {
+    if (state_cache == nullptr) return;
+    HASH_SEQ_STATUS seq;
+    hash_seq_init(&seq, state_cache);
+    while (OrderedState *st = static_cast<OrderedState *>(hash_seq_search(&seq)))
+        if (relid == InvalidOid || st->key.relid == relid) st->valid = false;
+}
+
+// Cache module callback: marks the table's plans stale and forgets its
+// positions (TRUNCATE, ALTER TABLE: the positions may point anywhere).
+void ordered_relation_changed(Oid relid) {
+    if (plan_cache != nullptr) {
+        HASH_SEQ_STATUS pseq;
+        hash_seq_init(&pseq, plan_cache);
+        while (PlanEntry *e = static_cast<PlanEntry *>(hash_seq_search(&pseq)))
+            if (relid == InvalidOid || e->key.relid == relid) e->stale = true;
+    }
+    forget_positions(relid);
+}
+
+const sharding::cache::Kind ordered_kind = {"ordered claims", ordered_relation_changed, nullptr, 0, {0, 0, 0, 0}};
+
+// Claim order of two positions: negative if a comes first.
+int compare_pos(bool has_priority, bool has_run_at, const OrderPos &a, const OrderPos &b) {
+    if (has_priority && a.priority != b.priority) return a.priority > b.priority ? -1 : 1;
+    if (has_run_at && a.run_at != b.run_at) return a.run_at < b.run_at ? -1 : 1;
+    if (a.created != b.created) return a.created < b.created ? -1 : 1;
+    if (a.id != b.id) return a.id < b.id ? -1 : 1;
+    return 0;
+}
+
+// One row of a pick's result (see pick_sql).
+struct PickRow {
+    char kind;
+    OrderPos pos;
+    char *key;  // palloc'd
+    int64 n;
+};
+
+// A hash of what restricts an ordered claim (a position found with one
+// filter is no position for another): shards, or map, node and routing
+// generation (a shard this node gained may hold jobs behind the position).
+uint32 filter_hash(FunctionCallInfo fcinfo, uint32 variant, int shards_arg, int shard_count, int map_arg,
+                   int node_arg) {
+    uint32 h = hash_bytes_uint32(variant & (ByShard | ByNode));
+    if (variant & ByShard) {
+        ArrayType *arr = PG_GETARG_ARRAYTYPE_P(shards_arg);
+        h = hash_combine(h, hash_bytes_uint32(static_cast<uint32>(shard_count)));
+        h = hash_combine(h, hash_bytes(reinterpret_cast<const unsigned char *>(ARR_DATA_PTR(arr)),
+                                       static_cast<int>(ARR_SIZE(arr) - ARR_DATA_OFFSET(arr))));
+    }
+    if (variant & ByNode) {
+        text *map = PG_GETARG_TEXT_PP(map_arg), *node = PG_GETARG_TEXT_PP(node_arg);
+        h = hash_combine(h, hash_bytes(reinterpret_cast<const unsigned char *>(VARDATA_ANY(map)),
+                                       static_cast<int>(VARSIZE_ANY_EXHDR(map))));
+        h = hash_combine(h, hash_bytes(reinterpret_cast<const unsigned char *>(VARDATA_ANY(node)),
+                                       static_cast<int>(VARSIZE_ANY_EXHDR(node))));
+        h = hash_combine(h, hash_bytes_uint32(static_cast<uint32>(sharding::routing_generation())));
+    }
+    return h;
+}
+
+// A set of keys in insertion order (palloc'd, open addressing on their
+// hashes): the keys a claim leaves out of its walks can be many.
+struct KeySet {
+    char **list;
+    int n, cap;
+    int *slots;  // index into list + 1; 0: empty
+    uint32 mask;
+};
+
+void keyset_init(KeySet *k) {
+    k->n = 0;
+    k->cap = 16;
+    k->list = static_cast<char **>(palloc(sizeof(char *) * k->cap));
+    k->mask = 31;
+    k->slots = static_cast<int *>(palloc0(sizeof(int) * (k->mask + 1)));
+}
+
+uint32 key_hash(const char *key) {
+    return hash_bytes(reinterpret_cast<const unsigned char *>(key), static_cast<int>(strlen(key)));
+}
+
+bool keyset_has(const KeySet *k, const char *key) {
+    for (uint32 i = key_hash(key) & k->mask;; i = (i + 1) & k->mask) {
+        if (k->slots[i] == 0) return false;
+        if (strcmp(k->list[k->slots[i] - 1], key) == 0) return true;
+    }
+}
+
+// Adds key unless it is there.
+void keyset_add(KeySet *k, const char *key) {
+    if (keyset_has(k, key)) return;
+    if (k->n == k->cap) {
+        k->cap *= 2;
+        k->list = static_cast<char **>(repalloc(k->list, sizeof(char *) * k->cap));
+    }
+    k->list[k->n++] = pstrdup(key);
+    if (static_cast<uint32>(k->n) * 2 > k->mask) {
+        k->mask = k->mask * 2 + 1;
+        pfree(k->slots);
+        k->slots = static_cast<int *>(palloc0(sizeof(int) * (k->mask + 1)));
+        for (int j = 0; j < k->n; j++) {
+            uint32 i = key_hash(k->list[j]) & k->mask;
+            while (k->slots[i] != 0) i = (i + 1) & k->mask;
+            k->slots[i] = j + 1;
+        }
+        return;
+    }
+    uint32 i = key_hash(key) & k->mask;
+    while (k->slots[i] != 0) i = (i + 1) & k->mask;
+    k->slots[i] = k->n;
+}
+
+ArrayType *text_array(char **keys, int n) {
+    Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (n + 1)));
+    for (int i = 0; i < n; i++) d[i] = CStringGetTextDatum(keys[i]);
+    return construct_array(d, n, TEXTOID, -1, false, TYPALIGN_INT);
+}
+
+struct Entry {
+    OrderPos pos;
+    const char *key;
+};
+bool g_has_priority, g_has_run_at;  // for the qsort comparators
+int compare_entries(const void *a, const void *b) {
+    return compare_pos(g_has_priority, g_has_run_at, static_cast<const Entry *>(a)->pos,
+                       static_cast<const Entry *>(b)->pos);
+}
+int compare_rows(const void *a, const void *b) {
+    const PickRow *x = static_cast<const PickRow *>(a), *y = static_cast<const PickRow *>(b);
+    if (x->pos.valid != y->pos.valid) return x->pos.valid ? -1 : 1;
+    return compare_pos(g_has_priority, g_has_run_at, x->pos, y->pos);
+}
+
 struct ClaimArgs {
     int worker, batch, lease, key_column;
     int shards = -1, shard_count = -1;  // claim_ordered
@@ -773,49 +929,182 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
                                                        PG_GETARG_DATUM(a.worker));
     int32 max_att = -1;
     // Plan checks come first (a table without attempts has no max_attempts).
-    SPIPlanPtr plan = plan_for(relid, variant, key_column);
+    PlanEntry *pe = plan_for(relid, variant, key_column);
     if ((variant & ByNode) && sharding::queue::handoff_needed(relid, key_column, PG_GETARG_DATUM(a.map),
-                                                              PG_GETARG_DATUM(a.node), node_claim)) {
+                                                              PG_GETARG_DATUM(a.node), node_claim))
         variant |= Handoff;
-        plan = plan_for(relid, variant, key_column);
+    {
+        AttrNumber att = get_attnum(relid, "attempts");
+        if (att != InvalidAttrNumber && get_atttype(relid, att) == INT4OID) max_att = sharding::queue::max_attempts_of(relid);
     }
-    if (get_attnum(relid, "attempts") != InvalidAttrNumber && get_atttype(relid, get_attnum(relid, "attempts")) == INT4OID)
-        max_att = max_attempts(relid);
-    if (max_att > 0) plan = plan_for(relid, variant | Reap, key_column);
+    if (max_att > 0) variant |= Reap;
+    const bool has_priority = pe->has_priority, has_run_at = pe->has_run_at;
 
-    // The ordered fallback's cursor (see append_ordered_fresh).
-    const char *cursor = nullptr;
-    // The walk's length, 2 x batch + 16 (in C: in SQL it overflowed
-    // integer for huge batches).
-    int32 walk = batch > (PG_INT32_MAX - 16) / 2 ? PG_INT32_MAX : batch * 2 + 16;
-    if (variant & Ordered) {
-        char guc[64];
-        snprintf(guc, sizeof guc, "sharding_ordered.c%u_%d", relid, get_attnum(relid, key_column));
-        cursor = GetConfigOption(guc, true, false);
-        if (cursor == nullptr) cursor = random_start(relid, key_column, guc);
-        if (cursor != nullptr && cursor[0] == '\0') cursor = nullptr;
+    // Sweep or resume (see "where an ordered claim resumes").
+    OrderedState *st = state_for(relid, variant, key_column);
+    uint32 fh = filter_hash(fcinfo, variant, a.shards, shard_count, a.map, a.node);
+    bool sweep = !st->valid || st->filter_hash != fh || sharding::queue::rolled_back(st->xid) ||
+                 sharding::queue::sweep_due(st->clock) || (variant & Handoff);
+    OrderPos start = {false, 0, 0, 0, 0};
+    KeySet probe;
+    keyset_init(&probe);
+    // The remembered keys, copied (a trigger that claims again may replace
+    // them while this claim runs).
+    int nst_keys = 0;
+    char **st_keys = static_cast<char **>(palloc(sizeof(char *) * (kMaxProbed + 1)));
+    if (!sweep) {
+        start = st->pos;
+        for (int i = 0; i < st->nkeys; i++) {
+            keyset_add(&probe, st->keys[i]);
+            st_keys[nst_keys++] = pstrdup(st->keys[i]);
+        }
     }
-    Datum values[10] = {PG_GETARG_DATUM(a.worker),
-                        Int32GetDatum(batch),
-                        lease,
-                        (variant & ByShard) ? PG_GETARG_DATUM(a.shards) : (Datum)0,
-                        Int32GetDatum(shard_count),
-                        (variant & ByNode) ? PG_GETARG_DATUM(a.map) : (Datum)0,
-                        (variant & ByNode) ? PG_GETARG_DATUM(a.node) : (Datum)0,
-                        Int32GetDatum(max_att),
-                        cursor != nullptr ? CStringGetTextDatum(cursor) : (Datum)0,
-                        Int32GetDatum(walk)};
-    bool isnull[10] = {false, false, false, !(variant & ByShard), false, !(variant & ByNode), !(variant & ByNode),
-                       max_att <= 0, cursor == nullptr, false};
-    Oid types[10] = {TEXTOID, INT4OID, INTERVALOID, INT4ARRAYOID, INT4OID, TEXTOID, TEXTOID, INT4OID, TEXTOID, INT4OID};
-    ParamListInfo params = makeParamList(10);
-    params->numParams = 10;
-    for (int i = 0; i < 10; i++) {
-        params->params[i].value = values[i];
-        params->params[i].isnull = isnull[i];
-        params->params[i].pflags = PARAM_FLAG_CONST;
-        params->params[i].ptype = types[i];
+
+    // The rounds: a pick, and while it found fewer than batch and its walk
+    // was cut short, another one past where that walk ended, leaving out
+    // the keys it saw.
+    int64 cpu_start = sharding::queue::thread_cpu_us();
+    bool fresh_plan = false;
+    int nrows = 0, rows_cap = 64;
+    PickRow *rows = static_cast<PickRow *>(palloc(sizeof(PickRow) * rows_cap));
+    int ntaken = 0, taken_cap = 64;
+    int64 *taken = static_cast<int64 *>(palloc(sizeof(int64) * taken_cap));
+    OrderPos pos = start, end = {false, 0, 0, 0, 0};
+    const int32 first_walk = batch > (PG_INT32_MAX - 16) / 2 ? PG_INT32_MAX : batch * 2 + 16;
+    int32 walk = first_walk;
+    constexpr int32 kMaxWalk = 1 << 20;
+    bool limit_hit = false;   // the last round took all it asked for
+    bool reached_end = false;  // the last round's walk reached the end of the line
+    OrderPos tail = end;       // the last pending row in claim order
+    OrderPos frontier = end;  // then: its last fresh row
+    for (int round = 0;; round++) {
+        CHECK_FOR_INTERRUPTS();
+        PlanEntry *p = plan_for(relid, variant | (pos.valid ? static_cast<uint32>(Resume) : 0u), key_column);
+        fresh_plan = fresh_plan || !p->built;
+        int32 need = batch - ntaken;
+        Datum values[PickParams] = {PG_GETARG_DATUM(a.worker),
+                                    Int32GetDatum(need),
+                                    lease,
+                                    (variant & ByShard) ? PG_GETARG_DATUM(a.shards) : (Datum)0,
+                                    Int32GetDatum(shard_count),
+                                    (variant & ByNode) ? PG_GETARG_DATUM(a.map) : (Datum)0,
+                                    (variant & ByNode) ? PG_GETARG_DATUM(a.node) : (Datum)0,
+                                    Int32GetDatum(max_att),
+                                    Int32GetDatum(walk),
+                                    Int64GetDatum(pos.priority),
+                                    TimestampTzGetDatum(pos.run_at),
+                                    TimestampTzGetDatum(pos.created),
+                                    Int64GetDatum(pos.id),
+                                    PointerGetDatum(text_array(probe.list, probe.n)),
+                                    (Datum)0,  // taken ids, below
+                                    BoolGetDatum(round == 0),
+                                    PointerGetDatum(text_array(st_keys, round == 0 ? nst_keys : 0))};
+        {
+            Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (ntaken + 1)));
+            for (int i = 0; i < ntaken; i++) d[i] = Int64GetDatum(taken[i]);
+            values[14] = PointerGetDatum(construct_array(d, ntaken, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+                                                         TYPALIGN_DOUBLE));
+        }
+        ParamListInfo params = makeParamList(PickParams);
+        params->numParams = PickParams;
+        for (int i = 0; i < PickParams; i++) {
+            bool isnull = (i == 3 || i == 4) ? !(variant & ByShard)
+                          : (i == 5 || i == 6) ? !(variant & ByNode)
+                          : i == 7           ? max_att <= 0
+                          : (i >= 9 && i <= 12) ? !pos.valid
+                                                : false;
+            params->params[i].value = isnull ? (Datum)0 : values[i];
+            params->params[i].isnull = isnull;
+            params->params[i].pflags = PARAM_FLAG_CONST;
+            params->params[i].ptype = pick_types[i];
+        }
+        int rc = SPI_execute_plan_with_paramlist(p->plan, params, false, 0);
+        p->built = true;
+        if (rc != SPI_OK_SELECT) elog(ERROR, "claim failed: %s", SPI_result_code_string(rc));
+        int fresh = 0, walked = 0;
+        OrderPos last = {false, 0, 0, 0, 0}, last_fresh = last;
+        TupleDesc desc = SPI_tuptable->tupdesc;
+        for (uint64 i = 0; i < SPI_processed; i++) {
+            HeapTuple t = SPI_tuptable->vals[i];
+            bool null_kind, null_id, null_prio, null_run_at, null_created, null_key, null_n;
+            PickRow r;
+            r.kind = DatumGetChar(SPI_getbinval(t, desc, 1, &null_kind));
+            r.pos.id = DatumGetInt64(SPI_getbinval(t, desc, 2, &null_id));
+            r.pos.priority = DatumGetInt64(SPI_getbinval(t, desc, 3, &null_prio));
+            r.pos.run_at = DatumGetTimestampTz(SPI_getbinval(t, desc, 4, &null_run_at));
+            r.pos.created = DatumGetTimestampTz(SPI_getbinval(t, desc, 5, &null_created));
+            Datum key = SPI_getbinval(t, desc, 6, &null_key);
+            Datum n = SPI_getbinval(t, desc, 7, &null_n);
+            r.pos.valid = !null_id && !null_created && !(has_priority && null_prio) && !(has_run_at && null_run_at);
+            if (null_id) r.pos.id = 0;
+            if (null_prio) r.pos.priority = 0;
+            if (null_run_at) r.pos.run_at = 0;
+            if (null_created) r.pos.created = 0;
+            r.key = null_key ? nullptr : TextDatumGetCString(key);
+            r.n = null_n ? 0 : DatumGetInt64(n);
+            if (r.kind == 'l') {
+                walked = static_cast<int>(r.n);
+                last = r.pos;
+                continue;
+            }
+            if (r.kind == 't') {
+                tail = r.pos;
+                continue;
+            }
+            if (r.kind == 'p' && round > 0) continue;  // only the first round's probes decide who stays listed
+            if (r.kind == 'e' || r.kind == 'f') {
+                if (ntaken == taken_cap) {
+                    taken_cap *= 2;
+                    taken = static_cast<int64 *>(repalloc(taken, sizeof(int64) * taken_cap));
+                }
+                taken[ntaken++] = r.pos.id;
+                if (r.kind == 'f') {
+                    fresh++;
+                    if (!last_fresh.valid || (r.pos.valid && compare_pos(has_priority, has_run_at, last_fresh, r.pos) < 0))
+                        last_fresh = r.pos;
+                }
+            }
+            if (nrows == rows_cap) {
+                rows_cap *= 2;
+                rows = static_cast<PickRow *>(repalloc(rows, sizeof(PickRow) * rows_cap));
+            }
+            rows[nrows++] = r;
+            // Keys with a backlog (more than one job walked and not taken)
+            // are left out of the next rounds' walks: their later jobs
+            // cannot be heads. (A key with one, blocked or held by another
+            // worker, is not worth the filter: a longer list costs every
+            // row walked.)
+            if (r.kind == 'w' && r.key != nullptr && r.n >= 2) keyset_add(&probe, r.key);
+        }
+        SPI_freetuptable(SPI_tuptable);
+        elog(DEBUG2, "sharding: ordered claim round %d: walk %d of %d from %s, %d left out, %d fresh of %d, %d taken",
+             round, walked, walk, pos.valid ? "a position" : "the start", probe.n, fresh, need, ntaken);
+        limit_hit = fresh >= need;
+        frontier = last_fresh;
+        if (walked > 0) end = last;
+        reached_end = walked < walk;
+        if (ntaken >= batch || reached_end) break;
+        if (last.valid) {
+            pos = last;
+        } else {
+            // A row without a claim-order key: walk from the start, longer.
+            if (walk >= kMaxWalk) break;
+            pos.valid = false;
+            end.valid = false;
+        }
+        if (walk < kMaxWalk) walk = walk > kMaxWalk / 4 ? kMaxWalk : walk * 4;
     }
+
+    // The first batch of what was locked, in claim order, is claimed.
+    g_has_priority = has_priority, g_has_run_at = has_run_at;
+    int nlocked = 0;
+    PickRow *locked = static_cast<PickRow *>(palloc(sizeof(PickRow) * (ntaken + 1)));
+    for (int i = 0; i < nrows; i++)
+        if (rows[i].kind == 'e' || rows[i].kind == 'f') locked[nlocked++] = rows[i];
+    qsort(locked, nlocked, sizeof(PickRow), compare_rows);
+    int nclaim = nlocked < batch ? nlocked : batch;
+    Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * (nclaim + 1)));
+    for (int i = 0; i < nclaim; i++) ids[i] = Int64GetDatum(locked[i].pos.id);
 
     MemoryContext per_query = rsinfo->econtext->ecxt_per_query_memory;
     MemoryContext old = MemoryContextSwitchTo(per_query);
@@ -823,19 +1112,87 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     Tuplestorestate *store =
         tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0, false, work_mem);
     MemoryContextSwitchTo(old);
-    DestReceiver *dest = CreateDestReceiver(DestTuplestore);
-    SetTuplestoreDestReceiverParams(dest, store, per_query, false, desc,
-                                    "claimed rows do not match the row type of the queue table");
-    SPIExecuteOptions options;
-    memset(&options, 0, sizeof options);
-    options.params = params;
-    options.dest = dest;
-    int rc = SPI_execute_plan_extended(plan, &options);
-    if (rc != SPI_OK_SELECT) elog(ERROR, "claim failed: %s", SPI_result_code_string(rc));
-    uint64 n = SPI_processed;
+    uint64 n = 0;
+    if (nclaim > 0) {
+        PlanEntry *up = plan_for(relid, Ordered | Update, key_column);
+        DestReceiver *dest = CreateDestReceiver(DestTuplestore);
+        SetTuplestoreDestReceiverParams(dest, store, per_query, false, desc,
+                                        "claimed rows do not match the row type of the queue table");
+        ParamListInfo params = makeParamList(3);
+        params->numParams = 3;
+        Datum uv[3] = {PG_GETARG_DATUM(a.worker),
+                       PointerGetDatum(construct_array(ids, nclaim, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+                                                       TYPALIGN_DOUBLE)),
+                       lease};
+        for (int i = 0; i < 3; i++) {
+            params->params[i].value = uv[i];
+            params->params[i].isnull = false;
+            params->params[i].pflags = PARAM_FLAG_CONST;
+            params->params[i].ptype = update_types[i];
+        }
+        SPIExecuteOptions options;
+        memset(&options, 0, sizeof options);
+        options.params = params;
+        options.dest = dest;
+        fresh_plan = fresh_plan || !up->built;
+        int rc = SPI_execute_plan_extended(up->plan, &options);
+        up->built = true;
+        if (rc != SPI_OK_SELECT) elog(ERROR, "claim failed: %s", SPI_result_code_string(rc));
+        n = SPI_processed;
+        dest->rDestroy(dest);
+    }
     if (n > static_cast<uint64>(batch))
         elog(ERROR, "claim took %llu rows for a batch of %d", static_cast<unsigned long long>(n), batch);
-    dest->rDestroy(dest);
+    int64 cpu = sharding::queue::thread_cpu_us() - cpu_start;
+
+    elog(DEBUG1, "sharding: ordered claim on %s: %s, %d probed keys, %d locked, %d claimed, %ld us", get_rel_name(relid),
+         sweep ? "sweep" : "resume", probe.n, nlocked, nclaim, static_cast<long>(cpu));
+    // Where the next claim resumes: past the last row the walks examined,
+    // with the keys that hold pending jobs before it listed. A last walk
+    // that reached the end of the line examined everything up to its tail
+    // (the rows it left out are the listed keys'): past the tail then, so
+    // that the next claims do not read a left-out backlog again.
+    OrderPos next = limit_hit && frontier.valid ? frontier : reached_end && tail.valid ? tail : end;
+    if (!next.valid || (variant & Handoff)) {
+        st->valid = false;
+    } else {
+        int nentries = 0;
+        Entry *entries = static_cast<Entry *>(palloc(sizeof(Entry) * (nrows + 1)));
+        auto before = [&](const OrderPos &p) { return p.valid && compare_pos(has_priority, has_run_at, p, next) <= 0; };
+        for (int i = 0; i < nrows; i++) {
+            const PickRow &r = rows[i];
+            if (r.key == nullptr) continue;
+            bool listed = false;
+            if (r.kind == 'w' || r.kind == 'p') listed = before(r.pos);
+            if (r.kind == 'f') {  // locked but not claimed (expired leases came first)
+                listed = before(r.pos);
+                for (int j = 0; j < nclaim && listed; j++)
+                    if (locked[j].pos.id == r.pos.id) listed = false;
+            }
+            if (listed) entries[nentries++] = Entry{r.pos, r.key};
+        }
+        qsort(entries, nentries, sizeof(Entry), compare_entries);
+        KeySet keys;
+        keyset_init(&keys);
+        for (int i = 0; i < nentries; i++) {
+            if (keys.n == kMaxProbed && !keyset_has(&keys, entries[i].key)) {
+                // One key too many: resume just before this row.
+                next = entries[i].pos;
+                next.id = next.id - 1;
+                break;
+            }
+            keyset_add(&keys, entries[i].key);
+        }
+        set_keys(st, keys.list, keys.n);
+        st->pos = next;
+        st->valid = true;
+        st->filter_hash = fh;
+        st->xid = GetCurrentTransactionIdIfAny();
+    }
+    if (sweep && !fresh_plan)
+        st->clock = sharding::queue::SweepClock{sharding::queue::monotonic_us(), cpu, 0};
+    else if (!sweep)
+        st->clock.cpu_since_us += cpu;
     SPI_finish();
     rsinfo->returnMode = SFRM_Materialize;
     rsinfo->setResult = store;
@@ -844,6 +1201,16 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
 }
 
 }  // namespace
+
+namespace sharding {
+namespace queue {
+
+void ordered_init() { sharding::cache::register_kind(&ordered_kind); }
+
+void forget_ordered_positions(Oid relid) { forget_positions(relid); }
+
+}  // namespace queue
+}  // namespace sharding
 
 /*
  * claim_ordered(queue anyelement, worker text, batch integer DEFAULT 50,
@@ -882,8 +1249,9 @@ SHARDING_FUNCTION(sharding_claim_node) {
  * _claim_ordered_sql(queue regclass, variant integer, key_column name) RETURNS text
  *
  * Internal: the SQL text claim_ordered / claim_node prepare (for EXPLAIN in
- * the tests and when troubleshooting): variant bits 1 ordered, 2 shards,
- * 4 node, 8 max_attempts, 16 handoff exclusion (with node).
+ * the tests and when troubleshooting): the pick of one round (variant bits
+ * 2 shards, 4 node, 8 max_attempts, 16 handoff exclusion (with node), 32
+ * resume past a position) or, with bit 64, the claim's UPDATE.
  */
 SHARDING_FUNCTION(sharding__claim_ordered_sql) {
     require(fcinfo, 0, "queue");
@@ -893,8 +1261,8 @@ SHARDING_FUNCTION(sharding__claim_ordered_sql) {
     if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
         sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
     int32 variant = PG_GETARG_INT32(1);
-    if (variant < 0 || variant > 31)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "variant must be between 0 and 31, got %d", variant);
+    if (variant < 0 || variant > 127)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "variant must be between 0 and 127, got %d", variant);
     Shape q;
     q.relid = relid;
     q.qname = qualified_name(relid);
@@ -908,7 +1276,8 @@ SHARDING_FUNCTION(sharding__claim_ordered_sql) {
     q.has_attempts = att != InvalidAttrNumber && get_atttype(relid, att) == INT4OID;
     q.has_run_at = get_attnum(relid, "run_at") != InvalidAttrNumber;
     q.has_priority = get_attnum(relid, "priority") != InvalidAttrNumber;
-    PG_RETURN_TEXT_P(cstring_to_text(claim_sql(q, static_cast<uint32>(variant))));
+    uint32 v = static_cast<uint32>(variant);
+    PG_RETURN_TEXT_P(cstring_to_text((v & Update) ? update_sql(q) : pick_sql(q, v)));
 }
 
 /*
