@@ -23,7 +23,7 @@
 // Which tables are distributed is read from sharding.distributed_tables into
 // a per-backend hash (by relation oid), rebuilt after a relcache invalidation
 // of that table, of sharding.maps, or of a cached table (rename, drop). A
-// trigger on sharding.distributed_tables (84_observe.sql) sends that
+// trigger on sharding.distributed_tables (sql/install/80_observe.sql) sends that
 // invalidation on every change. Key values are compared by hash; a map's
 // logical shard count is read from sharding.maps only when two different
 // values must be placed (IN lists, OR), so plain statements never read it.
@@ -32,6 +32,7 @@
 // executor, where any catalog access may longjmp.
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
+#include "pg/catalog.hpp"
 #include "pg/keys.hpp"
 #include "core/hash_core.hpp"
 
@@ -304,17 +305,20 @@ void rebuild_tables() {
         SysScanDesc scan = systable_beginscan(dt, InvalidOid, false, nullptr, 0, nullptr);
         while ((tup = systable_getnext(scan)) != nullptr) {
             TupleDesc desc = RelationGetDescr(dt);
-            bool n[4];
-            Datum d[4];
-            for (int i = 0; i < 4; i++) d[i] = heap_getattr(tup, i + 1, desc, &n[i]);
-            if (n[0] || n[1] || n[2] || n[3]) continue;
-            Oid schema = get_namespace_oid(TextDatumGetCString(d[0]), true);
+            namespace c = sharding::catalog;
+            bool n_schema, n_table, n_key, n_map;
+            Datum schema_name = heap_getattr(tup, c::Anum_distributed_tables_schema_name, desc, &n_schema);
+            Datum table_name = heap_getattr(tup, c::Anum_distributed_tables_table_name, desc, &n_table);
+            Datum key_column = heap_getattr(tup, c::Anum_distributed_tables_key_column, desc, &n_key);
+            Datum map_name = heap_getattr(tup, c::Anum_distributed_tables_map, desc, &n_map);
+            if (n_schema || n_table || n_key || n_map) continue;
+            Oid schema = get_namespace_oid(TextDatumGetCString(schema_name), true);
             if (!OidIsValid(schema)) continue;
-            Oid rel = get_relname_relid(TextDatumGetCString(d[1]), schema);
+            Oid rel = get_relname_relid(TextDatumGetCString(table_name), schema);
             if (!OidIsValid(rel)) continue;
-            AttrNumber att = get_attnum(rel, TextDatumGetCString(d[2]));
+            AttrNumber att = get_attnum(rel, TextDatumGetCString(key_column));
             if (att == InvalidAttrNumber) continue;
-            char *map = TextDatumGetCString(d[3]);
+            char *map = TextDatumGetCString(map_name);
             bool found;
             auto *e = static_cast<TableEntry *>(hash_search(tables, &rel, HASH_ENTER, &found));
             e->table = rel;
@@ -345,8 +349,8 @@ int32 logical_of(TableEntry *e) {
     HeapTuple tup;
     while ((tup = systable_getnext(scan)) != nullptr) {
         bool n1, n2;
-        Datum name = heap_getattr(tup, 1, RelationGetDescr(maps), &n1);
-        Datum size = heap_getattr(tup, 2, RelationGetDescr(maps), &n2);
+        Datum name = heap_getattr(tup, sharding::catalog::Anum_maps_map, RelationGetDescr(maps), &n1);
+        Datum size = heap_getattr(tup, sharding::catalog::Anum_maps_logical_shards, RelationGetDescr(maps), &n2);
         if (n1 || n2) continue;
         char *str = TextDatumGetCString(name);
         if (strcmp(str, e->map) == 0) e->logical = DatumGetInt32(size);

@@ -20,3 +20,30 @@ time_ms() {
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+# bench_cluster [postgres options]: builds and installs, then starts a
+# throwaway server in $DIR/pg (DIR is made here, readable by the server user,
+# removed on exit with everything in it) with the settings the pgbench
+# benchmarks share (jit off, 256MB shared buffers, 4GB max_wal_size) plus the
+# given options; PGDATABASE=postgres. Scratch files go in $DIR.
+bench_cluster() {
+    build_and_install
+    DIR=$(make_cluster_dir bench)
+    [ "$(id -u)" -eq 0 ] && chown postgres: "$DIR"
+    chmod 755 "$DIR"
+    trap 'stop_cluster "$DIR/pg"; rm -rf "$DIR"' EXIT
+    start_cluster "$DIR/pg" -c jit=off -c shared_buffers=256MB -c max_wal_size=4GB "$@"
+    export PGDATABASE=postgres
+}
+
+# bench_queues: queues `ours` and `hand` (create_queue), `hand` with the
+# partial index the hand-written SKIP LOCKED statement needs
+# (test/bench/claim/hand.sql).
+bench_queues() {
+    psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
+CREATE EXTENSION sharding;
+SELECT sharding.create_queue('ours');
+SELECT sharding.create_queue('hand');
+CREATE INDEX ON hand (created) WHERE status IN ('pending', 'processing');
+SQL
+}

@@ -8,16 +8,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PGDATABASE=sharding_queue_dead
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-
 . test/lib/tap.sh
+harness_tmp
 
 echo "1..10"
-fresh_db || exit 1
+queue_db jobs || exit 1
 psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL' || exit 1
-CREATE EXTENSION sharding;
-SELECT sharding.create_queue('jobs');
 INSERT INTO jobs (key, created) SELECT 'job-' || g, now() - (100 - g) * interval '1 second' FROM generate_series(1, 30) g;
 SQL
 

@@ -22,23 +22,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PGDATABASE=sharding_queue_handoff
-TMP=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
 . test/lib/tap.sh
+harness_tmp
 
 echo "1..20"
-fresh_db || exit 1
+queue_db jobs loose || exit 1
 psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL' || exit 1
-CREATE EXTENSION sharding;
-SELECT sharding.create_queue('jobs');
 SELECT sharding.create_ordered_indexes('jobs');
-SELECT sharding.create_queue('loose');
 SELECT sharding.create_map('hm', 16, ARRAY['n1', 'n2', 'n3', 'n4']);
 SELECT sharding.pin('hm', 'whale', 'n1');
 -- 4,000 jobs per queue: a tenth to the whale, the rest over 300 keys.

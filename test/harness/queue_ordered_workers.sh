@@ -12,21 +12,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PGDATABASE=sharding_queue_ordered
-TMP=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
 . test/lib/tap.sh
+harness_tmp
 
 echo "1..11"
-fresh_db || exit 1
+queue_db jobs || exit 1
 psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL' || exit 1
-CREATE EXTENSION sharding;
-SELECT sharding.create_queue('jobs');
 SELECT sharding.create_ordered_indexes('jobs');
 -- 20,000 jobs: every 5th and 5th+1 to the whale (40%), the rest over 499
 -- other keys; created strictly increasing with id, keys interleaved.

@@ -19,12 +19,7 @@ export PGDATABASE=sharding_queue_pressure
 . test/lib/session.sh
 
 echo "1..8"
-fresh_db || exit 1
-psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL' || exit 1
-CREATE EXTENSION sharding;
-SELECT sharding.create_queue('jobs');
-SELECT sharding.create_queue('other');
-SQL
+queue_db jobs other || exit 1
 
 # 1-2. Wakeups, in one listening session (a session gets its own
 # notifications, at the end of each transaction, as any listener does).

@@ -11,10 +11,8 @@ JOBS=6000
 . test/lib/tap.sh
 
 echo "1..6"
-fresh_db || exit 1
+queue_db jobs || exit 1
 psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<SQL || exit 1
-CREATE EXTENSION sharding;
-SELECT sharding.create_queue('jobs');
 CREATE TABLE received (worker integer, job_id bigint, key text);
 -- Tenants of very different sizes, so that shards differ in load.
 INSERT INTO jobs (key) SELECT 'tenant-' || (g % 500) * (g % 7) FROM generate_series(1, $JOBS) g;

@@ -13,10 +13,8 @@ BATCHES=(1 5 10 25 50 100 3 64)
 . test/lib/tap.sh
 
 echo "1..9"
-fresh_db || exit 1
+queue_db jobs || exit 1
 psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<SQL || exit 1
-CREATE EXTENSION sharding;
-SELECT sharding.create_queue('jobs');
 CREATE TABLE audit (job_id bigint, old_status text, new_status text, owner text, attempts integer);
 -- The queue functions pin search_path, so triggers on a queue table pin
 -- their own (or qualify names).

@@ -22,24 +22,17 @@
 # the median jobs/s of `runs` runs and the ratio of the medians. jit = off.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-. test/lib/cluster.sh
+. test/bench/lib.sh
 SECONDS_PER_RUN=${1:-8}
 RUNS=${2:-3}
 CLIENTS=8
 DONE_ROWS=200000
 HERE=test/bench/claim
 
-build_and_install
-DIR=$(make_cluster_dir bench)
-trap 'stop_cluster "$DIR"; rm -rf "$DIR"' EXIT
-start_cluster "$DIR" -c jit=off -c shared_buffers=256MB -c max_wal_size=4GB
-export PGDATABASE=postgres
+bench_cluster
+bench_queues
 psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
-CREATE EXTENSION sharding;
-SELECT sharding.create_queue('ours');
-SELECT sharding.create_queue('hand');
 CREATE INDEX ON ours (created) WHERE status IN ('pending', 'processing');
-CREATE INDEX ON hand (created) WHERE status IN ('pending', 'processing');
 ALTER TABLE ours SET (autovacuum_enabled = false);
 ALTER TABLE hand SET (autovacuum_enabled = false);
 SQL

@@ -16,20 +16,13 @@
 # and, with less noise, the backend CPU time the guard adds per row.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-. test/lib/cluster.sh
+. test/bench/lib.sh
 SECONDS_PER_RUN=${1:-8}
 RUNS=${2:-5}
 CLIENTS=8
 HERE=test/bench/guard
 
-build_and_install
-DIR=$(make_cluster_dir bench)
-[ "$(id -u)" -eq 0 ] && chown postgres: "$DIR"
-chmod 755 "$DIR"
-trap 'stop_cluster "$DIR/pg"; rm -rf "$DIR"' EXIT
-start_cluster "$DIR/pg" -c jit=off -c shared_buffers=256MB -c max_wal_size=4GB -c wal_level=logical \
-    -c max_replication_slots=4 -c max_wal_senders=4
-export PGDATABASE=postgres
+bench_cluster -c wal_level=logical -c max_replication_slots=4 -c max_wal_senders=4
 psql -XqAt -v ON_ERROR_STOP=1 -c 'CREATE DATABASE coord' -c 'CREATE DATABASE data' >/dev/null
 schema="CREATE EXTENSION sharding;
 CREATE TABLE docs (k text PRIMARY KEY, v integer NOT NULL);

@@ -18,7 +18,7 @@
 #   SHARDING_PGROOT=/tmp/pgroot-mine bash test/bench/horizon/run.sh [seconds] [runs] [measure]
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-. test/lib/cluster.sh
+. test/bench/lib.sh
 SECONDS_PER_RUN=${1:-60}
 RUNS=${2:-1}
 MEASURE=${3:-40}
@@ -26,18 +26,9 @@ INSERT_RATE=${INSERT_RATE:-2000}
 CLIENTS=8
 BATCH=10
 
-build_and_install
-DIR=$(make_cluster_dir bench)
-WORK=$(mktemp -d)
-trap 'stop_cluster "$DIR"; rm -rf "$DIR" "$WORK"' EXIT
-start_cluster "$DIR" -c jit=off -c shared_buffers=256MB -c max_wal_size=4GB
-export PGDATABASE=postgres
-psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
-CREATE EXTENSION sharding;
-SELECT sharding.create_queue('ours');
-SELECT sharding.create_queue('hand');
-CREATE INDEX ON hand (created) WHERE status IN ('pending', 'processing');
-SQL
+bench_cluster
+WORK=$DIR
+bench_queues
 
 for t in ours hand; do
     echo "INSERT INTO $t (key, payload) VALUES ('k' || :client_id, '{\"x\": 1}');" >"$WORK/insert_$t.sql"
@@ -46,21 +37,8 @@ cat >"$WORK/claim_ours.sql" <<SQL
 SELECT coalesce(array_agg(id), '{}') AS ids FROM sharding.claim(NULL::ours, 'w' || :client_id, $BATCH) \gset
 SELECT sharding.complete('ours', :ids::bigint[], 'w' || :client_id);
 SQL
-cat >"$WORK/claim_hand.sql" <<SQL
-WITH claimed AS (
-    UPDATE hand
-       SET owner = 'w' || :client_id, claim_expires = now() + interval '5 minutes',
-           status = 'processing', attempts = attempts + 1
-     WHERE id IN (
-           SELECT id FROM hand
-            WHERE status = 'pending' OR (status = 'processing' AND claim_expires < now())
-            ORDER BY created
-            LIMIT $BATCH
-              FOR UPDATE SKIP LOCKED)
-    RETURNING *)
-SELECT coalesce(array_agg(id), '{}') AS ids FROM claimed \gset
-UPDATE hand SET status = 'done' WHERE id = ANY (:ids::bigint[]) AND status = 'processing' AND owner = 'w' || :client_id;
-SQL
+# The hand-written claim and complete: the claim benchmark's (-D batch).
+cp test/bench/claim/hand.sql "$WORK/claim_hand.sql"
 
 # run TABLE PINNED -> "claims_per_s jobs_done_per_s"
 run() {
@@ -83,7 +61,7 @@ SQL
     pgbench -n -M prepared -c 2 -j 2 -R "$INSERT_RATE" -T "$SECONDS_PER_RUN" -f "$WORK/insert_$table.sql" \
         >"$WORK/insert.out" 2>&1 &
     local inserter=$!
-    pgbench -n -M prepared -c $CLIENTS -j $CLIENTS -T "$SECONDS_PER_RUN" -P 1 -f "$WORK/claim_$table.sql" \
+    pgbench -n -M prepared -c $CLIENTS -j $CLIENTS -T "$SECONDS_PER_RUN" -P 1 -D batch="$BATCH" -f "$WORK/claim_$table.sql" \
         >"$WORK/claim.out" 2>&1 || { cat "$WORK/claim.out" >&2; return 1; }
     wait "$inserter" || true
     local done_jobs
