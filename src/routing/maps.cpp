@@ -522,6 +522,17 @@ bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
 void revalidate(uint64_t now) {
     last = nullptr;
     snapshot_bound = false;
+    // DROP EXTENSION (and CREATE EXTENSION) fire no trigger of the config
+    // tables: only the relcache invalidation of the old sharding.maps tells
+    // of it, which with shared counters reads as "own changes visible" and
+    // leaves every map stamp as it was. A different sharding.maps: every
+    // entry was built from tables that are gone.
+    Oid relid = InvalidOid;
+    sharding::pg_call([&] { relid = lookup_maps_relid(); });
+    if (relid != maps_relid) {
+        maps_relid = relid;
+        generation++;
+    }
     for (auto it = cache->begin(); it != cache->end();) {
         MapRoutes *m = it->second;
         const sharding::cache::MapStamp st = stamp_of(m->slot);
