@@ -44,6 +44,7 @@
 
 extern "C" {
 #include "access/htup_details.h"
+#include "access/parallel.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
@@ -77,6 +78,8 @@ uint64_t generation = 1;           // bumped by relcache invalidations of shardi
 Oid maps_relid = InvalidOid;       // sharding.maps, looked up before each build
 const MapRoutes *last = nullptr;   // the map the previous call used
 uint64_t seen = 0;                 // changes() + generation when the entries were last checked
+// An entry was built or refreshed by a parallel-mode leader (see bind_to_snapshot).
+bool snapshot_bound = false;
 ByName<MapRoutes *> *cache = nullptr;  // in the cache module's memory
 
 // Node names as ready-made text values, shared by all maps and never freed,
@@ -132,6 +135,19 @@ inline void set_stamp(MapRoutes *m, const sharding::cache::MapStamp &st, const s
     for (int k = 0; k < sharding::cache::nchanges; k++) m->stamp[k] = st.kind[k];
     m->cursor_shared = c.shared_pos;
     m->cursor_own = c.own_pos;
+}
+
+// In parallel mode load_raw and load_delta cannot take the latest snapshot
+// and read with the active one, which may predate the stamp just read (a
+// REPEATABLE READ transaction's snapshot, or a statement's taken before a
+// change committed). In the leader, whose cache outlives the statement, such
+// an entry serves the current call only: its map stamp never matches and
+// the next call revalidates (and rebuilds it). A parallel worker reads with
+// the same snapshot for its whole life and keeps its entries.
+inline void bind_to_snapshot(MapRoutes *m) {
+    if (!IsInParallelMode() || IsParallelWorker()) return;
+    m->stamp[sharding::cache::change_map] = UINT64_MAX;
+    snapshot_bound = true;
 }
 
 // The topic-wide value compared on every call.
@@ -315,6 +331,7 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     for (const CacheString &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
     fresh->slot = map_slot;
     set_stamp(fresh, started, cursor);  // stale at once if a change committed meanwhile
+    bind_to_snapshot(fresh);
 
     MapRoutes *&slot = (*cache)[key];
     MapRoutes *old = slot;
@@ -495,6 +512,7 @@ bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
     for (size_t n = nodes_before; n < m->nodes.size(); n++) m->node_results.push_back(node_text(m->nodes[n]));
     m->compute_partitions();
     set_stamp(m, st, now);
+    bind_to_snapshot(m);
     return true;
 }
 
@@ -503,6 +521,18 @@ bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
 // shards or pins changed is refreshed in place; the others are untouched.
 void revalidate(uint64_t now) {
     last = nullptr;
+    snapshot_bound = false;
+    // DROP EXTENSION (and CREATE EXTENSION) fire no trigger of the config
+    // tables: only the relcache invalidation of the old sharding.maps tells
+    // of it, which with shared counters reads as "own changes visible" and
+    // leaves every map stamp as it was. A different sharding.maps: every
+    // entry was built from tables that are gone.
+    Oid relid = InvalidOid;
+    sharding::pg_call([&] { relid = lookup_maps_relid(); });
+    if (relid != maps_relid) {
+        maps_relid = relid;
+        generation++;
+    }
     for (auto it = cache->begin(); it != cache->end();) {
         MapRoutes *m = it->second;
         const sharding::cache::MapStamp st = stamp_of(m->slot);
@@ -534,7 +564,7 @@ void revalidate(uint64_t now) {
 // committed meanwhile, as a guard on the new owner does.
 inline const MapRoutes &routes_for(FunctionCallInfo, text *map) {
     const uint64_t now = changes_now();
-    if (now != seen && cache != nullptr) revalidate(now);
+    if ((now != seen || snapshot_bound) && cache != nullptr) revalidate(now);
     seen = now;
     const char *name = VARDATA_ANY(map);
     const size_t len = VARSIZE_ANY_EXHDR(map);
