@@ -20,15 +20,36 @@ my $q = sub { return $c->safe_psql('coord', $_[0]); };
 my $job = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n2', 'n3'], max_parallel => 1)");
 my $total = $q->("SELECT moves_total FROM sharding.rebalance_jobs WHERE job = $job");
 ok($total >= 3, "the job plans $total moves");
+
+# Hold every move but the first at its cutover: a fence on its shard at its
+# source, held in an open transaction, makes the source's freeze wait (a
+# cutover waits for fenced writers). So the cancel below always meets a
+# move in flight, whatever the machine's speed, instead of racing one that
+# may finish first.
+my @held = split /\n/, $q->("SELECT logical || '|' || source FROM sharding.move_journal
+                              WHERE job = $job AND move > (SELECT min(move) FROM sharding.move_journal WHERE job = $job)
+                              ORDER BY move");
+my %fences;
+for my $h (@held)
+{
+	my ($hl, $hsrc) = split /\|/, $h;
+	$fences{$hsrc} //= do { my $b = $d->background_psql($hsrc); $b->query_safe('BEGIN'); $b };
+	$fences{$hsrc}->query_safe("SELECT sharding.fence('bank', $hl, sharding.epoch('bank', $hl))");
+}
 ok(wait_for('coord', "SELECT moves_done >= 1 FROM sharding.rebalance_jobs WHERE job = $job", 't', 120), 'a first move is done');
-ok(wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $job AND phase IN ('copying', 'catching_up')", 't', 60),
-	'a next move is in flight');
+ok(wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $job AND phase = 'cutover'", 't', 120),
+	'a next move is in flight, held at its cutover');
 my ($mv, $l, $src, $dst) = split /\|/, $q->("SELECT move, logical, source, destination FROM sharding.move_journal
-                                             WHERE job = $job AND phase IN ('copying', 'catching_up') LIMIT 1");
+                                             WHERE job = $job AND phase = 'cutover' LIMIT 1");
 my $in = "sharding.logical_shard('bank', tenant) = $l";
 my $done_before = $q->("SELECT string_agg(move::text, ',' ORDER BY move) FROM sharding.move_journal WHERE job = $job AND phase = 'done'");
 my $owner_epoch = $q->("SELECT node || '\@' || epoch FROM sharding.shards WHERE map = 'bank' AND logical = $l");
 is($q->("SELECT sharding.rebalance_cancel($job)"), 't', "rebalance_cancel while move $mv (shard $l, $src > $dst) is in flight");
+# The fences end (without writing anything): the held cutover goes on into
+# the cancel.
+sleep 1;
+$_->query_safe('ROLLBACK') for values %fences;
+$_->quit for values %fences;
 is($q->("SELECT sharding.rebalance_wait($job, '60 s')"), 'cancelled', 'the job ends cancelled');
 is($q->("SELECT phase FROM sharding.move_journal WHERE move = $mv"), 'cancelled', 'the move in flight was rolled back (cancelled)');
 is($q->("SELECT count(*) FROM sharding.move_journal WHERE job = $job AND phase = 'queued'"), '0', 'no move is left queued');
