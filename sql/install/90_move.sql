@@ -117,6 +117,29 @@ COMMENT ON VIEW sharding.moves IS
     'online moves in progress (or interrupted: the next move of the shard cleans them up); see move_journal';
 GRANT SELECT ON sharding.moves TO PUBLIC;
 
+-- _refuse_owner_switch(map, fn): 55000 naming a distributed table of the
+-- map: switching owners alone (move_shard, rebalance, rebalance_by_load)
+-- would leave its rows on the old owner, where nothing routes any more.
+CREATE FUNCTION sharding._refuse_owner_switch(map text, fn text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t text;
+BEGIN
+    SELECT pg_catalog.format('%I.%I', d.schema_name, d.table_name) INTO t
+      FROM sharding.distributed_tables d WHERE d.map = $1
+     ORDER BY d.schema_name, d.table_name LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION '% would switch owners of map "%" without moving the rows of its distributed table %', fn, map, t
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The rows would stay on the old owner, where nothing routes any more.',
+                  HINT = 'Use sharding.rebalance_start or sharding.move_shard_online, which move the rows too.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._refuse_owner_switch(text, text) IS
+    'internal: 55000 if a map has distributed tables (owner switches alone would strand their rows)';
+
 -- _move_name(map, logical): the name of the publication, slot, subscription
 -- and trigger of a move. Deterministic, so that a later call finds what a
 -- crashed one left; slot names allow only [a-z0-9_], so other map names are
@@ -260,6 +283,30 @@ COMMENT ON FUNCTION sharding._dbl_disconnect(text) IS 'internal: cancels and clo
 COMMENT ON FUNCTION sharding._dbl_value(text, text) IS 'internal: first value of a query over a named dblink connection';
 COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a named dblink connection, interruptibly';
 
+-- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
+-- created over a replication connection with an exported snapshot (held
+-- open until _move_slot_close or the end of the transaction), and the
+-- destination pulls the shard's rows under that snapshot with
+-- COPY ... TO STDOUT fed into BeginCopyFrom: copy and stream never overlap,
+-- no program runs, the source's DSN is read from sharding.nodes there.
+CREATE FUNCTION sharding._move_slot_create(source text, slot text, plugin text, OUT lsn pg_lsn, OUT snapshot text)
+    AS 'MODULE_PATHNAME', 'sharding__move_slot_create' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_slot_create(text, text, text) IS
+    'internal: creates a move''s logical slot at the source over a replication connection, exporting its snapshot';
+CREATE FUNCTION sharding._move_slot_close(slot text) RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding__move_slot_close' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_slot_close(text) IS
+    'internal: closes the replication connection holding a move''s exported snapshot';
+CREATE FUNCTION sharding._move_pull(source text, snapshot text, rel regclass, columns text[], query text)
+    RETURNS bigint[]
+    AS 'MODULE_PATHNAME', 'sharding__move_pull' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_pull(text, text, regclass, text[], text) IS
+    'internal: at a move''s destination, pulls COPY (query) TO STDOUT from the source under a snapshot into rel; {rows, bytes}';
+REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text), sharding._move_slot_close(text),
+    sharding._move_pull(text, text, regclass, text[], text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text), sharding._move_slot_close(text),
+    sharding._move_pull(text, text, regclass, text[], text) TO sharding_admin;
+
 -- _move_key_in(row, ...): whether a row (as jsonb) belongs to what a move
 -- carries: in shard mode, an unpinned key of logical shard `logical` of
 -- `shards`; in key mode, exactly `key` (canonical text form).
@@ -379,13 +426,6 @@ CREATE FUNCTION sharding._move_tables(map text)
     $$;
 COMMENT ON FUNCTION sharding._move_tables(text) IS
     'internal: the distributed tables of a map with the column lists an online move needs';
-
--- _shell_quote(v): a single-quoted POSIX shell word.
-CREATE FUNCTION sharding._shell_quote(v text) RETURNS text
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT '''' OPERATOR(pg_catalog.||) pg_catalog.replace($1, '''', '''\''''') OPERATOR(pg_catalog.||) '''' $$;
-COMMENT ON FUNCTION sharding._shell_quote(text) IS 'internal: quotes a word for the POSIX shell (COPY FROM PROGRAM)';
 
 -- _move_filter_sql(rel_key_column, key_type, shards, logical, key, pins):
 -- the WHERE condition selecting what a move carries, evaluated where the
@@ -595,6 +635,7 @@ CREATE FUNCTION sharding._move_undo(map text, logical integer, key text) RETURNS
 DECLARE
     name text := sharding._move_name(map, logical);
 BEGIN
+    PERFORM sharding._move_slot_close(name);
     PERFORM sharding._move_drop_replication(name);
     PERFORM sharding._move_drop_triggers(map, name);
     -- A copy still running at the destination (its caller was cancelled or
@@ -695,7 +736,6 @@ DECLARE
     shards integer := sharding._require_map(map);
     source text;
     src_dsn text;
-    dst_dblink text;
     pins text[];
     t record;
     tables text;
@@ -707,10 +747,8 @@ DECLARE
     err_detail text;
     err_hint text;
     err_context text;
-    copied boolean;
-    copy_program boolean := true;
-    copy_tag text;
-    dst_encoding text;
+    slot_snapshot text;
+    pulled bigint[];
 BEGIN
     -- One move per shard at a time (a transaction-level lock: a crashed
     -- caller's lock goes with it, and its journal row tells the next call).
@@ -773,15 +811,6 @@ BEGIN
                   DETAIL = 'Moving a shard online replicates its rows from the source with logical replication.',
                   HINT = 'Set wal_level = logical on the source (postgresql.conf) and restart it.';
     END IF;
-    dst_dblink := sharding._dbl_value('sharding_move_dst',
-        'SELECT e.extnamespace::regnamespace::text FROM pg_catalog.pg_extension e WHERE e.extname = ''dblink''');
-    IF dst_dblink IS NULL THEN
-        PERFORM sharding._move_disconnect();
-        RAISE EXCEPTION 'node "%" has no extension "dblink"', node
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = 'The destination pulls the shard''s rows from the source through dblink.',
-                  HINT = 'CREATE EXTENSION dblink on the destination.';
-    END IF;
     FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
         IF sharding._dbl_value('sharding_move_src', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't'
            OR sharding._dbl_value('sharding_move_dst', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't' THEN
@@ -796,7 +825,7 @@ BEGIN
         -- No distributed table: nothing to carry, the switch is the move.
         PERFORM sharding._move_disconnect();
         IF key IS NULL THEN
-            new_epoch := sharding.move_shard(map, logical, node);
+            new_epoch := sharding._switch_owner(map, logical, node);
         ELSE
             PERFORM sharding.pin(map, key, node);
         END IF;
@@ -810,59 +839,43 @@ BEGIN
     -- The destination's session is known by this name there: an undo ends
     -- whatever it may still run.
     PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('SET application_name = %L', name));
+    -- ... and ends by itself if this session goes away (a crash, kill -9):
+    -- its copy is then rolled back there, never committed later.
+    PERFORM sharding._dbl_run('sharding_move_dst', 'SET client_connection_check_interval = 1000');
     BEGIN
         RAISE DEBUG 'move %: publication and slot at %', name, pg_catalog.clock_timestamp();
         -- 2. Publication, then the slot: changes from here on are kept.
         PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
             'CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update, delete'')', name, tables));
-        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
-            'SELECT pg_catalog.pg_create_logical_replication_slot(%L, ''pgoutput'')', name));
+        -- Over a replication connection, exporting its snapshot: the copy
+        -- below reads exactly what precedes the slot's stream.
+        slot_snapshot := (SELECT s.snapshot FROM sharding._move_slot_create(source, name, 'pgoutput') AS s);
 
         -- 3. Copy, filtered at the source.
         step := 'copying';
         RAISE DEBUG 'move %: copying at %', name, pg_catalog.clock_timestamp();
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
-        dst_encoding := sharding._dbl_value('sharding_move_dst', 'SELECT pg_catalog.getdatabaseencoding()');
         FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
             filter := sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins);
             -- Leftovers of the shard at the destination (it does not own them).
             PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DELETE FROM %s WHERE %s', t.rel, filter));
-            -- COPY from the source, as fast as `psql -c 'COPY ... TO STDOUT' |
-            -- psql -c 'COPY ... FROM STDIN'` because it is that: the
-            -- destination's server runs psql (COPY FROM PROGRAM: a
-            -- superuser's, as the move's connections are). Where it has no
-            -- psql, INSERT ... SELECT FROM dblink (slower: row by row).
-            copied := false;
-            IF copy_program THEN
-                BEGIN
-                    copy_tag := sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                        'COPY %s (%s) FROM PROGRAM %L WITH (FORMAT text, ENCODING %L)', t.rel, t.cols,
-                        pg_catalog.format('PGCLIENTENCODING=%s psql -XAtq -v ON_ERROR_STOP=1 -d %s -c %s', dst_encoding,
-                                          sharding._shell_quote(src_dsn),
-                                          sharding._shell_quote(pg_catalog.format('COPY (SELECT %s FROM %s WHERE %s) TO STDOUT',
-                                                                                  t.cols, t.rel, filter))),
-                        dst_encoding));
-                    copied := true;
-                EXCEPTION WHEN OTHERS THEN
-                    GET STACKED DIAGNOSTICS err_msg = MESSAGE_TEXT;
-                    RAISE DEBUG 'move %: COPY FROM PROGRAM failed (%), copying through dblink', name, err_msg;
-                    copy_program := false;
-                    PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT n.dsn FROM sharding.nodes n WHERE n.node = _move_online.node));
-                    PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
-                END;
-            END IF;
-            IF NOT copied THEN
-                copy_tag := sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                    'INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %I.dblink(%L, %L) AS s(%s)',
-                    t.rel, t.cols, t.cols, dst_dblink, src_dsn,
-                    pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter), t.coldefs));
-            END IF;
+            -- The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
+            -- from the source under the slot's exported snapshot, straight
+            -- into the table (C++: BeginCopyFrom with a data source
+            -- callback; binary where the column types allow).
+            pulled := sharding._dbl_value('sharding_move_dst', pg_catalog.format(
+                'SELECT sharding._move_pull(%L, %L, %L, %L, %L)::text', source, slot_snapshot, t.rel,
+                (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid = t.rel::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+                pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter)))::bigint[];
             PERFORM sharding._move_journal(pg_catalog.format(
-                'UPDATE sharding.move_journal SET rows_copied = rows_copied + %s WHERE map = %L AND logical = %s AND %s',
-                coalesce(pg_catalog.split_part(copy_tag, ' ', pg_catalog.array_length(pg_catalog.string_to_array(copy_tag, ' '), 1)), '0')::bigint,
-                map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
+                'UPDATE sharding.move_journal SET rows_copied = rows_copied + %s, bytes_copied = bytes_copied + %s '
+                'WHERE map = %L AND logical = %s AND %s',
+                pulled[1], pulled[2], map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
         END LOOP;
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = origin');
+        -- The snapshot is no longer needed: let go of the replication connection.
+        PERFORM sharding._move_slot_close(name);
 
         -- 4. The destination's filter, for replication apply only.
         -- Created and switched to ENABLE REPLICA in one transaction (one
@@ -1043,7 +1056,7 @@ COMMENT ON FUNCTION sharding._move_stop_backends(text, text) IS
 CREATE FUNCTION sharding._move_switch(map text, logical integer, node text) RETURNS bigint
     LANGUAGE sql VOLATILE
     SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT sharding.move_shard($1, $2, $3) $$;
+    AS $$ SELECT sharding._switch_owner($1, $2, $3) $$;
 COMMENT ON FUNCTION sharding._move_switch(text, integer, text) IS
     'internal: switches a shard''s owner at the cutover of an online move (epoch + 1)';
 

@@ -113,7 +113,7 @@ for n in "${NODES[@]}"; do
     pin_lags="$pin_lags $n=${lag}ms"
 done
 check "a pin on the coordinator is seen by node_for on every follower (lag:$pin_lags)" 3 "$seen"
-c -c "SELECT sharding.move_shard('m', 0, 'n2')" >/dev/null
+c -c "SELECT sharding._switch_owner('m', 0, 'n2')" >/dev/null
 move_lags=
 seen=0
 for n in "${NODES[@]}"; do
@@ -137,7 +137,7 @@ SQL
 session_pid=$!
 MN_BACKGROUND+=("$session_pid")
 sleep 0.5
-c -c "SELECT sharding.move_shard('m', 0, 'n1')" >/dev/null
+c -c "SELECT sharding._switch_owner('m', 0, 'n1')" >/dev/null
 wait "$session_pid"
 check "a running session on n2 routes by the moved shard at its next statement" "before:n2 after:n1" \
     "$(grep -E '^(before|after):' "$ROOT/session.out" | paste -sd' ')"
@@ -145,7 +145,7 @@ check "a running session on n2 routes by the moved shard at its next statement" 
 # A node that is down while the configuration changes catches up on restart.
 mn_stop i3
 c >/dev/null <<'SQL'
-SELECT sharding.move_shard('m', 1, 'n3');
+SELECT sharding._switch_owner('m', 1, 'n3');
 SELECT sharding.pin('m', 'while-down', 'n1');
 SELECT sharding.unpin('m', 'probe');
 SQL
@@ -335,7 +335,7 @@ check "n3 keeps its copy, editable again (pin, create_map), and writes any key" 
 v_local=$(d n3 -c "SELECT sharding.cluster_version('m')")
 check "cluster_version on the detached n3 rises above the copied one ($v_before -> $v_local)" 1 \
     "$([ "$v_local" -gt "$v_before" ] && echo 1 || echo 0)"
-c -c "SELECT sharding.move_shard('m', 2, 'n3')" >/dev/null
+c -c "SELECT sharding._switch_owner('m', 2, 'n3')" >/dev/null
 sleep 0.5
 check "a detached node no longer sees the coordinator's changes" 1 "$(d n3 -c "SELECT sharding.epoch('m', 2)")"
 check "detach_node again is harmless" "" "$(c -c "SELECT sharding.detach_node('n3')")"

@@ -309,7 +309,7 @@ sum2=$(q n2 data -c "SELECT rows || '/' || checksum FROM sharding.shard_checksum
 check "shard_checksum of shard $SHARD is the same on n1 and n2 ($sum1)" "$sum1" "$sum2"
 
 # 3. Switch on the coordinator: every follower sees the new owner and epoch.
-check "move_shard on the coordinator: epoch 2" 2 "$(q n1 proxy -c "SELECT sharding.move_shard('docs', $SHARD, 'n2')")"
+check "move_shard on the coordinator: epoch 2" 2 "$(q n1 proxy -c "SELECT sharding._switch_owner('docs', $SHARD, 'n2')")"
 lags=
 seen=0
 for n in "${NODES[@]}"; do
