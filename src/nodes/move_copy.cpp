@@ -235,17 +235,21 @@ SHARDING_FUNCTION(sharding__move_pull) {
     PG_RETURN_ARRAYTYPE_P(arr);
 }
 
-// _move_slot_create(source text, slot text, plugin text, OUT lsn pg_lsn, OUT snapshot text)
+// _move_slot_create(source text, slot text, plugin text, options text, OUT lsn pg_lsn, OUT snapshot text)
+// options: server settings for the replication session (e.g. the
+// source's output_plugin_libraries plus "sharding"), or NULL.
 SHARDING_FUNCTION(sharding__move_slot_create) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
         fail(ERRCODE_INVALID_PARAMETER_VALUE, "source, slot and plugin must not be NULL");
     std::string source = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(0)); });
     std::string slot = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(1)); });
     std::string plugin = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(2)); });
+    std::string options =
+        PG_ARGISNULL(3) ? std::string() : pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(3)); });
     if (!valid_slot_name(slot) || !valid_slot_name(plugin))
         fail(ERRCODE_INVALID_PARAMETER_VALUE, "slot and plugin names must be [a-z0-9_]{1,63}");
     std::string dsn = node_dsn(source);
-    auto remote = std::make_unique<Remote>(dsn, true, slot + "_slot");
+    auto remote = std::make_unique<Remote>(dsn, true, slot + "_slot", options);
     PGresult *res = nullptr;
     remote->run("CREATE_REPLICATION_SLOT " + slot + " LOGICAL " + plugin + " (SNAPSHOT 'export')", &res);
     if (res == nullptr || PQntuples(res) != 1 || PQnfields(res) < 3) {

@@ -175,19 +175,28 @@ std::string node_dsn(const std::string &node) {
     return s;
 }
 
-Remote::Remote(const std::string &dsn, bool replication, const std::string &application_name) {
+Remote::Remote(const std::string &dsn, bool replication, const std::string &application_name,
+               const std::string &options) {
     glue(install_callbacks);
-    const char *keys[] = {"dbname", "replication", "application_name", "fallback_application_name", nullptr};
-    const char *vals[] = {dsn.c_str(), replication ? "database" : nullptr, application_name.c_str(), "sharding",
-                          nullptr};
-    if (!replication) {
-        keys[1] = "application_name";
-        vals[1] = application_name.c_str();
-        keys[2] = "fallback_application_name";
-        vals[2] = "sharding";
-        keys[3] = nullptr;
-        vals[3] = nullptr;
+    const char *keys[6];
+    const char *vals[6];
+    int n = 0;
+    keys[n] = "dbname";
+    vals[n++] = dsn.c_str();
+    if (replication) {
+        keys[n] = "replication";
+        vals[n++] = "database";
     }
+    keys[n] = "application_name";
+    vals[n++] = application_name.c_str();
+    keys[n] = "fallback_application_name";
+    vals[n++] = "sharding";
+    if (!options.empty()) {
+        keys[n] = "options";
+        vals[n++] = options.c_str();
+    }
+    keys[n] = nullptr;
+    vals[n] = nullptr;
     conn_ = PQconnectStartParams(keys, vals, 1);
     if (conn_ == nullptr) fail(ERRCODE_OUT_OF_MEMORY, "could not allocate a connection");
     try {

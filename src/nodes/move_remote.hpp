@@ -31,7 +31,9 @@ class Remote {
     // Connects (interruptibly). replication: a logical replication
     // connection (replication=database). application_name names this
     // session there (an undo ends it by that name).
-    Remote(const std::string &dsn, bool replication, const std::string &application_name);
+    // options: libpq's "options" (server settings of the session), or "".
+    Remote(const std::string &dsn, bool replication, const std::string &application_name,
+           const std::string &options = std::string());
     ~Remote();
     Remote(const Remote &) = delete;
     Remote &operator=(const Remote &) = delete;

@@ -10,6 +10,10 @@ CREATE OR REPLACE FUNCTION sharding._refuse_owner_switch(map text, fn text) RETU
 DECLARE
     t text;
 BEGIN
+    -- A follower refuses configuration changes by itself (its own message).
+    IF EXISTS (SELECT FROM sharding.local_node l WHERE l.following) THEN
+        RETURN;
+    END IF;
     SELECT pg_catalog.format('%I.%I', d.schema_name, d.table_name) INTO t
       FROM sharding.distributed_tables d WHERE d.map = $1
      ORDER BY d.schema_name, d.table_name LIMIT 1;
@@ -265,15 +269,39 @@ COMMENT ON VIEW sharding.moves IS
     'online moves in progress (or interrupted: the next move of the shard cleans them up); see move_journal';
 GRANT SELECT ON sharding.moves TO PUBLIC;
 
+-- What a move's decoder carries (src/nodes/move_decoder.cpp), one row per
+-- slot, on the source: written before the slot is created, deleted with it.
+-- A user_catalog_table: logical decoding reads it under its historic
+-- snapshot. The guard refuses key changes into or out of these shards
+-- while a row is here.
+CREATE TABLE sharding.move_decoding (
+    slot        text PRIMARY KEY,
+    map         text NOT NULL,
+    shards      integer NOT NULL,
+    logical     integer NOT NULL,
+    key         text,                       -- isolate: the one key
+    pins        text[] NOT NULL DEFAULT '{}',  -- a shard move leaves these keys behind
+    tables      oid[] NOT NULL,             -- the map's distributed tables here
+    key_columns text[] NOT NULL             -- their key columns, in the same order
+) WITH (user_catalog_table = true);
+COMMENT ON TABLE sharding.move_decoding IS
+    'internal: what the decoder of an online move''s slot carries (source side; one row per slot)';
+GRANT SELECT ON sharding.move_decoding TO PUBLIC;
+GRANT INSERT, UPDATE, DELETE ON sharding.move_decoding TO sharding_admin;
+CREATE TRIGGER local_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.move_decoding
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._local_changed();
+ALTER TABLE sharding.move_decoding ENABLE ALWAYS TRIGGER local_changed;
+
 -- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
 -- created over a replication connection with an exported snapshot (held
 -- open until _move_slot_close or the end of the transaction), and the
 -- destination pulls the shard's rows under that snapshot with
 -- COPY ... TO STDOUT fed into BeginCopyFrom: copy and stream never overlap,
 -- no program runs, the source's DSN is read from sharding.nodes there.
-CREATE FUNCTION sharding._move_slot_create(source text, slot text, plugin text, OUT lsn pg_lsn, OUT snapshot text)
+CREATE FUNCTION sharding._move_slot_create(source text, slot text, plugin text, options text,
+                                           OUT lsn pg_lsn, OUT snapshot text)
     AS 'MODULE_PATHNAME', 'sharding__move_slot_create' LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION sharding._move_slot_create(text, text, text) IS
+COMMENT ON FUNCTION sharding._move_slot_create(text, text, text, text) IS
     'internal: creates a move''s logical slot at the source over a replication connection, exporting its snapshot';
 CREATE FUNCTION sharding._move_slot_close(slot text) RETURNS boolean
     AS 'MODULE_PATHNAME', 'sharding__move_slot_close' LANGUAGE C VOLATILE;
@@ -284,10 +312,50 @@ CREATE FUNCTION sharding._move_pull(source text, snapshot text, rel regclass, co
     AS 'MODULE_PATHNAME', 'sharding__move_pull' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding._move_pull(text, text, regclass, text[], text) IS
     'internal: at a move''s destination, pulls COPY (query) TO STDOUT from the source under a snapshot into rel; {rows, bytes}';
-REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text), sharding._move_slot_close(text),
+REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
     sharding._move_pull(text, text, regclass, text[], text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text), sharding._move_slot_close(text),
+GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
     sharding._move_pull(text, text, regclass, text[], text) TO sharding_admin;
+
+CREATE OR REPLACE FUNCTION sharding._move_drop_replication(name text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    active_pid text;
+BEGIN
+    IF sharding._dbl_value('sharding_move_dst',
+           pg_catalog.format('SELECT count(*) FROM pg_catalog.pg_subscription WHERE subname = %L', name)) <> '0' THEN
+        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('ALTER SUBSCRIPTION %I DISABLE', name));
+        PERFORM sharding._dbl_run('sharding_move_dst',
+                                  pg_catalog.format('ALTER SUBSCRIPTION %I SET (slot_name = NONE)', name));
+        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DROP SUBSCRIPTION %I', name));
+    END IF;
+    -- The source's walsender lets go of the slot once the apply worker has
+    -- gone; give it a few seconds, then end it.
+    FOR i IN 1 .. 200 LOOP
+        active_pid := sharding._dbl_value('sharding_move_src', pg_catalog.format(
+            'SELECT coalesce(active_pid::text, ''-'') FROM pg_catalog.pg_replication_slots WHERE slot_name = %L', name));
+        EXIT WHEN active_pid IS NULL;
+        IF active_pid = '-' THEN
+            PERFORM sharding._dbl_run('sharding_move_src',
+                                      pg_catalog.format('SELECT pg_catalog.pg_drop_replication_slot(%L)', name));
+            EXIT;
+        END IF;
+        IF i > 100 THEN
+            PERFORM sharding._dbl_run('sharding_move_src',
+                                      pg_catalog.format('SELECT pg_catalog.pg_terminate_backend(%s)', active_pid));
+        END IF;
+        PERFORM pg_catalog.pg_sleep(0.02);
+    END LOOP;
+    PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format('DROP PUBLICATION IF EXISTS %I', name));
+    IF sharding._dbl_value('sharding_move_src', 'SELECT pg_catalog.to_regclass(''sharding.move_decoding'') IS NOT NULL') = 't' THEN
+        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
+            'DELETE FROM sharding.move_decoding WHERE slot = %L', name));
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
+    'internal: drops an online move''s subscription, slot and publication';
 
 CREATE OR REPLACE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
     RETURNS bigint
@@ -380,6 +448,7 @@ DECLARE
     err_hint text;
     err_context text;
     slot_snapshot text;
+    plugin_opts text;
     pulled bigint[];
 BEGIN
     -- One move per shard at a time (a transaction-level lock: a crashed
@@ -481,7 +550,23 @@ BEGIN
             'CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update, delete'')', name, tables));
         -- Over a replication connection, exporting its snapshot: the copy
         -- below reads exactly what precedes the slot's stream.
-        slot_snapshot := (SELECT s.snapshot FROM sharding._move_slot_create(source, name, 'pgoutput') AS s);
+        -- The decoder's instructions first (committed before the slot, so
+        -- its historic snapshot sees them).
+        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
+            'DELETE FROM sharding.move_decoding WHERE slot = %L; '
+            'INSERT INTO sharding.move_decoding (slot, map, shards, logical, key, pins, tables, key_columns) '
+            'VALUES (%L, %L, %s, %s, %L, %L::text[], ARRAY[%s]::pg_catalog.oid[], %L::text[])',
+            name, name, map, shards, logical, key, CASE WHEN key IS NULL THEN pins ELSE '{}'::text[] END,
+            (SELECT pg_catalog.string_agg(pg_catalog.format('%L::pg_catalog.regclass', m.rel), ', ' ORDER BY m.rel)
+               FROM sharding._move_tables(map) m),
+            (SELECT pg_catalog.array_agg(m.key_column ORDER BY m.rel) FROM sharding._move_tables(map) m)));
+        -- The source lets its sessions name plugin "sharding"
+        -- (output_plugin_libraries, where the server has the setting).
+        plugin_opts := sharding._dbl_value('sharding_move_src',
+            'SELECT CASE WHEN l IS NULL OR ''sharding'' = ANY (pg_catalog.string_to_array(l, '','')) THEN '''' '
+            'ELSE ''-c output_plugin_libraries='' || l || '',sharding'' END '
+            'FROM (SELECT pg_catalog.replace(pg_catalog.current_setting(''output_plugin_libraries'', true), '' '', '''') AS l) AS s');
+        slot_snapshot := (SELECT s.snapshot FROM sharding._move_slot_create(source, name, 'sharding', plugin_opts) AS s);
 
         -- 3. Copy, filtered at the source.
         step := 'copying';
@@ -509,21 +594,8 @@ BEGIN
         -- The snapshot is no longer needed: let go of the replication connection.
         PERFORM sharding._move_slot_close(name);
 
-        -- 4. The destination's filter, for replication apply only.
-        -- Created and switched to ENABLE REPLICA in one transaction (one
-        -- multi-statement command): other sessions never see it enabled
-        -- for their own writes.
-        FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                'CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW '
-                'EXECUTE FUNCTION sharding._move_filter(%L, %L, %L, %L, %L, %L, %L, %L, %L); '
-                'ALTER TABLE %s ENABLE REPLICA TRIGGER %I',
-                name, t.rel, t.key_column, pg_catalog.format_type(t.key_type, NULL), shards, logical, map,
-                CASE WHEN key IS NULL THEN 'shard' ELSE 'key' END, coalesce(key, ''),
-                pg_catalog.format('UPDATE %s AS t SET (%s) = ROW(%s) WHERE %s', t.rel, t.cols, t.vals, t.pk_match),
-                pg_catalog.format('DELETE FROM %s AS t WHERE %s', t.rel, t.pk_match),
-                t.rel, name));
-        END LOOP;
+        -- 4. No filter at the destination: the slot's decoder (plugin
+        -- "sharding", pgoutput inside) sends only the shard's changes.
 
         -- 5. Stream from the slot made before the copy. synchronous_commit
         -- on: the apply worker confirms a position only once its commit is
@@ -532,7 +604,8 @@ BEGIN
         PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
             'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I '
             'WITH (create_slot = false, slot_name = %L, copy_data = false, synchronous_commit = ''on'')',
-            name, src_dsn, name, name));
+            name, src_dsn || CASE WHEN plugin_opts <> '' THEN ' options=''' || plugin_opts || '''' ELSE '' END,
+            name, name));
 
         -- 6. Catch up until a round is short: the backlog left for the
         -- frozen phase is then a fraction of a second of writes.
