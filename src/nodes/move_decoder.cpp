@@ -23,7 +23,9 @@
 // shard at the source for the time of the move (src/nodes/guard.cpp), so
 // the new key decides. A DELETE whose old tuple lacks the key (key column
 // not in the replica identity) is sent: the destination deletes by primary
-// key, and a row it does not have is a no-op there.
+// key, and a row it does not have is a no-op there (primary keys must be
+// unique across the map's shards). Changes with a replication origin are
+// never sent (filter_by_origin): the engine's own deletes run under one.
 //
 // Callbacks are called by PostgreSQL directly (not through guarded()): this
 // file is C-style code, no C++ object owns anything, ereport is allowed.
@@ -38,6 +40,7 @@ extern "C" {
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "replication/logical.h"
+#include "replication/origin.h"
 #include "replication/output_plugin.h"
 #include "replication/reorderbuffer.h"
 #include "replication/slot.h"
@@ -262,6 +265,11 @@ void filtered_change(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, Relatio
     pgoutput_change(ctx, txn, rel, change);
 }
 
+// Changes that carry a replication origin are not the shard's writers':
+// applied by a subscription (another move into this node, of another
+// shard) or the engine's own deletes (run under an origin). None travels.
+bool filtered_origin(LogicalDecodingContext *, RepOriginId origin_id) { return origin_id != InvalidRepOriginId; }
+
 void filtered_shutdown(LogicalDecodingContext *ctx) {
     if (pgoutput_shutdown) pgoutput_shutdown(ctx);
     config = MoveConfig{};
@@ -281,6 +289,7 @@ void _PG_output_plugin_init(OutputPluginCallbacks *cb) {
     pgoutput_shutdown = cb->shutdown_cb;
     cb->change_cb = filtered_change;
     cb->shutdown_cb = filtered_shutdown;
+    cb->filter_by_origin_cb = filtered_origin;
     config = MoveConfig{};
 }
 }

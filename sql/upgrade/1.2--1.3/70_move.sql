@@ -357,6 +357,54 @@ END $$;
 COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
     'internal: drops an online move''s subscription, slot and publication';
 
+CREATE OR REPLACE FUNCTION sharding._move_delete_rows(conn text, map text, logical integer, key text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t record;
+    shards integer := sharding._require_map(map);
+    pins text[];
+    tag text;
+    total bigint := 0;
+    origin text := sharding._move_name(map, logical);
+    ctes text;
+    unions text;
+BEGIN
+    SELECT coalesce(pg_catalog.array_agg(p.key), '{}') INTO pins FROM sharding.pins p WHERE p.map = $2;
+    -- Under a replication origin of the move's own: the decoders of other
+    -- moves from that node drop changes that carry an origin, so these
+    -- deletes never travel (a DELETE's old key is not in the WAL where the
+    -- key is not in the replica identity, so they could not be filtered).
+    -- One remote transaction: all of it or nothing.
+    SELECT pg_catalog.string_agg(pg_catalog.format('d%s AS (DELETE FROM %s WHERE %s RETURNING 1)', m.n, m.rel,
+               sharding._move_filter_sql(m.key_column, m.key_type, shards, logical, key, pins)), ', '),
+           pg_catalog.string_agg(pg_catalog.format('SELECT 1 FROM d%s', m.n), ' UNION ALL ')
+      INTO ctes, unions
+      FROM (SELECT mt.*, pg_catalog.row_number() OVER () AS n FROM sharding._move_tables(map) mt) m;
+    IF ctes IS NULL THEN
+        RETURN 0;
+    END IF;
+    total := sharding._dbl_value(conn, pg_catalog.format(
+        'SET session_replication_role = replica; '
+        'SELECT pg_catalog.pg_replication_origin_session_reset() WHERE pg_catalog.pg_replication_origin_session_is_setup(); '
+        'SELECT pg_catalog.pg_replication_origin_create(%L) '
+        'WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_origin WHERE roname = %L); '
+        'SELECT pg_catalog.pg_replication_origin_session_setup(%L); '
+        'WITH %s SELECT pg_catalog.count(*) FROM (%s) AS x',
+        origin, origin, origin, ctes, unions))::bigint;
+    PERFORM sharding._dbl_run(conn, 'SELECT pg_catalog.pg_replication_origin_session_reset(); '
+                                    'SET session_replication_role = origin');
+    BEGIN
+        PERFORM sharding._dbl_run(conn, pg_catalog.format('SELECT pg_catalog.pg_replication_origin_drop(%L)', origin));
+    EXCEPTION WHEN OTHERS THEN
+        NULL;   -- in use by a session not yet gone: dropped by the next move of the shard
+    END;
+    RETURN total;
+END $$;
+COMMENT ON FUNCTION sharding._move_delete_rows(text, text, integer, text) IS
+    'internal: deletes the rows an online move carries on one node (bypassing its guard)';
+
 CREATE OR REPLACE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE
@@ -571,11 +619,11 @@ BEGIN
         -- 3. Copy, filtered at the source.
         step := 'copying';
         RAISE DEBUG 'move %: copying at %', name, pg_catalog.clock_timestamp();
+        -- Leftovers of the shard at the destination (it does not own them).
+        PERFORM sharding._move_delete_rows('sharding_move_dst', map, logical, key);
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
         FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
             filter := sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins);
-            -- Leftovers of the shard at the destination (it does not own them).
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DELETE FROM %s WHERE %s', t.rel, filter));
             -- The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
             -- from the source under the slot's exported snapshot, straight
             -- into the table (C++: BeginCopyFrom with a data source
