@@ -41,7 +41,7 @@ legacy=$(grep -ho "'MODULE_PATHNAME', '[a-z_0-9]*'" sql/sharding--1.0.sql sql/sh
 exported=$(nm -D --defined-only sharding.so | awk '{print $3}')
 stray=$(printf '%s\n' "$exported" | while read -r s; do
     case $s in
-        Pg_magic_func | _PG_init | sharding_* | pg_finfo_sharding_*) continue ;;
+        Pg_magic_func | _PG_init | _PG_output_plugin_init | sharding_* | pg_finfo_sharding_*) continue ;;
     esac
     base=${s#pg_finfo_}
     grep -qxF "$base" <<<"$legacy" || echo "$s"
