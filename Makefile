@@ -43,6 +43,10 @@ endif
 SHLIB_LINK += -lstdc++ -Wl,--version-script=$(CURDIR)/src/pg/exports.map
 # For PG_MODULE_MAGIC_EXT (PostgreSQL 18), see src/pg/compat.hpp.
 PG_CPPFLAGS += -DSHARDING_VERSION='"$(EXTVERSION)"'
+# libpq: the move engine's connections (src/nodes/move_remote.cpp), linked
+# as contrib dblink links it (PGXS's libpq variables; package libpq-dev).
+PG_CPPFLAGS += -I$(libpq_srcdir)
+SHLIB_LINK_INTERNAL = $(libpq)
 
 # XXH3: inlined from xxhash.h by default (measured faster, see README);
 # `make XXHASH=link` links Debian's libxxhash instead.
@@ -96,7 +100,7 @@ sql/sharding--1.2--$(EXTVERSION).sql: $(UPGRADE_PARTS) sharding.control
 # the sharding_ functions, generated into src/pg/legacy_symbols.inc for
 # src/pg/legacy.cpp. The current script links sharding_* names only
 # (test/harness/layers.sh checks both rules).
-EXPORTS_EXTRA = Pg_magic_func _PG_init sharding_*_main
+EXPORTS_EXTRA = Pg_magic_func _PG_init _PG_output_plugin_init sharding_*_main
 script_symbols = grep -ho "'MODULE_PATHNAME', *'[A-Za-z0-9_]*'" $(1) | sed "s/.*, *'//;s/'$$//" | LC_ALL=C sort -u
 
 src/pg/exports.map: $(DATA) sql/sharding--$(EXTVERSION).sql sql/sharding--1.2--$(EXTVERSION).sql Makefile

@@ -90,6 +90,25 @@ SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 1, NULL, 'b')$$) 
 DELETE FROM sharding.move_journal;
 UPDATE sharding.nodes SET dsn = NULL WHERE node IN ('a', 'b');
 
+-- Owner switches alone are refused on a map with a distributed table
+-- (its rows would stay behind): 55000 naming the table, nothing changes.
+-- Dry runs and maps without distributed tables are unchanged.
+SELECT sharding.create_map('withrows', 4, ARRAY['a', 'b']);
+CREATE TABLE moved_rows (k text PRIMARY KEY);
+SELECT sharding.distribute('moved_rows', 'k', 'withrows');
+SELECT logical, node, epoch FROM sharding.shards WHERE map = 'withrows' ORDER BY logical;
+SELECT pg_temp.err($$SELECT sharding.move_shard('withrows', 0, 'b')$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.rebalance('withrows', ARRAY['b'])$$);
+SELECT pg_temp.err($$SELECT * FROM sharding.rebalance_by_load('withrows', ARRAY['b'], ARRAY[1, 1, 1, 1]::float8[])$$);
+SELECT count(*) AS planned FROM sharding.rebalance('withrows', ARRAY['b'], dry_run => true);
+SELECT count(*) AS planned FROM sharding.rebalance_by_load('withrows', ARRAY['b'], ARRAY[1, 1, 1, 1]::float8[], dry_run => true);
+SELECT logical, node, epoch FROM sharding.shards WHERE map = 'withrows' ORDER BY logical;
+SELECT sharding.undistribute('moved_rows');
+SELECT sharding.move_shard('withrows', 0, 'b') AS switched_without_tables;
+SELECT count(*) AS rebalanced FROM sharding.rebalance('withrows', ARRAY['a']);
+SELECT sharding.drop_map('withrows');
+DROP TABLE moved_rows;
+
 -- Deterministic object names: [a-z0-9_] and at most 63 bytes, distinct
 -- for map names that fold alike.
 SELECT sharding._move_name('mv', 3) AS plain,

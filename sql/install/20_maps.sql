@@ -307,7 +307,29 @@ END $$;
 COMMENT ON FUNCTION sharding.unpin(text, text) IS
     'removes the pin of one key; true if there was one';
 
+-- move_shard(map, logical, node): the owner switch alone. On a map with a
+-- distributed table it is refused (the rows would stay behind on the old
+-- owner): moves go through move_shard_online or rebalance_start, whose
+-- cutover calls _switch_owner.
 CREATE FUNCTION sharding.move_shard(map text, logical integer, node text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._check_logical($1, $2, sharding._require_map($1, false));
+    PERFORM sharding._refuse_owner_switch($1, 'move_shard');
+    RETURN sharding._switch_owner($1, $2, $3);
+END $$;
+COMMENT ON FUNCTION sharding.move_shard(text, integer, text) IS
+    'moves one logical shard to a node after fenced writers commit; returns its new epoch (unchanged when already there); refused on a map with distributed tables';
+
+-- _switch_owner(map, logical, node): move_shard's switch (also the cutover
+-- of an online move).
+CREATE FUNCTION sharding._switch_owner(map text, logical integer, node text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
@@ -341,8 +363,10 @@ BEGIN
     PERFORM sharding._touch_map($1);
     RETURN e;
 END $$;
-COMMENT ON FUNCTION sharding.move_shard(text, integer, text) IS
-    'moves one logical shard to a node after fenced writers commit; returns its new epoch (unchanged when already there)';
+COMMENT ON FUNCTION sharding._switch_owner(text, integer, text) IS
+    'internal: switches a shard''s owner after fenced writers commit (epoch + 1); returns its epoch';
+REVOKE ALL ON FUNCTION sharding._switch_owner(text, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._switch_owner(text, integer, text) TO sharding_admin;
 
 CREATE FUNCTION sharding.rebalance(map text, nodes text[], dry_run boolean DEFAULT false)
     RETURNS TABLE(logical integer, from_node text, to_node text)
@@ -362,6 +386,7 @@ BEGIN
     -- On a database map every listed node needs a DSN (a dry run says so too).
     PERFORM sharding._check_database_nodes($1, nodes);
     IF NOT dry_run THEN
+        PERFORM sharding._refuse_owner_switch($1, 'rebalance');
         -- One map-wide lock: waits for fenced writers, keeps new ones out.
         PERFORM sharding._lock_map($1);
         PERFORM sharding._require_map($1, true);

@@ -365,6 +365,7 @@ BEGIN
     END IF;
     PERFORM sharding._check_database_nodes($1, nodes);
     IF NOT dry_run THEN
+        PERFORM sharding._refuse_owner_switch($1, 'rebalance_by_load');
         -- One map-wide lock: waits for fenced writers, keeps new ones out.
         PERFORM sharding._lock_map($1);
         PERFORM sharding._require_map($1, true);

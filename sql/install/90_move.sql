@@ -117,6 +117,33 @@ COMMENT ON VIEW sharding.moves IS
     'online moves in progress (or interrupted: the next move of the shard cleans them up); see move_journal';
 GRANT SELECT ON sharding.moves TO PUBLIC;
 
+-- _refuse_owner_switch(map, fn): 55000 naming a distributed table of the
+-- map: switching owners alone (move_shard, rebalance, rebalance_by_load)
+-- would leave its rows on the old owner, where nothing routes any more.
+CREATE FUNCTION sharding._refuse_owner_switch(map text, fn text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t text;
+BEGIN
+    -- A follower refuses configuration changes by itself (its own message).
+    IF EXISTS (SELECT FROM sharding.local_node l WHERE l.following) THEN
+        RETURN;
+    END IF;
+    SELECT pg_catalog.format('%I.%I', d.schema_name, d.table_name) INTO t
+      FROM sharding.distributed_tables d WHERE d.map = $1
+     ORDER BY d.schema_name, d.table_name LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION '% would switch owners of map "%" without moving the rows of its distributed table %', fn, map, t
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The rows would stay on the old owner, where nothing routes any more.',
+                  HINT = 'Use sharding.rebalance_start or sharding.move_shard_online, which move the rows too.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._refuse_owner_switch(text, text) IS
+    'internal: 55000 if a map has distributed tables (owner switches alone would strand their rows)';
+
 -- _move_name(map, logical): the name of the publication, slot, subscription
 -- and trigger of a move. Deterministic, so that a later call finds what a
 -- crashed one left; slot names allow only [a-z0-9_], so other map names are
@@ -260,6 +287,54 @@ COMMENT ON FUNCTION sharding._dbl_disconnect(text) IS 'internal: cancels and clo
 COMMENT ON FUNCTION sharding._dbl_value(text, text) IS 'internal: first value of a query over a named dblink connection';
 COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a named dblink connection, interruptibly';
 
+-- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
+-- created over a replication connection with an exported snapshot (held
+-- open until _move_slot_close or the end of the transaction), and the
+-- destination pulls the shard's rows under that snapshot with
+-- COPY ... TO STDOUT fed into BeginCopyFrom: copy and stream never overlap,
+-- no program runs, the source's DSN is read from sharding.nodes there.
+CREATE FUNCTION sharding._move_slot_create(source text, slot text, plugin text, options text,
+                                           OUT lsn pg_lsn, OUT snapshot text)
+    AS 'MODULE_PATHNAME', 'sharding__move_slot_create' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_slot_create(text, text, text, text) IS
+    'internal: creates a move''s logical slot at the source over a replication connection, exporting its snapshot';
+CREATE FUNCTION sharding._move_slot_close(slot text) RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding__move_slot_close' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_slot_close(text) IS
+    'internal: closes the replication connection holding a move''s exported snapshot';
+CREATE FUNCTION sharding._move_pull(source text, snapshot text, rel regclass, columns text[], query text)
+    RETURNS bigint[]
+    AS 'MODULE_PATHNAME', 'sharding__move_pull' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_pull(text, text, regclass, text[], text) IS
+    'internal: at a move''s destination, pulls COPY (query) TO STDOUT from the source under a snapshot into rel; {rows, bytes}';
+REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
+    sharding._move_pull(text, text, regclass, text[], text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
+    sharding._move_pull(text, text, regclass, text[], text) TO sharding_admin;
+
+-- What a move's decoder carries (src/nodes/move_decoder.cpp), one row per
+-- slot, on the source: written before the slot is created, deleted with it.
+-- A user_catalog_table: logical decoding reads it under its historic
+-- snapshot. The guard refuses key changes into or out of these shards
+-- while a row is here.
+CREATE TABLE sharding.move_decoding (
+    slot        text PRIMARY KEY,
+    map         text NOT NULL,
+    shards      integer NOT NULL,
+    logical     integer NOT NULL,
+    key         text,                       -- isolate: the one key
+    pins        text[] NOT NULL DEFAULT '{}',  -- a shard move leaves these keys behind
+    tables      oid[] NOT NULL,             -- the map's distributed tables here
+    key_columns text[] NOT NULL             -- their key columns, in the same order
+) WITH (user_catalog_table = true);
+COMMENT ON TABLE sharding.move_decoding IS
+    'internal: what the decoder of an online move''s slot carries (source side; one row per slot)';
+GRANT SELECT ON sharding.move_decoding TO PUBLIC;
+GRANT INSERT, UPDATE, DELETE ON sharding.move_decoding TO sharding_admin;
+CREATE TRIGGER local_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.move_decoding
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._local_changed();
+ALTER TABLE sharding.move_decoding ENABLE ALWAYS TRIGGER local_changed;
+
 -- _move_key_in(row, ...): whether a row (as jsonb) belongs to what a move
 -- carries: in shard mode, an unpinned key of logical shard `logical` of
 -- `shards`; in key mode, exactly `key` (canonical text form).
@@ -380,13 +455,6 @@ CREATE FUNCTION sharding._move_tables(map text)
 COMMENT ON FUNCTION sharding._move_tables(text) IS
     'internal: the distributed tables of a map with the column lists an online move needs';
 
--- _shell_quote(v): a single-quoted POSIX shell word.
-CREATE FUNCTION sharding._shell_quote(v text) RETURNS text
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT '''' OPERATOR(pg_catalog.||) pg_catalog.replace($1, '''', '''\''''') OPERATOR(pg_catalog.||) '''' $$;
-COMMENT ON FUNCTION sharding._shell_quote(text) IS 'internal: quotes a word for the POSIX shell (COPY FROM PROGRAM)';
-
 -- _move_filter_sql(rel_key_column, key_type, shards, logical, key, pins):
 -- the WHERE condition selecting what a move carries, evaluated where the
 -- rows are (source or destination): an unpinned key of the shard, or the
@@ -443,6 +511,10 @@ BEGIN
         PERFORM pg_catalog.pg_sleep(0.02);
     END LOOP;
     PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format('DROP PUBLICATION IF EXISTS %I', name));
+    IF sharding._dbl_value('sharding_move_src', 'SELECT pg_catalog.to_regclass(''sharding.move_decoding'') IS NOT NULL') = 't' THEN
+        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
+            'DELETE FROM sharding.move_decoding WHERE slot = %L', name));
+    END IF;
 END $$;
 COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
     'internal: drops an online move''s subscription, slot and publication';
@@ -481,15 +553,39 @@ DECLARE
     pins text[];
     tag text;
     total bigint := 0;
+    origin text := sharding._move_name(map, logical);
+    ctes text;
+    unions text;
 BEGIN
     SELECT coalesce(pg_catalog.array_agg(p.key), '{}') INTO pins FROM sharding.pins p WHERE p.map = $2;
-    PERFORM sharding._dbl_run(conn, 'SET session_replication_role = replica');
-    FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
-        tag := sharding._dbl_run(conn, pg_catalog.format('DELETE FROM %s WHERE %s', t.rel,
-                   sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins)));
-        total := total + pg_catalog.split_part(tag, ' ', 2)::bigint;
-    END LOOP;
-    PERFORM sharding._dbl_run(conn, 'SET session_replication_role = origin');
+    -- Under a replication origin of the move's own: the decoders of other
+    -- moves from that node drop changes that carry an origin, so these
+    -- deletes never travel (a DELETE's old key is not in the WAL where the
+    -- key is not in the replica identity, so they could not be filtered).
+    -- One remote transaction: all of it or nothing.
+    SELECT pg_catalog.string_agg(pg_catalog.format('d%s AS (DELETE FROM %s WHERE %s RETURNING 1)', m.n, m.rel,
+               sharding._move_filter_sql(m.key_column, m.key_type, shards, logical, key, pins)), ', '),
+           pg_catalog.string_agg(pg_catalog.format('SELECT 1 FROM d%s', m.n), ' UNION ALL ')
+      INTO ctes, unions
+      FROM (SELECT mt.*, pg_catalog.row_number() OVER () AS n FROM sharding._move_tables(map) mt) m;
+    IF ctes IS NULL THEN
+        RETURN 0;
+    END IF;
+    total := sharding._dbl_value(conn, pg_catalog.format(
+        'SET session_replication_role = replica; '
+        'SELECT pg_catalog.pg_replication_origin_session_reset() WHERE pg_catalog.pg_replication_origin_session_is_setup(); '
+        'SELECT pg_catalog.pg_replication_origin_create(%L) '
+        'WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_origin WHERE roname = %L); '
+        'SELECT pg_catalog.pg_replication_origin_session_setup(%L); '
+        'WITH %s SELECT pg_catalog.count(*) FROM (%s) AS x',
+        origin, origin, origin, ctes, unions))::bigint;
+    PERFORM sharding._dbl_run(conn, 'SELECT pg_catalog.pg_replication_origin_session_reset(); '
+                                    'SET session_replication_role = origin');
+    BEGIN
+        PERFORM sharding._dbl_run(conn, pg_catalog.format('SELECT pg_catalog.pg_replication_origin_drop(%L)', origin));
+    EXCEPTION WHEN OTHERS THEN
+        NULL;   -- in use by a session not yet gone: dropped by the next move of the shard
+    END;
     RETURN total;
 END $$;
 COMMENT ON FUNCTION sharding._move_delete_rows(text, text, integer, text) IS
@@ -595,6 +691,7 @@ CREATE FUNCTION sharding._move_undo(map text, logical integer, key text) RETURNS
 DECLARE
     name text := sharding._move_name(map, logical);
 BEGIN
+    PERFORM sharding._move_slot_close(name);
     PERFORM sharding._move_drop_replication(name);
     PERFORM sharding._move_drop_triggers(map, name);
     -- A copy still running at the destination (its caller was cancelled or
@@ -695,7 +792,6 @@ DECLARE
     shards integer := sharding._require_map(map);
     source text;
     src_dsn text;
-    dst_dblink text;
     pins text[];
     t record;
     tables text;
@@ -707,10 +803,9 @@ DECLARE
     err_detail text;
     err_hint text;
     err_context text;
-    copied boolean;
-    copy_program boolean := true;
-    copy_tag text;
-    dst_encoding text;
+    slot_snapshot text;
+    plugin_opts text;
+    pulled bigint[];
 BEGIN
     -- One move per shard at a time (a transaction-level lock: a crashed
     -- caller's lock goes with it, and its journal row tells the next call).
@@ -773,15 +868,6 @@ BEGIN
                   DETAIL = 'Moving a shard online replicates its rows from the source with logical replication.',
                   HINT = 'Set wal_level = logical on the source (postgresql.conf) and restart it.';
     END IF;
-    dst_dblink := sharding._dbl_value('sharding_move_dst',
-        'SELECT e.extnamespace::regnamespace::text FROM pg_catalog.pg_extension e WHERE e.extname = ''dblink''');
-    IF dst_dblink IS NULL THEN
-        PERFORM sharding._move_disconnect();
-        RAISE EXCEPTION 'node "%" has no extension "dblink"', node
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = 'The destination pulls the shard''s rows from the source through dblink.',
-                  HINT = 'CREATE EXTENSION dblink on the destination.';
-    END IF;
     FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
         IF sharding._dbl_value('sharding_move_src', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't'
            OR sharding._dbl_value('sharding_move_dst', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't' THEN
@@ -796,7 +882,7 @@ BEGIN
         -- No distributed table: nothing to carry, the switch is the move.
         PERFORM sharding._move_disconnect();
         IF key IS NULL THEN
-            new_epoch := sharding.move_shard(map, logical, node);
+            new_epoch := sharding._switch_owner(map, logical, node);
         ELSE
             PERFORM sharding.pin(map, key, node);
         END IF;
@@ -810,75 +896,62 @@ BEGIN
     -- The destination's session is known by this name there: an undo ends
     -- whatever it may still run.
     PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('SET application_name = %L', name));
+    -- ... and ends by itself if this session goes away (a crash, kill -9):
+    -- its copy is then rolled back there, never committed later.
+    PERFORM sharding._dbl_run('sharding_move_dst', 'SET client_connection_check_interval = 1000');
     BEGIN
         RAISE DEBUG 'move %: publication and slot at %', name, pg_catalog.clock_timestamp();
         -- 2. Publication, then the slot: changes from here on are kept.
         PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
             'CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update, delete'')', name, tables));
+        -- Over a replication connection, exporting its snapshot: the copy
+        -- below reads exactly what precedes the slot's stream.
+        -- The decoder's instructions first (committed before the slot, so
+        -- its historic snapshot sees them).
         PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
-            'SELECT pg_catalog.pg_create_logical_replication_slot(%L, ''pgoutput'')', name));
+            'DELETE FROM sharding.move_decoding WHERE slot = %L; '
+            'INSERT INTO sharding.move_decoding (slot, map, shards, logical, key, pins, tables, key_columns) '
+            'VALUES (%L, %L, %s, %s, %L, %L::text[], ARRAY[%s]::pg_catalog.oid[], %L::text[])',
+            name, name, map, shards, logical, key, CASE WHEN key IS NULL THEN pins ELSE '{}'::text[] END,
+            (SELECT pg_catalog.string_agg(pg_catalog.format('%L::pg_catalog.regclass', m.rel), ', ' ORDER BY m.rel)
+               FROM sharding._move_tables(map) m),
+            (SELECT pg_catalog.array_agg(m.key_column ORDER BY m.rel) FROM sharding._move_tables(map) m)));
+        -- The source lets its sessions name plugin "sharding"
+        -- (output_plugin_libraries, where the server has the setting).
+        plugin_opts := sharding._dbl_value('sharding_move_src',
+            'SELECT CASE WHEN l IS NULL OR ''sharding'' = ANY (pg_catalog.string_to_array(l, '','')) THEN '''' '
+            'ELSE ''-c output_plugin_libraries='' || l || '',sharding'' END '
+            'FROM (SELECT pg_catalog.replace(pg_catalog.current_setting(''output_plugin_libraries'', true), '' '', '''') AS l) AS s');
+        slot_snapshot := (SELECT s.snapshot FROM sharding._move_slot_create(source, name, 'sharding', plugin_opts) AS s);
 
         -- 3. Copy, filtered at the source.
         step := 'copying';
         RAISE DEBUG 'move %: copying at %', name, pg_catalog.clock_timestamp();
+        -- Leftovers of the shard at the destination (it does not own them).
+        PERFORM sharding._move_delete_rows('sharding_move_dst', map, logical, key);
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
-        dst_encoding := sharding._dbl_value('sharding_move_dst', 'SELECT pg_catalog.getdatabaseencoding()');
         FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
             filter := sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins);
-            -- Leftovers of the shard at the destination (it does not own them).
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DELETE FROM %s WHERE %s', t.rel, filter));
-            -- COPY from the source, as fast as `psql -c 'COPY ... TO STDOUT' |
-            -- psql -c 'COPY ... FROM STDIN'` because it is that: the
-            -- destination's server runs psql (COPY FROM PROGRAM: a
-            -- superuser's, as the move's connections are). Where it has no
-            -- psql, INSERT ... SELECT FROM dblink (slower: row by row).
-            copied := false;
-            IF copy_program THEN
-                BEGIN
-                    copy_tag := sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                        'COPY %s (%s) FROM PROGRAM %L WITH (FORMAT text, ENCODING %L)', t.rel, t.cols,
-                        pg_catalog.format('PGCLIENTENCODING=%s psql -XAtq -v ON_ERROR_STOP=1 -d %s -c %s', dst_encoding,
-                                          sharding._shell_quote(src_dsn),
-                                          sharding._shell_quote(pg_catalog.format('COPY (SELECT %s FROM %s WHERE %s) TO STDOUT',
-                                                                                  t.cols, t.rel, filter))),
-                        dst_encoding));
-                    copied := true;
-                EXCEPTION WHEN OTHERS THEN
-                    GET STACKED DIAGNOSTICS err_msg = MESSAGE_TEXT;
-                    RAISE DEBUG 'move %: COPY FROM PROGRAM failed (%), copying through dblink', name, err_msg;
-                    copy_program := false;
-                    PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT n.dsn FROM sharding.nodes n WHERE n.node = _move_online.node));
-                    PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
-                END;
-            END IF;
-            IF NOT copied THEN
-                copy_tag := sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                    'INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %I.dblink(%L, %L) AS s(%s)',
-                    t.rel, t.cols, t.cols, dst_dblink, src_dsn,
-                    pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter), t.coldefs));
-            END IF;
+            -- The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
+            -- from the source under the slot's exported snapshot, straight
+            -- into the table (C++: BeginCopyFrom with a data source
+            -- callback; binary where the column types allow).
+            pulled := sharding._dbl_value('sharding_move_dst', pg_catalog.format(
+                'SELECT sharding._move_pull(%L, %L, %L, %L, %L)::text', source, slot_snapshot, t.rel,
+                (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid = t.rel::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+                pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter)))::bigint[];
             PERFORM sharding._move_journal(pg_catalog.format(
-                'UPDATE sharding.move_journal SET rows_copied = rows_copied + %s WHERE map = %L AND logical = %s AND %s',
-                coalesce(pg_catalog.split_part(copy_tag, ' ', pg_catalog.array_length(pg_catalog.string_to_array(copy_tag, ' '), 1)), '0')::bigint,
-                map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
+                'UPDATE sharding.move_journal SET rows_copied = rows_copied + %s, bytes_copied = bytes_copied + %s '
+                'WHERE map = %L AND logical = %s AND %s',
+                pulled[1], pulled[2], map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
         END LOOP;
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = origin');
+        -- The snapshot is no longer needed: let go of the replication connection.
+        PERFORM sharding._move_slot_close(name);
 
-        -- 4. The destination's filter, for replication apply only.
-        -- Created and switched to ENABLE REPLICA in one transaction (one
-        -- multi-statement command): other sessions never see it enabled
-        -- for their own writes.
-        FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                'CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW '
-                'EXECUTE FUNCTION sharding._move_filter(%L, %L, %L, %L, %L, %L, %L, %L, %L); '
-                'ALTER TABLE %s ENABLE REPLICA TRIGGER %I',
-                name, t.rel, t.key_column, pg_catalog.format_type(t.key_type, NULL), shards, logical, map,
-                CASE WHEN key IS NULL THEN 'shard' ELSE 'key' END, coalesce(key, ''),
-                pg_catalog.format('UPDATE %s AS t SET (%s) = ROW(%s) WHERE %s', t.rel, t.cols, t.vals, t.pk_match),
-                pg_catalog.format('DELETE FROM %s AS t WHERE %s', t.rel, t.pk_match),
-                t.rel, name));
-        END LOOP;
+        -- 4. No filter at the destination: the slot's decoder (plugin
+        -- "sharding", pgoutput inside) sends only the shard's changes.
 
         -- 5. Stream from the slot made before the copy. synchronous_commit
         -- on: the apply worker confirms a position only once its commit is
@@ -887,7 +960,8 @@ BEGIN
         PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
             'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I '
             'WITH (create_slot = false, slot_name = %L, copy_data = false, synchronous_commit = ''on'')',
-            name, src_dsn, name, name));
+            name, src_dsn || CASE WHEN plugin_opts <> '' THEN ' options=''' || plugin_opts || '''' ELSE '' END,
+            name, name));
 
         -- 6. Catch up until a round is short: the backlog left for the
         -- frozen phase is then a fraction of a second of writes.
@@ -1043,7 +1117,7 @@ COMMENT ON FUNCTION sharding._move_stop_backends(text, text) IS
 CREATE FUNCTION sharding._move_switch(map text, logical integer, node text) RETURNS bigint
     LANGUAGE sql VOLATILE
     SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT sharding.move_shard($1, $2, $3) $$;
+    AS $$ SELECT sharding._switch_owner($1, $2, $3) $$;
 COMMENT ON FUNCTION sharding._move_switch(text, integer, text) IS
     'internal: switches a shard''s owner at the cutover of an online move (epoch + 1)';
 

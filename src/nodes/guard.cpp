@@ -65,6 +65,8 @@ struct LocalState {
     int node_len;
     int nfrozen;
     Frozen *frozen;
+    int nmoving;     // shards an online move carries from here (sharding.move_decoding)
+    Frozen *moving;
 };
 
 // Validity follows the cache module's rule (cache.hpp, "changes"): the
@@ -148,6 +150,21 @@ void local_build() {
         fresh->frozen[i].map = copy_text(cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &fresh->frozen[i].len);
         fresh->frozen[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
     }
+    // Shards being moved from this node (1.3; the table may not exist yet
+    // in a database not updated).
+    if (OidIsValid(get_relname_relid("move_decoding", get_namespace_oid("sharding", false)))) {
+        plan = SPI_prepare("SELECT map, logical FROM sharding.move_decoding", 0, nullptr);
+        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+        rc = SPI_execute_snapshot(plan, nullptr, nullptr, snap, InvalidSnapshot, true, false, 0);
+        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+        local.nmoving = static_cast<int>(SPI_processed);
+        local.moving = static_cast<Frozen *>(MemoryContextAllocZero(local_cxt, sizeof(Frozen) * (local.nmoving + 1)));
+        for (int i = 0; i < local.nmoving; i++) {
+            bool isnull;
+            local.moving[i].map = copy_text(local_cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &local.moving[i].len);
+            local.moving[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
+        }
+    }
     UnregisterSnapshot(snap);
     SPI_finish();
     fresh->valid = true;
@@ -162,6 +179,14 @@ void local_build() {
 inline const LocalState &local_state() {
     if (!local->valid || local_built != local_changes()) local_build();
     return *local;
+}
+
+bool is_moving(const LocalState &s, const char *map, size_t len, int32 logical) {
+    for (int i = 0; i < s.nmoving; i++)
+        if (s.moving[i].logical == logical && static_cast<size_t>(s.moving[i].len) == len &&
+            memcmp(s.moving[i].map, map, len) == 0)
+            return true;
+    return false;
 }
 
 bool is_frozen(const LocalState &s, const char *map, size_t len, int32 logical) {
@@ -371,6 +396,26 @@ void check_row(GuardQuery *g, TriggerData *td, HeapTuple tuple) {
     }
 }
 
+// A key change between two logical shards, one of which an online move is
+// carrying from here: refused for the time of the move (the move's decoder
+// may not see the old key; see src/nodes/move_decoder.cpp).
+void check_key_change(GuardQuery *g, TriggerData *td, Datum old_key, Datum new_key) {
+    const LocalState &s = local_state();
+    if (s.nmoving == 0) return;
+    int32 from = DatumGetInt32(call2(&g->logical_shard, PointerGetDatum(g->map), old_key));
+    int32 to = DatumGetInt32(call2(&g->logical_shard, PointerGetDatum(g->map), new_key));
+    if (from == to) return;
+    if (!is_moving(s, g->map_name, g->map_len, from) && !is_moving(s, g->map_name, g->map_len, to)) return;
+    const char *k = key_out(g, new_key);  // may ereport: before any C++ object exists
+    throw sharding::Error(
+        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        sharding::format("an update of table \"%s\" moves key \"%s\" from logical shard %d to %d of map \"%s\", "
+                         "one of which is being moved online",
+                         RelationGetRelationName(td->tg_relation), k, from, to, g->map_name),
+        "Key changes into or out of a shard are refused while the shard moves (sharding.move_decoding).",
+        "Retry after the move.");
+}
+
 }  // namespace
 
 namespace sharding {
@@ -410,8 +455,10 @@ SHARDING_FUNCTION(sharding_guard) {
         Datum o = heap_getattr(td->tg_trigtuple, g->key_att, desc, &old_null);
         Datum n = heap_getattr(td->tg_newtuple, g->key_att, desc, &new_null);
         Form_pg_attribute a = TupleDescAttr(desc, g->key_att - 1);
-        if (old_null != new_null || (!new_null && !datumIsEqual(o, n, a->attbyval, a->attlen)))
+        if (old_null != new_null || (!new_null && !datumIsEqual(o, n, a->attbyval, a->attlen))) {
             check_row(g, td, td->tg_newtuple);
+            if (!old_null && !new_null) check_key_change(g, td, o, n);
+        }
     } else {
         check_row(g, td, td->tg_trigtuple);
     }

@@ -389,7 +389,7 @@ if (SHARDING_PORT=${PORT[i3]} start_cluster "${DIR[i3]}" -c listen_addresses=127
     q i3 postgres -c 'CREATE DATABASE n4' >/dev/null
     qn n4 -c 'CREATE EXTENSION sharding' -c 'CREATE EXTENSION dblink' -c "$TABLES" >/dev/null
     qn coord -c "SELECT sharding.add_node('n4', '$(ndsn n4)')" -c "SELECT sharding.attach_node('n4')" \
-             -c "SELECT sharding.move_shard('bank', 7, 'n4')" >/dev/null 2>&1
+             -c "SELECT sharding._switch_owner('bank', 7, 'n4')" >/dev/null 2>&1
     check "a source whose wal_level is not logical: 55000, and nothing changes" "55000 n4|$(qn coord -c "SELECT epoch FROM sharding.shards WHERE map = 'bank' AND logical = 7")" \
         "$(sqlstate "SELECT sharding.move_shard_online('bank', 7, 'n2')") $(qn coord -c "SELECT node || '|' || epoch FROM sharding.shards WHERE map = 'bank' AND logical = 7")"
 else

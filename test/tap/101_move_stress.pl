@@ -131,7 +131,7 @@ for my $i (1 .. $moves)
 	# Separate statements, each its own transaction: began is read before the
 	# move commits, done after its commit returned.
 	$node->safe_psql('coord', qq{CREATE TEMP TABLE t AS SELECT clock_timestamp() AS began;
-		SELECT sharding.move_shard('acc', $s, '$to');
+		SELECT sharding._switch_owner('acc', $s, '$to');
 		INSERT INTO moves SELECT $i, $s, '$to', began, clock_timestamp() FROM t;});
 	$owner{$s} = $to;
 	usleep(250_000);

@@ -280,7 +280,7 @@ my $sum1 = d('n1', $checksum_sql);
 is(d('n2', $checksum_sql), $sum1, "shard_checksum of shard $shard is the same on n1 and n2 ($sum1)");
 
 # 3. Switch on the coordinator: every follower sees the new owner and epoch.
-is(p("SELECT sharding.move_shard('docs', $shard, 'n2')"), '2', 'move_shard on the coordinator: epoch 2');
+is(p("SELECT sharding._switch_owner('docs', $shard, 'n2')"), '2', 'move_shard on the coordinator: epoch 2');
 my @lags = map {
 	my $ms = sharding_wait($node{$_}, 'data',
 		"SELECT sharding.node_for('docs', '$first_ws') || '/' || sharding.epoch('docs', $shard)", 'n2/2', 30);

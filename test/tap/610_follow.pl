@@ -118,7 +118,7 @@ is(join(' ', map { "$_=" . sharding_guards($inst{ $at{$_} }, 'data') } @nodes), 
 c("SELECT sharding.pin('m', 'probe', 'n3')");
 my @lags = map { "$_=" . lag_text(wait_ms($_, "SELECT sharding.node_for('m', 'probe')", 'n3', 30)) } @nodes;
 is(scalar(grep { /ms$/ } @lags), 3, "a pin on the coordinator is seen by node_for on every follower (lag: @lags)");
-c("SELECT sharding.move_shard('m', 0, 'n2')");
+c("SELECT sharding._switch_owner('m', 0, 'n2')");
 @lags = map {
 	"$_=" . lag_text(wait_ms($_, "SELECT sharding.epoch('m', 0) || '/' || sharding.shards_of('m', 'n2')::text", '2/{0,3,4,5}', 30))
 } @nodes;
@@ -137,7 +137,7 @@ SELECT pg_sleep(2);
 SELECT 'after:' || sharding.node_for('m', '$key0');
 SQL
 usleep(500_000);
-c("SELECT sharding.move_shard('m', 0, 'n1')");
+c("SELECT sharding._switch_owner('m', 0, 'n1')");
 my (undef, $session_out) = sharding_finish($session);
 is(join(' ', grep { /^(before|after):/ } split /\n/, $session_out), 'before:n2 after:n1',
 	'a running session on n2 routes by the moved shard at its next statement');
@@ -145,7 +145,7 @@ is(join(' ', grep { /^(before|after):/ } split /\n/, $session_out), 'before:n2 a
 # A node that is down while the configuration changes catches up on restart.
 $inst{i3}->stop('fast');
 c(<<'SQL');
-SELECT sharding.move_shard('m', 1, 'n3');
+SELECT sharding._switch_owner('m', 1, 'n3');
 SELECT sharding.pin('m', 'while-down', 'n1');
 SELECT sharding.unpin('m', 'probe');
 SQL
@@ -342,7 +342,7 @@ is( d('n3', "SELECT sqlstate_of(\$\$SELECT sharding.pin('m', 'mine', 'n3')\$\$)"
 	"|||$home_now", 'n3 keeps its copy, editable again (pin, create_map), and writes any key');
 my $v_local = d('n3', "SELECT sharding.cluster_version('m')");
 cmp_ok($v_local, '>', $v_before, "cluster_version on the detached n3 rises above the copied one ($v_before -> $v_local)");
-c("SELECT sharding.move_shard('m', 2, 'n3')");
+c("SELECT sharding._switch_owner('m', 2, 'n3')");
 usleep(500_000);
 is(d('n3', "SELECT sharding.epoch('m', 2)"), '1', "a detached node no longer sees the coordinator's changes");
 is(c("SELECT sharding.detach_node('n3')"), '', 'detach_node again is harmless');

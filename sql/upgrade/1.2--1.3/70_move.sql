@@ -1,4 +1,204 @@
 
+
+-- Owner switches alone refused on maps with distributed tables (contract
+-- section 13): move_shard's switch is _switch_owner, also the cutover of
+-- an online move.
+CREATE OR REPLACE FUNCTION sharding._refuse_owner_switch(map text, fn text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t text;
+BEGIN
+    -- A follower refuses configuration changes by itself (its own message).
+    IF EXISTS (SELECT FROM sharding.local_node l WHERE l.following) THEN
+        RETURN;
+    END IF;
+    SELECT pg_catalog.format('%I.%I', d.schema_name, d.table_name) INTO t
+      FROM sharding.distributed_tables d WHERE d.map = $1
+     ORDER BY d.schema_name, d.table_name LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION '% would switch owners of map "%" without moving the rows of its distributed table %', fn, map, t
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'The rows would stay on the old owner, where nothing routes any more.',
+                  HINT = 'Use sharding.rebalance_start or sharding.move_shard_online, which move the rows too.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._refuse_owner_switch(text, text) IS
+    'internal: 55000 if a map has distributed tables (owner switches alone would strand their rows)';
+
+CREATE OR REPLACE FUNCTION sharding._switch_owner(map text, logical integer, node text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+    cur record;
+    e bigint;
+BEGIN
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    l := sharding._require_map($1, false);
+    PERFORM sharding._check_logical($1, $2, l);
+    -- On a database map the new owner needs a DSN.
+    PERFORM sharding._check_database_nodes($1, ARRAY[$3]);
+    -- Waits for every writer fenced on the shard (and any rebalance).
+    PERFORM sharding._lock_shard($1, $2);
+    SELECT s.node, s.epoch INTO cur FROM sharding.shards s
+     WHERE s.map = $1 AND s.logical = $2 FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
+    END IF;
+    -- Moving a shard to its owner changes nothing: fenced writers stay valid.
+    IF cur.node = $3 THEN
+        RETURN cur.epoch;
+    END IF;
+    INSERT INTO sharding.nodes (node) VALUES ($3) ON CONFLICT DO NOTHING;
+    UPDATE sharding.shards s SET node = $3, epoch = s.epoch + 1
+     WHERE s.map = $1 AND s.logical = $2 RETURNING s.epoch INTO e;
+    PERFORM sharding._touch_map($1);
+    RETURN e;
+END $$;
+COMMENT ON FUNCTION sharding._switch_owner(text, integer, text) IS
+    'internal: switches a shard''s owner after fenced writers commit (epoch + 1); returns its epoch';
+
+REVOKE ALL ON FUNCTION sharding._switch_owner(text, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._switch_owner(text, integer, text) TO sharding_admin;
+CREATE OR REPLACE FUNCTION sharding.move_shard(map text, logical integer, node text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._check_logical($1, $2, sharding._require_map($1, false));
+    PERFORM sharding._refuse_owner_switch($1, 'move_shard');
+    RETURN sharding._switch_owner($1, $2, $3);
+END $$;
+COMMENT ON FUNCTION sharding.move_shard(text, integer, text) IS
+    'moves one logical shard to a node after fenced writers commit; returns its new epoch (unchanged when already there); refused on a map with distributed tables';
+
+CREATE OR REPLACE FUNCTION sharding.rebalance(map text, nodes text[], dry_run boolean DEFAULT false)
+    RETURNS TABLE(logical integer, from_node text, to_node text)
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    owners text[];
+    mv record;
+    moved integer := 0;
+BEGIN
+    PERFORM sharding._check_nodes(nodes);
+    IF dry_run IS NULL THEN
+        RAISE EXCEPTION 'dry_run must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map($1, false);
+    -- On a database map every listed node needs a DSN (a dry run says so too).
+    PERFORM sharding._check_database_nodes($1, nodes);
+    IF NOT dry_run THEN
+        PERFORM sharding._refuse_owner_switch($1, 'rebalance');
+        -- One map-wide lock: waits for fenced writers, keeps new ones out.
+        PERFORM sharding._lock_map($1);
+        PERFORM sharding._require_map($1, true);
+        INSERT INTO sharding.nodes (node) SELECT n FROM pg_catalog.unnest(nodes) AS n
+            ON CONFLICT DO NOTHING;
+    END IF;
+    SELECT pg_catalog.array_agg(s.node ORDER BY s.logical) INTO owners
+      FROM sharding.shards s WHERE s.map = $1;
+    FOR mv IN SELECT * FROM sharding._rebalance_plan(owners, nodes) LOOP
+        IF NOT dry_run THEN
+            UPDATE sharding.shards s SET node = mv.to_node, epoch = s.epoch + 1
+             WHERE s.map = $1 AND s.logical = mv.logical;
+        END IF;
+        moved := moved + 1;
+        logical := mv.logical;
+        from_node := mv.from_node;
+        to_node := mv.to_node;
+        RETURN NEXT;
+    END LOOP;
+    IF NOT dry_run AND moved > 0 THEN
+        PERFORM sharding._touch_map($1);
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding.rebalance(text, text[], boolean) IS
+    'spreads a map evenly over nodes with the fewest moves (each raises the shard''s epoch); dry_run only reports';
+
+CREATE OR REPLACE FUNCTION sharding.rebalance_by_load(map text, nodes text[], loads float8[],
+                                           max_imbalance float8 DEFAULT 1.10, dry_run boolean DEFAULT false)
+    RETURNS TABLE (logical integer, from_node text, to_node text)
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    l integer;
+    owners text[];
+    bad integer;
+    mv record;
+    moved integer := 0;
+BEGIN
+    PERFORM sharding._check_nodes(nodes);
+    IF dry_run IS NULL THEN
+        RAISE EXCEPTION 'dry_run must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_imbalance IS NULL OR NOT (max_imbalance >= 1) OR max_imbalance = 'Infinity'::float8 THEN
+        RAISE EXCEPTION 'max_imbalance must be a finite number of at least 1, got %',
+            coalesce(max_imbalance::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'It bounds the largest node load divided by the mean node load, which is never below 1.';
+    END IF;
+    l := sharding._require_map($1, false);
+    IF loads IS NULL THEN
+        RAISE EXCEPTION 'loads must list one load per logical shard of map "%", got NULL', $1
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.array_ndims(loads) IS DISTINCT FROM 1 OR pg_catalog.cardinality(loads) <> l THEN
+        RAISE EXCEPTION 'loads must list one load per logical shard of map "%" (%), got % entries',
+            $1, l, pg_catalog.cardinality(loads)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'loads[i + 1] is the load of logical shard i.';
+    END IF;
+    SELECT u.i INTO bad FROM pg_catalog.unnest(loads) WITH ORDINALITY AS u(v, i)
+     WHERE u.v IS NULL OR NOT (u.v >= 0) OR u.v = 'Infinity'::float8 ORDER BY u.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'load of logical shard % must be a finite number >= 0, got %',
+            bad - 1, coalesce(loads[bad + pg_catalog.array_lower(loads, 1) - 1]::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'loads[i + 1] is the load of logical shard i.';
+    END IF;
+    PERFORM sharding._check_database_nodes($1, nodes);
+    IF NOT dry_run THEN
+        PERFORM sharding._refuse_owner_switch($1, 'rebalance_by_load');
+        -- One map-wide lock: waits for fenced writers, keeps new ones out.
+        PERFORM sharding._lock_map($1);
+        PERFORM sharding._require_map($1, true);
+        INSERT INTO sharding.nodes (node) SELECT n FROM pg_catalog.unnest(nodes) AS n
+            ON CONFLICT DO NOTHING;
+    END IF;
+    SELECT pg_catalog.array_agg(s.node ORDER BY s.logical) INTO owners
+      FROM sharding.shards s WHERE s.map = $1;
+    FOR mv IN SELECT * FROM sharding._rebalance_by_load_plan(owners, nodes, loads, max_imbalance) LOOP
+        IF NOT dry_run THEN
+            UPDATE sharding.shards s SET node = mv.to_node, epoch = s.epoch + 1
+             WHERE s.map = $1 AND s.logical = mv.logical;
+        END IF;
+        moved := moved + 1;
+        logical := mv.logical;
+        from_node := mv.from_node;
+        to_node := mv.to_node;
+        RETURN NEXT;
+    END LOOP;
+    IF NOT dry_run AND moved > 0 THEN
+        PERFORM sharding._touch_map($1);
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding.rebalance_by_load(text, text[], float8[], float8, boolean) IS
+    'moves shards so the largest node load is at most max_imbalance x the mean (or as low as shards allow), fewest moves; each raises the shard''s epoch; dry_run only reports';
+
+
 -- Move journal (issue 24): sharding.move_journal replaces 1.2's
 -- sharding.moves (now a view of the live rows); moves are journaled
 -- through _move_enqueue / _move_execute / _move_cancel / _move_recover.
@@ -69,6 +269,142 @@ COMMENT ON VIEW sharding.moves IS
     'online moves in progress (or interrupted: the next move of the shard cleans them up); see move_journal';
 GRANT SELECT ON sharding.moves TO PUBLIC;
 
+-- What a move's decoder carries (src/nodes/move_decoder.cpp), one row per
+-- slot, on the source: written before the slot is created, deleted with it.
+-- A user_catalog_table: logical decoding reads it under its historic
+-- snapshot. The guard refuses key changes into or out of these shards
+-- while a row is here.
+CREATE TABLE sharding.move_decoding (
+    slot        text PRIMARY KEY,
+    map         text NOT NULL,
+    shards      integer NOT NULL,
+    logical     integer NOT NULL,
+    key         text,                       -- isolate: the one key
+    pins        text[] NOT NULL DEFAULT '{}',  -- a shard move leaves these keys behind
+    tables      oid[] NOT NULL,             -- the map's distributed tables here
+    key_columns text[] NOT NULL             -- their key columns, in the same order
+) WITH (user_catalog_table = true);
+COMMENT ON TABLE sharding.move_decoding IS
+    'internal: what the decoder of an online move''s slot carries (source side; one row per slot)';
+GRANT SELECT ON sharding.move_decoding TO PUBLIC;
+GRANT INSERT, UPDATE, DELETE ON sharding.move_decoding TO sharding_admin;
+CREATE TRIGGER local_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.move_decoding
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._local_changed();
+ALTER TABLE sharding.move_decoding ENABLE ALWAYS TRIGGER local_changed;
+
+-- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
+-- created over a replication connection with an exported snapshot (held
+-- open until _move_slot_close or the end of the transaction), and the
+-- destination pulls the shard's rows under that snapshot with
+-- COPY ... TO STDOUT fed into BeginCopyFrom: copy and stream never overlap,
+-- no program runs, the source's DSN is read from sharding.nodes there.
+CREATE FUNCTION sharding._move_slot_create(source text, slot text, plugin text, options text,
+                                           OUT lsn pg_lsn, OUT snapshot text)
+    AS 'MODULE_PATHNAME', 'sharding__move_slot_create' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_slot_create(text, text, text, text) IS
+    'internal: creates a move''s logical slot at the source over a replication connection, exporting its snapshot';
+CREATE FUNCTION sharding._move_slot_close(slot text) RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding__move_slot_close' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_slot_close(text) IS
+    'internal: closes the replication connection holding a move''s exported snapshot';
+CREATE FUNCTION sharding._move_pull(source text, snapshot text, rel regclass, columns text[], query text)
+    RETURNS bigint[]
+    AS 'MODULE_PATHNAME', 'sharding__move_pull' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_pull(text, text, regclass, text[], text) IS
+    'internal: at a move''s destination, pulls COPY (query) TO STDOUT from the source under a snapshot into rel; {rows, bytes}';
+REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
+    sharding._move_pull(text, text, regclass, text[], text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
+    sharding._move_pull(text, text, regclass, text[], text) TO sharding_admin;
+
+CREATE OR REPLACE FUNCTION sharding._move_drop_replication(name text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    active_pid text;
+BEGIN
+    IF sharding._dbl_value('sharding_move_dst',
+           pg_catalog.format('SELECT count(*) FROM pg_catalog.pg_subscription WHERE subname = %L', name)) <> '0' THEN
+        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('ALTER SUBSCRIPTION %I DISABLE', name));
+        PERFORM sharding._dbl_run('sharding_move_dst',
+                                  pg_catalog.format('ALTER SUBSCRIPTION %I SET (slot_name = NONE)', name));
+        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DROP SUBSCRIPTION %I', name));
+    END IF;
+    -- The source's walsender lets go of the slot once the apply worker has
+    -- gone; give it a few seconds, then end it.
+    FOR i IN 1 .. 200 LOOP
+        active_pid := sharding._dbl_value('sharding_move_src', pg_catalog.format(
+            'SELECT coalesce(active_pid::text, ''-'') FROM pg_catalog.pg_replication_slots WHERE slot_name = %L', name));
+        EXIT WHEN active_pid IS NULL;
+        IF active_pid = '-' THEN
+            PERFORM sharding._dbl_run('sharding_move_src',
+                                      pg_catalog.format('SELECT pg_catalog.pg_drop_replication_slot(%L)', name));
+            EXIT;
+        END IF;
+        IF i > 100 THEN
+            PERFORM sharding._dbl_run('sharding_move_src',
+                                      pg_catalog.format('SELECT pg_catalog.pg_terminate_backend(%s)', active_pid));
+        END IF;
+        PERFORM pg_catalog.pg_sleep(0.02);
+    END LOOP;
+    PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format('DROP PUBLICATION IF EXISTS %I', name));
+    IF sharding._dbl_value('sharding_move_src', 'SELECT pg_catalog.to_regclass(''sharding.move_decoding'') IS NOT NULL') = 't' THEN
+        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
+            'DELETE FROM sharding.move_decoding WHERE slot = %L', name));
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
+    'internal: drops an online move''s subscription, slot and publication';
+
+CREATE OR REPLACE FUNCTION sharding._move_delete_rows(conn text, map text, logical integer, key text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t record;
+    shards integer := sharding._require_map(map);
+    pins text[];
+    tag text;
+    total bigint := 0;
+    origin text := sharding._move_name(map, logical);
+    ctes text;
+    unions text;
+BEGIN
+    SELECT coalesce(pg_catalog.array_agg(p.key), '{}') INTO pins FROM sharding.pins p WHERE p.map = $2;
+    -- Under a replication origin of the move's own: the decoders of other
+    -- moves from that node drop changes that carry an origin, so these
+    -- deletes never travel (a DELETE's old key is not in the WAL where the
+    -- key is not in the replica identity, so they could not be filtered).
+    -- One remote transaction: all of it or nothing.
+    SELECT pg_catalog.string_agg(pg_catalog.format('d%s AS (DELETE FROM %s WHERE %s RETURNING 1)', m.n, m.rel,
+               sharding._move_filter_sql(m.key_column, m.key_type, shards, logical, key, pins)), ', '),
+           pg_catalog.string_agg(pg_catalog.format('SELECT 1 FROM d%s', m.n), ' UNION ALL ')
+      INTO ctes, unions
+      FROM (SELECT mt.*, pg_catalog.row_number() OVER () AS n FROM sharding._move_tables(map) mt) m;
+    IF ctes IS NULL THEN
+        RETURN 0;
+    END IF;
+    total := sharding._dbl_value(conn, pg_catalog.format(
+        'SET session_replication_role = replica; '
+        'SELECT pg_catalog.pg_replication_origin_session_reset() WHERE pg_catalog.pg_replication_origin_session_is_setup(); '
+        'SELECT pg_catalog.pg_replication_origin_create(%L) '
+        'WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_origin WHERE roname = %L); '
+        'SELECT pg_catalog.pg_replication_origin_session_setup(%L); '
+        'WITH %s SELECT pg_catalog.count(*) FROM (%s) AS x',
+        origin, origin, origin, ctes, unions))::bigint;
+    PERFORM sharding._dbl_run(conn, 'SELECT pg_catalog.pg_replication_origin_session_reset(); '
+                                    'SET session_replication_role = origin');
+    BEGIN
+        PERFORM sharding._dbl_run(conn, pg_catalog.format('SELECT pg_catalog.pg_replication_origin_drop(%L)', origin));
+    EXCEPTION WHEN OTHERS THEN
+        NULL;   -- in use by a session not yet gone: dropped by the next move of the shard
+    END;
+    RETURN total;
+END $$;
+COMMENT ON FUNCTION sharding._move_delete_rows(text, text, integer, text) IS
+    'internal: deletes the rows an online move carries on one node (bypassing its guard)';
+
 CREATE OR REPLACE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE
@@ -123,6 +459,7 @@ CREATE OR REPLACE FUNCTION sharding._move_undo(map text, logical integer, key te
 DECLARE
     name text := sharding._move_name(map, logical);
 BEGIN
+    PERFORM sharding._move_slot_close(name);
     PERFORM sharding._move_drop_replication(name);
     PERFORM sharding._move_drop_triggers(map, name);
     -- A copy still running at the destination (its caller was cancelled or
@@ -147,7 +484,6 @@ DECLARE
     shards integer := sharding._require_map(map);
     source text;
     src_dsn text;
-    dst_dblink text;
     pins text[];
     t record;
     tables text;
@@ -159,10 +495,9 @@ DECLARE
     err_detail text;
     err_hint text;
     err_context text;
-    copied boolean;
-    copy_program boolean := true;
-    copy_tag text;
-    dst_encoding text;
+    slot_snapshot text;
+    plugin_opts text;
+    pulled bigint[];
 BEGIN
     -- One move per shard at a time (a transaction-level lock: a crashed
     -- caller's lock goes with it, and its journal row tells the next call).
@@ -225,15 +560,6 @@ BEGIN
                   DETAIL = 'Moving a shard online replicates its rows from the source with logical replication.',
                   HINT = 'Set wal_level = logical on the source (postgresql.conf) and restart it.';
     END IF;
-    dst_dblink := sharding._dbl_value('sharding_move_dst',
-        'SELECT e.extnamespace::regnamespace::text FROM pg_catalog.pg_extension e WHERE e.extname = ''dblink''');
-    IF dst_dblink IS NULL THEN
-        PERFORM sharding._move_disconnect();
-        RAISE EXCEPTION 'node "%" has no extension "dblink"', node
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = 'The destination pulls the shard''s rows from the source through dblink.',
-                  HINT = 'CREATE EXTENSION dblink on the destination.';
-    END IF;
     FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
         IF sharding._dbl_value('sharding_move_src', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't'
            OR sharding._dbl_value('sharding_move_dst', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't' THEN
@@ -248,7 +574,7 @@ BEGIN
         -- No distributed table: nothing to carry, the switch is the move.
         PERFORM sharding._move_disconnect();
         IF key IS NULL THEN
-            new_epoch := sharding.move_shard(map, logical, node);
+            new_epoch := sharding._switch_owner(map, logical, node);
         ELSE
             PERFORM sharding.pin(map, key, node);
         END IF;
@@ -262,75 +588,62 @@ BEGIN
     -- The destination's session is known by this name there: an undo ends
     -- whatever it may still run.
     PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('SET application_name = %L', name));
+    -- ... and ends by itself if this session goes away (a crash, kill -9):
+    -- its copy is then rolled back there, never committed later.
+    PERFORM sharding._dbl_run('sharding_move_dst', 'SET client_connection_check_interval = 1000');
     BEGIN
         RAISE DEBUG 'move %: publication and slot at %', name, pg_catalog.clock_timestamp();
         -- 2. Publication, then the slot: changes from here on are kept.
         PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
             'CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update, delete'')', name, tables));
+        -- Over a replication connection, exporting its snapshot: the copy
+        -- below reads exactly what precedes the slot's stream.
+        -- The decoder's instructions first (committed before the slot, so
+        -- its historic snapshot sees them).
         PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
-            'SELECT pg_catalog.pg_create_logical_replication_slot(%L, ''pgoutput'')', name));
+            'DELETE FROM sharding.move_decoding WHERE slot = %L; '
+            'INSERT INTO sharding.move_decoding (slot, map, shards, logical, key, pins, tables, key_columns) '
+            'VALUES (%L, %L, %s, %s, %L, %L::text[], ARRAY[%s]::pg_catalog.oid[], %L::text[])',
+            name, name, map, shards, logical, key, CASE WHEN key IS NULL THEN pins ELSE '{}'::text[] END,
+            (SELECT pg_catalog.string_agg(pg_catalog.format('%L::pg_catalog.regclass', m.rel), ', ' ORDER BY m.rel)
+               FROM sharding._move_tables(map) m),
+            (SELECT pg_catalog.array_agg(m.key_column ORDER BY m.rel) FROM sharding._move_tables(map) m)));
+        -- The source lets its sessions name plugin "sharding"
+        -- (output_plugin_libraries, where the server has the setting).
+        plugin_opts := sharding._dbl_value('sharding_move_src',
+            'SELECT CASE WHEN l IS NULL OR ''sharding'' = ANY (pg_catalog.string_to_array(l, '','')) THEN '''' '
+            'ELSE ''-c output_plugin_libraries='' || l || '',sharding'' END '
+            'FROM (SELECT pg_catalog.replace(pg_catalog.current_setting(''output_plugin_libraries'', true), '' '', '''') AS l) AS s');
+        slot_snapshot := (SELECT s.snapshot FROM sharding._move_slot_create(source, name, 'sharding', plugin_opts) AS s);
 
         -- 3. Copy, filtered at the source.
         step := 'copying';
         RAISE DEBUG 'move %: copying at %', name, pg_catalog.clock_timestamp();
+        -- Leftovers of the shard at the destination (it does not own them).
+        PERFORM sharding._move_delete_rows('sharding_move_dst', map, logical, key);
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
-        dst_encoding := sharding._dbl_value('sharding_move_dst', 'SELECT pg_catalog.getdatabaseencoding()');
         FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
             filter := sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins);
-            -- Leftovers of the shard at the destination (it does not own them).
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DELETE FROM %s WHERE %s', t.rel, filter));
-            -- COPY from the source, as fast as `psql -c 'COPY ... TO STDOUT' |
-            -- psql -c 'COPY ... FROM STDIN'` because it is that: the
-            -- destination's server runs psql (COPY FROM PROGRAM: a
-            -- superuser's, as the move's connections are). Where it has no
-            -- psql, INSERT ... SELECT FROM dblink (slower: row by row).
-            copied := false;
-            IF copy_program THEN
-                BEGIN
-                    copy_tag := sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                        'COPY %s (%s) FROM PROGRAM %L WITH (FORMAT text, ENCODING %L)', t.rel, t.cols,
-                        pg_catalog.format('PGCLIENTENCODING=%s psql -XAtq -v ON_ERROR_STOP=1 -d %s -c %s', dst_encoding,
-                                          sharding._shell_quote(src_dsn),
-                                          sharding._shell_quote(pg_catalog.format('COPY (SELECT %s FROM %s WHERE %s) TO STDOUT',
-                                                                                  t.cols, t.rel, filter))),
-                        dst_encoding));
-                    copied := true;
-                EXCEPTION WHEN OTHERS THEN
-                    GET STACKED DIAGNOSTICS err_msg = MESSAGE_TEXT;
-                    RAISE DEBUG 'move %: COPY FROM PROGRAM failed (%), copying through dblink', name, err_msg;
-                    copy_program := false;
-                    PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT n.dsn FROM sharding.nodes n WHERE n.node = _move_online.node));
-                    PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
-                END;
-            END IF;
-            IF NOT copied THEN
-                copy_tag := sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                    'INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %I.dblink(%L, %L) AS s(%s)',
-                    t.rel, t.cols, t.cols, dst_dblink, src_dsn,
-                    pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter), t.coldefs));
-            END IF;
+            -- The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
+            -- from the source under the slot's exported snapshot, straight
+            -- into the table (C++: BeginCopyFrom with a data source
+            -- callback; binary where the column types allow).
+            pulled := sharding._dbl_value('sharding_move_dst', pg_catalog.format(
+                'SELECT sharding._move_pull(%L, %L, %L, %L, %L)::text', source, slot_snapshot, t.rel,
+                (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid = t.rel::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+                pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter)))::bigint[];
             PERFORM sharding._move_journal(pg_catalog.format(
-                'UPDATE sharding.move_journal SET rows_copied = rows_copied + %s WHERE map = %L AND logical = %s AND %s',
-                coalesce(pg_catalog.split_part(copy_tag, ' ', pg_catalog.array_length(pg_catalog.string_to_array(copy_tag, ' '), 1)), '0')::bigint,
-                map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
+                'UPDATE sharding.move_journal SET rows_copied = rows_copied + %s, bytes_copied = bytes_copied + %s '
+                'WHERE map = %L AND logical = %s AND %s',
+                pulled[1], pulled[2], map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
         END LOOP;
         PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = origin');
+        -- The snapshot is no longer needed: let go of the replication connection.
+        PERFORM sharding._move_slot_close(name);
 
-        -- 4. The destination's filter, for replication apply only.
-        -- Created and switched to ENABLE REPLICA in one transaction (one
-        -- multi-statement command): other sessions never see it enabled
-        -- for their own writes.
-        FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-                'CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW '
-                'EXECUTE FUNCTION sharding._move_filter(%L, %L, %L, %L, %L, %L, %L, %L, %L); '
-                'ALTER TABLE %s ENABLE REPLICA TRIGGER %I',
-                name, t.rel, t.key_column, pg_catalog.format_type(t.key_type, NULL), shards, logical, map,
-                CASE WHEN key IS NULL THEN 'shard' ELSE 'key' END, coalesce(key, ''),
-                pg_catalog.format('UPDATE %s AS t SET (%s) = ROW(%s) WHERE %s', t.rel, t.cols, t.vals, t.pk_match),
-                pg_catalog.format('DELETE FROM %s AS t WHERE %s', t.rel, t.pk_match),
-                t.rel, name));
-        END LOOP;
+        -- 4. No filter at the destination: the slot's decoder (plugin
+        -- "sharding", pgoutput inside) sends only the shard's changes.
 
         -- 5. Stream from the slot made before the copy. synchronous_commit
         -- on: the apply worker confirms a position only once its commit is
@@ -339,7 +652,8 @@ BEGIN
         PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
             'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I '
             'WITH (create_slot = false, slot_name = %L, copy_data = false, synchronous_commit = ''on'')',
-            name, src_dsn, name, name));
+            name, src_dsn || CASE WHEN plugin_opts <> '' THEN ' options=''' || plugin_opts || '''' ELSE '' END,
+            name, name));
 
         -- 6. Catch up until a round is short: the backlog left for the
         -- frozen phase is then a fraction of a second of writes.
@@ -433,6 +747,7 @@ COMMENT ON FUNCTION sharding._move_online(text, integer, text, text) IS
     'internal: moves a logical shard (or one key) online; the engine of move_shard_online and isolate';
 
 DROP FUNCTION sharding._move_cleanup(text, integer);
+DROP FUNCTION sharding._shell_quote(text);
 
 -- _move_journal(sql): runs a statement on the journal through the engine's
 -- own connection to this database (sharding_move_self), so that it commits
@@ -497,7 +812,7 @@ COMMENT ON FUNCTION sharding._move_stop_backends(text, text) IS
 CREATE OR REPLACE FUNCTION sharding._move_switch(map text, logical integer, node text) RETURNS bigint
     LANGUAGE sql VOLATILE
     SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT sharding.move_shard($1, $2, $3) $$;
+    AS $$ SELECT sharding._switch_owner($1, $2, $3) $$;
 COMMENT ON FUNCTION sharding._move_switch(text, integer, text) IS
     'internal: switches a shard''s owner at the cutover of an online move (epoch + 1)';
 

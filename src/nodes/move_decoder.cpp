@@ -1,0 +1,295 @@
+// The move engine's output plugin (issue 24): pgoutput, with its change
+// callback wrapped so that only the moving shard's changes leave the source.
+//
+// A move's slot is created with plugin "sharding" (this library). Its
+// _PG_output_plugin_init loads pgoutput's, keeps pgoutput's callbacks and
+// puts a filter in front of the change callback: a change whose key is not
+// in the moving shard is dropped before pgoutput encodes it. The wire
+// format is pgoutput's, so the destination applies with a plain
+// subscription (no trigger, no upsert).
+//
+// The decoder learns what moves from its slot's row in
+// sharding.move_decoding, a user_catalog_table (decoding may read it under
+// the historic snapshot), written at the source before the slot is made:
+// map, shard count, logical shard, isolate's key, the pinned keys a shard
+// move leaves behind, the tables and their key columns.
+//
+// What a change carries: INSERT the new row, UPDATE the new row and (when
+// the key is in the replica identity and changed) the old key, DELETE the
+// old key's replica identity. An UPDATE whose old key is outside the shard
+// and whose new key is inside is sent as an INSERT of the new row; the
+// reverse as a DELETE of the old row. Where the old key is not in the
+// replica identity, the guard refuses key changes into or out of a moving
+// shard at the source for the time of the move (src/nodes/guard.cpp), so
+// the new key decides. A DELETE whose old tuple lacks the key (key column
+// not in the replica identity) is sent: the destination deletes by primary
+// key, and a row it does not have is a no-op there (primary keys must be
+// unique across the map's shards). Changes with a replication origin are
+// never sent (filter_by_origin): the engine's own deletes run under one.
+//
+// Callbacks are called by PostgreSQL directly (not through guarded()): this
+// file is C-style code, no C++ object owns anything, ereport is allowed.
+#include "pg/pg.hpp"
+#include "core/hash_core.hpp"
+
+extern "C" {
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "replication/logical.h"
+#include "replication/origin.h"
+#include "replication/output_plugin.h"
+#include "replication/reorderbuffer.h"
+#include "replication/slot.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/uuid.h"
+}
+
+#include <cstring>
+
+namespace {
+
+struct MoveTable {
+    Oid relid;
+    char *key_column;
+    AttrNumber key_att;  // resolved on first use (0: not yet)
+    Oid key_type;        // base type
+};
+
+struct MoveConfig {
+    bool loaded;
+    int32 shards;
+    int32 logical;
+    char *key;  // isolate: the one key; NULL for a shard move
+    int npins;
+    char **pins;
+    int ntables;
+    MoveTable *tables;
+};
+
+MoveConfig config;
+LogicalDecodeChangeCB pgoutput_change = nullptr;
+LogicalDecodeShutdownCB pgoutput_shutdown = nullptr;
+MemoryContext config_cxt = nullptr;
+
+char *text_copy(Datum d) {
+    text *t = DatumGetTextPP(d);
+    int len = VARSIZE_ANY_EXHDR(t);
+    char *out = static_cast<char *>(MemoryContextAlloc(config_cxt, len + 1));
+    memcpy(out, VARDATA_ANY(t), len);
+    out[len] = '\0';
+    return out;
+}
+
+char **text_array(Datum d, int *n) {
+    ArrayType *a = DatumGetArrayTypeP(d);
+    Datum *elems;
+    bool *nulls;
+    deconstruct_array(a, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, n);
+    char **out = static_cast<char **>(MemoryContextAllocZero(config_cxt, sizeof(char *) * (*n + 1)));
+    for (int i = 0; i < *n; i++) out[i] = nulls[i] ? nullptr : text_copy(elems[i]);
+    return out;
+}
+
+// Reads the slot's row of sharding.move_decoding under the historic
+// (catalog) snapshot. Columns: slot, map, shards, logical, key, pins,
+// tables (oid[]), key_columns (text[]).
+void load_config(LogicalDecodingContext *ctx) {
+    if (config.loaded) return;
+    if (config_cxt == nullptr) config_cxt = AllocSetContextCreate(ctx->context, "sharding move decoder", ALLOCSET_SMALL_SIZES);
+    const char *slot = NameStr(ctx->slot->data.name);
+    Oid nsp = get_namespace_oid("sharding", false);
+    Oid relid = get_relname_relid("move_decoding", nsp);
+    if (!OidIsValid(relid)) ereport(ERROR, (errcode(ERRCODE_UNDEFINED_TABLE), errmsg("sharding.move_decoding does not exist")));
+    Relation rel = table_open(relid, AccessShareLock);
+    SysScanDesc scan = systable_beginscan(rel, InvalidOid, false, NULL, 0, NULL);
+    TupleDesc desc = RelationGetDescr(rel);
+    bool found = false;
+    for (HeapTuple tup; (tup = systable_getnext(scan)) != NULL;) {
+        bool isnull;
+        Datum s = heap_getattr(tup, 1, desc, &isnull);
+        if (isnull) continue;
+        char *name = TextDatumGetCString(s);
+        bool match = strcmp(name, slot) == 0;
+        pfree(name);
+        if (!match) continue;
+        config.shards = DatumGetInt32(heap_getattr(tup, 3, desc, &isnull));
+        config.logical = DatumGetInt32(heap_getattr(tup, 4, desc, &isnull));
+        Datum k = heap_getattr(tup, 5, desc, &isnull);
+        config.key = isnull ? nullptr : text_copy(k);
+        Datum p = heap_getattr(tup, 6, desc, &isnull);
+        config.pins = isnull ? nullptr : text_array(p, &config.npins);
+        if (isnull) config.npins = 0;
+        Datum t = heap_getattr(tup, 7, desc, &isnull);
+        Datum c = heap_getattr(tup, 8, desc, &isnull);
+        ArrayType *ta = DatumGetArrayTypeP(t);
+        Datum *oids;
+        bool *onulls;
+        int n;
+        deconstruct_array(ta, OIDOID, sizeof(Oid), true, TYPALIGN_INT, &oids, &onulls, &n);
+        int nc = 0;
+        char **cols = text_array(c, &nc);
+        if (nc != n) ereport(ERROR, (errmsg("sharding.move_decoding of slot \"%s\": tables and key_columns differ in length", slot)));
+        config.ntables = n;
+        config.tables = static_cast<MoveTable *>(MemoryContextAllocZero(config_cxt, sizeof(MoveTable) * (n + 1)));
+        for (int i = 0; i < n; i++) {
+            config.tables[i].relid = DatumGetObjectId(oids[i]);
+            config.tables[i].key_column = cols[i];
+        }
+        found = true;
+        break;
+    }
+    systable_endscan(scan);
+    table_close(rel, AccessShareLock);
+    if (!found)
+        ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                        errmsg("slot \"%s\" has no row in sharding.move_decoding", slot),
+                        errdetail("Plugin \"sharding\" decodes for an online move only.")));
+    config.loaded = true;
+}
+
+MoveTable *table_of(Relation rel) {
+    Oid relid = RelationGetRelid(rel);
+    for (int i = 0; i < config.ntables; i++)
+        if (config.tables[i].relid == relid) {
+            MoveTable *t = &config.tables[i];
+            if (t->key_att == 0) {
+                t->key_att = get_attnum(relid, t->key_column);
+                if (t->key_att == InvalidAttrNumber)
+                    ereport(ERROR, (errmsg("key column \"%s\" of table %u is missing", t->key_column, relid)));
+                t->key_type = getBaseType(TupleDescAttr(RelationGetDescr(rel), t->key_att - 1)->atttypid);
+            }
+            return t;
+        }
+    return nullptr;
+}
+
+// The key's canonical text (its type's output), for pins and isolate.
+char *key_text(MoveTable *t, Datum key) {
+    Oid out;
+    bool varlena;
+    getTypeOutputInfo(t->key_type, &out, &varlena);
+    return OidOutputFunctionCall(out, key);
+}
+
+// Whether a key belongs to what the move carries (contract section 1's
+// hash: XXH3-64 of the canonical bytes, then modulo the shard count).
+bool key_moves(MoveTable *t, Datum key) {
+    if (config.key != nullptr) {
+        char *k = key_text(t, key);
+        bool same = strcmp(k, config.key) == 0;
+        pfree(k);
+        return same;
+    }
+    uint64_t h;
+    switch (t->key_type) {
+    case INT2OID:
+        h = sharding::hash_int64(DatumGetInt16(key));
+        break;
+    case INT4OID:
+        h = sharding::hash_int64(DatumGetInt32(key));
+        break;
+    case INT8OID:
+        h = sharding::hash_int64(DatumGetInt64(key));
+        break;
+    case UUIDOID:
+        h = sharding::hash_bytes(DatumGetUUIDP(key)->data, UUID_LEN);
+        break;
+    default: {  // text and bytea: their bytes
+        struct varlena *v = PG_DETOAST_DATUM_PACKED(key);
+        h = sharding::hash_bytes(VARDATA_ANY(v), VARSIZE_ANY_EXHDR(v));
+        break;
+    }
+    }
+    if (sharding::shard_from_hash(h, config.shards) != config.logical) return false;
+    if (config.npins == 0) return true;
+    char *k = key_text(t, key);
+    bool pinned = false;
+    for (int i = 0; i < config.npins && !pinned; i++) pinned = config.pins[i] && strcmp(config.pins[i], k) == 0;
+    pfree(k);
+    return !pinned;
+}
+
+// -1: the tuple carries no key (not in the replica identity); else 0/1.
+int tuple_moves(MoveTable *t, Relation rel, HeapTuple tup) {
+    if (tup == nullptr) return -1;
+    bool isnull;
+    Datum key = heap_getattr(tup, t->key_att, RelationGetDescr(rel), &isnull);
+    if (isnull) return -1;
+    return key_moves(t, key) ? 1 : 0;
+}
+
+#if PG_VERSION_NUM >= 170000
+inline HeapTuple tuple_of(HeapTuple t) { return t; }
+#else
+inline HeapTuple tuple_of(ReorderBufferTupleBuf *t) { return t ? &t->tuple : nullptr; }
+#endif
+
+void filtered_change(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, Relation rel, ReorderBufferChange *change) {
+    load_config(ctx);
+    MoveTable *t = table_of(rel);
+    if (t == nullptr) return;  // not a table of the map
+    HeapTuple newtup = tuple_of(change->data.tp.newtuple);
+    HeapTuple oldtup = tuple_of(change->data.tp.oldtuple);
+    switch (change->action) {
+    case REORDER_BUFFER_CHANGE_INSERT:
+        if (tuple_moves(t, rel, newtup) != 1) return;
+        break;
+    case REORDER_BUFFER_CHANGE_UPDATE: {
+        int now = tuple_moves(t, rel, newtup);
+        int before = tuple_moves(t, rel, oldtup);
+        if (now == 1 && before == 0) {
+            // The key came into the shard: the destination has no old row.
+            change->action = REORDER_BUFFER_CHANGE_INSERT;
+        } else if (now != 1 && before == 1) {
+            // The key left the shard: the destination's row goes.
+            change->action = REORDER_BUFFER_CHANGE_DELETE;
+        } else if (now != 1) {
+            return;
+        }
+        break;
+    }
+    case REORDER_BUFFER_CHANGE_DELETE:
+        if (tuple_moves(t, rel, oldtup) == 0) return;
+        break;
+    default:
+        break;
+    }
+    pgoutput_change(ctx, txn, rel, change);
+}
+
+// Changes that carry a replication origin are not the shard's writers':
+// applied by a subscription (another move into this node, of another
+// shard) or the engine's own deletes (run under an origin). None travels.
+bool filtered_origin(LogicalDecodingContext *, RepOriginId origin_id) { return origin_id != InvalidRepOriginId; }
+
+void filtered_shutdown(LogicalDecodingContext *ctx) {
+    if (pgoutput_shutdown) pgoutput_shutdown(ctx);
+    config = MoveConfig{};
+    config_cxt = nullptr;  // a child of ctx->context, freed with it
+}
+
+}  // namespace
+
+extern "C" {
+__attribute__((visibility("default"))) void _PG_output_plugin_init(OutputPluginCallbacks *cb);
+
+void _PG_output_plugin_init(OutputPluginCallbacks *cb) {
+    auto init = reinterpret_cast<LogicalOutputPluginInit>(
+        load_external_function("pgoutput", "_PG_output_plugin_init", true, NULL));
+    init(cb);
+    pgoutput_change = cb->change_cb;
+    pgoutput_shutdown = cb->shutdown_cb;
+    cb->change_cb = filtered_change;
+    cb->shutdown_cb = filtered_shutdown;
+    cb->filter_by_origin_cb = filtered_origin;
+    config = MoveConfig{};
+}
+}

@@ -1,0 +1,356 @@
+// libpq connections of the move engine: see move_remote.hpp.
+#include "nodes/move_remote.hpp"
+
+#include <cstring>
+
+extern "C" {
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "utils/builtins.h"
+#include "utils/wait_event.h"
+}
+
+namespace sharding::move {
+
+namespace {
+
+// Open connections of this backend (plain C storage: it must survive any
+// longjmp). Closed at the end of the transaction that opened them.
+constexpr int kMaxConns = 32;
+PGconn *registry[kMaxConns];
+struct Held {
+    char slot[64];
+    PGconn *conn;
+};
+Held held[kMaxConns];
+bool callbacks_installed = false;
+
+void xact_callback(XactEvent event, void *) {
+    switch (event) {
+    case XACT_EVENT_COMMIT:
+    case XACT_EVENT_PARALLEL_COMMIT:
+    case XACT_EVENT_ABORT:
+    case XACT_EVENT_PARALLEL_ABORT:
+    case XACT_EVENT_PREPARE:
+        close_all_connections();
+        break;
+    default:
+        break;
+    }
+}
+
+void exit_callback(int, Datum) { close_all_connections(); }
+
+void install_callbacks() {
+    if (callbacks_installed) return;
+    RegisterXactCallback(xact_callback, nullptr);
+    on_proc_exit(exit_callback, 0);
+    callbacks_installed = true;
+}
+
+void cancel_conn(PGconn *conn) noexcept {
+    if (conn == nullptr || PQtransactionStatus(conn) != PQTRANS_ACTIVE) return;
+    PGcancel *c = PQgetCancel(conn);
+    if (c == nullptr) return;
+    char err[256];
+    (void)PQcancel(c, err, sizeof err);
+    PQfreeCancel(c);
+}
+
+void register_conn(PGconn *conn) {
+    for (auto &slot : registry)
+        if (slot == nullptr) {
+            slot = conn;
+            return;
+        }
+    PQfinish(conn);
+    fail(ERRCODE_TOO_MANY_CONNECTIONS, "too many connections of the move engine in this session (%d)", kMaxConns);
+}
+
+void unregister_conn(PGconn *conn) noexcept {
+    for (auto &slot : registry)
+        if (slot == conn) slot = nullptr;
+}
+
+int sqlstate_of(const char *s) {
+    if (s == nullptr || std::strlen(s) != 5) return ERRCODE_CONNECTION_FAILURE;
+    return MAKE_SQLSTATE(s[0], s[1], s[2], s[3], s[4]);
+}
+
+std::string chomp(const char *m) {
+    std::string s = m ? m : "";
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+}
+
+// A remote error: its SQLSTATE, message, detail and hint, raised here.
+[[noreturn]] void throw_result(PGresult *res, PGconn *conn) {
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : nullptr;
+    std::string msg = chomp(res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : nullptr);
+    if (msg.empty()) msg = chomp(PQerrorMessage(conn));
+    std::string detail = chomp(res ? PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL) : nullptr);
+    std::string hint = chomp(res ? PQresultErrorField(res, PG_DIAG_MESSAGE_HINT) : nullptr);
+    int code = sqlstate_of(state);
+    if (res) PQclear(res);
+    throw Error(code, "remote: " + msg, detail, hint);
+}
+
+// One interruptible wait for the socket (glue: may ereport).
+int wait_socket(int events, pgsocket sock) {
+    int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | events, sock, -1L, PG_WAIT_EXTENSION);
+    if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
+    CHECK_FOR_INTERRUPTS();
+    return rc;
+}
+
+}  // namespace
+
+void close_all_connections() noexcept {
+    for (auto &slot : registry)
+        if (slot != nullptr) {
+            cancel_conn(slot);
+            PQfinish(slot);
+            slot = nullptr;
+        }
+    for (auto &h : held) h = Held{};
+}
+
+void close_connection(PGconn *conn) noexcept {
+    if (conn == nullptr) return;
+    cancel_conn(conn);
+    unregister_conn(conn);
+    PQfinish(conn);
+}
+
+void hold_connection(const std::string &slot, PGconn *conn) {
+    for (auto &h : held)
+        if (h.conn == nullptr) {
+            strlcpy(h.slot, slot.c_str(), sizeof h.slot);
+            h.conn = conn;
+            return;
+        }
+    close_connection(conn);
+    fail(ERRCODE_TOO_MANY_CONNECTIONS, "too many held replication connections in this session");
+}
+
+bool close_held(const std::string &slot) noexcept {
+    bool found = false;
+    for (auto &h : held)
+        if (h.conn != nullptr && slot == h.slot) {
+            close_connection(h.conn);
+            h = Held{};
+            found = true;
+        }
+    return found;
+}
+
+std::string node_dsn(const std::string &node) {
+    // SPI from C++: through pg_call (it may ereport), with plain C values.
+    const char *name = node.c_str();
+    char *dsn = pg_call([&]() -> char * {
+        char *out = nullptr;
+        bool pushed = SPI_connect() == SPI_OK_CONNECT;
+        Oid types[1] = {TEXTOID};
+        Datum vals[1] = {CStringGetTextDatum(name)};
+        if (SPI_execute_with_args("SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1", 1, types, vals, nullptr,
+                                  true, 1) == SPI_OK_SELECT &&
+            SPI_processed == 1) {
+            char *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+            if (v != nullptr) out = MemoryContextStrdup(TopTransactionContext, v);
+        }
+        if (pushed) SPI_finish();
+        return out;
+    });
+    if (dsn == nullptr)
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"Moving a shard online connects to its source and its destination.",
+                     "Call sharding.add_node() with its connection string first."},
+             "node \"%s\" has no connection string", node.c_str());
+    std::string s(dsn);
+    pfree(dsn);
+    return s;
+}
+
+Remote::Remote(const std::string &dsn, bool replication, const std::string &application_name,
+               const std::string &options) {
+    glue(install_callbacks);
+    const char *keys[6];
+    const char *vals[6];
+    int n = 0;
+    keys[n] = "dbname";
+    vals[n++] = dsn.c_str();
+    if (replication) {
+        keys[n] = "replication";
+        vals[n++] = "database";
+    }
+    keys[n] = "application_name";
+    vals[n++] = application_name.c_str();
+    keys[n] = "fallback_application_name";
+    vals[n++] = "sharding";
+    if (!options.empty()) {
+        keys[n] = "options";
+        vals[n++] = options.c_str();
+    }
+    keys[n] = nullptr;
+    vals[n] = nullptr;
+    conn_ = PQconnectStartParams(keys, vals, 1);
+    if (conn_ == nullptr) fail(ERRCODE_OUT_OF_MEMORY, "could not allocate a connection");
+    try {
+        register_conn(conn_);
+    } catch (...) {
+        conn_ = nullptr;  // register_conn closed it
+        throw;
+    }
+    try {
+        establish();
+    } catch (...) {
+        unregister_conn(conn_);
+        PQfinish(conn_);
+        conn_ = nullptr;
+        throw;
+    }
+}
+
+void Remote::establish() {
+    if (PQstatus(conn_) == CONNECTION_BAD)
+        fail(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, "could not connect: %s",
+             chomp(PQerrorMessage(conn_)).c_str());
+    for (;;) {
+        PostgresPollingStatusType st = PQconnectPoll(conn_);
+        if (st == PGRES_POLLING_OK) break;
+        if (st == PGRES_POLLING_FAILED)
+            fail(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, "could not connect: %s",
+                 chomp(PQerrorMessage(conn_)).c_str());
+        wait(st == PGRES_POLLING_WRITING);
+    }
+    if (PQsetnonblocking(conn_, 1) != 0)
+        fail(ERRCODE_CONNECTION_FAILURE, "could not make the connection non-blocking");
+}
+
+Remote::~Remote() {
+    if (copy_buf_ != nullptr) PQfreemem(copy_buf_);
+    if (conn_ != nullptr) {
+        cancel_conn(conn_);
+        unregister_conn(conn_);
+        PQfinish(conn_);
+    }
+}
+
+PGconn *Remote::release() {
+    PGconn *c = conn_;
+    conn_ = nullptr;
+    return c;
+}
+
+void Remote::cancel() noexcept { cancel_conn(conn_); }
+
+void Remote::wait(bool for_write) {
+    pgsocket sock = PQsocket(conn_);
+    if (sock == PGINVALID_SOCKET) fail(ERRCODE_CONNECTION_FAILURE, "the connection has no socket");
+    try {
+        glue(wait_socket, for_write ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock);
+    } catch (...) {
+        cancel();  // the caller is cancelled (or the server stops): so is the remote statement
+        throw;
+    }
+}
+
+// The next result of the running command, waiting interruptibly.
+PGresult *Remote::next_result() {
+    for (;;) {
+        int flushed = PQflush(conn_);
+        if (flushed < 0) fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
+        if (flushed == 1) {
+            wait(true);
+            continue;
+        }
+        if (PQconsumeInput(conn_) == 0)
+            fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
+        if (!PQisBusy(conn_)) return PQgetResult(conn_);
+        wait(false);
+    }
+}
+
+std::string Remote::run(const std::string &sql, PGresult **keep) {
+    if (PQsendQuery(conn_, sql.c_str()) == 0)
+        fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", chomp(PQerrorMessage(conn_)).c_str());
+    std::string first;
+    PGresult *last = nullptr;
+    PGresult *failed = nullptr;
+    for (PGresult *res; (res = next_result()) != nullptr;) {
+        ExecStatusType st = PQresultStatus(res);
+        if (st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE || st == PGRES_NONFATAL_ERROR) {
+            if (failed == nullptr)
+                failed = res;
+            else
+                PQclear(res);
+            continue;
+        }
+        if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
+            PQclear(res);
+            if (last) PQclear(last);
+            fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected COPY from a statement");
+        }
+        if (last) PQclear(last);
+        last = res;
+    }
+    if (failed != nullptr) {
+        if (last) PQclear(last);
+        throw_result(failed, conn_);
+    }
+    if (last != nullptr && PQresultStatus(last) == PGRES_TUPLES_OK && PQntuples(last) > 0 && PQnfields(last) > 0 &&
+        !PQgetisnull(last, 0, 0))
+        first = PQgetvalue(last, 0, 0);
+    if (keep != nullptr)
+        *keep = last;
+    else if (last)
+        PQclear(last);
+    return first;
+}
+
+void Remote::start_copy_out(const std::string &sql) {
+    if (PQsendQuery(conn_, sql.c_str()) == 0)
+        fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", chomp(PQerrorMessage(conn_)).c_str());
+    PGresult *res = next_result();
+    if (res == nullptr || PQresultStatus(res) != PGRES_COPY_OUT) throw_result(res, conn_);
+    PQclear(res);
+}
+
+bool Remote::read_copy(const char **data, int *len) {
+    if (copy_buf_ != nullptr) {
+        PQfreemem(copy_buf_);
+        copy_buf_ = nullptr;
+    }
+    for (;;) {
+        int n = PQgetCopyData(conn_, &copy_buf_, 1);
+        if (n > 0) {
+            *data = copy_buf_;
+            *len = n;
+            return true;
+        }
+        if (n == 0) {
+            wait(false);
+            if (PQconsumeInput(conn_) == 0)
+                fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
+            continue;
+        }
+        if (n == -2)
+            fail(ERRCODE_CONNECTION_FAILURE, "the copy failed: %s", chomp(PQerrorMessage(conn_)).c_str());
+        // -1: the end of the data; then the command's result.
+        PGresult *failed = nullptr;
+        for (PGresult *res; (res = next_result()) != nullptr;) {
+            if (PQresultStatus(res) != PGRES_COMMAND_OK && failed == nullptr)
+                failed = res;
+            else
+                PQclear(res);
+        }
+        if (failed != nullptr) throw_result(failed, conn_);
+        return false;
+    }
+}
+
+}  // namespace sharding::move

@@ -1,0 +1,77 @@
+// libpq connections of the move engine (issue 24): connect, run, copy out,
+// every wait interruptible (WaitLatchOrSocket + CHECK_FOR_INTERRUPTS) and a
+// remote statement cancelled (PQcancel) when the caller is cancelled or
+// fails.
+//
+// Ownership and the error boundary (src/pg/boundary.hpp): a connection is
+// owned by a Remote object, whose destructor closes it. Every PostgreSQL
+// call that may ereport(ERROR) while a Remote is alive goes through
+// pg_call/glue, so the ERROR becomes a C++ exception and the destructor
+// runs. As a second line of defence every open connection is also listed
+// in a backend-wide registry, closed at the end of the transaction that
+// opened it (commit or abort) and at process exit: no PGconn can outlive
+// its transaction, whatever jumped.
+#pragma once
+
+#include "pg/boundary.hpp"
+
+#include <string>
+
+extern "C" {
+#include "libpq-fe.h"
+}
+
+namespace sharding::move {
+
+// The DSN of a node from this database's sharding.nodes (55000 if none).
+std::string node_dsn(const std::string &node);
+
+class Remote {
+  public:
+    // Connects (interruptibly). replication: a logical replication
+    // connection (replication=database). application_name names this
+    // session there (an undo ends it by that name).
+    // options: libpq's "options" (server settings of the session), or "".
+    Remote(const std::string &dsn, bool replication, const std::string &application_name,
+           const std::string &options = std::string());
+    ~Remote();
+    Remote(const Remote &) = delete;
+    Remote &operator=(const Remote &) = delete;
+
+    // Runs one statement; throws the remote error (its SQLSTATE) as
+    // sharding::Error. Returns the first value of the first row ("" if none)
+    // and, in *tuples, the result's rows when given.
+    std::string run(const std::string &sql, PGresult **keep = nullptr);
+    // Starts a COPY ... TO STDOUT; then read_copy() until it returns false.
+    void start_copy_out(const std::string &sql);
+    // The next chunk of COPY data (owned by the connection until the next
+    // call); false at the end of the data (the COMMAND result checked).
+    bool read_copy(const char **data, int *len);
+    // Sends a cancel request for what runs there (best effort, no throw).
+    void cancel() noexcept;
+    PGconn *conn() const { return conn_; }
+    // Leaves the connection open past the end of this object (the
+    // registry closes it at the end of the transaction).
+    PGconn *release();
+
+  private:
+    void establish();
+    void wait(bool for_write);
+    PGresult *next_result();
+    PGconn *conn_ = nullptr;
+    char *copy_buf_ = nullptr;
+};
+
+// A replication connection kept open past the call that opened it (its
+// exported snapshot stays importable), by slot name, until close_held or
+// the end of the transaction.
+void hold_connection(const std::string &slot, PGconn *conn);
+bool close_held(const std::string &slot) noexcept;
+// Cancels what runs there, unregisters and closes a connection.
+void close_connection(PGconn *conn) noexcept;
+
+// The registry's backstop (see the header comment): closes every
+// connection this transaction opened. Installed on first use.
+void close_all_connections() noexcept;
+
+}  // namespace sharding::move

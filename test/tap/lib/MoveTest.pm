@@ -1,0 +1,237 @@
+# Helpers of the move engine's Perl TAP tests (test/tap/4xx_move*.pl): a
+# coordinator and two data nodes, each its own PostgreSQL instance, a map
+# 'bank' over n1 and n2 with the distributed table accounts, followers
+# attached, writers that log every commit on the coordinator, and checks
+# of what a move leaves.
+package MoveTest;
+
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use ShardingNode;
+use Exporter 'import';
+
+our @EXPORT = qw(move_cluster load_rows start_writers stop_writers leftovers expected_vs_actual shard_rows
+  wait_for_sql psql_bg usleep);
+
+# move_cluster(): ($coord, $n1, $n2) clusters, databases coord, n1, n2.
+sub move_cluster
+{
+	my %opts = @_;
+	# The coordinator survives kill -9 of a backend (crash restart).
+	my $coord = sharding_node('coord', db => 'coord', conf => 'restart_after_crash = on');
+	my $a = sharding_node('i1', db => 'n1');
+	my $b = sharding_node('i2', db => 'n2');
+	my $tables = "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);"
+	  . " CREATE INDEX ON accounts (tenant);";
+	$_->[0]->safe_psql($_->[1], $tables) for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
+	my $dsn1 = $a->connstr('n1');
+	my $dsn2 = $b->connstr('n2');
+	$coord->safe_psql('coord', qq{
+		SELECT sharding.create_map('bank', 8, ARRAY['n1', 'n2']);
+		SELECT sharding.add_node('n1', \$\$$dsn1\$\$), sharding.add_node('n2', \$\$$dsn2\$\$);
+		SELECT sharding.distribute('accounts', 'tenant', 'bank');
+		SELECT sharding.attach_node('n1');
+		SELECT sharding.attach_node('n2');
+	});
+	wait_for_sql($a, 'n1', "SELECT count(*) FROM sharding.distributed_tables", '1');
+	wait_for_sql($b, 'n2', "SELECT count(*) FROM sharding.distributed_tables", '1');
+	return ($coord, $a, $b);
+}
+
+# wait_for_sql(node, db, sql, expected[, seconds]): polls until sql returns expected.
+sub wait_for_sql
+{
+	my ($node, $db, $sql, $want, $secs) = @_;
+	$secs //= 60;
+	my $got = '';
+	for (1 .. $secs * 20)
+	{
+		$got = $node->safe_psql($db, $sql);
+		return 1 if $got eq $want;
+		usleep(50_000);
+	}
+	diag("waited $secs s for [$sql] = $want, got $got");
+	return 0;
+}
+
+sub usleep { select(undef, undef, undef, $_[0] / 1_000_000); }
+
+# load_rows(coord, n1, n2, rows per tenant): tenants t00..t63, each node
+# inserts the rows it owns; the coordinator logs them (writer 0).
+sub load_rows
+{
+	my ($coord, $a, $b, $per) = @_;
+	my $gen = "SELECT 't' || lpad((i % 64)::text, 2, '0') AS tenant, i::bigint AS id, 'initial-' || i AS val"
+	  . " FROM generate_series(1, 64 * $per) AS i";
+	$a->safe_psql('n1', "INSERT INTO accounts SELECT * FROM ($gen) g WHERE sharding.node_for('bank', g.tenant) = 'n1'");
+	$b->safe_psql('n2', "INSERT INTO accounts SELECT * FROM ($gen) g WHERE sharding.node_for('bank', g.tenant) = 'n2'");
+	$coord->safe_psql('coord', qq{
+		CREATE TABLE IF NOT EXISTS oplog (seq bigserial PRIMARY KEY, w integer NOT NULL, id bigint NOT NULL,
+			tenant text NOT NULL, op text NOT NULL, val text, at timestamptz NOT NULL DEFAULT clock_timestamp());
+		INSERT INTO oplog (w, id, tenant, op, val) SELECT 0, id, tenant, 'insert', val FROM ($gen) g;
+	});
+}
+
+my $writer_sql = q{
+CREATE TABLE IF NOT EXISTS stop_flag (stop boolean NOT NULL);
+CREATE TABLE IF NOT EXISTS wstats (w integer, committed integer, refused integer, anomalies integer);
+CREATE TABLE IF NOT EXISTS anomaly (w integer, id bigint, op text, tenant text, dest text, tag text, at timestamptz);
+CREATE OR REPLACE PROCEDURE writer(w integer, tenants text[], max_ops integer) LANGUAGE plpgsql AS $$
+DECLARE
+    r record; op text; t_ text; nt text; id_ bigint; dest text; conn text; cmd text; v text; tag text;
+    nid bigint := w * 10000000; c integer := 0; refused integer := 0; anomalies integer := 0; done boolean;
+BEGIN
+    CREATE TEMP TABLE IF NOT EXISTS live (id bigint PRIMARY KEY, tenant text);
+    FOR i IN 1 .. max_ops LOOP
+        EXIT WHEN (SELECT stop FROM stop_flag);
+        SELECT l.id, l.tenant INTO r FROM live l ORDER BY random() LIMIT 1;
+        IF r.id IS NULL OR random() < 0.4 THEN
+            nid := nid + 1; id_ := nid; op := 'insert';
+            t_ := tenants[1 + floor(random() * cardinality(tenants))::int]; nt := t_;
+        ELSE
+            id_ := r.id; t_ := r.tenant;
+            op := CASE WHEN random() < 0.15 THEN 'rekey' WHEN random() < 0.7 THEN 'update' ELSE 'delete' END;
+            nt := CASE WHEN op = 'rekey' THEN tenants[1 + floor(random() * cardinality(tenants))::int] ELSE t_ END;
+        END IF;
+        v := format('w%s-%s', w, i);
+        cmd := CASE op
+            WHEN 'insert' THEN format('INSERT INTO accounts VALUES (%L, %s, %L)', t_, id_, v)
+            WHEN 'update' THEN format('UPDATE accounts SET val = %L WHERE id = %s', v, id_)
+            WHEN 'rekey' THEN format('UPDATE accounts SET tenant = %L, val = %L WHERE id = %s', nt, v, id_)
+            ELSE format('DELETE FROM accounts WHERE id = %s', id_) END;
+        done := false;
+        FOR tries IN 1 .. 500 LOOP
+            dest := sharding.node_for('bank', t_);
+            -- a key change across nodes is no single statement: not tried
+            EXIT WHEN op = 'rekey' AND sharding.node_for('bank', nt) <> dest;
+            conn := 'w' || w || '_' || dest;
+            IF NOT conn = ANY (coalesce(public.dblink_get_connections(), '{}')) THEN
+                PERFORM public.dblink_connect(conn, (SELECT n.dsn FROM sharding.nodes n WHERE n.node = dest));
+            END IF;
+            BEGIN
+                tag := public.dblink_exec(conn, cmd);
+                done := true;
+                IF op <> 'insert' AND tag NOT LIKE '% 1' THEN
+                    -- the row was not where node_for said: counted, not logged
+                    anomalies := anomalies + 1;
+                    INSERT INTO anomaly VALUES (w, id_, op, t_, dest, tag, clock_timestamp());
+                    done := false;
+                    EXIT;
+                END IF;
+            EXCEPTION WHEN object_not_in_prerequisite_state THEN
+                refused := refused + 1;
+                -- a key change into or out of a moving shard: refused, not done
+                EXIT WHEN op = 'rekey' AND SQLERRM LIKE '%being moved online%';
+                PERFORM pg_sleep(0.005);
+            END;
+            EXIT WHEN done;
+            COMMIT;   -- route anew with what this session has not seen yet
+        END LOOP;
+        IF done THEN
+            INSERT INTO oplog (w, id, tenant, op, val) VALUES (w, id_, nt, op, v);
+            IF op = 'delete' THEN DELETE FROM live WHERE id = id_;
+            ELSIF op = 'insert' THEN INSERT INTO live VALUES (id_, nt);
+            ELSE UPDATE live SET tenant = nt WHERE id = id_; END IF;
+            c := c + 1;
+        END IF;
+        COMMIT;
+    END LOOP;
+    INSERT INTO wstats VALUES (w, c, refused, anomalies);
+    COMMIT;
+END $$;
+DELETE FROM stop_flag; INSERT INTO stop_flag VALUES (false); DELETE FROM wstats;
+};
+
+# psql_bg(node, db, sql): a psql running sql in the background (IPC::Run).
+sub psql_bg
+{
+	my ($node, $db, $sql) = @_;
+	my ($out, $err) = ('', '');
+	my $h = IPC::Run::start(
+		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr($db), '-c', $sql ],
+		'>', \$out, '2>', \$err);
+	return { h => $h, out => \$out, err => \$err };
+}
+
+# start_writers(coord, n, tenants): n writer procedures on the coordinator
+# (writer numbers, and so their new ids, differ from every earlier round's).
+my $round = 0;
+sub start_writers
+{
+	my ($coord, $n, $tenants) = @_;
+	$coord->safe_psql('coord', $writer_sql);
+	my $arr = "ARRAY[" . join(',', map { "'$_'" } @$tenants) . "]";
+	$round++;
+	return [ map { psql_bg($coord, 'coord', "CALL writer(" . ($round * 10 + $_) . ", $arr, 1000000)") } 1 .. $n ];
+}
+
+# stop_writers(coord, writers): stops them; returns "committed|refused|anomalies|errors".
+sub stop_writers
+{
+	my ($coord, $ws) = @_;
+	$coord->safe_psql('coord', 'UPDATE stop_flag SET stop = true');
+	my $errors = 0;
+	for my $w (@$ws)
+	{
+		$w->{h}->finish;
+		if (${ $w->{err} } ne '') { $errors++; diag("writer: " . ${ $w->{err} }); }
+	}
+	diag($coord->safe_psql('coord', "SELECT string_agg(w || ' ' || id || ' ' || op || ' ' || tenant || ' on ' || dest || ' ' || tag || ' ' || at, E'\\n') FROM anomaly"));
+	$coord->safe_psql('coord', "DELETE FROM anomaly");
+	return $coord->safe_psql('coord',
+		"SELECT sum(committed) || '|' || sum(refused) || '|' || sum(anomalies) FROM wstats") . "|$errors";
+}
+
+# The rows the log implies (tenant|id|val, sorted), and the rows the
+# nodes hold, each on the node node_for names.
+sub expected_vs_actual
+{
+	my ($coord, $a, $b) = @_;
+	my $exp = $coord->safe_psql('coord', q{
+		SELECT coalesce(string_agg(tenant || '|' || id || '|' || val, E'\n' ORDER BY id), '')
+		  FROM (SELECT DISTINCT ON (id) id, tenant, val, op FROM oplog ORDER BY id, seq DESC) l WHERE op <> 'delete'});
+	my @rows;
+	for ([$a, 'n1'], [$b, 'n2'])
+	{
+		my ($n, $db) = @$_;
+		push @rows, grep { $_ ne '' } split /\n/, $n->safe_psql($db,
+			"SELECT tenant || '|' || id || '|' || val || '|' || CASE WHEN sharding.node_for('bank', tenant) = '$db' THEN 't' ELSE 'f' END FROM accounts");
+	}
+	my @misplaced = grep { !/\|t$/ } @rows;
+	s/\|[tf]$// for @rows;
+	my @sorted = sort { (split /\|/, $a)[1] <=> (split /\|/, $b)[1] } @rows;
+	my %e = map { $_ => 1 } grep { $_ ne '' } split /\n/, $exp;
+	my %g = map { $_ => 1 } @sorted;
+	my @missing = grep { !$g{$_} } sort keys %e;
+	my @extra = grep { !$e{$_} } sort keys %g;
+	diag("missing: @missing[0 .. ($#missing < 9 ? $#missing : 9)]") if @missing;
+	diag("extra: @extra[0 .. ($#extra < 9 ? $#extra : 9)]") if @extra;
+	return (scalar(keys %e) . " rows, " . scalar(@missing) . " missing, " . scalar(@extra) . " extra",
+		scalar(@sorted) . " rows, " . scalar(grep { !$g{$_} } keys %e) . " missing, " . scalar(@extra) . " extra", scalar(@misplaced));
+}
+
+# leftovers(coord, n1, n2): publications/subscriptions/slots of moves,
+# frozen shards and decoding rows per node, live journal rows.
+sub leftovers
+{
+	my ($coord, $a, $b) = @_;
+	my $q = q{SELECT (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'sharding_move%')
+		|| '/' || (SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move%')
+		|| '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%')
+		|| '/' || (SELECT count(*) FROM sharding.frozen_shards)
+		|| '/' || (SELECT count(*) FROM sharding.move_decoding)};
+	return 'n1:' . $a->safe_psql('n1', $q) . ' n2:' . $b->safe_psql('n2', $q) . ' coord:'
+	  . $coord->safe_psql('coord', "SELECT count(*) FROM sharding.move_journal WHERE phase NOT IN ('done', 'failed', 'cancelled')");
+}
+
+# shard_rows(node, db, logical): rows of one logical shard there.
+sub shard_rows
+{
+	my ($node, $db, $l) = @_;
+	return $node->safe_psql($db, "SELECT count(*) FROM accounts WHERE sharding.logical_shard('bank', tenant) = $l");
+}
+
+1;
