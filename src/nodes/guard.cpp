@@ -157,12 +157,12 @@ void local_build() {
         if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
         rc = SPI_execute_snapshot(plan, nullptr, nullptr, snap, InvalidSnapshot, true, false, 0);
         if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-        local.nmoving = static_cast<int>(SPI_processed);
-        local.moving = static_cast<Frozen *>(MemoryContextAllocZero(local_cxt, sizeof(Frozen) * (local.nmoving + 1)));
-        for (int i = 0; i < local.nmoving; i++) {
+        fresh->nmoving = static_cast<int>(SPI_processed);
+        fresh->moving = static_cast<Frozen *>(MemoryContextAllocZero(cxt, sizeof(Frozen) * (fresh->nmoving + 1)));
+        for (int i = 0; i < fresh->nmoving; i++) {
             bool isnull;
-            local.moving[i].map = copy_text(local_cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &local.moving[i].len);
-            local.moving[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
+            fresh->moving[i].map = copy_text(cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &fresh->moving[i].len);
+            fresh->moving[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
         }
     }
     UnregisterSnapshot(snap);
