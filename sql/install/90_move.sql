@@ -260,12 +260,27 @@ DECLARE
     sleep float8 := 0.0005;
 BEGIN
     EXECUTE pg_catalog.format('SELECT %I.dblink_send_query($1, $2)', s) USING conn, sql;
-    LOOP
-        EXECUTE pg_catalog.format('SELECT %I.dblink_is_busy($1)', s) INTO busy USING conn;
-        EXIT WHEN busy = 0;
-        PERFORM pg_catalog.pg_sleep(sleep);
-        sleep := LEAST(sleep * 2, 0.02);
-    END LOOP;
+    BEGIN
+        LOOP
+            EXECUTE pg_catalog.format('SELECT %I.dblink_is_busy($1)', s) INTO busy USING conn;
+            EXIT WHEN busy = 0;
+            PERFORM pg_catalog.pg_sleep(sleep);
+            sleep := LEAST(sleep * 2, 0.02);
+        END LOOP;
+    EXCEPTION WHEN query_canceled THEN
+        -- Cancelled here: the remote statement is cancelled too, and its
+        -- results are consumed, before the cancel goes on. Otherwise it
+        -- would run on (a _freeze_shard waiting for the shard's writers
+        -- would freeze the shard after the move's undo had thawed it) and
+        -- the connection would stay busy for the undo's own calls.
+        EXECUTE pg_catalog.format('SELECT %I.dblink_cancel_query($1)', s) USING conn;
+        LOOP
+            EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %I.dblink_get_result($1, false) AS t(v text)', s)
+                INTO busy USING conn;
+            EXIT WHEN busy = 0;
+        END LOOP;
+        RAISE;
+    END;
     -- One result per statement, then an empty one.
     LOOP
         EXECUTE pg_catalog.format('SELECT pg_catalog.count(*), pg_catalog.max(t.v) FROM %I.dblink_get_result($1) AS t(v text)', s)

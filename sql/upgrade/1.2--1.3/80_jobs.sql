@@ -419,8 +419,11 @@ BEGIN
             RETURN pg_catalog.format('source %s has no free replication slot (max_replication_slots; %s claimed moves not yet begun)',
                                      $1, pending);
         END IF;
-        IF free_senders - pending < 1 THEN
-            RETURN pg_catalog.format('source %s has no free WAL sender (max_wal_senders; %s claimed moves not yet begun)',
+        -- A move takes two WAL senders at its source while it sets up:
+        -- the replication connection that creates its slot (and exports
+        -- the copy's snapshot), and then its subscription's stream.
+        IF free_senders - 2 * pending < 2 THEN
+            RETURN pg_catalog.format('source %s has no free WAL sender (max_wal_senders; a move needs 2; %s claimed moves not yet begun)',
                                      $1, pending);
         END IF;
     END IF;
