@@ -149,7 +149,9 @@ done
 # 3b. Perl TAP tests (test/tap/*.pl) on PostgreSQL's own harness,
 # PostgreSQL::Test::Cluster, run with prove. Their clusters are made by
 # initdb, which refuses root: as root they run as the server's OS user, from
-# a copy of test/tap that user owns.
+# a copy of test/tap that user owns. PostgreSQL 15 puts each test's
+# clusters and logs under TESTDIR, 16 and later under TESTDATADIR and
+# TESTLOGDIR: both are set, and a failed test's logs are shown.
 tap_pl=()
 for t in test/tap/*.pl; do [ -f "$t" ] && selected "$t" && tap_pl+=("$(basename "$t")"); done
 if [ ${#tap_pl[@]} -gt 0 ]; then
@@ -162,7 +164,8 @@ if [ ${#tap_pl[@]} -gt 0 ]; then
         log "tap test/tap/$t"
         t_out=$(mktemp)
         as_server_user_in "$tapdir/tap" env PATH="$PATH" PERL5LIB="$pgxs_perl:$tapdir/tap/lib" \
-            TESTDIR="$tapdir/tap/out/${t%.pl}" PG_REGRESS="$pgxs_perl/../regress/pg_regress" \
+            TESTDIR="$tapdir/tap/out/${t%.pl}" TESTDATADIR="$tapdir/tap/out/${t%.pl}/tmp_check" \
+            TESTLOGDIR="$tapdir/tap/out/${t%.pl}/tmp_check/log" PG_REGRESS="$pgxs_perl/../regress/pg_regress" \
             prove -v "$t" >"$t_out" 2>&1
         t_rc=$?
         grep -vE '^\s*ok [0-9]+' "$t_out"
