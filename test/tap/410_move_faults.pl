@@ -97,7 +97,7 @@ after_fault('kill -9 while copying');
 $b->safe_psql('n2', q{
 	CREATE FUNCTION slow_apply() RETURNS trigger LANGUAGE plpgsql AS $$
 	BEGIN
-	    IF (SELECT backend_type FROM pg_stat_activity WHERE pid = pg_backend_pid()) = 'logical replication worker' THEN
+	    IF (SELECT backend_type FROM pg_stat_activity WHERE pid = pg_backend_pid()) IN ('logical replication worker', 'logical replication apply worker') THEN
 	        PERFORM pg_sleep(0.2);
 	    END IF;
 	    RETURN NEW;
@@ -110,7 +110,8 @@ my $ws = start_writers($coord, 2, [ split /,/, $hot ]);
 $mv = start_move();
 ok(in_phase('catching_up'), 'kill -9 while catching up: the move is catching up');
 usleep(500_000);
-kill 'KILL', mover_pid();
+my $catching_pid = mover_pid();
+kill 'KILL', $catching_pid if $catching_pid;
 $mv->{h}->finish;
 wait_for_restart($coord);
 my ($stats) = stop_writers($coord, $ws);
