@@ -396,15 +396,17 @@ void check_row(GuardQuery *g, TriggerData *td, HeapTuple tuple) {
     }
 }
 
-// A key change between two logical shards, one of which an online move is
-// carrying from here: refused for the time of the move (the move's decoder
-// may not see the old key; see src/nodes/move_decoder.cpp).
+// A key change from or to a logical shard that an online move is carrying
+// from here: refused for the time of the move (the move's decoder may not
+// see the old key; see src/nodes/move_decoder.cpp). Also within one shard:
+// isolate carries a single key, and a row whose key changes from it to
+// another key of the same shard would stay behind, stale, at the
+// destination.
 void check_key_change(GuardQuery *g, TriggerData *td, Datum old_key, Datum new_key) {
     const LocalState &s = local_state();
     if (s.nmoving == 0) return;
     int32 from = DatumGetInt32(call2(&g->logical_shard, PointerGetDatum(g->map), old_key));
     int32 to = DatumGetInt32(call2(&g->logical_shard, PointerGetDatum(g->map), new_key));
-    if (from == to) return;
     if (!is_moving(s, g->map_name, g->map_len, from) && !is_moving(s, g->map_name, g->map_len, to)) return;
     const char *k = key_out(g, new_key);  // may ereport: before any C++ object exists
     throw sharding::Error(
@@ -412,7 +414,7 @@ void check_key_change(GuardQuery *g, TriggerData *td, Datum old_key, Datum new_k
         sharding::format("an update of table \"%s\" moves key \"%s\" from logical shard %d to %d of map \"%s\", "
                          "one of which is being moved online",
                          RelationGetRelationName(td->tg_relation), k, from, to, g->map_name),
-        "Key changes into or out of a shard are refused while the shard moves (sharding.move_decoding).",
+        "Key changes from or to a shard are refused while the shard moves (sharding.move_decoding).",
         "Retry after the move.");
 }
 
