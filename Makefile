@@ -16,7 +16,10 @@ OBJS = $(SRCS:.cpp=.o)
 # assembled from the hand-written deltas in sql/upgrade/<from>--<to>/,
 # which test/harness/upgrade.sh checks against a fresh install.
 INSTALL_PARTS = $(sort $(wildcard sql/install/*.sql))
-UPGRADE_PARTS = $(sort $(wildcard sql/upgrade/1.2--$(EXTVERSION)/*.sql))
+# Topics new in this version have no delta: their install fragment itself
+# ends the upgrade (one text, not a copy that could drift).
+NEW_TOPICS = sql/install/95_jobs.sql
+UPGRADE_PARTS = $(sort $(wildcard sql/upgrade/1.2--$(EXTVERSION)/*.sql)) $(NEW_TOPICS)
 DATA_built = sql/sharding--$(EXTVERSION).sql sql/sharding--1.2--$(EXTVERSION).sql
 DATA = sql/sharding--1.0.sql sql/sharding--1.0--1.1.sql sql/sharding--1.1.sql \
 	sql/sharding--1.1--1.2.sql sql/sharding--1.2.sql
@@ -85,7 +88,7 @@ $(shlib): src/pg/exports.map
 sql/sharding--$(EXTVERSION).sql: $(INSTALL_PARTS) sharding.control
 	cat $(INSTALL_PARTS) > $@
 
-sql/sharding--1.2--$(EXTVERSION).sql: $(UPGRADE_PARTS) sharding.control
+sql/sharding--1.2--$(EXTVERSION).sql: $(UPGRADE_PARTS) sharding.control Makefile
 	cat $(UPGRADE_PARTS) > $@
 
 # The C symbols sharding.so exports come from one source, the SQL scripts
