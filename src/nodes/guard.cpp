@@ -23,6 +23,7 @@
 // rule 2). User errors are thrown as sharding::Error and raised by guarded().
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
+#include "pg/shard_lock.hpp"
 #include "core/hash_core.hpp"
 
 extern "C" {
@@ -198,20 +199,11 @@ bool is_frozen(const LocalState &s, const char *map, size_t len, int32 logical) 
 }
 
 // ------------------------------------------------------------ shard locks
-// The lock tags of src/routing/maps.cpp (fence, _lock_shard, _lock_map): advisory
-// lock method, field2 = 32 bits of the map name's hash, field3 = the logical
-// shard (0xFFFFFFFF: the whole map), field4 = 3. Keep in step with maps.cpp.
-constexpr uint32 shard_lock_class = 3;
-constexpr uint32 map_level = 0xFFFFFFFFu;
-
-// Takes fence's locks; true if either was not yet held by this transaction.
+// Takes fence's locks (pg/shard_lock.hpp); true if either was not yet held
+// by this transaction.
 bool lock_shard_shared(const char *map, size_t len, int32 logical) {
-    LOCKTAG tag;
-    uint32 h = static_cast<uint32>(sharding::hash_bytes(map, len));
-    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, h, map_level, shard_lock_class);
-    bool fresh = LockAcquire(&tag, RowShareLock, false, false) != LOCKACQUIRE_ALREADY_HELD;
-    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, h, static_cast<uint32>(logical), shard_lock_class);
-    fresh |= LockAcquire(&tag, ShareLock, false, false) != LOCKACQUIRE_ALREADY_HELD;
+    bool fresh = sharding::lock_shard(map, len, sharding::map_level, RowShareLock);
+    fresh |= sharding::lock_shard(map, len, static_cast<uint32>(logical), ShareLock);
     return fresh;
 }
 

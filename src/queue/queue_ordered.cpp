@@ -40,6 +40,7 @@
 #include "core/hash_core.hpp"
 #include "pg/cache.hpp"
 #include "pg/keys.hpp"
+#include "pg/shard_lock.hpp"
 #include "queue/queue.hpp"
 
 extern "C" {
@@ -516,15 +517,11 @@ struct HandoffClear {
 HandoffClear handoff_clear[16];
 int handoff_next = 0;
 
-// Lock tag of a whole map, as maps.cpp computes it (advisory method, class
-// 3, field3 0xFFFFFFFF): move_shard and pin take it in RowExclusiveLock,
-// rebalance and drop_map in ExclusiveLock; ShareLock here conflicts with
-// them and with no claim or fence.
+// The whole map's lock (pg/shard_lock.hpp): move_shard and pin take it in
+// RowExclusiveLock, rebalance and drop_map in ExclusiveLock; ShareLock here
+// conflicts with them and with no claim or fence.
 void lock_map_shared(text *map) {
-    LOCKTAG tag;
-    uint32 h = static_cast<uint32>(sharding::hash_bytes(VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map)));
-    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, h, 0xFFFFFFFFu, 3);
-    (void)LockAcquire(&tag, ShareLock, false, false);
+    (void)sharding::lock_shard(map, sharding::map_level, ShareLock);
     // A move may have committed while we waited: see it in node_for.
     AcceptInvalidationMessages();
 }

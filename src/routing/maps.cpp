@@ -35,6 +35,7 @@
 // leaves the previous state intact; replaced entries are retired, not freed.
 #include "pg/cache.hpp"
 #include "pg/keys.hpp"
+#include "pg/shard_lock.hpp"
 #include "core/rebalance.hpp"
 #include "core/route_cache.hpp"
 
@@ -686,18 +687,10 @@ Datum logical_shard_body(FunctionCallInfo fcinfo) {
     PG_RETURN_INT32(route<K>(fcinfo, m, false, nullptr));
 }
 
-// Shard locks: advisory-method lock tags that no user advisory lock can
-// collide with (those use field4 = 1 or 2). field2 is 32 bits of the map
-// name's hash (two maps sharing it only wait for each other needlessly);
-// field3 is the logical shard, or map_level for the whole map.
-constexpr uint32 shard_lock_class = 3;
-constexpr uint32 map_level = 0xFFFFFFFFu;
-
+// Shard locks: the tags of pg/shard_lock.hpp; field3 is the logical shard,
+// or map_level for the whole map.
 void lock_shard_tag(text *map, uint32 field3, LOCKMODE mode) {
-    LOCKTAG tag;
-    uint32 h = static_cast<uint32>(sharding::hash_bytes(VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map)));
-    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, h, field3, shard_lock_class);
-    (void)LockAcquire(&tag, mode, false, false);
+    (void)sharding::lock_shard(map, field3, mode);
 }
 
 }  // namespace
@@ -755,7 +748,7 @@ SHARDING_FUNCTION(sharding_fence) {
 
     // Plain C from here to SPI_finish: nothing owns C++ memory.
     char *map_name = text_to_cstring(map);
-    lock_shard_tag(map, map_level, RowShareLock);
+    lock_shard_tag(map, sharding::map_level, RowShareLock);
     lock_shard_tag(map, static_cast<uint32>(logical), ShareLock);
 
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
@@ -808,7 +801,7 @@ SHARDING_FUNCTION(sharding__lock_shard) {
     int32 logical = PG_GETARG_INT32(1);
     if (logical < 0)  // -1 would be the map-level lock tag
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "logical shard must not be negative, got %d", logical);
-    lock_shard_tag(map, map_level, RowExclusiveLock);
+    lock_shard_tag(map, sharding::map_level, RowExclusiveLock);
     lock_shard_tag(map, static_cast<uint32>(logical), ExclusiveLock);
     PG_RETURN_VOID();
 }
@@ -821,7 +814,7 @@ SHARDING_FUNCTION(sharding__lock_shard) {
  * shard could exhaust the shared lock table on large maps).
  */
 SHARDING_FUNCTION(sharding__lock_map) {
-    lock_shard_tag(PG_GETARG_TEXT_PP(0), map_level, ExclusiveLock);
+    lock_shard_tag(PG_GETARG_TEXT_PP(0), sharding::map_level, ExclusiveLock);
     PG_RETURN_VOID();
 }
 
