@@ -85,11 +85,18 @@ endif
 $(OBJS): .build-flags $(wildcard src/*/*.hpp)
 $(shlib): src/pg/exports.map
 
-sql/sharding--$(EXTVERSION).sql: $(INSTALL_PARTS) sharding.control
-	cat $(INSTALL_PARTS) > $@
+# A delta takes an object's definition from its install fragment instead of
+# a copy: `-- @object NAME` ... `-- @end` marks it there, `-- @include NAME`
+# (as it is) or `-- @replace NAME` (CREATE made CREATE OR REPLACE) in the
+# delta stands for it (sql/upgrade/include.awk, which also drops the markers
+# from both scripts).
+INCLUDE = sql/upgrade/include.awk
 
-sql/sharding--1.2--$(EXTVERSION).sql: $(UPGRADE_PARTS) sharding.control Makefile
-	cat $(UPGRADE_PARTS) > $@
+sql/sharding--$(EXTVERSION).sql: $(INSTALL_PARTS) sharding.control $(INCLUDE)
+	awk -f $(INCLUDE) out=1 $(INSTALL_PARTS) > $@.tmp && mv $@.tmp $@
+
+sql/sharding--1.2--$(EXTVERSION).sql: $(UPGRADE_PARTS) $(INSTALL_PARTS) sharding.control Makefile $(INCLUDE)
+	awk -f $(INCLUDE) $(INSTALL_PARTS) out=1 $(UPGRADE_PARTS) > $@.tmp && mv $@.tmp $@
 
 # The C symbols sharding.so exports come from one source, the SQL scripts
 # that can be installed: every symbol their C functions name (AS

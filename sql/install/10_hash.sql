@@ -92,6 +92,7 @@ CREATE FUNCTION sharding.worker_of(shard integer, workers integer, shards intege
 COMMENT ON FUNCTION sharding.worker_of(integer, integer, integer) IS
     'worker (0-based) that worker_shards deals the shard to';
 
+-- @object sharding._key_type
 -- Internal: the one test of what a shard key may be, shared with the C++
 -- code (src/pg/keys.cpp, key_type_of): the type a key of type t is hashed
 -- as (text for text, varchar and domains over them; bytea, smallint,
@@ -101,3 +102,4 @@ CREATE FUNCTION sharding._key_type(t regtype) RETURNS regtype
     AS 'MODULE_PATHNAME', 'sharding__key_type' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding._key_type(regtype) IS
     'internal: the type a shard key of type t is hashed as (text for varchar, a domain''s base type), NULL if none';
+-- @end

@@ -74,6 +74,7 @@ COMMENT ON FUNCTION sharding._touch_map(text) IS
 REVOKE ALL ON FUNCTION sharding._touch_map(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._touch_map(text) TO sharding_admin;
 
+-- @object sharding._routing_changed
 -- Routing cache changes: any change to maps, shards or pins, by the
 -- functions or by a direct write, is seen by every backend's next routing
 -- call (src/routing/maps.cpp, src/pg/cache.hpp "changes"). Statement-level,
@@ -119,6 +120,7 @@ CREATE TRIGGER routing_changed_delete AFTER DELETE ON sharding.pins REFERENCING 
 ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_insert;
 ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_update;
 ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_delete;
+-- @end
 
 -- Validates a node list for create_map and rebalance: 22023 for NULL, empty,
 -- NULL-containing, empty-string, multi-dimensional or duplicate lists.
@@ -431,6 +433,7 @@ END $$;
 COMMENT ON FUNCTION sharding.shards_of(text, text) IS
     'logical shards a node owns in a map, ascending (empty array if none)';
 
+-- @object sharding.epoch
 -- From the routing cache (src/routing/maps.cpp), like node_for: a move
 -- committed before the call is seen, also in a REPEATABLE READ transaction
 -- or a PL/pgSQL loop.
@@ -438,6 +441,7 @@ CREATE FUNCTION sharding.epoch(map text, logical integer) RETURNS bigint
     AS 'MODULE_PATHNAME', 'sharding_epoch' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding.epoch(text, integer) IS
     'epoch of a logical shard: 1 when the map is created, +1 per move';
+-- @end
 
 CREATE FUNCTION sharding.fence(map text, logical integer, epoch bigint) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding_fence' LANGUAGE C VOLATILE PARALLEL UNSAFE;
@@ -682,6 +686,7 @@ GRANT EXECUTE ON FUNCTION sharding.pin(text, bytea, text), sharding.pin(text, sm
     sharding.unpin(text, bigint), sharding.unpin(text, uuid)
     TO sharding_admin;
 
+-- @object sharding._lock_pin
 -- Section 9 (handoff): pin and unpin serialize with claim_node, fences and
 -- moves. A pin re-routes its key at once, so, like move_shard, it must not
 -- commit while a claim_node of the map is between reading the map and
@@ -729,7 +734,9 @@ COMMENT ON FUNCTION sharding._lock_pin(text, text) IS
     'internal: for pin and unpin, _lock_shard on every logical shard the pinned key text routes (waits for claim_node, fences and moves)';
 REVOKE ALL ON FUNCTION sharding._lock_pin(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._lock_pin(text, text) TO sharding_admin;
+-- @end
 
+-- @object sharding.pin_many
 -- Section 14: pin_many(map, keys, nodes) pins (or re-pins) keys[i] to
 -- nodes[i] in one statement and returns how many keys it pinned (a key given
 -- twice counts once; the last one wins, as two pin calls would). Arrays of
@@ -787,3 +794,4 @@ COMMENT ON FUNCTION sharding.pin_many(text, text[], text[]) IS
     'pins (or re-pins) keys[i] to nodes[i] in one statement; returns how many keys were pinned';
 REVOKE ALL ON FUNCTION sharding.pin_many(text, text[], text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.pin_many(text, text[], text[]) TO sharding_admin;
+-- @end

@@ -106,6 +106,7 @@ COMMENT ON FUNCTION sharding.drop_node(text) IS
 REVOKE ALL ON FUNCTION sharding.drop_node(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.drop_node(text) TO sharding_admin;
 
+-- @object sharding.partition_for
 -- partition_for(map text, key): the PL/Proxy RUN ON function, one overload
 -- per key type (an untyped literal resolves to text). C++ (since 1.1): it
 -- routes from the same per-backend cache as node_for, so a pinned key matches
@@ -135,6 +136,7 @@ COMMENT ON FUNCTION sharding.partition_for(text, bigint) IS
     'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
 COMMENT ON FUNCTION sharding.partition_for(text, uuid) IS
     'PL/Proxy partition of the key (RUN ON): its logical shard, or for a pinned key its node''s partition';
+-- @end
 
 -- cluster_partitions(map text): the DSNs of the map's PL/Proxy partitions.
 CREATE FUNCTION sharding.cluster_partitions(map text) RETURNS SETOF text
@@ -292,6 +294,7 @@ COMMENT ON FUNCTION sharding.plproxy_install() IS
 REVOKE ALL ON FUNCTION sharding.plproxy_install() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.plproxy_install() TO sharding_admin;
 
+-- @object sharding.copy_shard
 -- copy_shard(map, logical, tbl, key_column, from_dsn, to_dsn): a low-level
 -- copy, kept from 1.1 (moves use move_shard_online since 1.2): copies the
 -- rows of `tbl` whose key is in logical shard `logical` of `map` and is not
@@ -394,3 +397,4 @@ COMMENT ON FUNCTION sharding.copy_shard(text, integer, regclass, name, text, tex
 -- It reads and writes other databases: administrators only.
 REVOKE ALL ON FUNCTION sharding.copy_shard(text, integer, regclass, name, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.copy_shard(text, integer, regclass, name, text, text) TO sharding_admin;
+-- @end

@@ -326,12 +326,14 @@ CREATE FUNCTION sharding.claim_node(queue anyelement, map text, node text, worke
 COMMENT ON FUNCTION sharding.claim_node(anyelement, text, text, text, integer, interval, name, boolean) IS
     'claims only jobs node_for(map, key) sends to node, nothing another node''s worker still holds under a live lease; ordered as claim_ordered';
 
+-- @object sharding._claim_ordered_sql
 CREATE FUNCTION sharding._claim_ordered_sql(queue regclass, variant integer, key_column name DEFAULT 'key')
     RETURNS text
     AS 'MODULE_PATHNAME', 'sharding__claim_ordered_sql' LANGUAGE C STABLE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._claim_ordered_sql(regclass, integer, name) IS
     'internal: SQL text of a claim_ordered/claim_node (ordered) statement: a round''s pick (variant bits: 2 shards, 4 node, 8 max_attempts, 16 handoff exclusion, 32 resume) or, with 64, the UPDATE';
+-- @end
 
 -- create_ordered_indexes(queue, key_column): the indexes that keep
 -- claim_ordered and claim_node an index walk, each created only when the
@@ -437,6 +439,7 @@ CREATE FUNCTION sharding.extend_lease(queue regclass, id integer, worker text, l
 COMMENT ON FUNCTION sharding.extend_lease(regclass, integer, text, interval, integer) IS
     'same fence as complete; sets claim_expires = now() + lease (integer id)';
 
+-- @object sharding.enqueue_many
 -- enqueue_many: one INSERT ... SELECT over the unnested arrays, ids in the
 -- order of keys (identity values are drawn in the order rows are inserted).
 -- Not STRICT: payloads and run_at may be NULL; a NULL queue or keys raise
@@ -521,6 +524,7 @@ END
 $$;
 COMMENT ON FUNCTION sharding.enqueue_many(regclass, text[], jsonb[], timestamptz, smallint) IS
     'inserts one pending job per key (status pending; payloads[i], run_at, priority) in one statement; returns their ids in order';
+-- @end
 
 -- set_backoff: a retried job (fail with retry) is not claimed again before
 -- now() + base * 2^(attempts - 1), capped at max. Not STRICT: a NULL base
@@ -673,6 +677,7 @@ $$;
 COMMENT ON FUNCTION sharding._queue_health_check(regclass) IS
     'internal: raises 22023 unless the table has the columns queue_health reads';
 
+-- @object sharding._notify_payload
 -- Wakeups: the statement trigger create_queue puts on a queue. After an
 -- INSERT (or COPY) that adds a claimable job (pending, and due where the
 -- table has run_at), it sends NOTIFY on channel sharding_<table name> with
@@ -703,7 +708,9 @@ END
 $$;
 COMMENT ON FUNCTION sharding._notify_payload(text) IS
     'internal: a wake-up''s payload: the key, cut on a character boundary to the 7999 bytes NOTIFY takes';
+-- @end
 
+-- @object sharding._queue_notify
 CREATE FUNCTION sharding._queue_notify() RETURNS trigger
     LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
@@ -731,3 +738,4 @@ END
 $$;
 COMMENT ON FUNCTION sharding._queue_notify() IS
     'internal: statement trigger of queue tables; NOTIFY sharding_<table> (payload: a new claimable job''s key), once per transaction';
+-- @end

@@ -20,6 +20,7 @@ SELECT pg_catalog.pg_extension_config_dump('sharding.distributed_tables', '');
 GRANT SELECT ON sharding.distributed_tables TO PUBLIC;
 GRANT INSERT, UPDATE, DELETE ON sharding.distributed_tables TO sharding_admin;
 
+-- @object sharding.distribute
 -- distribute(tbl regclass, key_column name, map text): records tbl as placed
 -- by node_for(map, key_column). Not STRICT: a NULL argument raises 22023.
 CREATE FUNCTION sharding.distribute(tbl regclass, key_column name, map text) RETURNS void
@@ -68,6 +69,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.distribute(regclass, name, text) IS
     'records that a table''s rows are placed by node_for(map, key_column); a map''s tables are co-located';
+-- @end
 
 -- undistribute(tbl regclass): whether tbl was distributed. Not STRICT: NULL
 -- raises 22023 like the other configuration functions.
@@ -455,6 +457,7 @@ END $$;
 COMMENT ON FUNCTION sharding._remote_exec(text, text) IS
     'internal: runs a command on another database through dblink';
 
+-- @object sharding._leads_here
 -- Whether a connection string leads to this very database (the same
 -- server and database, whatever host, port or user it names). A clone of
 -- this cluster (pg_basebackup, a copied disk image) has the same system
@@ -492,6 +495,7 @@ COMMENT ON FUNCTION sharding._leads_here(text) IS
 -- For administrators, as attach_node, which calls it: it connects out.
 REVOKE ALL ON FUNCTION sharding._leads_here(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._leads_here(text) TO sharding_admin;
+-- @end
 
 -- Subscription and slot names of a node's configuration feed. Slot names
 -- allow only [a-z0-9_]: other node names get a sanitised name plus a hash.
@@ -617,6 +621,7 @@ END $$;
 COMMENT ON FUNCTION sharding._unfollow() IS
     'internal: stops following (configuration editable again, guards removed, versions continue above the copy)';
 
+-- @object sharding.attach_node
 -- attach_node(node text): see the top of this file. Not STRICT: NULL raises.
 CREATE FUNCTION sharding.attach_node(node text) RETURNS void
     LANGUAGE plpgsql VOLATILE
@@ -763,6 +768,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.attach_node(text) IS
     'makes a data node follow this coordinator''s configuration through logical replication (repeating is harmless)';
+-- @end
 
 -- detach_node(node text): the node stops following and keeps its copy.
 CREATE FUNCTION sharding.detach_node(node text) RETURNS void

@@ -22,6 +22,7 @@ CREATE FUNCTION sharding.imbalance(loads anyarray) RETURNS float8
 COMMENT ON FUNCTION sharding.imbalance(anyarray) IS
     'max / mean of a numeric array, NULL elements skipped; NULL when empty or all zero (1.0 = perfectly even)';
 
+-- @object sharding._key_column_type
 -- Internal: the type a shard key column is hashed as (sharding._key_type:
 -- text for varchar, a domain's base type), or 42703 (no such column) or
 -- 22023 (not a key type).
@@ -50,6 +51,7 @@ END
 $$;
 COMMENT ON FUNCTION sharding._key_column_type(regclass, name) IS
     'internal: type a shard key column is hashed as; 42703 if missing, 22023 if not a key type';
+-- @end
 
 -- Internal: SQL for the text form of a key expression of type t, the form
 -- pins match on and whales reports: bytea always in hex (\x...), whatever
@@ -215,6 +217,7 @@ COMMENT ON VIEW sharding.fanout_stats IS
     'per distributed table: statements that touched it (queries), those fixed to one logical shard by their key conditions (single_shard), the others (fan_out), counted since; needs shared_preload_libraries = ''sharding''';
 GRANT SELECT ON sharding.fanout_stats TO PUBLIC;
 
+-- @object sharding.fanout_info
 -- fanout_info(): the counters' capacity and evictions. sharding.fanout_max
 -- (a server setting, 4096 by default) entries hold the counters of as many
 -- (database, distributed table) pairs; when all are taken, the least-used
@@ -231,7 +234,9 @@ CREATE FUNCTION sharding.fanout_info(OUT slots integer, OUT used integer, OUT ev
     AS 'MODULE_PATHNAME', 'sharding_fanout_info' LANGUAGE C VOLATILE PARALLEL RESTRICTED ROWS 1;
 COMMENT ON FUNCTION sharding.fanout_info() IS
     'fan-out counters: slots (sharding.fanout_max), used, tables of this database evicted since the last reset, evictions in all databases';
+-- @end
 
+-- @object sharding.fanout_reset
 -- fanout_reset(): zeroes this database's counters. VOLATILE, PARALLEL
 -- UNSAFE: it writes shared state. Everyone's picture changes, so it is an
 -- admin function, as pg_stat_statements_reset is.
@@ -241,6 +246,7 @@ COMMENT ON FUNCTION sharding.fanout_reset() IS
     'zeroes the fan-out counters of this database; fanout_stats.since becomes now, fanout_info().evicted zero';
 REVOKE ALL ON FUNCTION sharding.fanout_reset() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.fanout_reset() TO sharding_admin;
+-- @end
 
 -- Every change to sharding.distributed_tables (distribute, undistribute, a
 -- direct write, a restore, logical replication to a follower) makes every
@@ -392,12 +398,14 @@ END $$;
 COMMENT ON FUNCTION sharding.rebalance_by_load(text, text[], float8[], float8, boolean) IS
     'moves shards so the largest node load is at most max_imbalance x the mean (or as low as shards allow), fewest moves; each raises the shard''s epoch; dry_run only reports';
 
+-- @object sharding._rebalance_by_load_plan
 CREATE FUNCTION sharding._rebalance_by_load_plan(owners text[], nodes text[], loads float8[],
                                                  max_imbalance float8)
     RETURNS TABLE (logical integer, from_node text, to_node text)
     AS 'MODULE_PATHNAME', 'sharding__rebalance_by_load_plan' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION sharding._rebalance_by_load_plan(text[], text[], float8[], float8) IS
     'internal: the load-aware plan (src/core/rebalance.cpp), ordered by logical shard';
+-- @end
 
 -- Changing maps: owner and sharding_admin only.
 REVOKE ALL ON FUNCTION sharding.rebalance_by_load(text, text[], float8[], float8, boolean) FROM PUBLIC;

@@ -243,6 +243,7 @@ BEGIN
     RETURN v;
 END $$;
 
+-- @object sharding._dbl_run
 -- _dbl_run(conn, sql): runs a statement there and waits for it in
 -- interruptible sleeps (PG 15's dblink_exec blocks in libpq, where a cancel
 -- is not seen), so that a cancel or statement_timeout stops a long copy.
@@ -290,6 +291,7 @@ BEGIN
     END LOOP;
     RETURN last_tag;
 END $$;
+-- @end
 
 REVOKE ALL ON FUNCTION sharding._move_dblink_schema(), sharding._dbl_connect(text, text),
     sharding._dbl_disconnect(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
