@@ -514,6 +514,20 @@ $$;
 COMMENT ON FUNCTION sharding._config_slot(text) IS
     'internal: replication slot (on the coordinator) of a node''s configuration subscription';
 
+-- @object sharding._config_tables
+-- The configuration tables a follower copies, in schema sharding: the one
+-- list. _publish_config publishes them (publication sharding_config), a
+-- node empties them before it follows (_follow), and attach_node waits
+-- until the node has synchronised each of them.
+CREATE FUNCTION sharding._config_tables() RETURNS name[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT ARRAY['maps', 'nodes', 'shards', 'pins', 'map_versions', 'distributed_tables']::name[] $$;
+COMMENT ON FUNCTION sharding._config_tables() IS
+    'internal: the configuration tables (schema sharding) that followers copy through publication sharding_config';
+-- @end
+
+-- @object sharding._publish_config
 -- On the coordinator, in its own transaction (attach_node calls it through
 -- dblink, so that its writes are committed before the node subscribes):
 -- the publication, and versions above those the node already reported, so
@@ -528,16 +542,15 @@ DECLARE
     m text;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication p WHERE p.pubname = 'sharding_config') THEN
-        CREATE PUBLICATION sharding_config FOR TABLE sharding.maps, sharding.nodes, sharding.shards,
-            sharding.pins, sharding.map_versions, sharding.distributed_tables;
-    ELSE
-        FOREACH t IN ARRAY ARRAY['maps', 'nodes', 'shards', 'pins', 'map_versions', 'distributed_tables'] LOOP
-            IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication_tables p
-                            WHERE p.pubname = 'sharding_config' AND p.schemaname = 'sharding' AND p.tablename = t) THEN
-                EXECUTE pg_catalog.format('ALTER PUBLICATION sharding_config ADD TABLE sharding.%I', t);
-            END IF;
-        END LOOP;
+        CREATE PUBLICATION sharding_config;
     END IF;
+    -- Also a publication made by an older version gets every table.
+    FOREACH t IN ARRAY sharding._config_tables() LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication_tables p
+                        WHERE p.pubname = 'sharding_config' AND p.schemaname = 'sharding' AND p.tablename = t) THEN
+            EXECUTE pg_catalog.format('ALTER PUBLICATION sharding_config ADD TABLE sharding.%I', t);
+        END IF;
+    END LOOP;
     top := (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(node_versions) AS v);
     IF top IS NOT NULL THEN
         IF (SELECT s.last_value FROM sharding.version_seq AS s) < top THEN
@@ -552,7 +565,9 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._publish_config(text[], bigint[]) IS
     'internal: creates publication sharding_config and raises versions above a joining node''s';
+-- @end
 
+-- @object sharding._follow
 -- On the node (through dblink): forget its own configuration and follow.
 -- Returns false when it already follows as `node` (nothing to do).
 CREATE FUNCTION sharding._follow(node text, coordinator_dsn text) RETURNS boolean
@@ -584,8 +599,8 @@ BEGIN
     FOR d IN SELECT * FROM sharding.distributed_tables LOOP
         PERFORM sharding._drop_guard(d.schema_name, d.table_name);
     END LOOP;
-    TRUNCATE sharding.distributed_tables, sharding.pins, sharding.shards, sharding.maps, sharding.nodes,
-             sharding.map_versions;
+    EXECUTE 'TRUNCATE ' || (SELECT pg_catalog.string_agg(pg_catalog.format('sharding.%I', t), ', ')
+                              FROM pg_catalog.unnest(sharding._config_tables()) AS t);
     INSERT INTO sharding.local_node AS l (node, coordinator_dsn, following) VALUES ($1, $2, true)
         ON CONFLICT (one_row) DO UPDATE SET node = EXCLUDED.node, coordinator_dsn = EXCLUDED.coordinator_dsn,
                                             following = true, attached = pg_catalog.now();
@@ -593,6 +608,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._follow(text, text) IS
     'internal: makes this database a follower named node (its configuration is replaced by the coordinator''s)';
+-- @end
 
 -- On the node (through dblink), after its subscription is gone.
 CREATE FUNCTION sharding._unfollow() RETURNS boolean
@@ -752,10 +768,10 @@ BEGIN
     LOOP
         EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
            INTO pending
-          USING dsn, format($s$SELECT (6 - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::integer
+          USING dsn, format($s$SELECT (%s - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::integer
                                  FROM pg_catalog.pg_subscription AS s
                                  JOIN pg_catalog.pg_subscription_rel AS r ON r.srsubid = s.oid
-                                WHERE s.subname = %L$s$, sub);
+                                WHERE s.subname = %L$s$, cardinality(sharding._config_tables()), sub);
         EXIT WHEN pending <= 0;
         IF clock_timestamp() > deadline THEN
             RAISE WARNING 'node "%" is still copying the configuration (% tables to go)', attach_node.node, pending

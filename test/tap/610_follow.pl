@@ -9,7 +9,7 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
-use Test::More tests => 55;
+use Test::More tests => 57;
 use Time::HiRes qw(time usleep);
 use lib 'lib';
 use ShardingNode;
@@ -103,6 +103,19 @@ my $n3_version_after = d('n3', "SELECT sharding.cluster_version('m')");
 cmp_ok($n3_version_after, '>=', $n3_version_before,
 	"cluster_version('m') did not fall on n3 when it started following ($n3_version_before -> $n3_version_after)");
 is(c('SELECT sharding.this_node()'), '', 'this_node() is NULL on the coordinator, which was never attached');
+# One list of the configuration tables (sharding._config_tables): what the
+# publication carries, what each node synchronised, what followers guard.
+my $config_tables = c("SELECT array_to_string(array(SELECT t FROM unnest(sharding._config_tables()) t ORDER BY 1), ' ')");
+is(c("SELECT string_agg(tablename, ' ' ORDER BY tablename) FROM pg_publication_tables
+       WHERE pubname = 'sharding_config' AND schemaname = 'sharding'") . '|'
+	  . d('n1', "SELECT string_agg(c.relname, ' ' ORDER BY c.relname) FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+                  WHERE g.tgname = 'refuse_on_follower'"),
+	"$config_tables|$config_tables",
+	'publication sharding_config carries the tables of _config_tables(), and followers refuse writes to just those');
+is(join(' ', map { d($_, "SELECT count(*) FILTER (WHERE r.srsubstate IN ('r', 's')) FROM pg_subscription_rel r
+                            JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = 'sharding_config_$_'") } @nodes),
+	join(' ', map { scalar(split / /, $config_tables) } @nodes),
+	'each node synchronised every configuration table before attach_node returned');
 is( c("SELECT sharding.attach_node('n2')") . '|'
 	  . d('n2', "SELECT count(*) FROM pg_subscription WHERE subname = 'sharding_config_n2'") . '|'
 	  . c("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'sharding_config_n2'"),
