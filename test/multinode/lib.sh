@@ -7,7 +7,7 @@
 #   . test/multinode/lib.sh
 #   mn_start n1 n2 n3           # DIR[n], PORT[n], DSN[n] (dbname=data)
 #   q n1 data -c 'SELECT 1'     # psql on an instance, stops at the first error
-#   check "what" expected actual
+#   check "what" expected actual   # is actual expected "what" (test/lib/tap.sh)
 #   mn_wait n2 data "SELECT ..." expected 30   # polls; prints the ms waited
 #   mn_stop n3; mn_restart n3
 #   mn_finish                   # prints the plan, exit status
@@ -18,27 +18,22 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     exit 0
 fi
 . test/lib/cluster.sh
+# The one ok/ok_rc/is of the bash harnesses (n: tests so far, failures).
+# Its q() is replaced below by the instance-aware one.
+. test/lib/tap.sh
 
 mn_started=$(date +%s.%N)
-t=0
-fails=0
-ok() { t=$((t + 1)); echo "ok $t - $*"; }
-not_ok() { t=$((t + 1)); fails=$((fails + 1)); echo "not ok $t - $*"; }
 diag() { echo "# $*"; }
 elapsed() { awk -v s="$mn_started" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
-# check DESCRIPTION EXPECTED ACTUAL
-check() {
-    if [ "$2" = "$3" ]; then ok "$1"; else
-        not_ok "$1"
-        diag "  expected: $2"
-        diag "       got: $3"
-    fi
-}
-bail() { not_ok "$*"; echo "1..$t"; exit 1; }
+# check DESCRIPTION EXPECTED ACTUAL: is ACTUAL EXPECTED DESCRIPTION.
+check() { is "$3" "$2" "$1"; }
+# not_ok DESCRIPTION: a failure found by the caller's own test.
+not_ok() { ok f "$*"; }
+bail() { not_ok "$*"; echo "1..$n"; exit 1; }
 mn_finish() {
     diag "$(basename "$0") took $(elapsed) s"
-    echo "1..$t"
-    [ "$fails" -eq 0 ]
+    echo "1..$n"
+    [ "$failures" -eq 0 ]
 }
 
 # Settings of every instance: logical replication for followers

@@ -31,8 +31,9 @@ if [ -z "${SHARDING_TESTDIR:-}" ]; then
     build_and_install || bail "build and install"
 fi
 
-mn_start i1 i2 || bail "two instances with wal_level = logical"
-ok "two PostgreSQL instances with wal_level = logical on 127.0.0.1 (ports ${PORT[i1]}, ${PORT[i2]})"
+mn_start i1 i2
+ok_rc $? "two PostgreSQL instances with wal_level = logical on 127.0.0.1 (ports ${PORT[i1]}, ${PORT[i2]})"
+[ "$failures" -eq 0 ] || { echo "1..$n"; exit 1; }
 
 declare -A HOST=([coord]=i1 [n1]=i1 [n3]=i1 [n2]=i2)
 ndsn() { echo "host=127.0.0.1 port=${PORT[${HOST[$1]}]} dbname=$1 user=postgres"; }
@@ -43,9 +44,9 @@ TABLES="CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val 
         CREATE TABLE events (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
         CREATE INDEX ON accounts (tenant); CREATE INDEX ON events (tenant);"
 setup_ok=0
-for n in coord n1 n2 n3; do
-    q "${HOST[$n]}" postgres -c "CREATE DATABASE $n" >/dev/null &&
-        qn "$n" -c 'CREATE EXTENSION sharding' -c 'CREATE EXTENSION dblink' -c "$TABLES" >/dev/null &&
+for node in coord n1 n2 n3; do
+    q "${HOST[$node]}" postgres -c "CREATE DATABASE $node" >/dev/null &&
+        qn "$node" -c 'CREATE EXTENSION sharding' -c 'CREATE EXTENSION dblink' -c "$TABLES" >/dev/null &&
         setup_ok=$((setup_ok + 1))
 done
 check "coordinator and three data nodes with sharding, dblink and the two tables" 4 "$setup_ok"
@@ -72,8 +73,8 @@ GEN_EV="SELECT 't' || lpad((i % 64)::text, 2, '0') AS tenant, i::bigint AS id, '
        FROM generate_series(1, 20000) AS i
      UNION ALL SELECT 'whale', 100000 + i, 'initial-' || (100000 + i) FROM generate_series(1, 1000) AS i"
 diag "$(elapsed) s: initial rows"
-for n in n1 n2; do
-    qn "$n" -c "INSERT INTO accounts SELECT * FROM ($GEN) AS g WHERE sharding.node_for('bank', g.tenant) = sharding.this_node()" \
+for node in n1 n2; do
+    qn "$node" -c "INSERT INTO accounts SELECT * FROM ($GEN) AS g WHERE sharding.node_for('bank', g.tenant) = sharding.this_node()" \
             -c "INSERT INTO events SELECT * FROM ($GEN_EV) AS g WHERE sharding.node_for('bank', g.tenant) = sharding.this_node()" >/dev/null
 done
 check "44,000 rows loaded where node_for places them" "44000" \
@@ -401,7 +402,7 @@ check "the refused calls changed nothing and left nothing" "$CLEAN" "$(leftovers
 # Pins hold a bytea key in hex; a source whose bytea_output is 'escape' must
 # still see the pinned key as pinned.
 diag "$(elapsed) s: copy_shard"
-for n in coord n1 n3; do qn "$n" -c 'CREATE TABLE blobs (k bytea PRIMARY KEY, v text)' >/dev/null; done
+for node in coord n1 n3; do qn "$node" -c 'CREATE TABLE blobs (k bytea PRIMARY KEY, v text)' >/dev/null; done
 qn n1 -c "INSERT INTO blobs SELECT decode(lpad(to_hex(i), 4, '0'), 'hex'), 'b' || i FROM generate_series(1, 400) i" \
       -c 'ALTER DATABASE n1 SET bytea_output = escape' >/dev/null
 pinned_blob=$(qn coord -c "SELECT '\\x' || encode(k, 'hex') FROM (SELECT decode(lpad(to_hex(i), 4, '0'), 'hex') AS k
