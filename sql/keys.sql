@@ -64,6 +64,36 @@ SELECT count(*) FROM kt_6 WHERE k IN (:same_k1, :other);
 SELECT count(*) FROM kt_8 WHERE k IN (:same_k1::key_dom, :other::key_dom);
 SELECT table_name, single_shard, fan_out FROM sharding.fanout_stats WHERE table_name IN ('kt_6', 'kt_8') ORDER BY 1;
 
+-- Rebalance jobs route a pinned key (by its text form) as writers route it:
+-- by the type its map's key column is hashed as (_job_key_shard, on
+-- _key_type). Each key type's table moves to a map of its own; the
+-- keys are chosen so that the text and the typed hash disagree.
+SELECT k AS int_key FROM (SELECT i::text AS k FROM generate_series(1, 50) AS i
+                           WHERE sharding.shard_of(i::text, 8) <> sharding.shard_of(i::bigint, 8)) AS d LIMIT 1 \gset
+DO $$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT * FROM types WHERE sharding._key_type(t) IS NOT NULL LOOP
+        PERFORM sharding.undistribute(format('kt_%s', r.n)::regclass);
+        PERFORM sharding.create_map('jk_' || r.n, 8, ARRAY['a', 'b']);
+        PERFORM sharding.distribute(format('kt_%s', r.n)::regclass, 'k', 'jk_' || r.n);
+    END LOOP;
+END $$;
+SELECT x.t, sharding._job_key_shard('jk_' || x.n, v.key) = v.want AS routed_as_typed
+  FROM types AS x
+  JOIN (VALUES (1, 'abc', sharding.shard_of('abc'::text, 8)), (2, 'abc', sharding.shard_of('abc'::text, 8)),
+               (9, 'abc', sharding.shard_of('abc'::text, 8)),
+               (3, '\x0a0b', sharding.shard_of('\x0a0b'::bytea, 8)),
+               (4, :'int_key', sharding.shard_of(:'int_key'::bigint, 8)),
+               (5, :'int_key', sharding.shard_of(:'int_key'::bigint, 8)),
+               (6, :'int_key', sharding.shard_of(:'int_key'::bigint, 8)),
+               (8, :'int_key', sharding.shard_of(:'int_key'::bigint, 8)),
+               (10, :'int_key', sharding.shard_of(:'int_key'::bigint, 8)),
+               (7, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
+                sharding.shard_of('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, 8))) AS v(n, key, want)
+    ON v.n = x.n
+ ORDER BY x.n;
+
 DROP EXTENSION sharding CASCADE;
 DO $$
 DECLARE r record;

@@ -104,24 +104,24 @@ COMMENT ON FUNCTION sharding._job_has_tables(text) IS
     'internal: whether a map has distributed tables (then its moves carry rows)';
 
 -- The logical shard of a pinned key (pins are by text form): computed by
--- the type of the map's distributed key columns, as writers route it.
+-- the type of the map's distributed key columns, as writers route it (the
+-- type a key is hashed as: sharding._key_type).
 CREATE FUNCTION sharding._job_key_shard(map text, key text) RETURNS integer
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    typ text;
+    typ regtype;
     l integer;
 BEGIN
-    SELECT pg_catalog.format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END, NULL) INTO typ
+    SELECT sharding._key_type(a.atttypid::regtype) INTO typ
       FROM sharding.distributed_tables d
       JOIN pg_catalog.pg_attribute a
         ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name))
        AND a.attname = d.key_column
-      JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
      WHERE d.map = $1
      ORDER BY d.schema_name, d.table_name LIMIT 1;
-    IF typ IS NULL OR typ IN ('text', 'character varying') THEN
+    IF typ IS NULL OR typ = 'text'::regtype THEN
         RETURN sharding.logical_shard($1, $2);
     END IF;
     EXECUTE pg_catalog.format('SELECT sharding.logical_shard($1, $2::%s)', typ) INTO l USING $1, $2;
