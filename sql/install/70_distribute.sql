@@ -1,4 +1,4 @@
--- Section 8 (part): distributed tables. A map's distributed tables are
+-- Distributed tables (docs/nodes.md). A map's distributed tables are
 -- co-located: every row of each is placed by node_for(map, key_column), so
 -- moving a logical shard carries all of them (move_shard_online), data nodes
 -- refuse writes of keys they do not own (guarded writes), and fanout_stats
@@ -95,7 +95,7 @@ REVOKE ALL ON FUNCTION sharding.distribute(regclass, name, text), sharding.undis
 GRANT EXECUTE ON FUNCTION sharding.distribute(regclass, name, text), sharding.undistribute(regclass)
     TO sharding_admin;
 
--- Section 8: followers, guarded data nodes, shard_checksum.
+-- Followers, guarded data nodes, shard_checksum (docs/nodes.md).
 --
 -- The coordinator publishes its configuration tables (publication
 -- sharding_config); each attached data node subscribes to it (subscription

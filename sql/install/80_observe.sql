@@ -1,4 +1,4 @@
--- Section 5: observing load.
+-- Observing load (docs/observe.md).
 --
 -- distribution, whales and map_load each read the table once: one scan, one
 -- aggregate grouped by the key (or by sharding.shard_of(key, n)), with the
@@ -134,7 +134,7 @@ $$;
 COMMENT ON FUNCTION sharding.whales(regclass, name, integer, float8) IS
     'keys of tbl holding at least min_share of their shard''s rows, largest first; one scan';
 
--- map_load counts each row where sharding.node_for (contract section 2)
+-- map_load counts each row where sharding.node_for (docs/maps.md)
 -- sends it, in one scan grouped by node_for(map, key): the router's own
 -- per-backend cache decides, so the picture can never disagree with routing.
 -- (Measured: as fast as a plain GROUP BY shard_of, and faster than joining
@@ -182,7 +182,7 @@ $$;
 COMMENT ON FUNCTION sharding.map_load(text, regclass, name) IS
     'rows of tbl per node of the map, routed as node_for routes them (pins first), with shards, pins, share and bar';
 
--- Section 11: counting what the seeds say to count: fan-out statements, the
+-- What docs/observe.md counts beyond load: fan-out statements, the
 -- worst shard's lag, rebalancing by measured load.
 
 -- Fan-out counters (src/observe/fanout.cpp). They live in shared memory, which only

@@ -1,4 +1,4 @@
--- Section 13: rebalance jobs. A job is one row of sharding.move_jobs; each
+-- Rebalance jobs (docs/rebalance.md). A job is one row of sharding.move_jobs; each
 -- of its moves is a row of the move engine's journal (sharding.move_journal,
 -- 90_move.sql), enqueued when the job starts. The job's moves are carried
 -- out by whoever runs _job_claim/_job_execute in a loop: background runners

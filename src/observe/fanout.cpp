@@ -1,4 +1,4 @@
-// Fan-out counting (contract section 11): how many statements touch each
+// Fan-out counting (docs/observe.md, "Counting fan-out queries"): how many statements touch each
 // distributed table, and how many of them are fixed to one logical shard.
 //
 // Loaded with shared_preload_libraries = 'sharding', _PG_init asks for a

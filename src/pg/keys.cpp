@@ -1,4 +1,4 @@
-// The shard key types (contract section 1): which column and value types a
+// The shard key types (docs/hashing.md): which column and value types a
 // shard key may have, and as which type each is hashed. The one test, used by
 // C++ (key_type_of) and exposed to SQL (sharding._key_type), so that every
 // check of a key column agrees.
