@@ -65,16 +65,9 @@ CREATE FUNCTION count_all() RETURNS bigint LANGUAGE sql STABLE AS $$ SELECT coun
 -- Which connection string the proxy used to reach us.
 CREATE FUNCTION remote_application_name(workspace_id text) RETURNS text
     LANGUAGE sql STABLE AS $$ SELECT current_setting('application_name') $$;
--- SQLSTATE of a statement ('' if it succeeds).
-CREATE FUNCTION sqlstate_of(query text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE query;
-    RETURN '';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE;
-END $$;
 SELECT 'ready';
 SQL
+$data_node_sql = $SQLSTATE_OF . $data_node_sql;
 is(join(' ', map { d($_, $data_node_sql) } @names), 'ready ready ready ready',
 	'sharding, dblink and documents on every data node');
 

@@ -49,16 +49,9 @@ CREATE FUNCTION put_doc(key text, val integer) RETURNS void LANGUAGE plpgsql AS 
 BEGIN
     INSERT INTO docs VALUES (key, val);
 END $$;
--- SQLSTATE of a statement ('' if it succeeds).
-CREATE FUNCTION sqlstate_of(query text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE query;
-    RETURN '';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE;
-END $$;
 SELECT 'ready';
 SQL
+$node_schema = $SQLSTATE_OF . $node_schema;
 $i1->safe_psql('postgres', 'CREATE DATABASE coord');
 $i1->safe_psql('postgres', "ALTER DATABASE coord SET sharding.coordinator_dsn = '" . sharding_dsn($i1, 'coord') . "'");
 is(join(' ', (map { d($_, $node_schema) } @nodes), c("CREATE EXTENSION sharding; CREATE EXTENSION dblink;\n$node_schema")),

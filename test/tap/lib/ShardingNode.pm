@@ -121,4 +121,19 @@ sub sharding_guards
 	return sharding_q($node, $db, "SELECT count(*) FROM pg_trigger WHERE ${where}tgname = 'zz_sharding_guard'");
 }
 
+# $SQLSTATE_OF: SQL that creates sqlstate_of(query text) in the current
+# schema: the SQLSTATE a statement raises, '' if it succeeds (for tests that
+# check refusals from inside one psql call).
+our $SQLSTATE_OF = <<'SQL';
+-- SQLSTATE of a statement ('' if it succeeds).
+CREATE FUNCTION sqlstate_of(query text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE query;
+    RETURN '';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE;
+END $$;
+SQL
+push @EXPORT, qw($SQLSTATE_OF);
+
 1;
