@@ -573,7 +573,9 @@ COMMENT ON FUNCTION sharding._move_disconnect() IS 'internal: closes the remote 
 -- _move_wait_flush(name, seconds): waits until the move's slot at the
 -- source has confirmed the source's flushed WAL position; returns the
 -- seconds waited. 55000 after `seconds` (the apply is stuck: see the
--- destination's log).
+-- destination's log). While it waits, the live move's lag_bytes in the
+-- journal (WAL the destination still has to confirm) is kept current,
+-- committed at once, at least every quarter of a second.
 CREATE FUNCTION sharding._move_wait_flush(name text, seconds float8) RETURNS float8
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -585,10 +587,25 @@ DECLARE
     started timestamptz := pg_catalog.clock_timestamp();
     flushed pg_lsn;
     sleep float8 := 0.001;
+    noted timestamptz;
 BEGIN
     LOOP
         flushed := sharding._dbl_value('sharding_move_src', pg_catalog.format(
             'SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = %L', name))::pg_lsn;
+        IF noted IS NULL OR flushed >= target
+           OR pg_catalog.clock_timestamp() - noted >= pg_catalog.make_interval(secs => 0.25) THEN
+            -- As move_progress reads it: the source's WAL now, less what
+            -- the destination confirmed (0 once caught up with the target).
+            PERFORM sharding._move_journal(pg_catalog.format(
+                'UPDATE sharding.move_journal SET lag_bytes = %s WHERE phase IN (''catching_up'', ''cutover'') '
+                'AND sharding._move_name(map, logical) = %L',
+                CASE WHEN flushed >= target THEN 0
+                     ELSE GREATEST(coalesce(sharding._dbl_value('sharding_move_src', pg_catalog.format(
+                              'SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint '
+                              'FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = %L', name))::bigint, 0), 0) END,
+                name));
+            noted := pg_catalog.clock_timestamp();
+        END IF;
         EXIT WHEN flushed >= target;
         IF pg_catalog.clock_timestamp() - started > pg_catalog.make_interval(secs => seconds) THEN
             RAISE EXCEPTION 'the destination of move % did not catch up with the source within % s', name, seconds

@@ -298,3 +298,33 @@ SHARDING_FUNCTION(sharding__dbl_run) {
     if (!has) PG_RETURN_NULL();
     PG_RETURN_DATUM(d);
 }
+
+// _remote(dsn, query) and _remote_exec(dsn, command): follow's one-shot
+// calls on the same helper: a connection for the call (closed when it
+// returns, or at the end of the transaction whatever jumped), the
+// statement in its own transaction there, interruptible, cancelled there
+// when the caller is. _remote: the first column of the first row (NULL if
+// none); _remote_exec: the command's tag.
+static Datum one_shot(FunctionCallInfo fcinfo) {
+    char *dsn = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
+    bool has;
+    Datum d;
+    {
+        std::string v;
+        try {
+            Remote r(dsn, false, std::string());
+            has = run(r.conn(), sql, &v);
+        } catch (const Error &e) {
+            if (e.sqlstate() == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
+                throw Error(e.sqlstate(), "could not establish connection", e.what());
+            throw;
+        }
+        d = text_or_null(has, v);
+    }
+    if (!has) PG_RETURN_NULL();
+    PG_RETURN_DATUM(d);
+}
+
+SHARDING_FUNCTION(sharding__remote) { return one_shot(fcinfo); }
+SHARDING_FUNCTION(sharding__remote_exec) { return one_shot(fcinfo); }

@@ -79,3 +79,65 @@ BEGIN
     END IF;
     RETURN sharding._dbl_value('sharding_move_self', sql);
 END $$;
+
+-- Follow's _remote and _remote_exec on the same C++ helper (no dblink).
+-- Follow's remote calls, on the move's libpq helper (src/nodes/remote_exec.cpp):
+-- a connection for the call, the statement in its own transaction there,
+-- every wait interruptible, the remote statement cancelled when the caller
+-- is; a remote error is raised with its SQLSTATE, message, detail and hint.
+-- _remote: the first value of a query (NULL if no row).
+CREATE OR REPLACE FUNCTION sharding._remote(dsn text, query text) RETURNS text
+    AS 'MODULE_PATHNAME', 'sharding__remote' LANGUAGE C VOLATILE STRICT;
+COMMENT ON FUNCTION sharding._remote(text, text) IS
+    'internal: first value of a query run on another database (its own connection and transaction)';
+
+-- _remote_exec: runs a command there (CREATE SUBSCRIPTION, ...); its tag.
+CREATE OR REPLACE FUNCTION sharding._remote_exec(dsn text, command text) RETURNS text
+    AS 'MODULE_PATHNAME', 'sharding__remote_exec' LANGUAGE C VOLATILE STRICT;
+COMMENT ON FUNCTION sharding._remote_exec(text, text) IS
+    'internal: runs a command on another database (its own connection and transaction)';
+
+
+-- _move_wait_flush keeps the journal's lag_bytes current while it waits.
+CREATE OR REPLACE FUNCTION sharding._move_wait_flush(name text, seconds float8) RETURNS float8
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    -- The flushed position: walsenders send no further, and everything the
+    -- move must carry is there once the freeze has committed (synchronously).
+    target pg_lsn := sharding._dbl_value('sharding_move_src', 'SELECT pg_catalog.pg_current_wal_flush_lsn()')::pg_lsn;
+    started timestamptz := pg_catalog.clock_timestamp();
+    flushed pg_lsn;
+    sleep float8 := 0.001;
+    noted timestamptz;
+BEGIN
+    LOOP
+        flushed := sharding._dbl_value('sharding_move_src', pg_catalog.format(
+            'SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = %L', name))::pg_lsn;
+        IF noted IS NULL OR flushed >= target
+           OR pg_catalog.clock_timestamp() - noted >= pg_catalog.make_interval(secs => 0.25) THEN
+            -- As move_progress reads it: the source's WAL now, less what
+            -- the destination confirmed (0 once caught up with the target).
+            PERFORM sharding._move_journal(pg_catalog.format(
+                'UPDATE sharding.move_journal SET lag_bytes = %s WHERE phase IN (''catching_up'', ''cutover'') '
+                'AND sharding._move_name(map, logical) = %L',
+                CASE WHEN flushed >= target THEN 0
+                     ELSE GREATEST(coalesce(sharding._dbl_value('sharding_move_src', pg_catalog.format(
+                              'SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint '
+                              'FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = %L', name))::bigint, 0), 0) END,
+                name));
+            noted := pg_catalog.clock_timestamp();
+        END IF;
+        EXIT WHEN flushed >= target;
+        IF pg_catalog.clock_timestamp() - started > pg_catalog.make_interval(secs => seconds) THEN
+            RAISE EXCEPTION 'the destination of move % did not catch up with the source within % s', name, seconds
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = pg_catalog.format('Slot %s confirmed %s, the source is at %s.', name, flushed, target),
+                      HINT = 'Look for logical replication apply errors in the destination''s log.';
+        END IF;
+        PERFORM pg_catalog.pg_sleep(sleep);
+        sleep := LEAST(sleep * 2, 0.01);
+    END LOOP;
+    RETURN extract(epoch FROM pg_catalog.clock_timestamp() - started);
+END $$;
