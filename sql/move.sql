@@ -130,6 +130,45 @@ SELECT pg_temp.err($$DELETE FROM sharding.move_journal$$);
 RESET ROLE;
 DROP ROLE move_reader;
 
+-- The engine's remote helper keeps dblink's rule: an administrator who is
+-- not a superuser may not connect out under the server's own identity (this
+-- test server trusts local connections, so no password is asked): 2F003,
+-- for the move's named connections and follow's one-shot calls alike. A
+-- superuser may; the helper reports the remote answer.
+CREATE ROLE move_admin IN ROLE sharding_admin;
+CREATE TEMP TABLE probe_dsn AS SELECT sharding._coordinator_dsn() AS d;
+GRANT SELECT ON probe_dsn TO move_admin;
+SET ROLE move_admin;
+SELECT pg_temp.err($$SELECT sharding._dbl_connect('probe', (SELECT d FROM probe_dsn))$$);
+SELECT sharding._dbl_open('probe') AS open_after_refusal;
+SELECT pg_temp.err($$SELECT sharding._remote((SELECT d FROM probe_dsn), 'SELECT 1')$$);
+RESET ROLE;
+DROP TABLE probe_dsn;
+DROP ROLE move_admin;
+SELECT sharding._remote(sharding._coordinator_dsn(), 'SELECT 6 * 7') AS remote_value;
+SELECT sharding._remote(sharding._coordinator_dsn(), 'SELECT NULL') IS NULL AS remote_null;
+SELECT sharding._remote_exec(sharding._coordinator_dsn(), 'CREATE TEMP TABLE probe_t (a int)') AS remote_tag;
+SELECT pg_temp.err($$SELECT sharding._remote(sharding._coordinator_dsn(), 'SELECT 1/0')$$);
+SELECT sharding._dbl_connect('probe', sharding._coordinator_dsn());
+SELECT sharding._dbl_value('probe', 'SHOW search_path') AS remote_search_path;
+SELECT sharding._dbl_run('probe', 'SET application_name = probe') AS run_tag;
+-- Cancelled while a statement runs there (statement_timeout): the remote
+-- statement is cancelled too and its results consumed; the connection is
+-- usable at once.
+SET statement_timeout = '200ms';
+DO $$
+BEGIN
+    PERFORM sharding._dbl_value('probe', 'SELECT pg_catalog.pg_sleep(30)');
+EXCEPTION WHEN query_canceled THEN
+    RAISE NOTICE 'cancelled here: %', SQLERRM;
+END $$;
+RESET statement_timeout;
+SELECT count(*) AS remote_sleepers FROM pg_stat_activity WHERE query = 'SELECT pg_catalog.pg_sleep(30)' AND state <> 'idle';
+SELECT sharding._dbl_value('probe', 'SELECT 1') AS usable_after_cancel;
+SELECT sharding._dbl_disconnect('probe');
+SELECT sharding._dbl_open('probe') AS open_after_disconnect;
+SELECT pg_temp.err($$SELECT sharding._dbl_value('probe', 'SELECT 1')$$);
+
 SELECT sharding.drop_map('mv');
 DROP EXTENSION sharding;
 DROP EXTENSION dblink;

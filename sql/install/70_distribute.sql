@@ -425,37 +425,21 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._dblink_schema(text) IS 'internal: schema of extension dblink (42883 without it)';
 
--- Runs a query returning one text column on another database (its own
--- transaction, through dblink) and returns the first row's value.
+-- Follow's remote calls, on the move's libpq helper (src/nodes/remote_exec.cpp):
+-- a connection for the call, the statement in its own transaction there,
+-- every wait interruptible, the remote statement cancelled when the caller
+-- is; a remote error is raised with its SQLSTATE, message, detail and hint.
+-- _remote: the first value of a query (NULL if no row).
 CREATE FUNCTION sharding._remote(dsn text, query text) RETURNS text
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    r text;
-BEGIN
-    EXECUTE pg_catalog.format('SELECT f.r FROM %I.dblink($1, $2) AS f(r text) LIMIT 1',
-                              sharding._dblink_schema('this operation'))
-       INTO r USING dsn, query;
-    RETURN r;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__remote' LANGUAGE C VOLATILE STRICT;
 COMMENT ON FUNCTION sharding._remote(text, text) IS
-    'internal: first value of a one-column query run on another database through dblink';
+    'internal: first value of a query run on another database (its own connection and transaction)';
 
--- Runs a command that returns no rows (CREATE SUBSCRIPTION, ...) there.
+-- _remote_exec: runs a command there (CREATE SUBSCRIPTION, ...); its tag.
 CREATE FUNCTION sharding._remote_exec(dsn text, command text) RETURNS text
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    r text;
-BEGIN
-    EXECUTE pg_catalog.format('SELECT %I.dblink_exec($1, $2)', sharding._dblink_schema('this operation'))
-       INTO r USING dsn, command;
-    RETURN r;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__remote_exec' LANGUAGE C VOLATILE STRICT;
 COMMENT ON FUNCTION sharding._remote_exec(text, text) IS
-    'internal: runs a command on another database through dblink';
+    'internal: runs a command on another database (its own connection and transaction)';
 
 -- @object sharding._leads_here
 -- Whether a connection string leads to this very database (the same

@@ -1,6 +1,6 @@
 -- Section 8 (part): online moves. move_shard_online(map, logical, node) and
 -- isolate(map, key, node) carry rows between data nodes on PostgreSQL's own
--- logical replication, driven from the coordinator over dblink (CREATE and
+-- logical replication, driven from the coordinator over libpq connections (CREATE and
 -- DROP SUBSCRIPTION cannot run in a transaction block, so every remote step
 -- is its own autocommit statement on a separate connection).
 --
@@ -161,148 +161,40 @@ CREATE FUNCTION sharding._move_name(map text, logical integer) RETURNS text
 COMMENT ON FUNCTION sharding._move_name(text, integer) IS
     'internal: name of the publication, slot, subscription and trigger of an online move';
 
--- _move_dblink_schema(): where contrib's dblink lives here; 55000 if nowhere.
-CREATE FUNCTION sharding._move_dblink_schema() RETURNS name
-    LANGUAGE plpgsql STABLE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    s name;
-BEGIN
-    SELECT e.extnamespace::regnamespace::name INTO s FROM pg_catalog.pg_extension e WHERE e.extname = 'dblink';
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'moving shards online needs extension "dblink" on the coordinator'
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'CREATE EXTENSION dblink here and on every data node.';
-    END IF;
-    RETURN s;
-END $$;
-COMMENT ON FUNCTION sharding._move_dblink_schema() IS 'internal: schema of extension dblink (55000 if missing)';
-
--- Thin wrappers over dblink, which may live in any schema: every call is
--- qualified with it, SQL text travels as a parameter.
+-- The move's remote connections, in C++ (src/nodes/remote_exec.cpp): named
+-- libpq connections of this session (kept across transactions, closed by
+-- _dbl_disconnect, a new _dbl_connect of the name, or the session's end).
+-- Every wait is interruptible; a statement running there when the caller
+-- is cancelled or fails is cancelled (PQcancel) and its results consumed
+-- before the error goes on (a cancelled cutover's _freeze_shard must not
+-- freeze the shard after the undo thawed it). Remote errors are raised with
+-- their SQLSTATE, message, detail and hint. Remote statements run with
+-- search_path = pg_catalog, pg_temp (every name in them is qualified
+-- anyway), and commit synchronously: a commit whose WAL waited for the WAL
+-- writer would reach walsenders, and so the destination and the followers,
+-- that much later, inside the cutover's refusal window. No dblink.
 CREATE FUNCTION sharding._dbl_connect(conn text, dsn text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    s name := sharding._move_dblink_schema();
-    open text[];
-BEGIN
-    EXECUTE pg_catalog.format('SELECT %I.dblink_get_connections()', s) INTO open;
-    IF conn = ANY (coalesce(open, '{}')) THEN
-        EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', s) USING conn;
-    END IF;
-    EXECUTE pg_catalog.format('SELECT %I.dblink_connect($1, $2)', s) USING conn, dsn;
-    -- Remote statements run with a predictable search_path (every name in
-    -- them is qualified anyway), and commit synchronously: a commit whose
-    -- WAL waited for the WAL writer (synchronous_commit = off, up to
-    -- wal_writer_delay) would reach walsenders, and so the destination and
-    -- the followers, that much later, inside the cutover's refusal window.
-    EXECUTE pg_catalog.format('SELECT %I.dblink_exec($1, $2)', s)
-        USING conn, 'SET search_path = pg_catalog, pg_temp';
-    EXECUTE pg_catalog.format('SELECT %I.dblink_exec($1, $2)', s)
-        USING conn, 'SET synchronous_commit = on';
-END $$;
-
+    AS 'MODULE_PATHNAME', 'sharding__dbl_connect' LANGUAGE C VOLATILE;
 CREATE FUNCTION sharding._dbl_disconnect(conn text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    s name := sharding._move_dblink_schema();
-    open text[];
-    busy integer;
-BEGIN
-    EXECUTE pg_catalog.format('SELECT %I.dblink_get_connections()', s) INTO open;
-    IF conn = ANY (coalesce(open, '{}')) THEN
-        BEGIN
-            -- A statement still running there (we were cancelled) is
-            -- cancelled too, not left to finish.
-            EXECUTE pg_catalog.format('SELECT %I.dblink_is_busy($1)', s) INTO busy USING conn;
-            IF busy = 1 THEN
-                EXECUTE pg_catalog.format('SELECT %I.dblink_cancel_query($1)', s) USING conn;
-            END IF;
-        EXCEPTION WHEN OTHERS THEN
-            NULL;
-        END;
-        EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', s) USING conn;
-    END IF;
-END $$;
-
--- _dbl_value(conn, sql): the first column of the first row of a query, as text.
+    AS 'MODULE_PATHNAME', 'sharding__dbl_disconnect' LANGUAGE C VOLATILE STRICT;
+CREATE FUNCTION sharding._dbl_open(conn text) RETURNS boolean
+    AS 'MODULE_PATHNAME', 'sharding__dbl_open' LANGUAGE C VOLATILE STRICT;
 CREATE FUNCTION sharding._dbl_value(conn text, sql text) RETURNS text
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    v text;
-BEGIN
-    EXECUTE pg_catalog.format('SELECT t.v FROM %I.dblink($1, $2) AS t(v text) LIMIT 1', sharding._move_dblink_schema())
-        INTO v USING conn, sql;
-    RETURN v;
-END $$;
-
--- @object sharding._dbl_run
--- _dbl_run(conn, sql): runs a statement there and waits for it in
--- interruptible sleeps (PG 15's dblink_exec blocks in libpq, where a cancel
--- is not seen), so that a cancel or statement_timeout stops a long copy.
--- Returns the command tag of the last statement; a remote error is raised
--- here with its SQLSTATE.
+    AS 'MODULE_PATHNAME', 'sharding__dbl_value' LANGUAGE C VOLATILE STRICT;
 CREATE FUNCTION sharding._dbl_run(conn text, sql text) RETURNS text
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    s name := sharding._move_dblink_schema();
-    busy integer;
-    tag text;
-    last_tag text;
-    sleep float8 := 0.0005;
-BEGIN
-    EXECUTE pg_catalog.format('SELECT %I.dblink_send_query($1, $2)', s) USING conn, sql;
-    BEGIN
-        LOOP
-            EXECUTE pg_catalog.format('SELECT %I.dblink_is_busy($1)', s) INTO busy USING conn;
-            EXIT WHEN busy = 0;
-            PERFORM pg_catalog.pg_sleep(sleep);
-            sleep := LEAST(sleep * 2, 0.02);
-        END LOOP;
-    EXCEPTION WHEN query_canceled THEN
-        -- Cancelled here: the remote statement is cancelled too, and its
-        -- results are consumed, before the cancel goes on. Otherwise it
-        -- would run on (a _freeze_shard waiting for the shard's writers
-        -- would freeze the shard after the move's undo had thawed it) and
-        -- the connection would stay busy for the undo's own calls.
-        EXECUTE pg_catalog.format('SELECT %I.dblink_cancel_query($1)', s) USING conn;
-        LOOP
-            EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %I.dblink_get_result($1, false) AS t(v text)', s)
-                INTO busy USING conn;
-            EXIT WHEN busy = 0;
-        END LOOP;
-        RAISE;
-    END;
-    -- One result per statement, then an empty one.
-    LOOP
-        EXECUTE pg_catalog.format('SELECT pg_catalog.count(*), pg_catalog.max(t.v) FROM %I.dblink_get_result($1) AS t(v text)', s)
-            INTO busy, tag USING conn;
-        EXIT WHEN busy = 0;
-        last_tag := tag;
-    END LOOP;
-    RETURN last_tag;
-END $$;
--- @end
+    AS 'MODULE_PATHNAME', 'sharding__dbl_run' LANGUAGE C VOLATILE STRICT;
 
-REVOKE ALL ON FUNCTION sharding._move_dblink_schema(), sharding._dbl_connect(text, text),
-    sharding._dbl_disconnect(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
+REVOKE ALL ON FUNCTION sharding._dbl_connect(text, text), sharding._dbl_disconnect(text),
+    sharding._dbl_open(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_dblink_schema(), sharding._dbl_connect(text, text),
-    sharding._dbl_disconnect(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
+GRANT EXECUTE ON FUNCTION sharding._dbl_connect(text, text), sharding._dbl_disconnect(text),
+    sharding._dbl_open(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
     TO sharding_admin;
-COMMENT ON FUNCTION sharding._dbl_connect(text, text) IS 'internal: opens a named dblink connection (reopens a stale one)';
-COMMENT ON FUNCTION sharding._dbl_disconnect(text) IS 'internal: cancels and closes a named dblink connection if open';
-COMMENT ON FUNCTION sharding._dbl_value(text, text) IS 'internal: first value of a query over a named dblink connection';
-COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a named dblink connection, interruptibly';
+COMMENT ON FUNCTION sharding._dbl_connect(text, text) IS 'internal: opens a named remote connection of this session (reopens one of that name)';
+COMMENT ON FUNCTION sharding._dbl_disconnect(text) IS 'internal: cancels and closes a named remote connection if open';
+COMMENT ON FUNCTION sharding._dbl_open(text) IS 'internal: whether a named remote connection is open';
+COMMENT ON FUNCTION sharding._dbl_value(text, text) IS 'internal: first value of a query (or a command''s tag) over a named remote connection';
+COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a named remote connection, interruptibly; the last command''s tag';
 
 -- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
 -- created over a replication connection with an exported snapshot (held
@@ -351,88 +243,6 @@ GRANT INSERT, UPDATE, DELETE ON sharding.move_decoding TO sharding_admin;
 CREATE TRIGGER local_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.move_decoding
     FOR EACH STATEMENT EXECUTE FUNCTION sharding._local_changed();
 ALTER TABLE sharding.move_decoding ENABLE ALWAYS TRIGGER local_changed;
-
--- _move_key_in(row, ...): whether a row (as jsonb) belongs to what a move
--- carries: in shard mode, an unpinned key of logical shard `logical` of
--- `shards`; in key mode, exactly `key` (canonical text form).
-CREATE FUNCTION sharding._move_key_in(r jsonb, key_column text, key_type text, shards integer,
-                                      logical integer, map text, mode text, key text) RETURNS boolean
-    LANGUAGE plpgsql STABLE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    k text := r OPERATOR(pg_catalog.->>) key_column;
-    s integer;
-BEGIN
-    IF k IS NULL THEN
-        RETURN false;
-    END IF;
-    IF mode = 'key' THEN
-        RETURN k = key;
-    END IF;
-    s := CASE key_type
-             WHEN 'bytea' THEN sharding.shard_of(pg_catalog.decode(pg_catalog.substr(k, 3), 'hex'), shards)
-             WHEN 'smallint' THEN sharding.shard_of(k::bigint, shards)
-             WHEN 'integer' THEN sharding.shard_of(k::bigint, shards)
-             WHEN 'bigint' THEN sharding.shard_of(k::bigint, shards)
-             WHEN 'uuid' THEN sharding.shard_of(k::uuid, shards)
-             ELSE sharding.shard_of(k, shards) END;
-    RETURN s = logical
-       AND NOT EXISTS (SELECT FROM sharding.pins p WHERE p.map = _move_key_in.map AND p.key = k);
-END $$;
-COMMENT ON FUNCTION sharding._move_key_in(jsonb, text, text, integer, integer, text, text, text) IS
-    'internal: whether a row belongs to what an online move carries (its shard''s unpinned keys, or one key)';
-
--- The destination's filter during a move (step 4 above), ENABLE REPLICA:
--- it fires for replication apply only. Arguments: key column, key type,
--- shard count, logical shard, map, mode ('shard' or 'key'), key, and the
--- UPDATE statement that turns a replayed INSERT of a row already there into
--- an update of it.
-CREATE FUNCTION sharding._move_filter() RETURNS trigger
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    n integer;
-BEGIN
-    -- Only replication apply is filtered; anything else passes untouched
-    -- (the trigger is ENABLE REPLICA: this is a second line of defence).
-    IF pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
-        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
-    END IF;
-    IF TG_OP = 'INSERT' THEN
-        IF NOT sharding._move_key_in(pg_catalog.to_jsonb(NEW), TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]::integer,
-                                     TG_ARGV[3]::integer, TG_ARGV[4], TG_ARGV[5], TG_ARGV[6]) THEN
-            RETURN NULL;
-        END IF;
-        EXECUTE TG_ARGV[7] USING NEW;
-        GET DIAGNOSTICS n = ROW_COUNT;
-        IF n > 0 THEN
-            RETURN NULL;
-        END IF;
-        RETURN NEW;
-    ELSIF TG_OP = 'UPDATE' THEN
-        IF NOT sharding._move_key_in(pg_catalog.to_jsonb(OLD), TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]::integer,
-                                     TG_ARGV[3]::integer, TG_ARGV[4], TG_ARGV[5], TG_ARGV[6]) THEN
-            RETURN NULL;   -- a row of another shard that happens to share the primary key
-        END IF;
-        IF NOT sharding._move_key_in(pg_catalog.to_jsonb(NEW), TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]::integer,
-                                     TG_ARGV[3]::integer, TG_ARGV[4], TG_ARGV[5], TG_ARGV[6]) THEN
-            -- The key left the shard at the source: the row is no longer ours.
-            EXECUTE TG_ARGV[8] USING OLD;
-            RETURN NULL;
-        END IF;
-        RETURN NEW;
-    ELSE
-        IF NOT sharding._move_key_in(pg_catalog.to_jsonb(OLD), TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]::integer,
-                                     TG_ARGV[3]::integer, TG_ARGV[4], TG_ARGV[5], TG_ARGV[6]) THEN
-            RETURN NULL;
-        END IF;
-        RETURN OLD;
-    END IF;
-END $$;
-COMMENT ON FUNCTION sharding._move_filter() IS
-    'internal: replica-only trigger at a move''s destination: keeps the moving rows, upserts replayed inserts';
 
 -- _move_tables(map): the map's distributed tables with what a move needs:
 -- qualified name, key column and type, column lists, primary key.
@@ -742,13 +552,12 @@ BEGIN
                       HINT = pg_catalog.format('Call sharding.add_node(%L, ''<dsn>'') first.', n);
         END IF;
     END LOOP;
-    PERFORM sharding._move_dblink_schema();
     PERFORM sharding._dbl_connect('sharding_move_self', sharding._coordinator_dsn());
     PERFORM sharding._dbl_connect('sharding_move_src', (SELECT x.dsn FROM sharding.nodes x WHERE x.node = source));
     PERFORM sharding._dbl_connect('sharding_move_dst', (SELECT x.dsn FROM sharding.nodes x WHERE x.node = destination));
 END $$;
 COMMENT ON FUNCTION sharding._move_connect(text, text) IS
-    'internal: opens the dblink connections of an online move (55000 for a node without DSN)';
+    'internal: opens the remote connections of an online move (55000 for a node without DSN)';
 
 CREATE FUNCTION sharding._move_disconnect() RETURNS void
     LANGUAGE plpgsql VOLATILE
@@ -759,12 +568,14 @@ BEGIN
     PERFORM sharding._dbl_disconnect('sharding_move_dst');
     PERFORM sharding._dbl_disconnect('sharding_move_self');
 END $$;
-COMMENT ON FUNCTION sharding._move_disconnect() IS 'internal: closes the dblink connections of an online move';
+COMMENT ON FUNCTION sharding._move_disconnect() IS 'internal: closes the remote connections of an online move';
 
 -- _move_wait_flush(name, seconds): waits until the move's slot at the
 -- source has confirmed the source's flushed WAL position; returns the
 -- seconds waited. 55000 after `seconds` (the apply is stuck: see the
--- destination's log).
+-- destination's log). While it waits, the live move's lag_bytes in the
+-- journal (WAL the destination still has to confirm) is kept current,
+-- committed at once, at least every quarter of a second.
 CREATE FUNCTION sharding._move_wait_flush(name text, seconds float8) RETURNS float8
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -776,10 +587,25 @@ DECLARE
     started timestamptz := pg_catalog.clock_timestamp();
     flushed pg_lsn;
     sleep float8 := 0.001;
+    noted timestamptz;
 BEGIN
     LOOP
         flushed := sharding._dbl_value('sharding_move_src', pg_catalog.format(
             'SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = %L', name))::pg_lsn;
+        IF noted IS NULL OR flushed >= target
+           OR pg_catalog.clock_timestamp() - noted >= pg_catalog.make_interval(secs => 0.25) THEN
+            -- As move_progress reads it: the source's WAL now, less what
+            -- the destination confirmed (0 once caught up with the target).
+            PERFORM sharding._move_journal(pg_catalog.format(
+                'UPDATE sharding.move_journal SET lag_bytes = %s WHERE phase IN (''catching_up'', ''cutover'') '
+                'AND sharding._move_name(map, logical) = %L',
+                CASE WHEN flushed >= target THEN 0
+                     ELSE GREATEST(coalesce(sharding._dbl_value('sharding_move_src', pg_catalog.format(
+                              'SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint '
+                              'FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = %L', name))::bigint, 0), 0) END,
+                name));
+            noted := pg_catalog.clock_timestamp();
+        END IF;
         EXIT WHEN flushed >= target;
         IF pg_catalog.clock_timestamp() - started > pg_catalog.make_interval(secs => seconds) THEN
             RAISE EXCEPTION 'the destination of move % did not catch up with the source within % s', name, seconds
@@ -1078,11 +904,8 @@ CREATE FUNCTION sharding._move_journal(sql text) RETURNS text
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
-DECLARE
-    open text[];
 BEGIN
-    EXECUTE pg_catalog.format('SELECT %I.dblink_get_connections()', sharding._move_dblink_schema()) INTO open;
-    IF NOT 'sharding_move_self' = ANY (coalesce(open, '{}')) THEN
+    IF NOT sharding._dbl_open('sharding_move_self') THEN
         PERFORM sharding._dbl_connect('sharding_move_self', sharding._coordinator_dsn());
     END IF;
     RETURN sharding._dbl_value('sharding_move_self', sql);

@@ -246,6 +246,11 @@ PGconn *Remote::release() {
     return c;
 }
 
+PGconn *Remote::detach() {
+    unregister_conn(conn_);
+    return release();
+}
+
 void Remote::cancel() noexcept { cancel_conn(conn_); }
 
 void Remote::wait(bool for_write) {

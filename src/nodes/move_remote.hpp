@@ -53,6 +53,10 @@ class Remote {
     // Leaves the connection open past the end of this object (the
     // registry closes it at the end of the transaction).
     PGconn *release();
+    // Takes the connection out of the transaction's registry and leaves it
+    // to the caller, who closes it (the session's named connections,
+    // remote_exec.cpp).
+    PGconn *detach();
 
   private:
     void establish();

@@ -1,0 +1,356 @@
+// The session's named remote connections: one libpq helper for the move's
+// orchestration (sharding._dbl_connect/_dbl_run/_dbl_value/_dbl_disconnect/
+// _dbl_open), replacing contrib's dblink on the move's path.
+//
+// A named connection lives for the session (as a dblink named connection
+// did): the move journal's own connection is opened once and reused by
+// later transactions. It is closed by _dbl_disconnect, by a _dbl_connect of
+// the same name, or at process exit.
+//
+// Every wait is interruptible (WaitLatchOrSocket + CHECK_FOR_INTERRUPTS,
+// through move_remote's Remote for connecting, here for statements). When
+// the caller is cancelled or fails while a statement runs there, the remote
+// statement is cancelled (PQcancel) and its results consumed before the
+// error goes on: it does not run on (a cancelled cutover's _freeze_shard
+// would freeze the shard after the undo thawed it), and the connection is
+// ready for the undo's own calls.
+//
+// Boundary (src/pg/boundary.hpp): PGconn pointers are kept in plain C
+// storage, never owned by a C++ object across a PostgreSQL call; every
+// PostgreSQL call that may ereport while a std::string is alive goes
+// through glue/pg_call.
+#include "nodes/move_remote.hpp"
+
+#include <cstring>
+#include <string>
+
+extern "C" {
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "utils/builtins.h"
+#include "utils/wait_event.h"
+}
+
+namespace sharding::move {
+namespace {
+
+constexpr int kMaxNamed = 16;
+struct Named {
+    char name[NAMEDATALEN];
+    PGconn *conn;
+};
+Named named[kMaxNamed];
+bool exit_installed = false;
+
+void close_named_all(int, Datum) {
+    for (auto &n : named)
+        if (n.conn != nullptr) {
+            PQfinish(n.conn);
+            n = Named{};
+        }
+}
+
+void install_exit() {
+    if (exit_installed) return;
+    on_proc_exit(close_named_all, 0);
+    exit_installed = true;
+}
+
+Named *find(const char *name) {
+    for (auto &n : named)
+        if (n.conn != nullptr && std::strcmp(n.name, name) == 0) return &n;
+    return nullptr;
+}
+
+void drop(const char *name) noexcept {
+    Named *n = find(name);
+    if (n == nullptr) return;
+    PQfinish(n->conn);
+    *n = Named{};
+}
+
+std::string chomp(const char *m) {
+    std::string s = m ? m : "";
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+}
+
+int wait_socket(int events, pgsocket sock) {
+    int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | events, sock, -1L, PG_WAIT_EXTENSION);
+    if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
+    CHECK_FOR_INTERRUPTS();
+    return rc;
+}
+
+// Cancels what runs there and consumes its results (no throw).
+void cancel_and_drain(PGconn *conn) noexcept {
+    if (PQtransactionStatus(conn) == PQTRANS_ACTIVE) {
+        if (PGcancel *c = PQgetCancel(conn)) {
+            char err[256];
+            (void)PQcancel(c, err, sizeof err);
+            PQfreeCancel(c);
+        }
+    }
+    (void)PQsetnonblocking(conn, 0);
+    for (PGresult *r; (r = PQgetResult(conn)) != nullptr;) {
+        PQclear(r);
+        if (PQstatus(conn) == CONNECTION_BAD) break;
+    }
+    (void)PQsetnonblocking(conn, 1);
+}
+
+[[noreturn]] void lost(PGconn *conn, const char *what) {
+    fail(ERRCODE_CONNECTION_FAILURE, "%s: %s", what, chomp(PQerrorMessage(conn)).c_str());
+}
+
+// The next result of the running command, waiting interruptibly.
+PGresult *next_result(PGconn *conn) {
+    for (;;) {
+        int flushed = PQflush(conn);
+        if (flushed < 0) lost(conn, "lost the connection");
+        if (flushed == 0) {
+            if (PQconsumeInput(conn) == 0) lost(conn, "lost the connection");
+            if (!PQisBusy(conn)) return PQgetResult(conn);
+        }
+        pgsocket sock = PQsocket(conn);
+        if (sock == PGINVALID_SOCKET) fail(ERRCODE_CONNECTION_FAILURE, "the connection has no socket");
+        glue(wait_socket, flushed == 1 ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock);
+    }
+}
+
+// Runs sql (one or more statements) there. Returns whether the answer is
+// not NULL, and in *out: for a last result with rows, the first column of
+// its first row (NULL if none); for a command, its tag. A remote error is
+// thrown with its SQLSTATE, message, detail and hint.
+bool run(PGconn *conn, const char *sql, std::string *out) {
+    if (PQsendQuery(conn, sql) == 0) lost(conn, "could not send a statement");
+    PGresult *last = nullptr;
+    PGresult *failed = nullptr;
+    try {
+        for (PGresult *res; (res = next_result(conn)) != nullptr;) {
+            ExecStatusType st = PQresultStatus(res);
+            if (st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE || st == PGRES_NONFATAL_ERROR) {
+                if (failed == nullptr)
+                    failed = res;
+                else
+                    PQclear(res);
+                continue;
+            }
+            if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
+                PQclear(res);
+                fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected COPY from a statement");
+            }
+            if (last) PQclear(last);
+            last = res;
+        }
+    } catch (...) {
+        if (last) PQclear(last);
+        if (failed) PQclear(failed);
+        cancel_and_drain(conn);
+        throw;
+    }
+    if (failed != nullptr) {
+        if (last) PQclear(last);
+        const char *state = PQresultErrorField(failed, PG_DIAG_SQLSTATE);
+        int code = (state != nullptr && std::strlen(state) == 5)
+                       ? MAKE_SQLSTATE(state[0], state[1], state[2], state[3], state[4])
+                       : ERRCODE_CONNECTION_FAILURE;
+        std::string msg = chomp(PQresultErrorField(failed, PG_DIAG_MESSAGE_PRIMARY));
+        if (msg.empty()) msg = chomp(PQerrorMessage(conn));
+        std::string detail = chomp(PQresultErrorField(failed, PG_DIAG_MESSAGE_DETAIL));
+        std::string hint = chomp(PQresultErrorField(failed, PG_DIAG_MESSAGE_HINT));
+        PQclear(failed);
+        throw Error(code, msg, detail, hint);
+    }
+    bool has = false;
+    if (last != nullptr) {
+        if (PQresultStatus(last) == PGRES_TUPLES_OK) {
+            if (PQntuples(last) > 0 && PQnfields(last) > 0 && !PQgetisnull(last, 0, 0)) {
+                *out = PQgetvalue(last, 0, 0);
+                has = true;
+            }
+        } else {
+            *out = PQcmdStatus(last);
+            has = true;
+        }
+        PQclear(last);
+    }
+    return has;
+}
+
+// dblink's rule, kept: a role that is not a superuser may only use a
+// connection that authenticated with a password, never the server's own
+// identity (peer, trust, .pgpass of the server's OS user).
+bool may_use(PGconn *conn) {
+    return PQconnectionUsedPassword(conn) || glue(superuser);
+}
+[[noreturn]] void refuse_passwordless() {
+    fail(ERRCODE_S_R_E_PROHIBITED_SQL_STATEMENT_ATTEMPTED,
+         Explain{"Non-superusers may connect only where the server asks for a password.",
+                 "Give the node's connection string a password, or run the operation as a superuser."},
+         "password is required");
+}
+
+PGconn *named_conn(const char *name) {
+    Named *n = find(name);
+    if (n == nullptr)
+        fail(ERRCODE_CONNECTION_DOES_NOT_EXIST, "no connection named \"%s\" is open", name);
+    if (PQstatus(n->conn) == CONNECTION_BAD) {
+        drop(name);
+        fail(ERRCODE_CONNECTION_FAILURE, "connection \"%s\" was lost", name);
+    }
+    return n->conn;
+}
+
+Datum text_or_null(bool has, const std::string &v) {
+    return has ? PointerGetDatum(glue(cstring_to_text_with_len, v.c_str(), (int)v.size())) : (Datum)0;
+}
+
+}  // namespace
+}  // namespace sharding::move
+
+using namespace sharding;
+using namespace sharding::move;
+
+// _dbl_connect(conn, dsn): opens the named connection (closing one of that
+// name first); remote statements run with search_path pg_catalog, pg_temp
+// and synchronous_commit on.
+SHARDING_FUNCTION(sharding__dbl_connect) {
+    if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the connection name must not be NULL");
+    if (PG_ARGISNULL(1))
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "no connection string for connection \"%s\"",
+             text_to_cstring(PG_GETARG_TEXT_PP(0)));
+    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    char *dsn = text_to_cstring(PG_GETARG_TEXT_PP(1));
+    if (std::strlen(name) >= NAMEDATALEN) fail(ERRCODE_NAME_TOO_LONG, "connection name too long");
+    glue(install_exit);
+    drop(name);
+    Named *slot = nullptr;
+    for (auto &n : named)
+        if (n.conn == nullptr) {
+            slot = &n;
+            break;
+        }
+    if (slot == nullptr)
+        fail(ERRCODE_TOO_MANY_CONNECTIONS, "too many named connections in this session (%d)", kMaxNamed);
+    PGconn *conn = nullptr;
+    try {
+        Remote r(dsn, false, std::string());
+        conn = r.detach();
+    } catch (const Error &e) {
+        if (e.sqlstate() == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
+            throw Error(e.sqlstate(), "could not establish connection", e.what());
+        throw;
+    }
+    std::strncpy(slot->name, name, NAMEDATALEN - 1);
+    slot->conn = conn;
+    bool allowed;
+    try {
+        allowed = may_use(conn);
+    } catch (...) {
+        drop(slot->name);
+        throw;
+    }
+    if (!allowed) {
+        drop(slot->name);
+        refuse_passwordless();
+    }
+    std::string ignored;
+    try {
+        run(conn, "SET search_path = pg_catalog, pg_temp", &ignored);
+        run(conn, "SET synchronous_commit = on", &ignored);
+    } catch (...) {
+        drop(slot->name);
+        throw;
+    }
+    PG_RETURN_VOID();
+}
+
+// _dbl_disconnect(conn): closes the named connection if open.
+SHARDING_FUNCTION(sharding__dbl_disconnect) {
+    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    if (Named *n = find(name)) {
+        cancel_and_drain(n->conn);
+        drop(name);
+    }
+    PG_RETURN_VOID();
+}
+
+// _dbl_open(conn): whether the named connection is open (and not lost).
+SHARDING_FUNCTION(sharding__dbl_open) {
+    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    Named *n = find(name);
+    if (n != nullptr && PQstatus(n->conn) == CONNECTION_BAD) {
+        drop(name);
+        n = nullptr;
+    }
+    PG_RETURN_BOOL(n != nullptr);
+}
+
+// _dbl_value(conn, sql): the first column of the first row of the (last)
+// result, as text; a command's tag.
+SHARDING_FUNCTION(sharding__dbl_value) {
+    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
+    PGconn *conn = named_conn(name);
+    bool has;
+    Datum d;
+    {
+        std::string v;
+        has = run(conn, sql, &v);
+        d = text_or_null(has, v);
+    }
+    if (!has) PG_RETURN_NULL();
+    PG_RETURN_DATUM(d);
+}
+
+// _dbl_run(conn, sql): runs statements there, interruptibly; the command
+// tag of the last one (a query's first value).
+SHARDING_FUNCTION(sharding__dbl_run) {
+    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
+    PGconn *conn = named_conn(name);
+    bool has;
+    Datum d;
+    {
+        std::string v;
+        has = run(conn, sql, &v);
+        d = text_or_null(has, v);
+    }
+    if (!has) PG_RETURN_NULL();
+    PG_RETURN_DATUM(d);
+}
+
+// _remote(dsn, query) and _remote_exec(dsn, command): follow's one-shot
+// calls on the same helper: a connection for the call (closed when it
+// returns, or at the end of the transaction whatever jumped), the
+// statement in its own transaction there, interruptible, cancelled there
+// when the caller is. _remote: the first column of the first row (NULL if
+// none); _remote_exec: the command's tag.
+static Datum one_shot(FunctionCallInfo fcinfo) {
+    char *dsn = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
+    bool has;
+    Datum d;
+    {
+        std::string v;
+        try {
+            Remote r(dsn, false, std::string());
+            if (!may_use(r.conn())) refuse_passwordless();
+            has = run(r.conn(), sql, &v);
+        } catch (const Error &e) {
+            if (e.sqlstate() == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
+                throw Error(e.sqlstate(), "could not establish connection", e.what());
+            throw;
+        }
+        d = text_or_null(has, v);
+    }
+    if (!has) PG_RETURN_NULL();
+    PG_RETURN_DATUM(d);
+}
+
+SHARDING_FUNCTION(sharding__remote) { return one_shot(fcinfo); }
+SHARDING_FUNCTION(sharding__remote_exec) { return one_shot(fcinfo); }
