@@ -103,6 +103,13 @@ SELECT sharding.distribute('accounts', 'tenant', 'bench');
 SELECT sharding.attach_node('n1');
 SELECT sharding.attach_node('n2');
 SQL
+# Each node owns one shard that does not move (2 on n1, 3 on n2): the
+# other-shard writer writes to the one at the move's source. Moved while
+# empty.
+for s in 2 3; do
+    [ "$(qn coord -c "SELECT node FROM sharding.shards WHERE map = 'bench' AND logical = $s")" = "n$((s - 1))" ] ||
+        qn coord -c "SELECT sharding.move_shard_online('bench', $s, 'n$((s - 1))')" >/dev/null
+done
 # A tenant of shard 2 and one of shard 3 (their rows are the other-shard
 # writers', item 3), and one of shard 0 and 1 for the moving-shard writer.
 tenant_of() { qn coord -c "SELECT t FROM (SELECT 'tenant-' || i AS t FROM generate_series(1, 100000) i) x WHERE sharding.logical_shard('bench', t) = $1 LIMIT 1"; }
