@@ -65,7 +65,7 @@ INSERT INTO bench_ctl VALUES (true);
 CREATE TABLE bench_writes (who text, writes bigint, refused bigint, worst_ms float8, secs float8);
 CREATE PROCEDURE bench_writer(who text, tenant text, base bigint) LANGUAGE plpgsql AS $$
 DECLARE
-    node text;
+    dest text;
     conns text[] := '{}';
     n bigint := 0;
     refused bigint := 0;
@@ -77,13 +77,13 @@ BEGIN
         EXIT WHEN (SELECT stop FROM bench_ctl);
         t0 := clock_timestamp();
         LOOP
-            node := sharding.node_for('bench', tenant);
-            IF NOT node = ANY (conns) THEN
-                PERFORM dblink_connect(who || node, (SELECT s.dsn FROM sharding.nodes s WHERE s.node = bench_writer.node));
-                conns := conns || node;
+            dest := sharding.node_for('bench', tenant);
+            IF NOT dest = ANY (conns) THEN
+                PERFORM dblink_connect(who || dest, (SELECT s.dsn FROM sharding.nodes s WHERE s.node = dest));
+                conns := conns || dest;
             END IF;
             BEGIN
-                PERFORM dblink_exec(who || node, format('INSERT INTO accounts VALUES (%L, %s, %L)', tenant, base + n, who));
+                PERFORM dblink_exec(who || dest, format('INSERT INTO accounts VALUES (%L, %s, %L)', tenant, base + n, who));
                 EXIT;
             EXCEPTION WHEN object_not_in_prerequisite_state THEN
                 refused := refused + 1;
@@ -183,6 +183,7 @@ stray() { qn "$2" -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); big_c=()
 bad=0
+last_big=5000
 for r in $(seq "$RUNS"); do
     if [ $((r % 2)) -eq 1 ]; then src=n1 dst=n2; else src=n2 dst=n1; fi
     # The other shard: 2 or 3, whichever the source owns.
@@ -198,10 +199,11 @@ for r in $(seq "$RUNS"); do
     # The same writers without a move, for about as long as the big move
     # took last time (5 s the first time), for the other shard's rate.
     writers_start 0 "$other" $((base + 100000000))
-    sleep "$(awk -v t="${big_t[-1]:-5000}" 'BEGIN { printf "%.1f", t / 1000 }')"
+    sleep "$(awk -v t="$last_big" 'BEGIN { printf "%.1f", t / 1000 }')"
     read -r _ _ rate0 < <(writers_stop)
     writers_start 0 "$other" $((base + 150000000))
     read -r tb wb cb < <(move 0 "$dst")
+    last_big=$tb
     read -r sw_b refused_b rate1 < <(writers_stop)
     n=$(stray "$other" "$dst")
     [ "$n" = 0 ] || { echo "# run $r: $n rows of shard $other reached $dst" >&2; bad=1; }
