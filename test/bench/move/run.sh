@@ -62,7 +62,7 @@ done
 qn coord >/dev/null <<'SQL'
 CREATE TABLE bench_ctl (stop boolean NOT NULL);
 INSERT INTO bench_ctl VALUES (true);
-CREATE TABLE bench_writes (who text, writes bigint, refused bigint, worst_ms float8, secs float8);
+CREATE TABLE bench_writes (who text, writes bigint, refused bigint, worst_ms float8, secs float8, worst_at timestamptz);
 CREATE PROCEDURE bench_writer(who text, tenant text, base bigint) LANGUAGE plpgsql AS $$
 DECLARE
     dest text;
@@ -70,6 +70,7 @@ DECLARE
     n bigint := 0;
     refused bigint := 0;
     worst float8 := 0;
+    worst_at timestamptz;
     t0 timestamptz;
     started timestamptz := clock_timestamp();
 BEGIN
@@ -90,10 +91,13 @@ BEGIN
                 PERFORM pg_sleep(0.001);
             END;
         END LOOP;
-        worst := greatest(worst, extract(epoch FROM clock_timestamp() - t0) * 1000);
+        IF extract(epoch FROM clock_timestamp() - t0) * 1000 > worst THEN
+            worst := extract(epoch FROM clock_timestamp() - t0) * 1000;
+            worst_at := t0;
+        END IF;
         n := n + 1;
     END LOOP;
-    INSERT INTO bench_writes VALUES (who, n, refused, worst, extract(epoch FROM clock_timestamp() - started));
+    INSERT INTO bench_writes VALUES (who, n, refused, worst, extract(epoch FROM clock_timestamp() - started), worst_at);
 END $$;
 SQL
 qn coord >/dev/null <<SQL
@@ -134,7 +138,7 @@ writers_start() {
     qn coord -c 'TRUNCATE bench_writes' -c 'UPDATE bench_ctl SET stop = false'
     qn coord -c "CALL bench_writer('mover', '${TENANT[$1]}', $3)" &
     W1=$!
-    qn coord -c "CALL bench_writer('other', '${TENANT[$2]}', $(($3 + 50000000)))" &
+    qn coord -c "CALL bench_writer('other', '${TENANT[$2]}', $(($3 + 10000000)))" &
     W2=$!
     sleep 0.5
 }
@@ -142,6 +146,7 @@ writers_start() {
 writers_stop() {
     qn coord -c 'UPDATE bench_ctl SET stop = true'
     wait "$W1" "$W2"
+    [ -n "${BENCH_VERBOSE:-}" ] && qn coord -F ' ' -c "SELECT '#   writer', who, writes, 'writes, worst', round(worst_ms::numeric, 1), 'ms from', worst_at FROM bench_writes" >&2
     qn coord -F ' ' -c "SELECT round(max(worst_ms) FILTER (WHERE who = 'mover')::numeric, 1),
                                max(refused) FILTER (WHERE who = 'mover'),
                                round(max(writes / secs) FILTER (WHERE who = 'other')::numeric, 1) FROM bench_writes"
@@ -189,7 +194,7 @@ for r in $(seq "$RUNS"); do
     # The other shard: 2 or 3, whichever the source owns.
     if [ "$(owner 2)" = "$src" ]; then other=2; else other=3; fi
     [ "$(owner "$other")" = "$src" ] || { echo "neither shard 2 nor 3 is on $src" >&2; exit 1; }
-    base=$((r * 200000000))
+    base=$((r * 100000000))
     c=$(copy 0 "$src" "$dst" copy_target)
     cg=$(copy 0 "$src" "$dst" copy_guarded)
     qn "$dst" -c 'TRUNCATE copy_target, copy_guarded'
@@ -198,10 +203,10 @@ for r in $(seq "$RUNS"); do
     read -r sw_s _ _ < <(writers_stop)
     # The same writers without a move, for about as long as the big move
     # took last time (5 s the first time), for the other shard's rate.
-    writers_start 0 "$other" $((base + 100000000))
+    writers_start 0 "$other" $((base + 20000000))
     sleep "$(awk -v t="$last_big" 'BEGIN { printf "%.1f", t / 1000 }')"
     read -r _ _ rate0 < <(writers_stop)
-    writers_start 0 "$other" $((base + 150000000))
+    writers_start 0 "$other" $((base + 40000000))
     read -r tb wb cb < <(move 0 "$dst")
     last_big=$tb
     read -r sw_b refused_b rate1 < <(writers_stop)
