@@ -9,7 +9,7 @@
 #      ROW trigger that does not fire (session_replication_role = replica,
 #      as in the move): PostgreSQL's COPY does not batch inserts into such a
 #      table, and the guard's trigger is one.
-#   2. refusal window, measured from a writer: a PL/pgSQL procedure on the
+#   2. refusal window, measured from a writer (paced, one write per ms): a PL/pgSQL procedure on the
 #      coordinator writes the moving shard's key in a loop through dblink to
 #      the node node_for names, retrying on 55000; the window is its longest
 #      single write (first attempt to success, refusals and waits on the
@@ -24,9 +24,10 @@
 #      the move's stream; the bench fails otherwise).
 #   4. rows per second of the BIG move (whole call, and its copy phase).
 #
-# Median of BENCH_RUNS runs (default 3), each run measuring pipe, baseline
-# writers and moves interleaved; moves alternate direction (n1 -> n2, then
-# back). BENCH_VERBOSE=1 prints each move's phases. Not part of the test
+# Median of BENCH_RUNS runs (default 3), each run measuring pipe, moves
+# and baseline writers interleaved: the pipe n1 -> n2, the small shard's move
+# under writers, the big move n1 -> n2 without writers (the pipe has none),
+# the writers without a move, the big move back n2 -> n1 under them. BENCH_VERBOSE=1 prints each move's phases. Not part of the test
 # command (minutes, not seconds):
 #
 #   SHARDING_PGROOT=/work/pgroot/you BENCH_RUNS=5 bash test/bench/move/run.sh
@@ -63,7 +64,7 @@ qn coord >/dev/null <<'SQL'
 CREATE TABLE bench_ctl (stop boolean NOT NULL);
 INSERT INTO bench_ctl VALUES (true);
 CREATE TABLE bench_writes (who text, writes bigint, refused bigint, worst_ms float8, secs float8, worst_at timestamptz);
-CREATE PROCEDURE bench_writer(who text, tenant text, base bigint) LANGUAGE plpgsql AS $$
+CREATE PROCEDURE bench_writer(who text, tenant text, base bigint, pace boolean) LANGUAGE plpgsql AS $$
 DECLARE
     dest text;
     conns text[] := '{}';
@@ -96,6 +97,7 @@ BEGIN
             worst_at := t0;
         END IF;
         n := n + 1;
+        IF pace THEN PERFORM pg_sleep(0.001); END IF;
     END LOOP;
     INSERT INTO bench_writes VALUES (who, n, refused, worst, extract(epoch FROM clock_timestamp() - started), worst_at);
 END $$;
@@ -136,9 +138,9 @@ owner() { qn coord -c "SELECT node FROM sharding.shards WHERE map = 'bench' AND 
 # and the other-shard writer on OTHER's, ids from BASE.
 writers_start() {
     qn coord -c 'TRUNCATE bench_writes' -c 'UPDATE bench_ctl SET stop = false'
-    qn coord -c "CALL bench_writer('mover', '${TENANT[$1]}', $3)" &
+    qn coord -c "CALL bench_writer('mover', '${TENANT[$1]}', $3, true)" &
     W1=$!
-    qn coord -c "CALL bench_writer('other', '${TENANT[$2]}', $(($3 + 10000000)))" &
+    qn coord -c "CALL bench_writer('other', '${TENANT[$2]}', $(($3 + 10000000)), false)" &
     W2=$!
     sleep 0.5
 }
@@ -188,31 +190,35 @@ stray() { qn "$2" -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); big_c=()
 bad=0
-last_big=5000
 for r in $(seq "$RUNS"); do
-    if [ $((r % 2)) -eq 1 ]; then src=n1 dst=n2; else src=n2 dst=n1; fi
-    # The other shard: 2 or 3, whichever the source owns.
-    if [ "$(owner 2)" = "$src" ]; then other=2; else other=3; fi
-    [ "$(owner "$other")" = "$src" ] || { echo "neither shard 2 nor 3 is on $src" >&2; exit 1; }
+    # The big shard goes src -> dst without writers (timed), then back
+    # under writers; the small one goes to the node that does not own it.
+    src=$(owner 0)
+    if [ "$src" = n1 ]; then dst=n2; else dst=n1; fi
+    if [ "$(owner 1)" = n1 ]; then sdst=n2; else sdst=n1; fi
+    # The other shard: 2 or 3, whichever the small shard's source owns.
+    if [ "$(owner 2)" != "$sdst" ]; then other=2; else other=3; fi
     base=$((r * 100000000))
     c=$(copy 0 "$src" "$dst" copy_target)
     cg=$(copy 0 "$src" "$dst" copy_guarded)
     qn "$dst" -c 'TRUNCATE copy_target, copy_guarded'
     writers_start 1 "$other" "$base"
-    read -r ts ws cs < <(move 1 "$dst")
+    read -r ts ws cs < <(move 1 "$sdst")
     read -r sw_s _ _ < <(writers_stop)
-    # The same writers without a move, for about as long as the big move
-    # took last time (5 s the first time), for the other shard's rate.
-    writers_start 0 "$other" $((base + 20000000))
-    sleep "$(awk -v t="$last_big" 'BEGIN { printf "%.1f", t / 1000 }')"
+    # The big move's time without writers (as the pipe is measured), then
+    # the same writers without a move, about as long as that move took,
+    # then the big move back under them (window and other-shard rate).
+    read -r tb _ cb < <(move 0 "$dst")
+    if [ "$(owner 2)" = "$dst" ]; then back_other=2; else back_other=3; fi
+    writers_start 0 "$back_other" $((base + 20000000))
+    sleep "$(awk -v t="$tb" 'BEGIN { printf "%.1f", t / 1000 }')"
     read -r _ _ rate0 < <(writers_stop)
-    writers_start 0 "$other" $((base + 40000000))
-    read -r tb wb cb < <(move 0 "$dst")
-    last_big=$tb
+    writers_start 0 "$back_other" $((base + 40000000))
+    read -r tw wb _ < <(move 0 "$src")
     read -r sw_b refused_b rate1 < <(writers_stop)
-    n=$(stray "$other" "$dst")
-    [ "$n" = 0 ] || { echo "# run $r: $n rows of shard $other reached $dst" >&2; bad=1; }
-    echo "# run $r ($src -> $dst): pipe ${c} ms (into a table with a trigger ${cg} ms); ${SMALL}-row move ${ts} ms (writer's window ${sw_s} ms, engine's ${ws} ms); ${BIG}-row move ${tb} ms, copy phase ${cb} ms (writer's window ${sw_b} ms after ${refused_b} refusals, engine's ${wb} ms); other shard ${rate1} writes/s during, ${rate0} without; load $(cut -d' ' -f1 /proc/loadavg)"
+    n=$(stray "$back_other" "$src")
+    [ "$n" = 0 ] || { echo "# run $r: $n rows of shard $back_other reached $src" >&2; bad=1; }
+    echo "# run $r ($src -> $dst): pipe ${c} ms (into a table with a trigger ${cg} ms); ${SMALL}-row move ${ts} ms (writer's window ${sw_s} ms, engine's ${ws} ms); ${BIG}-row move ${tb} ms, copy phase ${cb} ms; back under writers ${tw} ms (writer's window ${sw_b} ms after ${refused_b} refusals, engine's ${wb} ms; other shard ${rate1} writes/s during, ${rate0} without); load $(cut -d' ' -f1 /proc/loadavg)"
     small_w+=("$sw_s"); big_w+=("$sw_b"); small_e+=("$ws"); big_e+=("$wb"); big_t+=("$tb"); copy_t+=("$c"); small_t+=("$ts"); copyg_t+=("$cg")
     rate_r+=("$(ratio "$rate1" "$rate0")"); big_c+=("$cb")
 done
