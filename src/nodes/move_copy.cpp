@@ -26,6 +26,8 @@ extern "C" {
 #include "access/transam.h"
 #include "catalog/pg_type.h"
 #include "commands/copy.h"
+#include "catalog/pg_trigger.h"
+#include "commands/trigger.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -37,6 +39,7 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/syscache.h"
 }
@@ -165,6 +168,113 @@ Opened open_target(Oid relid, ArrayType *cols) {
     return Opened{rel, binary_ok(rel, cols)};
 }
 
+// COPY FROM inserts one row at a time (no multi-insert batching) into a
+// table with any BEFORE ROW INSERT trigger, even one that cannot fire: the
+// guard's trigger zz_sharding_guard is one during the copy, which runs
+// under session_replication_role = replica (set by the orchestration), where
+// triggers enabled 'O' (the default) or 'D' never fire. For the time of
+// CopyFrom, this backend's relcache entry of the target carries a copy of
+// its triggers without those (TriggerEnabled in trigger.c decides the same
+// way per row), so CopyFrom batches as into a table without triggers. Only
+// this backend, only this statement, only triggers that would not have run:
+// the guard still refuses every other session's writes, and every trigger
+// that fires in replica mode (ENABLE REPLICA / ALWAYS) is kept and runs.
+bool fires_in_replica(const Trigger *t) {
+    return t->tgenabled == TRIGGER_FIRES_ALWAYS || t->tgenabled == TRIGGER_FIRES_ON_REPLICA;
+}
+
+void free_trigger_fields(Trigger *t) {
+    pfree(t->tgname);
+    if (t->tgnattr > 0) pfree(t->tgattr);
+    if (t->tgnargs > 0) {
+        for (int i = 0; i < t->tgnargs; i++) pfree(t->tgargs[i]);
+        pfree(t->tgargs);
+    }
+    if (t->tgqual) pfree(t->tgqual);
+    if (t->tgoldtable) pfree(t->tgoldtable);
+    if (t->tgnewtable) pfree(t->tgnewtable);
+}
+
+// The triggers of rel that can run during the copy (in CacheMemoryContext,
+// as relcache owns it while it is installed), or NULL when none is left
+// out (nothing to gain). *none: no trigger is left at all.
+TriggerDesc *copy_triggers(Relation rel, bool *none) {
+    *none = false;
+    TriggerDesc *orig = rel->trigdesc;
+    if (SessionReplicationRole != SESSION_REPLICATION_ROLE_REPLICA || orig == nullptr ||
+        rel->rd_rel->relkind != RELKIND_RELATION || !orig->trig_insert_before_row)
+        return nullptr;
+    bool drop_any = false;
+    for (int i = 0; i < orig->numtriggers; i++) {
+        const Trigger *t = &orig->triggers[i];
+        if (TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) && TRIGGER_FOR_INSERT(t->tgtype)) {
+            if (fires_in_replica(t)) return nullptr;  // a BEFORE ROW trigger runs: CopyFrom cannot batch anyway
+            drop_any = true;
+        }
+    }
+    if (!drop_any) return nullptr;
+    MemoryContext old = MemoryContextSwitchTo(CacheMemoryContext);
+    TriggerDesc *td = CopyTriggerDesc(orig);
+    MemoryContextSwitchTo(old);
+    int kept = 0;
+    for (int i = 0; i < td->numtriggers; i++) {
+        Trigger *t = &td->triggers[i];
+        if (TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) && TRIGGER_FOR_INSERT(t->tgtype)) {
+            free_trigger_fields(t);
+            continue;
+        }
+        if (kept != i) td->triggers[kept] = *t;
+        kept++;
+    }
+    td->numtriggers = kept;
+    td->trig_insert_before_row = false;  // every one left out; the other flags only say where to look
+    if (kept == 0) {
+        pfree(td->triggers);
+        pfree(td);
+        *none = true;
+        return nullptr;
+    }
+    return td;
+}
+
+uint64 copy_from(Relation rel, ParseState *pstate, List *attnames, List *options) {
+    CopyFromState cstate = BeginCopyFrom(pstate, rel, NULL, NULL, false, pull_source, attnames, options);
+    uint64 rows = CopyFrom(cstate);
+    EndCopyFrom(cstate);
+    return rows;
+}
+
+// Installed for CopyFrom only (its executor state copies the triggers when
+// it starts), put back on every exit. A relcache rebuild of rel meanwhile
+// (an invalidation) replaces and frees the copy: then the entry holds the
+// catalog's triggers again and the saved original is this function's to free.
+void put_back(Relation rel, TriggerDesc *orig, TriggerDesc *batched) {
+    if (rel->trigdesc == batched) {
+        rel->trigdesc = orig;
+        if (batched != nullptr) FreeTriggerDesc(batched);
+    } else {
+        FreeTriggerDesc(orig);
+    }
+}
+
+uint64 copy_batched(Relation rel, ParseState *pstate, List *attnames, List *options, TriggerDesc *batched) {
+    TriggerDesc *orig = rel->trigdesc;
+    uint64 rows = 0;
+    rel->trigdesc = batched;
+    PG_TRY();
+    {
+        rows = copy_from(rel, pstate, attnames, options);
+    }
+    PG_CATCH();
+    {
+        put_back(rel, orig, batched);
+        PG_RE_THROW();
+    }
+    PG_END_TRY();
+    put_back(rel, orig, batched);
+    return rows;
+}
+
 uint64 copy_into(Relation rel, ArrayType *cols, bool binary) {
     List *attnames = NIL;
     Datum *names;
@@ -179,9 +289,14 @@ uint64 copy_into(Relation rel, ArrayType *cols, bool binary) {
     // CopyFrom's executor state inserts through range table entry 1.
     ParseState *pstate = make_parsestate(NULL);
     (void)addRangeTableEntryForRelation(pstate, rel, RowExclusiveLock, NULL, false, false);
-    CopyFromState cstate = BeginCopyFrom(pstate, rel, NULL, NULL, false, pull_source, attnames, options);
-    uint64 rows = CopyFrom(cstate);
-    EndCopyFrom(cstate);
+    bool none = false;
+    TriggerDesc *batched = copy_triggers(rel, &none);
+    if (batched == nullptr && !none) {
+        uint64 rows = copy_from(rel, pstate, attnames, options);
+        free_parsestate(pstate);
+        return rows;
+    }
+    uint64 rows = copy_batched(rel, pstate, attnames, options, batched);
     free_parsestate(pstate);
     return rows;
 }

@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# Benchmark of move_shard_online (docs/moves.md), ratios measured in
-# one run on two live instances (wal_level = logical):
+# Benchmark of move_shard_online (docs/moves.md), ratios measured in one
+# run on three live instances (coordinator, n1, n2; wal_level = logical):
 #
-#   1. write-refusal window of a 1,000,000-row shard / that of a 10,000-row
-#      shard (target: at most 2). The window is measured by the move itself
-#      (DEBUG timings): from the source's freeze until the destination
-#      follows the switch; it is the time a writer retrying on 55000 waits.
-#   2. time of a 1,000,000-row move / time of copying the same rows between
-#      the two instances with COPY ... TO STDOUT | COPY ... FROM STDIN into a
-#      table with the same primary key (target: at most 2). Also against the
-#      same pipe into a table that, like a guarded distributed table, has a
-#      BEFORE ROW trigger (not firing: session_replication_role = replica, as
-#      in the move): PostgreSQL's COPY does not batch inserts into such a
-#      table, so this is the fastest a copy into a guarded table can be.
+#   1. move time: a BIG-row (1,000,000) move / the plain pipe
+#      COPY ... TO STDOUT | COPY ... FROM STDIN of the same rows between the
+#      same two instances into a table with the same primary key (target:
+#      at most 1.2). Also against the same pipe into a table with a BEFORE
+#      ROW trigger that does not fire (session_replication_role = replica,
+#      as in the move): PostgreSQL's COPY does not batch inserts into such a
+#      table, and the guard's trigger is one.
+#   2. refusal window, measured from a writer (paced, one write per ms): a PL/pgSQL procedure on the
+#      coordinator writes the moving shard's key in a loop through dblink to
+#      the node node_for names, retrying on 55000; the window is its longest
+#      single write (first attempt to success, refusals and waits on the
+#      freeze included) during the move. BIG-row shard / SMALL-row shard
+#      (target: at most 2). The engine's own view (DEBUG: frozen -> the
+#      destination follows) is printed too.
+#   3. other shards: a second writer, on a key of another shard that stays
+#      at the move's source, writes during the BIG move and during an
+#      interval of the same writers without a move; rate with / without
+#      (target: at least 0.9). After each move the destination must hold no
+#      row of that other shard (only the shard's changes are decoded into
+#      the move's stream; the bench fails otherwise).
+#   4. rows per second of the BIG move (whole call, and its copy phase).
 #
-# Median of BENCH_RUNS runs (default 3); moves alternate direction (n1 -> n2,
-# then back). Three instances: the coordinator, n1, n2. Not part of the test
+# Median of BENCH_RUNS runs (default 3), each run measuring pipe, moves
+# and baseline writers interleaved: the pipe n1 -> n2, the small shard's move
+# under writers, the big move n1 -> n2 without writers (the pipe has none),
+# the writers without a move, the big move back n2 -> n1 under them. BENCH_VERBOSE=1 prints each move's phases. Not part of the test
 # command (minutes, not seconds):
 #
-#   SHARDING_PGROOT=/tmp/pgroot bash test/bench/move/run.sh
+#   SHARDING_PGROOT=/work/pgroot/you BENCH_RUNS=5 bash test/bench/move/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 . test/multinode/lib.sh
@@ -45,6 +57,51 @@ for n in coord n1 n2; do
         -c 'CREATE FUNCTION pass() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$' \
         -c 'CREATE TRIGGER pass BEFORE INSERT ON copy_guarded FOR EACH ROW EXECUTE FUNCTION pass()' >/dev/null
 done
+# The writers (item 2 and 3), on the coordinator: write TENANT's rows with
+# ids from BASE through dblink to the node node_for names, retrying on
+# 55000 (refused by the guard during the cutover), until bench_ctl.stop.
+qn coord >/dev/null <<'SQL'
+CREATE TABLE bench_ctl (stop boolean NOT NULL);
+INSERT INTO bench_ctl VALUES (true);
+CREATE TABLE bench_writes (who text, writes bigint, refused bigint, worst_ms float8, secs float8, worst_at timestamptz);
+CREATE PROCEDURE bench_writer(who text, tenant text, base bigint, pace boolean) LANGUAGE plpgsql AS $$
+DECLARE
+    dest text;
+    conns text[] := '{}';
+    n bigint := 0;
+    refused bigint := 0;
+    worst float8 := 0;
+    worst_at timestamptz;
+    t0 timestamptz;
+    started timestamptz := clock_timestamp();
+BEGIN
+    LOOP
+        EXIT WHEN (SELECT stop FROM bench_ctl);
+        t0 := clock_timestamp();
+        LOOP
+            dest := sharding.node_for('bench', tenant);
+            IF NOT dest = ANY (conns) THEN
+                PERFORM dblink_connect(who || dest, (SELECT s.dsn FROM sharding.nodes s WHERE s.node = dest));
+                conns := conns || dest;
+            END IF;
+            BEGIN
+                PERFORM dblink_exec(who || dest, format('INSERT INTO accounts VALUES (%L, %s, %L)', tenant, base + n, who));
+                EXIT;
+            EXCEPTION WHEN object_not_in_prerequisite_state THEN
+                refused := refused + 1;
+                PERFORM pg_sleep(0.001);
+            END;
+        END LOOP;
+        IF extract(epoch FROM clock_timestamp() - t0) * 1000 > worst THEN
+            worst := extract(epoch FROM clock_timestamp() - t0) * 1000;
+            worst_at := t0;
+        END IF;
+        n := n + 1;
+        IF pace THEN PERFORM pg_sleep(0.001); END IF;
+    END LOOP;
+    INSERT INTO bench_writes VALUES (who, n, refused, worst, extract(epoch FROM clock_timestamp() - started), worst_at);
+END $$;
+SQL
 qn coord >/dev/null <<SQL
 SELECT sharding.create_map('bench', 4, ARRAY['n1', 'n2']);
 SELECT sharding.add_node('n1', '$(ndsn n1)'), sharding.add_node('n2', '$(ndsn n2)');
@@ -52,6 +109,17 @@ SELECT sharding.distribute('accounts', 'tenant', 'bench');
 SELECT sharding.attach_node('n1');
 SELECT sharding.attach_node('n2');
 SQL
+# Each node owns one shard that does not move (2 on n1, 3 on n2): the
+# other-shard writer writes to the one at the move's source. Moved while
+# empty.
+for s in 2 3; do
+    [ "$(qn coord -c "SELECT node FROM sharding.shards WHERE map = 'bench' AND logical = $s")" = "n$((s - 1))" ] ||
+        qn coord -c "SELECT sharding.move_shard_online('bench', $s, 'n$((s - 1))')" >/dev/null
+done
+# A tenant of shard 2 and one of shard 3 (their rows are the other-shard
+# writers', item 3), and one of shard 0 and 1 for the moving-shard writer.
+tenant_of() { qn coord -c "SELECT t FROM (SELECT 'tenant-' || i AS t FROM generate_series(1, 100000) i) x WHERE sharding.logical_shard('bench', t) = $1 LIMIT 1"; }
+declare -A TENANT=([0]=$(tenant_of 0) [1]=$(tenant_of 1) [2]=$(tenant_of 2) [3]=$(tenant_of 3))
 # Shard 0: BIG rows over 1,000 tenants; shard 1: SMALL rows over 100 tenants.
 tenants() {
     echo "SELECT array_agg(t) FROM (SELECT t FROM (SELECT 'tenant-' || i AS t FROM generate_series(1, 100000) i) x
@@ -64,17 +132,48 @@ qn n1 -c "INSERT INTO accounts SELECT (\$t\$$(qn coord -c "$(tenants 0 1000)")\$
       -c 'VACUUM ANALYZE accounts' >/dev/null
 echo "# shard 0: $(qn n1 -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard('bench', tenant) = 0") rows, shard 1: $(qn n1 -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard('bench', tenant) = 1") rows"
 
-# move SHARD TO: prints "total_ms window_ms"
+
+owner() { qn coord -c "SELECT node FROM sharding.shards WHERE map = 'bench' AND logical = $1"; }
+# writers_start SHARD OTHER BASE: the moving-shard writer on SHARD's tenant
+# and the other-shard writer on OTHER's, ids from BASE.
+writers_start() {
+    qn coord -c 'TRUNCATE bench_writes' -c 'UPDATE bench_ctl SET stop = false'
+    qn coord -c "CALL bench_writer('mover', '${TENANT[$1]}', $3, true)" &
+    W1=$!
+    qn coord -c "CALL bench_writer('other', '${TENANT[$2]}', $(($3 + 10000000)), false)" &
+    W2=$!
+    sleep 0.5
+}
+# writers_stop: prints "worst_ms_of_mover refused_of_mover other_rate"
+writers_stop() {
+    qn coord -c 'UPDATE bench_ctl SET stop = true'
+    wait "$W1" "$W2"
+    [ -n "${BENCH_VERBOSE:-}" ] && qn coord -F ' ' -c "SELECT '#   writer', who, writes, 'writes, worst', round(worst_ms::numeric, 1), 'ms from', worst_at FROM bench_writes" >&2
+    qn coord -F ' ' -c "SELECT round(max(worst_ms) FILTER (WHERE who = 'mover')::numeric, 1),
+                               max(refused) FILTER (WHERE who = 'mover'),
+                               round(max(writes / secs) FILTER (WHERE who = 'other')::numeric, 1) FROM bench_writes"
+}
+ts() { date -d "$1" +%s.%N; }
+# move SHARD TO: prints "total_ms engine_window_ms copy_ms"; phases with BENCH_VERBOSE.
 move() {
-    local t0 out total f d
-    t0=$(date +%s%N)
+    local t0 t1 out total f d c k
+    t0=$(date +%s.%N)
     out=$(PGOPTIONS='-c client_min_messages=debug1' qn coord -c "SELECT sharding.move_shard_online('bench', $1, '$2')" 2>&1)
-    total=$((($(date +%s%N) - t0) / 1000000))
+    t1=$(date +%s.%N)
+    total=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", (b - a) * 1000 }')
     f=$(echo "$out" | sed -n 's/.*: frozen at \(.*\)$/\1/p')
     d=$(echo "$out" | sed -n 's/.*: destination follows at \(.*\)$/\1/p')
-    if [ -z "$f" ] || [ -z "$d" ]; then echo "move failed: $out" >&2; echo "0 0"; return 1; fi
-    [ -n "${BENCH_VERBOSE:-}" ] && echo "$out" | grep 'DEBUG:  move' | sed 's/^DEBUG:  /#   /' >&2
-    echo "$total $(qn coord -c "SELECT round(extract(epoch FROM '$d'::timestamptz - '$f'::timestamptz) * 1000, 1)")"
+    c=$(echo "$out" | sed -n 's/.*: copying at \(.*\)$/\1/p')
+    k=$(echo "$out" | sed -n 's/.*: catchup at \(.*\)$/\1/p')
+    if [ -z "$f" ] || [ -z "$d" ] || [ -z "$c" ] || [ -z "$k" ]; then echo "move failed: $out" >&2; echo "0 0 0"; return 1; fi
+    if [ -n "${BENCH_VERBOSE:-}" ]; then
+        echo "$out" | sed -n 's/^DEBUG:  move [^:]*: \(.*\) at \(.*\)$/\2|\1/p' |
+            while IFS='|' read -r when what; do
+                printf '#     %8.0f ms  %s\n' "$(awk -v a="$t0" -v b="$(ts "$when")" 'BEGIN { print (b - a) * 1000 }')" "$what" >&2
+            done
+        printf '#     %8s ms  returned\n' "$total" >&2
+    fi
+    echo "$total $(awk -v a="$(ts "$f")" -v b="$(ts "$d")" 'BEGIN { printf "%.1f", (b - a) * 1000 }') $(awk -v a="$(ts "$c")" -v b="$(ts "$k")" 'BEGIN { printf "%.0f", (b - a) * 1000 }')"
 }
 # copy SHARD FROM TO TABLE: COPY pipe of the shard's rows into TABLE; prints ms.
 copy() {
@@ -85,24 +184,51 @@ copy() {
         qn "$3" -c 'SET session_replication_role = replica' -c "\\copy $4 FROM STDIN"
     echo $((($(date +%s%N) - t0) / 1000000))
 }
+# stray OTHER NODE: rows of shard OTHER on NODE (must be 0 where it is not owned).
+stray() { qn "$2" -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard('bench', tenant) = $1"; }
 
-small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=()
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); big_c=()
+bad=0
 for r in $(seq "$RUNS"); do
-    if [ $((r % 2)) -eq 1 ]; then src=n1 dst=n2; else src=n2 dst=n1; fi
+    # The big shard goes src -> dst without writers (timed), then back
+    # under writers; the small one goes to the node that does not own it.
+    src=$(owner 0)
+    if [ "$src" = n1 ]; then dst=n2; else dst=n1; fi
+    if [ "$(owner 1)" = n1 ]; then sdst=n2; else sdst=n1; fi
+    # The other shard: 2 or 3, whichever the small shard's source owns.
+    if [ "$(owner 2)" != "$sdst" ]; then other=2; else other=3; fi
+    base=$((r * 100000000))
     c=$(copy 0 "$src" "$dst" copy_target)
     cg=$(copy 0 "$src" "$dst" copy_guarded)
-    read -r ts ws < <(move 1 "$dst")
-    read -r tb wb < <(move 0 "$dst")
-    echo "# run $r ($src -> $dst): copy pipe ${c} ms (into a table with a trigger ${cg} ms); ${SMALL}-row move ${ts} ms (window ${ws} ms); ${BIG}-row move ${tb} ms (window ${wb} ms); load $(cut -d' ' -f1 /proc/loadavg)"
-    small_w+=("$ws"); big_w+=("$wb"); big_t+=("$tb"); copy_t+=("$c"); small_t+=("$ts"); copyg_t+=("$cg")
+    qn "$dst" -c 'TRUNCATE copy_target, copy_guarded'
+    writers_start 1 "$other" "$base"
+    read -r ts ws cs < <(move 1 "$sdst")
+    read -r sw_s _ _ < <(writers_stop)
+    # The big move's time without writers (as the pipe is measured), then
+    # the same writers without a move, about as long as that move took,
+    # then the big move back under them (window and other-shard rate).
+    read -r tb _ cb < <(move 0 "$dst")
+    if [ "$(owner 2)" = "$dst" ]; then back_other=2; else back_other=3; fi
+    writers_start 0 "$back_other" $((base + 20000000))
+    sleep "$(awk -v t="$tb" 'BEGIN { printf "%.1f", t / 1000 }')"
+    read -r _ _ rate0 < <(writers_stop)
+    writers_start 0 "$back_other" $((base + 40000000))
+    read -r tw wb _ < <(move 0 "$src")
+    read -r sw_b refused_b rate1 < <(writers_stop)
+    n=$(stray "$back_other" "$src")
+    [ "$n" = 0 ] || { echo "# run $r: $n rows of shard $back_other reached $src" >&2; bad=1; }
+    echo "# run $r ($src -> $dst): pipe ${c} ms (into a table with a trigger ${cg} ms); ${SMALL}-row move ${ts} ms (writer's window ${sw_s} ms, engine's ${ws} ms); ${BIG}-row move ${tb} ms, copy phase ${cb} ms; back under writers ${tw} ms (writer's window ${sw_b} ms after ${refused_b} refusals, engine's ${wb} ms; other shard ${rate1} writes/s during, ${rate0} without); load $(cut -d' ' -f1 /proc/loadavg)"
+    small_w+=("$sw_s"); big_w+=("$sw_b"); small_e+=("$ws"); big_e+=("$wb"); big_t+=("$tb"); copy_t+=("$c"); small_t+=("$ts"); copyg_t+=("$cg")
+    rate_r+=("$(ratio "$rate1" "$rate0")"); big_c+=("$cb")
 done
-mw_s=$(printf '%s\n' "${small_w[@]}" | median)
-mw_b=$(printf '%s\n' "${big_w[@]}" | median)
-mt_b=$(printf '%s\n' "${big_t[@]}" | median)
-mt_s=$(printf '%s\n' "${small_t[@]}" | median)
-mc=$(printf '%s\n' "${copy_t[@]}" | median)
-mcg=$(printf '%s\n' "${copyg_t[@]}" | median)
-echo "refusal window: ${SMALL}-row shard ${mw_s} ms, ${BIG}-row shard ${mw_b} ms, ratio $(awk -v a="$mw_b" -v b="$mw_s" 'BEGIN { printf "%.2f", a / b }') (target <= 2)"
-echo "move time: ${BIG}-row move ${mt_b} ms, COPY pipe ${mc} ms, ratio $(awk -v a="$mt_b" -v b="$mc" 'BEGIN { printf "%.2f", a / b }') (target <= 2); ${SMALL}-row move ${mt_s} ms"
-echo "move time against the pipe into a table with a BEFORE ROW trigger: ${mcg} ms, ratio $(awk -v a="$mt_b" -v b="$mcg" 'BEGIN { printf "%.2f", a / b }')"
+med() { printf '%s\n' "$@" | median; }
+mw_s=$(med "${small_w[@]}"); mw_b=$(med "${big_w[@]}"); me_s=$(med "${small_e[@]}"); me_b=$(med "${big_e[@]}")
+mt_b=$(med "${big_t[@]}"); mt_s=$(med "${small_t[@]}"); mc=$(med "${copy_t[@]}"); mcg=$(med "${copyg_t[@]}")
+mr=$(med "${rate_r[@]}"); mcb=$(med "${big_c[@]}")
+echo "move time: ${BIG}-row move ${mt_b} ms, COPY pipe ${mc} ms, ratio $(ratio "$mt_b" "$mc") (target <= 1.2); against the pipe into a table with a BEFORE ROW trigger ${mcg} ms: $(ratio "$mt_b" "$mcg"); ${SMALL}-row move ${mt_s} ms"
+echo "refusal window (writer's longest write): ${SMALL}-row shard ${mw_s} ms, ${BIG}-row shard ${mw_b} ms, ratio $(ratio "$mw_b" "$mw_s") (target <= 2); engine's freeze-to-follow ${me_s} ms and ${me_b} ms, ratio $(ratio "$me_b" "$me_s")"
+echo "other shards: write rate during the move / without, median of per-run ratios $(ratio "${mr}" 1) (target >= 0.9)"
+echo "rows/s: $(awk -v n="$BIG" -v t="$mt_b" 'BEGIN { printf "%.0f", n / t * 1000 }') over the whole move, $(awk -v n="$BIG" -v t="$mcb" 'BEGIN { printf "%.0f", n / t * 1000 }') in its copy phase (${mcb} ms); the pipe $(awk -v n="$BIG" -v t="$mc" 'BEGIN { printf "%.0f", n / t * 1000 }') (Citus quotes ~2.6 M rows/s)"
 echo "medians of $RUNS runs; load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
+exit "$bad"
