@@ -445,13 +445,18 @@ void ensure_xact_callbacks() {
 
 void note_change(int topic, const char *name, size_t len) {
     ensure_xact_callbacks();
-    notes.any[topic] = true;
-    notes_any = true;
-    if (topic != routing_topic || name == nullptr) {
-        notes.all[topic] = true;
+    if (topic == routing_topic && name != nullptr) {
+        // note_routing marks the topic itself: marking it here first would
+        // keep own_start at 0, so that publish_notes saw every pin logged
+        // since the backend started as this transaction's (and, past
+        // own_size of them, "lost": every pin of the map changed).
+        note_routing(change_map, name, len, nullptr, 0);
         return;
     }
-    note_routing(change_map, name, len, nullptr, 0);
+    if (topic == routing_topic && !notes.any[routing_topic]) notes.own_start = own_head;
+    notes.any[topic] = true;
+    notes_any = true;
+    notes.all[topic] = true;
 }
 
 void note_routing(Change kind, const char *name, size_t len, const char *key, size_t keylen) {
