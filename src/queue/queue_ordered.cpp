@@ -1300,16 +1300,23 @@ SHARDING_FUNCTION(sharding__current_version) {
     // or under row level security learns nothing. Decided once per table
     // and call site (fn_extra lasts for the query): the function runs for
     // every candidate row.
+    // nblocks: the table's size in blocks as last read here. It is read
+    // again only for a tid at or past it (the table grew): asking the
+    // storage manager per candidate row cost an lseek each. It never
+    // shrinks while the claim runs: truncation (TRUNCATE, VACUUM's end)
+    // needs AccessExclusiveLock, which the claim's RowExclusiveLock on the
+    // queue excludes.
     struct Allowed {
         Oid relid;
         bool allowed;
+        BlockNumber nblocks;
     };
     Allowed *a = static_cast<Allowed *>(fcinfo->flinfo->fn_extra);
     if (a == nullptr || a->relid != relid) {
         bool allowed = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT | ACL_UPDATE) == ACLCHECK_OK &&
                        check_enable_rls(relid, InvalidOid, true) != RLS_ENABLED;
         if (a == nullptr) a = static_cast<Allowed *>(MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, sizeof(Allowed)));
-        *a = Allowed{relid, allowed};
+        *a = Allowed{relid, allowed, 0};
         fcinfo->flinfo->fn_extra = a;
     }
     if (!a->allowed) PG_RETURN_BOOL(true);
@@ -1320,8 +1327,11 @@ SHARDING_FUNCTION(sharding__current_version) {
         HeapTupleData tuple;
         tuple.t_self = *tid;
         Buffer buffer = InvalidBuffer;
-        if (ItemPointerIsValid(tid) && ItemPointerGetBlockNumber(tid) < RelationGetNumberOfBlocks(rel))
-            current = heap_fetch(rel, SnapshotSelf, &tuple, &buffer, false);
+        if (ItemPointerIsValid(tid)) {
+            BlockNumber block = ItemPointerGetBlockNumber(tid);
+            if (block >= a->nblocks) a->nblocks = RelationGetNumberOfBlocks(rel);
+            if (block < a->nblocks) current = heap_fetch(rel, SnapshotSelf, &tuple, &buffer, false);
+        }
         if (BufferIsValid(buffer)) ReleaseBuffer(buffer);
     }
     table_close(rel, AccessShareLock);
