@@ -30,6 +30,12 @@ CREATE TABLE eq_nopayload (id bigserial PRIMARY KEY, key text, status text, owne
                            claim_expires timestamptz, created timestamptz DEFAULT now());
 SELECT cardinality(sharding.enqueue_many('eq_nopayload', ARRAY['x', 'y'])) AS two;
 SELECT key, status FROM eq_nopayload ORDER BY id;
+-- enqueue (one job) writes status = 'pending' too, whatever the default.
+SELECT sharding.enqueue('eq_plain', 'p4', '{"n": 4}') AS id;
+SELECT sharding.enqueue('eq_held', 'd') IS NOT NULL AS enqueued;
+SELECT key, status, payload FROM eq_plain WHERE key = 'p4';
+SELECT key, status FROM eq_held WHERE key = 'd';
+SELECT id, key, status FROM sharding.claim(NULL::eq_plain, 'w1', 10) ORDER BY id;
 
 -- 2. A queue table lacking a column enqueue_many writes: 22023, as the
 -- other queue functions, and nothing inserted.

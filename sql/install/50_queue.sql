@@ -254,7 +254,9 @@ BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION 'queue must not be null' USING ERRCODE = '22023';
     END IF;
-    EXECUTE format('INSERT INTO %s (key, payload) VALUES ($1, $2) RETURNING id', queue)
+    -- status always written, as enqueue_many does: a hand-made queue whose
+    -- status column has no default still gets a claimable job.
+    EXECUTE format('INSERT INTO %s (key, payload, status) VALUES ($1, $2, ''pending'') RETURNING id', queue)
         INTO new_id USING key, payload;
     RETURN new_id;
 END

@@ -79,6 +79,25 @@ void require_update(Oid relid) {
     aclcheck_error(ACLCHECK_NO_PRIV, get_relkind_objtype(get_rel_relkind(relid)), get_rel_name(relid));
 }
 
+void open_queue(Oid relid) {
+    if (!OidIsValid(relid) || !SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+        sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
+    char kind = get_rel_relkind(relid);
+    if (kind != RELKIND_RELATION && kind != RELKIND_PARTITIONED_TABLE)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue %s is not a table", qualified_name(relid));
+    // SECURITY INVOKER: refuse early, before taking a lock, if the caller
+    // may update neither the table nor any of its columns (a caller without
+    // rights must not queue up behind an ACCESS EXCLUSIVE lock). Checked
+    // again once the lock is held, as amcheck does: the table may have been
+    // dropped, or its privileges changed, while we waited. The executor
+    // checks again, column by column.
+    require_update(relid);
+    LockRelationOid(relid, RowExclusiveLock);
+    if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+        sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
+    require_update(relid);
+}
+
 namespace {
 
 // Checks that column `col` exists with type `type`; returns false if it is
@@ -408,22 +427,7 @@ void load_settings(QueueEntry *e) {
 // invalidations), and returns its valid cache entry. Needs an SPI connection.
 QueueEntry *lookup(Oid relid) {
     ensure_cache();
-    if (!OidIsValid(relid) || !SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
-        sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
-    char kind = get_rel_relkind(relid);
-    if (kind != RELKIND_RELATION && kind != RELKIND_PARTITIONED_TABLE)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue %s is not a table", qualified_name(relid));
-    // SECURITY INVOKER: refuse early, before taking a lock, if the caller
-    // may update neither the table nor any of its columns (a caller without
-    // rights must not queue up behind an ACCESS EXCLUSIVE lock). Checked
-    // again once the lock is held, as amcheck does: the table may have been
-    // dropped, or its privileges changed, while we waited. The executor
-    // checks again, column by column.
-    sharding::queue::require_update(relid);
-    LockRelationOid(relid, RowExclusiveLock);
-    if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
-        sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
-    sharding::queue::require_update(relid);
+    sharding::queue::open_queue(relid);
 
     bool found;
     QueueEntry *e = static_cast<QueueEntry *>(hash_search(queue_cache, &relid, HASH_ENTER, &found));

@@ -36,6 +36,14 @@ const char *qualified_name(Oid relid);
 // no owning C++ object is alive.
 void require_update(Oid relid);
 
+// The one opening of a queue table by every claim kind (claim,
+// claim_shards, claim_node, claim_ordered): it must exist and be an
+// ordinary or partitioned table (42P01, 22023), the caller must be allowed
+// to update it (require_update, before and again after the lock), and it
+// is locked RowExclusiveLock (which also takes in pending invalidations).
+// An ereport(ERROR) like require_update. Needs no SPI connection.
+void open_queue(Oid relid);
+
 // Checks that relid is a queue table: an ordinary or partitioned table with
 // id bigint (unique, non-partial index on it alone), status text, owner
 // text, claim_expires timestamptz, created timestamptz; attempts integer

@@ -253,7 +253,13 @@ void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false
 //   'l' the walk's last row, n: how many rows the walk read
 //   't' when the walk reached the end of the line: the last pending row in
 //       claim order (unfiltered), if due
-constexpr int PickParams = 17;
+// The parameters' indexes in the pick's Datum array ($n is index n - 1).
+enum PickParam : int {
+    PWorker = 0, PNeed, PLease, PShards, PShardCount, PMap, PNode, PMaxAttempts, PWalk,
+    PPosPriority, PPosRunAt, PPosCreated, PPosId, PLeftOut, PTaken, PFirstRound, PProbed,
+    PickParams  // how many
+};
+static_assert(PickParams == 17, "pick_sql numbers its parameters $1 to $17");
 Oid pick_types[PickParams] = {TEXTOID, INT4OID,        INTERVALOID,    INT4ARRAYOID, INT4OID,     TEXTOID,
                               TEXTOID, INT4OID,        INT4OID,        INT8OID,      TIMESTAMPTZOID, TIMESTAMPTZOID,
                               INT8OID, TEXTARRAYOID,   INT8ARRAYOID,   BOOLOID,      TEXTARRAYOID};
@@ -402,13 +408,7 @@ Oid update_types[3] = {TEXTOID, INT8ARRAYOID, INTERVALOID};
 // `variant`. Needs an SPI connection.
 PlanEntry *plan_for(Oid relid, uint32 variant, const char *key_column) {
     ensure_cache();
-    if (!OidIsValid(relid) || !SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
-        sharding::fail(ERRCODE_UNDEFINED_TABLE, "queue table with oid %u does not exist", relid);
-    char kind = get_rel_relkind(relid);
-    if (kind != RELKIND_RELATION && kind != RELKIND_PARTITIONED_TABLE)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue %s is not a table", qualified_name(relid));
-    sharding::queue::require_update(relid);
-    LockRelationOid(relid, RowExclusiveLock);
+    sharding::queue::open_queue(relid);  // one opening with claim's (queue.cpp)
 
     Shape q;
     q.relid = relid;
@@ -999,17 +999,17 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
         {
             Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (ntaken + 1)));
             for (int i = 0; i < ntaken; i++) d[i] = Int64GetDatum(taken[i]);
-            values[14] = PointerGetDatum(construct_array(d, ntaken, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+            values[PTaken] = PointerGetDatum(construct_array(d, ntaken, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
                                                          TYPALIGN_DOUBLE));
         }
         ParamListInfo params = makeParamList(PickParams);
         params->numParams = PickParams;
         for (int i = 0; i < PickParams; i++) {
-            bool isnull = (i == 3 || i == 4) ? !(variant & ByShard)
-                          : (i == 5 || i == 6) ? !(variant & ByNode)
-                          : i == 7           ? max_att <= 0
-                          : (i >= 9 && i <= 12) ? !pos.valid
-                                                : false;
+            bool isnull = (i == PShards || i == PShardCount) ? !(variant & ByShard)
+                          : (i == PMap || i == PNode)          ? !(variant & ByNode)
+                          : i == PMaxAttempts                  ? max_att <= 0
+                          : (i >= PPosPriority && i <= PPosId) ? !pos.valid
+                                                               : false;
             params->params[i].value = isnull ? (Datum)0 : values[i];
             params->params[i].isnull = isnull;
             params->params[i].pflags = PARAM_FLAG_CONST;
@@ -1300,16 +1300,23 @@ SHARDING_FUNCTION(sharding__current_version) {
     // or under row level security learns nothing. Decided once per table
     // and call site (fn_extra lasts for the query): the function runs for
     // every candidate row.
+    // nblocks: the table's size in blocks as last read here. It is read
+    // again only for a tid at or past it (the table grew): asking the
+    // storage manager per candidate row cost an lseek each. It never
+    // shrinks while the claim runs: truncation (TRUNCATE, VACUUM's end)
+    // needs AccessExclusiveLock, which the claim's RowExclusiveLock on the
+    // queue excludes.
     struct Allowed {
         Oid relid;
         bool allowed;
+        BlockNumber nblocks;
     };
     Allowed *a = static_cast<Allowed *>(fcinfo->flinfo->fn_extra);
     if (a == nullptr || a->relid != relid) {
         bool allowed = pg_class_aclcheck(relid, GetUserId(), ACL_SELECT | ACL_UPDATE) == ACLCHECK_OK &&
                        check_enable_rls(relid, InvalidOid, true) != RLS_ENABLED;
         if (a == nullptr) a = static_cast<Allowed *>(MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, sizeof(Allowed)));
-        *a = Allowed{relid, allowed};
+        *a = Allowed{relid, allowed, 0};
         fcinfo->flinfo->fn_extra = a;
     }
     if (!a->allowed) PG_RETURN_BOOL(true);
@@ -1320,8 +1327,11 @@ SHARDING_FUNCTION(sharding__current_version) {
         HeapTupleData tuple;
         tuple.t_self = *tid;
         Buffer buffer = InvalidBuffer;
-        if (ItemPointerIsValid(tid) && ItemPointerGetBlockNumber(tid) < RelationGetNumberOfBlocks(rel))
-            current = heap_fetch(rel, SnapshotSelf, &tuple, &buffer, false);
+        if (ItemPointerIsValid(tid)) {
+            BlockNumber block = ItemPointerGetBlockNumber(tid);
+            if (block >= a->nblocks) a->nblocks = RelationGetNumberOfBlocks(rel);
+            if (block < a->nblocks) current = heap_fetch(rel, SnapshotSelf, &tuple, &buffer, false);
+        }
         if (BufferIsValid(buffer)) ReleaseBuffer(buffer);
     }
     table_close(rel, AccessShareLock);
