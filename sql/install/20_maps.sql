@@ -313,6 +313,7 @@ COMMENT ON FUNCTION sharding.unpin(text, text) IS
 -- distributed table it is refused (the rows would stay behind on the old
 -- owner): moves go through move_shard_online or rebalance_start, whose
 -- cutover calls _switch_owner.
+-- @object sharding.move_shard
 CREATE FUNCTION sharding.move_shard(map text, logical integer, node text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -328,9 +329,11 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.move_shard(text, integer, text) IS
     'moves one logical shard to a node after fenced writers commit; returns its new epoch (unchanged when already there); refused on a map with distributed tables';
+-- @end
 
 -- _switch_owner(map, logical, node): move_shard's switch (also the cutover
 -- of an online move).
+-- @object sharding._switch_owner
 CREATE FUNCTION sharding._switch_owner(map text, logical integer, node text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -367,9 +370,11 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._switch_owner(text, integer, text) IS
     'internal: switches a shard''s owner after fenced writers commit (epoch + 1); returns its epoch';
+-- @end
 REVOKE ALL ON FUNCTION sharding._switch_owner(text, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._switch_owner(text, integer, text) TO sharding_admin;
 
+-- @object sharding.rebalance
 CREATE FUNCTION sharding.rebalance(map text, nodes text[], dry_run boolean DEFAULT false)
     RETURNS TABLE(logical integer, from_node text, to_node text)
     LANGUAGE plpgsql VOLATILE
@@ -414,6 +419,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.rebalance(text, text[], boolean) IS
     'spreads a map evenly over nodes with the fewest moves (each raises the shard''s epoch); dry_run only reports';
+-- @end
 
 -- Read side: every role may route and inspect. STRICT: NULL in, NULL out.
 -- STABLE: the answer follows the config tables.

@@ -430,16 +430,20 @@ COMMENT ON FUNCTION sharding._dblink_schema(text) IS 'internal: schema of extens
 -- every wait interruptible, the remote statement cancelled when the caller
 -- is; a remote error is raised with its SQLSTATE, message, detail and hint.
 -- _remote: the first value of a query (NULL if no row).
+-- @object sharding._remote
 CREATE FUNCTION sharding._remote(dsn text, query text) RETURNS text
     AS 'MODULE_PATHNAME', 'sharding__remote' LANGUAGE C VOLATILE STRICT;
 COMMENT ON FUNCTION sharding._remote(text, text) IS
     'internal: first value of a query run on another database (its own connection and transaction)';
+-- @end
 
 -- _remote_exec: runs a command there (CREATE SUBSCRIPTION, ...); its tag.
+-- @object sharding._remote_exec
 CREATE FUNCTION sharding._remote_exec(dsn text, command text) RETURNS text
     AS 'MODULE_PATHNAME', 'sharding__remote_exec' LANGUAGE C VOLATILE STRICT;
 COMMENT ON FUNCTION sharding._remote_exec(text, text) IS
     'internal: runs a command on another database (its own connection and transaction)';
+-- @end
 
 -- @object sharding._leads_here
 -- Whether a connection string leads to this very database (the same

@@ -327,6 +327,7 @@ COMMENT ON FUNCTION sharding.shard_lag(regclass, integer, name) IS
 -- max_imbalance x the mean (or as low as the shards allow), with as few
 -- moves as the planner (src/core/rebalance.cpp) finds. Not STRICT: NULL
 -- arguments raise 22023. Locks the map as rebalance does.
+-- @object sharding.rebalance_by_load
 CREATE FUNCTION sharding.rebalance_by_load(map text, nodes text[], loads float8[],
                                            max_imbalance float8 DEFAULT 1.10, dry_run boolean DEFAULT false)
     RETURNS TABLE (logical integer, from_node text, to_node text)
@@ -397,6 +398,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.rebalance_by_load(text, text[], float8[], float8, boolean) IS
     'moves shards so the largest node load is at most max_imbalance x the mean (or as low as shards allow), fewest moves; each raises the shard''s epoch; dry_run only reports';
+-- @end
 
 -- @object sharding._rebalance_by_load_plan
 CREATE FUNCTION sharding._rebalance_by_load_plan(owners text[], nodes text[], loads float8[],

@@ -120,6 +120,7 @@ GRANT SELECT ON sharding.moves TO PUBLIC;
 -- _refuse_owner_switch(map, fn): 55000 naming a distributed table of the
 -- map: switching owners alone (move_shard, rebalance, rebalance_by_load)
 -- would leave its rows on the old owner, where nothing routes any more.
+-- @object sharding._refuse_owner_switch
 CREATE FUNCTION sharding._refuse_owner_switch(map text, fn text) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
@@ -143,6 +144,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._refuse_owner_switch(text, text) IS
     'internal: 55000 if a map has distributed tables (owner switches alone would strand their rows)';
+-- @end
 
 -- _move_name(map, logical): the name of the publication, slot, subscription
 -- and trigger of a move. Deterministic, so that a later call finds what a
@@ -173,16 +175,26 @@ COMMENT ON FUNCTION sharding._move_name(text, integer) IS
 -- anyway), and commit synchronously: a commit whose WAL waited for the WAL
 -- writer would reach walsenders, and so the destination and the followers,
 -- that much later, inside the cutover's refusal window. No dblink.
+-- @object sharding._dbl_connect
 CREATE FUNCTION sharding._dbl_connect(conn text, dsn text) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding__dbl_connect' LANGUAGE C VOLATILE;
+-- @end
+-- @object sharding._dbl_disconnect
 CREATE FUNCTION sharding._dbl_disconnect(conn text) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding__dbl_disconnect' LANGUAGE C VOLATILE STRICT;
+-- @end
+-- @object sharding._dbl_open
 CREATE FUNCTION sharding._dbl_open(conn text) RETURNS boolean
     AS 'MODULE_PATHNAME', 'sharding__dbl_open' LANGUAGE C VOLATILE STRICT;
+-- @end
+-- @object sharding._dbl_value
 CREATE FUNCTION sharding._dbl_value(conn text, sql text) RETURNS text
     AS 'MODULE_PATHNAME', 'sharding__dbl_value' LANGUAGE C VOLATILE STRICT;
+-- @end
+-- @object sharding._dbl_run
 CREATE FUNCTION sharding._dbl_run(conn text, sql text) RETURNS text
     AS 'MODULE_PATHNAME', 'sharding__dbl_run' LANGUAGE C VOLATILE STRICT;
+-- @end
 
 REVOKE ALL ON FUNCTION sharding._dbl_connect(text, text), sharding._dbl_disconnect(text),
     sharding._dbl_open(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
@@ -202,20 +214,26 @@ COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a 
 -- destination pulls the shard's rows under that snapshot with
 -- COPY ... TO STDOUT fed into BeginCopyFrom: copy and stream never overlap,
 -- no program runs, the source's DSN is read from sharding.nodes there.
+-- @object sharding._move_slot_create
 CREATE FUNCTION sharding._move_slot_create(source text, slot text, plugin text, options text,
                                            OUT lsn pg_lsn, OUT snapshot text)
     AS 'MODULE_PATHNAME', 'sharding__move_slot_create' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding._move_slot_create(text, text, text, text) IS
     'internal: creates a move''s logical slot at the source over a replication connection, exporting its snapshot';
+-- @end
+-- @object sharding._move_slot_close
 CREATE FUNCTION sharding._move_slot_close(slot text) RETURNS boolean
     AS 'MODULE_PATHNAME', 'sharding__move_slot_close' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding._move_slot_close(text) IS
     'internal: closes the replication connection holding a move''s exported snapshot';
+-- @end
+-- @object sharding._move_pull
 CREATE FUNCTION sharding._move_pull(source text, snapshot text, rel regclass, columns text[], query text)
     RETURNS bigint[]
     AS 'MODULE_PATHNAME', 'sharding__move_pull' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding._move_pull(text, text, regclass, text[], text) IS
     'internal: at a move''s destination, pulls COPY (query) TO STDOUT from the source under a snapshot into rel; {rows, bytes}';
+-- @end
 REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
     sharding._move_pull(text, text, regclass, text[], text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
@@ -306,6 +324,7 @@ COMMENT ON FUNCTION sharding._move_filter_sql(text, regtype, integer, integer, t
 -- destination (connection sharding_move_dst) without contacting the source
 -- (which may be down), then its slot and publication at the source
 -- (connection sharding_move_src), waiting for the slot to be released.
+-- @object sharding._move_drop_replication
 CREATE FUNCTION sharding._move_drop_replication(name text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -345,6 +364,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
     'internal: drops an online move''s subscription, slot and publication';
+-- @end
 
 -- _move_drop_triggers(map, name): drops the move's filter trigger from the
 -- map's tables at the destination.
@@ -370,6 +390,7 @@ COMMENT ON FUNCTION sharding._move_drop_triggers(text, text) IS
 -- from the map's tables over a connection (the source after a move, the
 -- destination after a failed one), bypassing triggers and the guard (that
 -- node does not own these rows); returns how many rows.
+-- @object sharding._move_delete_rows
 CREATE FUNCTION sharding._move_delete_rows(conn text, map text, logical integer, key text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -417,6 +438,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_delete_rows(text, text, integer, text) IS
     'internal: deletes the rows an online move carries on one node (bypassing its guard)';
+-- @end
 
 -- _move_call(conn, fn, map, logical): calls sharding.<fn>(map, logical)
 -- there if the node has it (_freeze_shard/_thaw_shard exist where the
@@ -461,6 +483,7 @@ COMMENT ON FUNCTION sharding._move_sees_switch(text, text, integer, text, text, 
 -- replication objects, deletes the moved rows at the source and closes the
 -- journal. Connections sharding_move_src/_dst/_self are open. Returns the
 -- rows deleted at the source.
+-- @object sharding._move_finish
 CREATE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE
@@ -507,10 +530,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_finish(text, integer, text, text, bigint) IS
     'internal: completes an online move after its switch (thaw, drop replication, delete source rows)';
+-- @end
 
 -- _move_undo(map, logical, key): undoes a move whose switch has not
 -- committed: drops its replication objects and triggers, deletes what it
 -- copied to the destination, thaws the source, closes the journal.
+-- @object sharding._move_undo
 CREATE FUNCTION sharding._move_undo(map text, logical integer, key text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -532,9 +557,11 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_undo(text, integer, text) IS
     'internal: undoes an online move that has not switched (drops replication, deletes copies, thaws)';
+-- @end
 
 -- _move_connect(source, destination): opens sharding_move_src, _dst and
 -- _self; 55000 for a node without a connection string.
+-- @object sharding._move_connect
 CREATE FUNCTION sharding._move_connect(source text, destination text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -558,6 +585,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_connect(text, text) IS
     'internal: opens the remote connections of an online move (55000 for a node without DSN)';
+-- @end
 
 CREATE FUNCTION sharding._move_disconnect() RETURNS void
     LANGUAGE plpgsql VOLATILE
@@ -576,6 +604,7 @@ COMMENT ON FUNCTION sharding._move_disconnect() IS 'internal: closes the remote 
 -- destination's log). While it waits, the live move's lag_bytes in the
 -- journal (WAL the destination still has to confirm) is kept current,
 -- committed at once, at least every quarter of a second.
+-- @object sharding._move_wait_flush
 CREATE FUNCTION sharding._move_wait_flush(name text, seconds float8) RETURNS float8
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -620,11 +649,13 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_wait_flush(text, float8) IS
     'internal: waits until an online move''s destination has confirmed the source''s current WAL position';
+-- @end
 
 -- _move_online(map, logical, key, node): the engine of move_shard_online
 -- (key NULL) and isolate (key given, logical its shard). See the top of
 -- this file. Returns the shard's epoch afterwards and the rows deleted at
 -- the source.
+-- @object sharding._move_online
 CREATE FUNCTION sharding._move_online(map text, logical integer, key text, node text,
                                       OUT new_epoch bigint, OUT moved bigint)
     LANGUAGE plpgsql VOLATILE
@@ -896,10 +927,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_online(text, integer, text, text) IS
     'internal: moves a logical shard (or one key) online; the engine of move_shard_online and isolate';
+-- @end
 
 -- _move_journal(sql): runs a statement on the journal through the engine's
 -- own connection to this database (sharding_move_self), so that it commits
 -- at once, whatever the caller's transaction does; returns its first value.
+-- @object sharding._move_journal
 CREATE FUNCTION sharding._move_journal(sql text) RETURNS text
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -912,9 +945,11 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_journal(text) IS
     'internal: runs a statement on the move journal in its own transaction (committed at once)';
+-- @end
 
 -- _move_phase(map, logical, phase): the live move of the shard enters a
 -- phase (committed before the phase acts).
+-- @object sharding._move_phase
 CREATE FUNCTION sharding._move_phase(map text, logical integer, phase text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -927,10 +962,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_phase(text, integer, text) IS
     'internal: records the phase a live move enters, before it acts';
+-- @end
 
 -- _move_stop_backends(conn, name): ends every other session of that
 -- node's database whose application_name is the move's name (a copy left
 -- running by a cancelled or dead caller) and waits until they are gone.
+-- @object sharding._move_stop_backends
 CREATE FUNCTION sharding._move_stop_backends(conn text, name text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -952,18 +989,22 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_stop_backends(text, text) IS
     'internal: ends what a move''s sessions still run on a node, and waits for them';
+-- @end
 
 -- _move_switch(map, logical, node): the owner switch of an online move.
+-- @object sharding._move_switch
 CREATE FUNCTION sharding._move_switch(map text, logical integer, node text) RETURNS bigint
     LANGUAGE sql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$ SELECT sharding._switch_owner($1, $2, $3) $$;
 COMMENT ON FUNCTION sharding._move_switch(text, integer, text) IS
     'internal: switches a shard''s owner at the cutover of an online move (epoch + 1)';
+-- @end
 
 -- _move_resolve(move): rolls back (or, if its switch had committed,
 -- finishes) a move whose executor is gone, from its journal row; returns
 -- the final phase. The caller holds the move's advisory lock.
+-- @object sharding._move_resolve
 CREATE FUNCTION sharding._move_resolve(id bigint, final text DEFAULT 'failed') RETURNS text
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -1004,9 +1045,11 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_resolve(bigint, text) IS
     'internal: rolls back or finishes an interrupted move from its journal row';
+-- @end
 
 -- _move_enqueue(job, map, logical, key, destination): a 'queued' journal
 -- row (committed at once); the source is the current owner.
+-- @object sharding._move_enqueue
 CREATE FUNCTION sharding._move_enqueue(job bigint, map text, logical integer, key text, destination text)
     RETURNS bigint
     LANGUAGE plpgsql VOLATILE
@@ -1077,11 +1120,13 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_enqueue(bigint, text, integer, text, text) IS
     'internal: journals a queued online move (of a job, or a direct call) and returns its id';
+-- @end
 
 -- _move_execute(move): carries out a queued move, or resumes / rolls back
 -- an interrupted one, to its end; returns 'done', 'failed' or 'cancelled'.
 -- A failure is recorded (error) and returned, not raised; a cancel of the
 -- caller rolls back, records 'cancelled' and is re-raised.
+-- @object sharding._move_execute
 CREATE FUNCTION sharding._move_execute(id bigint) RETURNS text
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -1155,10 +1200,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_execute(bigint) IS
     'internal: carries out (or resumes, or rolls back) a journaled move to its end; returns its final phase';
+-- @end
 
 -- _move_cancel(move): a queued move becomes 'cancelled'; a move in flight
 -- is told to stop (its executor is cancelled and rolls back); false if it
 -- had already ended.
+-- @object sharding._move_cancel
 CREATE FUNCTION sharding._move_cancel(id bigint) RETURNS boolean
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -1196,9 +1243,11 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_cancel(bigint) IS
     'internal: cancels a queued or running move (it rolls back); false if it had ended';
+-- @end
 
 -- _move_recover(): resumes or rolls back every move whose executor died
 -- (crash, kill -9, restart); returns how many.
+-- @object sharding._move_recover
 CREATE FUNCTION sharding._move_recover() RETURNS integer
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -1226,6 +1275,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_recover() IS
     'internal: rolls back or finishes every move whose executor died; returns how many';
+-- @end
 
 REVOKE ALL ON FUNCTION sharding._move_journal(text), sharding._move_phase(text, integer, text),
     sharding._move_stop_backends(text, text), sharding._move_switch(text, integer, text),
@@ -1240,6 +1290,7 @@ GRANT EXECUTE ON FUNCTION sharding._move_journal(text), sharding._move_phase(tex
 
 -- _move_raise(move): raises the recorded error of a move that did not end
 -- 'done' (move_shard_online and isolate raise what the engine recorded).
+-- @object sharding._move_raise
 CREATE FUNCTION sharding._move_raise(id bigint) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -1272,10 +1323,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_raise(bigint) IS
     'internal: raises the recorded error of a move that failed';
+-- @end
 
 -- _move_refuse_written(): the source's slot waits for every transaction
 -- holding a transaction id to end, this one included when the source
 -- shares its instance: refused before anything happens.
+-- @object sharding._move_refuse_written
 CREATE FUNCTION sharding._move_refuse_written() RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -1289,10 +1342,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._move_refuse_written() IS
     'internal: 25001 in a transaction that has written (a move''s slot would wait for it)';
+-- @end
 
 -- move_shard_online(map text, logical integer, node text): contract
 -- section 8. Not STRICT: NULL arguments raise 22023. A journaled move:
 -- _move_execute(_move_enqueue(NULL, map, logical, NULL, node)).
+-- @object sharding.move_shard_online
 CREATE FUNCTION sharding.move_shard_online(map text, logical integer, node text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
@@ -1324,8 +1379,10 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.move_shard_online(text, integer, text) IS
     'moves a logical shard with its rows to a node while writes go on (logical replication); returns its new epoch';
+-- @end
 
 -- isolate(map text, key text, node text): contract section 8. Not STRICT.
+-- @object sharding.isolate
 CREATE FUNCTION sharding.isolate(map text, key text, node text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
@@ -1360,6 +1417,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.isolate(text, text, text) IS
     'pins a key to a node and moves its rows of every distributed table there online; returns rows moved';
+-- @end
 
 REVOKE ALL ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() TO sharding_admin;
