@@ -137,13 +137,20 @@ DROP ROLE move_reader;
 -- superuser may; the helper reports the remote answer.
 CREATE ROLE move_admin IN ROLE sharding_admin;
 CREATE TEMP TABLE probe_dsn AS SELECT sharding._coordinator_dsn() AS d;
+SELECT sharding.add_node('probe_node', sharding._coordinator_dsn());
 GRANT SELECT ON probe_dsn TO move_admin;
 SET ROLE move_admin;
 SELECT pg_temp.err($$SELECT sharding._dbl_connect('probe', (SELECT d FROM probe_dsn))$$);
 SELECT sharding._dbl_open('probe') AS open_after_refusal;
 SELECT pg_temp.err($$SELECT sharding._remote((SELECT d FROM probe_dsn), 'SELECT 1')$$);
+-- The copy's own connection (the destination pulling from the source) too.
+CREATE TEMP TABLE pull_t (a int);
+SELECT pg_temp.err($$SELECT sharding._move_pull('probe_node', NULL, 'pull_t', ARRAY['a'], 'SELECT 1')$$);
+SELECT count(*) AS pulled_rows FROM pull_t;
+DROP TABLE pull_t;
 RESET ROLE;
 DROP TABLE probe_dsn;
+SELECT sharding.drop_node('probe_node');
 DROP ROLE move_admin;
 SELECT sharding._remote(sharding._coordinator_dsn(), 'SELECT 6 * 7') AS remote_value;
 SELECT sharding._remote(sharding._coordinator_dsn(), 'SELECT NULL') IS NULL AS remote_null;

@@ -229,6 +229,15 @@ void Remote::establish() {
     }
     if (PQsetnonblocking(conn_, 1) != 0)
         fail(ERRCODE_CONNECTION_FAILURE, "could not make the connection non-blocking");
+    // dblink's rule, for every connection the engine and follow make: a
+    // role that is not a superuser may only use a connection that
+    // authenticated with a password, never the server's own identity (peer,
+    // trust, the server OS user's .pgpass).
+    if (!PQconnectionUsedPassword(conn_) && !glue(superuser))
+        fail(ERRCODE_S_R_E_PROHIBITED_SQL_STATEMENT_ATTEMPTED,
+             Explain{"Non-superusers may connect only where the server asks for a password.",
+                     "Give the node's connection string a password, or run the operation as a superuser."},
+             "password is required");
 }
 
 Remote::~Remote() {

@@ -181,18 +181,8 @@ bool run(PGconn *conn, const char *sql, std::string *out) {
     return has;
 }
 
-// dblink's rule, kept: a role that is not a superuser may only use a
-// connection that authenticated with a password, never the server's own
-// identity (peer, trust, .pgpass of the server's OS user).
-bool may_use(PGconn *conn) {
-    return PQconnectionUsedPassword(conn) || glue(superuser);
-}
-[[noreturn]] void refuse_passwordless() {
-    fail(ERRCODE_S_R_E_PROHIBITED_SQL_STATEMENT_ATTEMPTED,
-         Explain{"Non-superusers may connect only where the server asks for a password.",
-                 "Give the node's connection string a password, or run the operation as a superuser."},
-         "password is required");
-}
+// dblink's password rule is Remote's (move_remote.cpp): every connection
+// is checked as it is established.
 
 PGconn *named_conn(const char *name) {
     Named *n = find(name);
@@ -247,17 +237,6 @@ SHARDING_FUNCTION(sharding__dbl_connect) {
     }
     std::strncpy(slot->name, name, NAMEDATALEN - 1);
     slot->conn = conn;
-    bool allowed;
-    try {
-        allowed = may_use(conn);
-    } catch (...) {
-        drop(slot->name);
-        throw;
-    }
-    if (!allowed) {
-        drop(slot->name);
-        refuse_passwordless();
-    }
     std::string ignored;
     try {
         run(conn, "SET search_path = pg_catalog, pg_temp", &ignored);
@@ -339,7 +318,6 @@ static Datum one_shot(FunctionCallInfo fcinfo) {
         std::string v;
         try {
             Remote r(dsn, false, std::string());
-            if (!may_use(r.conn())) refuse_passwordless();
             has = run(r.conn(), sql, &v);
         } catch (const Error &e) {
             if (e.sqlstate() == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
