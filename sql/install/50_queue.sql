@@ -244,6 +244,7 @@ COMMENT ON FUNCTION sharding.queue_stats(regclass) IS
     'job counts by status (expired: processing with a lapsed lease) and the age of the oldest pending job';
 
 -- Not STRICT: key and payload may be NULL; a NULL queue raises 22023.
+-- @object sharding.enqueue
 CREATE FUNCTION sharding.enqueue(queue regclass, key text, payload jsonb DEFAULT NULL) RETURNS bigint
     LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
@@ -263,6 +264,7 @@ END
 $$;
 COMMENT ON FUNCTION sharding.enqueue(regclass, text, jsonb) IS
     'adds a pending job (key, payload) to a create_queue table; returns its id';
+-- @end
 
 -- Section 9: order per key without giving up dynamic claims
 -- (claim_ordered), and claims routed by a map with a safe handoff

@@ -269,39 +269,32 @@ SHARDING_FUNCTION(sharding__dbl_open) {
     PG_RETURN_BOOL(n != nullptr);
 }
 
-// _dbl_value(conn, sql): the first column of the first row of the (last)
-// result, as text; a command's tag.
-SHARDING_FUNCTION(sharding__dbl_value) {
+namespace {
+// _dbl_value and _dbl_run: the statements' last result over the named
+// connection, as text (a query's first value, a command's tag), or NULL.
+Datum run_named(FunctionCallInfo fcinfo) {
     char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
     char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
-    PGconn *conn = named_conn(name);
+    PGconn *conn = sharding::move::named_conn(name);
     bool has;
     Datum d;
     {
         std::string v;
-        has = run(conn, sql, &v);
-        d = text_or_null(has, v);
+        has = sharding::move::run(conn, sql, &v);
+        d = sharding::move::text_or_null(has, v);
     }
     if (!has) PG_RETURN_NULL();
     PG_RETURN_DATUM(d);
 }
+}  // namespace
+
+// _dbl_value(conn, sql): the first column of the first row of the (last)
+// result, as text; a command's tag.
+SHARDING_FUNCTION(sharding__dbl_value) { return run_named(fcinfo); }
 
 // _dbl_run(conn, sql): runs statements there, interruptibly; the command
 // tag of the last one (a query's first value).
-SHARDING_FUNCTION(sharding__dbl_run) {
-    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-    char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
-    PGconn *conn = named_conn(name);
-    bool has;
-    Datum d;
-    {
-        std::string v;
-        has = run(conn, sql, &v);
-        d = text_or_null(has, v);
-    }
-    if (!has) PG_RETURN_NULL();
-    PG_RETURN_DATUM(d);
-}
+SHARDING_FUNCTION(sharding__dbl_run) { return run_named(fcinfo); }
 
 // _remote(dsn, query) and _remote_exec(dsn, command): follow's one-shot
 // calls on the same helper: a connection for the call (closed when it
