@@ -1,4 +1,3 @@
-#!/usr/bin/env bash
 # Queue behaviour of docs/queue.md (run_at, priority, wake-ups, pressure)
 # that needs more than one session:
 #  - wakeups: one NOTIFY on sharding_<table> per transaction and channel,
@@ -11,19 +10,21 @@
 #    the pending index, a job that lands behind a worker's position (a
 #    higher priority, a retry keeping its run_at) is still claimed soon, and
 #    no claim takes more than its batch.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-export PGDATABASE=sharding_queue_pressure
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use lib 'lib';
+use ShardingNode;
+use QueueTest;
 
-. test/lib/tap.sh
-. test/lib/session.sh
-
-echo "1..8"
-queue_db jobs other || exit 1
+my $node = queue_node('queue_pressure', 'jobs', 'other');
+sub sql { return $node->safe_psql('postgres', $_[0]); }
 
 # 1-2. Wakeups, in one listening session (a session gets its own
 # notifications, at the end of each transaction, as any listener does).
-out=$(psql -Xq -v ON_ERROR_STOP=1 2>&1 <<'SQL'
+my ($rc, $out, $err) = $node->psql('postgres', <<'SQL', on_error_stop => 1);
 LISTEN sharding_jobs;
 LISTEN sharding_other;
 BEGIN;
@@ -51,23 +52,29 @@ COMMIT;
 SELECT sharding.enqueue_many('jobs', ARRAY['e1', 'e2']) IS NOT NULL;
 SELECT sharding.enqueue('jobs', 'one') IS NOT NULL;
 SQL
-)
-got=$(sed -n 's/^Asynchronous notification "\([^"]*\)" with payload "\([^"]*\)" received from server process with PID [0-9]*\.$/\1:\2/p' <<<"$out" | tr '\n' ' ')
-want="sharding_jobs:a sharding_other:o sharding_jobs:m1 sharding_jobs:c1 sharding_jobs:after savepoint sharding_jobs:e1 sharding_jobs:one "
-ok "$([ "$got" = "$want" ] && echo t || echo "$got")" "one NOTIFY per transaction and channel, payload the first claimable key, for INSERT, INSERT ... SELECT, COPY, enqueue_many, enqueue"
-ok "$(grep -c 'Asynchronous notification' <<<"$out" | sed 's/^7$/t/')" "none for done or future jobs, nor for inserts rolled back"
+diag("the listening session failed: $err") if $rc != 0;
+my $all = "$out\n$err";
+my @got;
+push @got, "$1:$2"
+  while $all =~ /^Asynchronous notification "([^"]*)" with payload "([^"]*)" received from server process with PID \d+\.$/mg;
+my $got = join(' ', @got);
+is($got, 'sharding_jobs:a sharding_other:o sharding_jobs:m1 sharding_jobs:c1 sharding_jobs:after savepoint sharding_jobs:e1 sharding_jobs:one',
+	'one NOTIFY per transaction and channel, payload the first claimable key, for INSERT, INSERT ... SELECT, COPY, enqueue_many, enqueue');
+my $notifications = () = $all =~ /Asynchronous notification/g;
+is($notifications, 7, 'none for done or future jobs, nor for inserts rolled back');
 
-# 3-5. queue_health names the session holding the horizon.
-sess_start H
-sess_run H "SET application_name = 'pin_holder'" >/dev/null
-holder_pid=$(sess_run H "SELECT pg_backend_pid()")
-sess_run H "BEGIN ISOLATION LEVEL REPEATABLE READ" >/dev/null
-sess_run H "SELECT count(*) > 0 FROM jobs" >/dev/null
-sleep 1.1
-ok "$(q "SELECT horizon_holder = format('backend pid %s (application_name ''pin_holder'', idle in transaction)', $holder_pid)
-          FROM sharding.queue_health('jobs')")" "queue_health names the backend holding a snapshot: its pid and application name"
-ok "$(q "SELECT xmin_horizon_age >= interval '1 second' FROM sharding.queue_health('jobs')")" \
-    "xmin_horizon_age is the age of its transaction"
+# 3-4. queue_health names the session holding the horizon.
+my $h = $node->background_psql('postgres');
+$h->query_safe("SET application_name = 'pin_holder'");
+my $holder_pid = $h->query_safe('SELECT pg_backend_pid()');
+$h->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
+$h->query_safe('SELECT count(*) > 0 FROM jobs');
+Time::HiRes::usleep(1_100_000);
+is(sql("SELECT horizon_holder = format('backend pid %s (application_name ''pin_holder'', idle in transaction)', $holder_pid)
+          FROM sharding.queue_health('jobs')"), 't',
+	'queue_health names the backend holding a snapshot: its pid and application name');
+is(sql("SELECT xmin_horizon_age >= interval '1 second' FROM sharding.queue_health('jobs')"), 't',
+	'xmin_horizon_age is the age of its transaction');
 
 # 5-7. Claims behind the position, horizon still pinned by H. A worker
 # session claims and completes 10,000 jobs, leaving 10,000 dead entries at
@@ -75,14 +82,14 @@ ok "$(q "SELECT xmin_horizon_age >= interval '1 second' FROM sharding.queue_heal
 # resumes past its position), then keeps claiming while another session
 # adds a priority job and retries a job it claimed (keeping its run_at,
 # both behind the worker's position).
-psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL' || exit 1
+sql(q{
 CREATE TABLE seen (claim integer, id bigint, key text, at timestamptz DEFAULT clock_timestamp());
 CREATE TABLE flag (step text);
 INSERT INTO flag VALUES ('start');
 INSERT INTO jobs (key, created) SELECT 'bulk-' || g, now() - interval '1 day' + g * interval '1 ms'
   FROM generate_series(1, 20000) g;
-SQL
-psql -Xq -v ON_ERROR_STOP=1 >/dev/null 2>&1 <<'SQL' &
+});
+my ($worker) = start_workers($node, 'postgres', q{
 DO $$
 DECLARE
     ids bigint[];
@@ -117,31 +124,29 @@ BEGIN
     UPDATE public.flag SET step = 'done ' || big;
     COMMIT;
 END $$;
-SQL
-worker=$!
-for _ in $(seq 1 1200); do [ "$(q "SELECT step FROM flag")" != start ] && break; sleep 0.1; done
-primed=$(q "SELECT step = 'primed' FROM flag")
+});
+sharding_wait($node, 'postgres', "SELECT step <> 'start' FROM flag", 't', 120);
+my $primed = sql("SELECT step = 'primed' FROM flag");
 # The retried job: claimed by another worker, then failed with retry; it
 # keeps its run_at and created, far behind the worker's position.
-q "INSERT INTO jobs (key, created, run_at) VALUES ('retried-late', now() - interval '2 days', now() - interval '2 days')" >/dev/null
-q "SELECT count(*) FROM sharding.claim(NULL::jobs, 'other-worker', 1)" >/dev/null
-q "SELECT sharding.fail('jobs', id, 'other-worker') FROM jobs WHERE key = 'retried-late'" >/dev/null
-q "INSERT INTO jobs (key, priority) VALUES ('vip', 9)" >/dev/null
-injected=$(q "SELECT clock_timestamp()")
-for _ in $(seq 1 900); do [[ "$(q "SELECT step FROM flag")" == done* ]] && break; sleep 0.1; done
-wait $worker
-ok "$primed" "the worker left 10,000 dead index entries with the horizon pinned"
-ok "$(q "SELECT count(*) = 2 AND max(at) - '$injected'::timestamptz < interval '40 seconds' FROM seen WHERE key IN ('vip', 'retried-late')")" \
-    "a priority job and a retried job behind the worker's position are claimed within seconds (here: under 40 s)"
-ok "$(q "SELECT (SELECT step FROM flag) IN ('done 1', 'done 2', 'done 3', 'done 4', 'done 5')
+sql("INSERT INTO jobs (key, created, run_at) VALUES ('retried-late', now() - interval '2 days', now() - interval '2 days')");
+sql("SELECT count(*) FROM sharding.claim(NULL::jobs, 'other-worker', 1)");
+sql("SELECT sharding.fail('jobs', id, 'other-worker') FROM jobs WHERE key = 'retried-late'");
+sql("INSERT INTO jobs (key, priority) VALUES ('vip', 9)");
+my $injected = sql('SELECT clock_timestamp()');
+sharding_wait($node, 'postgres', "SELECT step LIKE 'done%' FROM flag", 't', 90);
+my ($worker_rc, undef, $worker_err) = sharding_finish($worker);
+diag("the worker failed: $worker_err") if $worker_rc != 0;
+is($primed, 't', 'the worker left 10,000 dead index entries with the horizon pinned');
+is(sql("SELECT count(*) = 2 AND max(at) - '$injected'::timestamptz < interval '40 seconds' FROM seen WHERE key IN ('vip', 'retried-late')"), 't',
+	"a priority job and a retried job behind the worker's position are claimed within seconds (here: under 40 s)");
+is(sql("SELECT (SELECT step FROM flag) IN ('done 1', 'done 2', 'done 3', 'done 4', 'done 5')
           AND NOT EXISTS (SELECT FROM seen GROUP BY claim HAVING count(*) > 100)
-          AND NOT EXISTS (SELECT FROM seen GROUP BY id HAVING count(*) > 1 AND min(key) <> 'retried-late')")" \
-    "no claim took more than its batch, no job was claimed twice"
+          AND NOT EXISTS (SELECT FROM seen GROUP BY id HAVING count(*) > 1 AND min(key) <> 'retried-late')"), 't',
+	'no claim took more than its batch, no job was claimed twice');
 
-sess_run H "COMMIT" >/dev/null
-sess_stop H
-ok "$(q "SELECT horizon_holder IS DISTINCT FROM format('backend pid %s (application_name ''pin_holder'', idle in transaction)', $holder_pid)
-          FROM sharding.queue_health('jobs')")" "once the transaction ends, queue_health no longer names it"
-
-dropdb --if-exists "$PGDATABASE"
-exit $failures
+$h->query_safe('COMMIT');
+$h->quit;
+is(sql("SELECT horizon_holder IS DISTINCT FROM format('backend pid %s (application_name ''pin_holder'', idle in transaction)', $holder_pid)
+          FROM sharding.queue_health('jobs')"), 't', 'once the transaction ends, queue_health no longer names it');
+done_testing();
