@@ -10,9 +10,10 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use ShardingNode;
 use Time::HiRes qw(time);
+use IPC::Run;
 use Exporter 'import';
 
-our @EXPORT = qw(queue_node start_workers finish_workers run_workers);
+our @EXPORT = qw(queue_node start_workers finish_workers run_workers start_script);
 
 # queue_node(NAME, QUEUE...): a started node (sharding_node) whose database
 # postgres has the extension and a queue made by create_queue for each QUEUE.
@@ -51,6 +52,23 @@ sub run_workers
 	my $t0 = time;
 	my ($failed, @results) = finish_workers(start_workers($node, $db, @sql));
 	return ($failed, sprintf('%.1f', time - $t0), @results);
+}
+
+# start_script(NODE, DB, SQL): like sharding_start (psql -XAtq on SQL in the
+# background, output and messages in files; sharding_finish waits for it)
+# but without ON_ERROR_STOP: every statement runs, and those that fail
+# leave their "psql:FILE:LINE: ERROR: ..." lines among the messages.
+my $scripts = 0;
+sub start_script
+{
+	my ($node, $db, $sql) = @_;
+	my $base = PostgreSQL::Test::Utils::tempdir() . '/script' . ++$scripts;
+	PostgreSQL::Test::Utils::append_to_file("$base.sql", $sql);
+	local %ENV = $node->_get_env();
+	my $h = IPC::Run::start(
+		[ $node->installed_command('psql'), '-XAtq', '-d', $node->connstr($db), '-f', "$base.sql" ],
+		'<', '/dev/null', '>', "$base.out", '2>', "$base.err");
+	return { h => $h, base => $base };
 }
 
 1;
