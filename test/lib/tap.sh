@@ -4,7 +4,6 @@
 #   ok_rc STATUS DESCRIPTION   passes when STATUS (an exit status) is 0
 #   is GOT WANT DESCRIPTION    passes when GOT equals WANT (prints both if not)
 #   q SQL                  one psql command, unaligned, tuples only
-#   fresh_db               drops and creates $PGDATABASE
 # Harnesses end with: exit $failures
 n=0
 failures=0
@@ -21,22 +20,3 @@ is() {
     fi
 }
 q() { psql -XqAtc "$1"; }
-fresh_db() { dropdb --if-exists "$PGDATABASE" 2>/dev/null; createdb "$PGDATABASE"; }
-#   harness_tmp            TMP: a scratch directory; pids: background workers;
-#                          on exit the workers are killed and TMP removed
-#   queue_db QUEUE...      fresh_db, then CREATE EXTENSION sharding and
-#                          create_queue of each QUEUE (the queue harnesses'
-#                          common start)
-harness_tmp() {
-    TMP=$(mktemp -d)
-    pids=()
-    trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
-}
-queue_db() {
-    local name
-    fresh_db || return 1
-    {
-        echo 'CREATE EXTENSION sharding;'
-        for name in "$@"; do echo "SELECT sharding.create_queue('$name');"; done
-    } | psql -XqAt -v ON_ERROR_STOP=1 >/dev/null
-}
