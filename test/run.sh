@@ -158,12 +158,18 @@ if [ ${#tap_pl[@]} -gt 0 ]; then
     pgxs_perl=$(dirname "$($PG_CONFIG --pgxs)")/../test/perl
     tapdir=$(mktemp -d)
     cp -r test/tap "$tapdir/"
+    # The sources some tests read (catalog.hpp, README.md and docs/ with
+    # test/lib/readme_examples.py), in a copy the server's OS user can read:
+    # SHARDING_REPO.
+    mkdir -p "$tapdir/repo/src/pg" "$tapdir/repo/test"
+    cp -r README.md docs "$tapdir/repo/" && cp src/pg/catalog.hpp "$tapdir/repo/src/pg/" &&
+        cp -r test/lib "$tapdir/repo/test/"
     for t in "${tap_pl[@]}"; do mkdir -p "$tapdir/tap/out/${t%.pl}"; done
     [ "$(id -u)" -eq 0 ] && chown -R postgres: "$tapdir"
     for t in "${tap_pl[@]}"; do
         log "tap test/tap/$t"
         t_out=$(mktemp)
-        as_server_user_in "$tapdir/tap" env PATH="$PATH" PERL5LIB="$pgxs_perl:$tapdir/tap/lib" \
+        as_server_user_in "$tapdir/tap" env PATH="$PATH" PERL5LIB="$pgxs_perl:$tapdir/tap/lib" SHARDING_REPO="$tapdir/repo" \
             TESTDIR="$tapdir/tap/out/${t%.pl}" TESTDATADIR="$tapdir/tap/out/${t%.pl}/tmp_check" \
             TESTLOGDIR="$tapdir/tap/out/${t%.pl}/tmp_check/log" PG_REGRESS="$pgxs_perl/../regress/pg_regress" \
             prove -v "$t" >"$t_out" 2>&1
