@@ -8,10 +8,11 @@
 #   SHARDING_ONLY='queue*' bash test/run.sh   # only tests whose name matches
 #
 # pg_regress (sql/ against expected/), isolation tests (specs/ against
-# expected/, via pg_isolation_regress), pgTAP (test/pgtap/*.sql, via pg_prove)
-# and the TAP harnesses (test/harness/*.sh: oracle vectors, concurrency,
-# multi-node) all run against a throwaway cluster. The last line is
-# "N passed, N failed"; the exit status is non-zero on any failure.
+# expected/, via pg_isolation_regress), pgTAP (test/pgtap/*.sql, via pg_prove),
+# the TAP harnesses (test/harness/*.sh: oracle vectors, concurrency) and the
+# Perl TAP tests (test/tap/*.pl: multi-node, faults, dumps) all run against
+# throwaway clusters. The last line is "N passed, N failed"; the exit status
+# is non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . test/lib/cluster.sh
@@ -135,7 +136,7 @@ if [ ${#tap_files[@]} -gt 0 ]; then
 fi
 
 # 3. TAP harnesses (each creates its own databases or clusters)
-for h in test/harness/*.sh test/multinode/*.sh; do
+for h in test/harness/*.sh; do
     [ -f "$h" ] && selected "$h" || continue
     log "harness $h"
     h_out=$(mktemp)
