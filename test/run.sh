@@ -49,13 +49,13 @@ export SHARDING_TESTDIR=$TESTDIR
 start_time=$(psql -XAtqd postgres -c 'SELECT pg_postmaster_start_time()')
 
 # Counts TAP lines of a file: "ok N" and "not ok N" (nested ones included);
-# "ok N ... # SKIP" counts as skipped, not passed. The plans count too: every
+# "ok N ... # SKIP" (Test::More: "# skip") counts as skipped, not passed. The plans count too: every
 # test a top-level plan ("1..N") announced but the file never reported is a
 # failure, so a file that dies half-way fails by the tests it did not run.
 tap_count() {
     local out=$1 rc=$2 ok nok skip planned reported
     ok=$(grep -cE '^\s*ok [0-9]+' "$out")
-    skip=$(grep -cE '^\s*ok [0-9]+.*# ?SKIP' "$out")
+    skip=$(grep -cE '^\s*ok [0-9]+.*# ?(SKIP|skip)' "$out")
     ok=$((ok - skip))
     skipped=$((skipped + skip))
     nok=$(grep -cE '^\s*not ok [0-9]+' "$out")
@@ -159,12 +159,11 @@ if [ ${#tap_pl[@]} -gt 0 ]; then
     pgxs_perl=$(dirname "$($PG_CONFIG --pgxs)")/../test/perl
     tapdir=$(mktemp -d)
     cp -r test/tap "$tapdir/"
-    # The sources some tests read (catalog.hpp, README.md and docs/ with
-    # test/lib/readme_examples.py), in a copy the server's OS user can read:
-    # SHARDING_REPO.
-    mkdir -p "$tapdir/repo/src/pg" "$tapdir/repo/test"
-    cp -r README.md docs "$tapdir/repo/" && cp src/pg/catalog.hpp "$tapdir/repo/src/pg/" &&
-        cp -r test/lib "$tapdir/repo/test/"
+    # The sources some tests read (src/pg/catalog.hpp, README.md and docs/
+    # with test/lib/readme_examples.py, what 640_pg_upgrade.pl builds for an
+    # older major), in a copy the server's OS user can read: SHARDING_REPO.
+    mkdir -p "$tapdir/repo/test"
+    cp -r Makefile sharding.control src sql README.md docs "$tapdir/repo/" && cp -r test/lib "$tapdir/repo/test/"
     for t in "${tap_pl[@]}"; do mkdir -p "$tapdir/tap/out/${t%.pl}"; done
     [ "$(id -u)" -eq 0 ] && chown -R postgres: "$tapdir"
     for t in "${tap_pl[@]}"; do
