@@ -49,9 +49,10 @@ export SHARDING_TESTDIR=$TESTDIR
 start_time=$(psql -XAtqd postgres -c 'SELECT pg_postmaster_start_time()')
 
 # Counts TAP lines of a file: "ok N" and "not ok N" (nested ones included);
-# "ok N ... # SKIP" (Test::More: "# skip") counts as skipped, not passed. The plans count too: every
-# test a top-level plan ("1..N") announced but the file never reported is a
-# failure, so a file that dies half-way fails by the tests it did not run.
+# "ok N ... # SKIP" (Test::More writes "# skip") counts as skipped, not
+# passed. The plans count too: every test a top-level plan ("1..N")
+# announced but the file never reported is a failure, so a file that dies
+# half-way fails by the tests it did not run.
 tap_count() {
     local out=$1 rc=$2 ok nok skip planned reported
     ok=$(grep -cE '^\s*ok [0-9]+' "$out")
