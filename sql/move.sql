@@ -1,6 +1,6 @@
 -- Section 8, online moves, on one node: argument checks, the no-op, the
 -- journal's cleanup of nothing, privileges and the names of a move's
--- objects. test/multinode/move.sh moves shards between live instances.
+-- objects. test/tap/430_move_cases.pl moves shards between live instances.
 CREATE EXTENSION sharding;
 
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$

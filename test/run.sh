@@ -8,10 +8,11 @@
 #   SHARDING_ONLY='queue*' bash test/run.sh   # only tests whose name matches
 #
 # pg_regress (sql/ against expected/), isolation tests (specs/ against
-# expected/, via pg_isolation_regress), pgTAP (test/pgtap/*.sql, via pg_prove)
-# and the TAP harnesses (test/harness/*.sh: oracle vectors, concurrency,
-# multi-node) all run against a throwaway cluster. The last line is
-# "N passed, N failed"; the exit status is non-zero on any failure.
+# expected/, via pg_isolation_regress), pgTAP (test/pgtap/*.sql, via pg_prove),
+# the TAP harnesses (test/harness/*.sh: oracle vectors, concurrency) and the
+# Perl TAP tests (test/tap/*.pl: multi-node, faults, dumps) all run against
+# throwaway clusters. The last line is "N passed, N failed"; the exit status
+# is non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . test/lib/cluster.sh
@@ -48,13 +49,14 @@ export SHARDING_TESTDIR=$TESTDIR
 start_time=$(psql -XAtqd postgres -c 'SELECT pg_postmaster_start_time()')
 
 # Counts TAP lines of a file: "ok N" and "not ok N" (nested ones included);
-# "ok N ... # SKIP" counts as skipped, not passed. The plans count too: every
-# test a top-level plan ("1..N") announced but the file never reported is a
-# failure, so a file that dies half-way fails by the tests it did not run.
+# "ok N ... # SKIP" (Test::More writes "# skip") counts as skipped, not
+# passed. The plans count too: every test a top-level plan ("1..N")
+# announced but the file never reported is a failure, so a file that dies
+# half-way fails by the tests it did not run.
 tap_count() {
     local out=$1 rc=$2 ok nok skip planned reported
     ok=$(grep -cE '^\s*ok [0-9]+' "$out")
-    skip=$(grep -cE '^\s*ok [0-9]+.*# ?SKIP' "$out")
+    skip=$(grep -cE '^\s*ok [0-9]+.*# ?(SKIP|skip)' "$out")
     ok=$((ok - skip))
     skipped=$((skipped + skip))
     nok=$(grep -cE '^\s*not ok [0-9]+' "$out")
@@ -135,7 +137,7 @@ if [ ${#tap_files[@]} -gt 0 ]; then
 fi
 
 # 3. TAP harnesses (each creates its own databases or clusters)
-for h in test/harness/*.sh test/multinode/*.sh; do
+for h in test/harness/*.sh; do
     [ -f "$h" ] && selected "$h" || continue
     log "harness $h"
     h_out=$(mktemp)
@@ -158,12 +160,17 @@ if [ ${#tap_pl[@]} -gt 0 ]; then
     pgxs_perl=$(dirname "$($PG_CONFIG --pgxs)")/../test/perl
     tapdir=$(mktemp -d)
     cp -r test/tap "$tapdir/"
+    # The sources some tests read (src/pg/catalog.hpp, README.md and docs/
+    # with test/lib/readme_examples.py, what 640_pg_upgrade.pl builds for an
+    # older major), in a copy the server's OS user can read: SHARDING_REPO.
+    mkdir -p "$tapdir/repo/test"
+    cp -r Makefile sharding.control src sql README.md docs "$tapdir/repo/" && cp -r test/lib "$tapdir/repo/test/"
     for t in "${tap_pl[@]}"; do mkdir -p "$tapdir/tap/out/${t%.pl}"; done
     [ "$(id -u)" -eq 0 ] && chown -R postgres: "$tapdir"
     for t in "${tap_pl[@]}"; do
         log "tap test/tap/$t"
         t_out=$(mktemp)
-        as_server_user_in "$tapdir/tap" env PATH="$PATH" PERL5LIB="$pgxs_perl:$tapdir/tap/lib" \
+        as_server_user_in "$tapdir/tap" env PATH="$PATH" PERL5LIB="$pgxs_perl:$tapdir/tap/lib" SHARDING_REPO="$tapdir/repo" \
             TESTDIR="$tapdir/tap/out/${t%.pl}" TESTDATADIR="$tapdir/tap/out/${t%.pl}/tmp_check" \
             TESTLOGDIR="$tapdir/tap/out/${t%.pl}/tmp_check/log" PG_REGRESS="$pgxs_perl/../regress/pg_regress" \
             prove -v "$t" >"$t_out" 2>&1

@@ -71,7 +71,7 @@ make_root() {
 }
 
 # upgrade_from RELEASE: "OLD_RELEASE MAJOR" when the release's root also gets
-# that older release's PostgreSQL, for test/harness/pg_upgrade.sh. Debian 13
+# that older release's PostgreSQL, for test/tap/640_pg_upgrade.pl. Debian 13
 # has only 17; Debian 12's postgresql-15 installs beside it (pinned low, so
 # nothing else comes from 12).
 upgrade_from() {

@@ -5,7 +5,7 @@
 # compared with what PostgreSQL answers (test/lib/readme_examples.py
 # describes the convention). A page without runnable examples adds nothing.
 # `sql node=NAME` blocks run in the multi-node harness
-# (test/multinode/readme.sh) instead; Go/Java and `sql norun` blocks are
+# (test/tap/630_readme_multinode.pl) instead; Go/Java and `sql norun` blocks are
 # counted as skipped.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

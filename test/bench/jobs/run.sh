@@ -31,7 +31,7 @@
 # engine's loopback enqueue of each move.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-. test/multinode/lib.sh
+. test/lib/multinode.sh
 . test/bench/lib.sh
 
 RUNS=${BENCH_RUNS:-3}

@@ -33,7 +33,7 @@
 #   SHARDING_PGROOT=/work/pgroot/you BENCH_RUNS=5 bash test/bench/move/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-. test/multinode/lib.sh
+. test/lib/multinode.sh
 . test/bench/lib.sh
 
 RUNS=${BENCH_RUNS:-3}

@@ -90,8 +90,9 @@ SELECT tbl, id, tenant, val FROM (
     SELECT DISTINCT ON (tbl, id) tbl, id, tenant, op, val FROM oplog ORDER BY tbl, id, seq DESC) AS last
  WHERE op <> 'delete';
 -- Writer w owns the ids congruent to w - 1 mod 4, so its log is in commit
--- order for every row it touches.
-CREATE PROCEDURE writer(w integer, max_ops integer) LANGUAGE plpgsql AS \$\$
+-- order for every row it touches. hot: tenants that get 60% of the
+-- operations (none by default: every tenant alike).
+CREATE PROCEDURE writer(w integer, max_ops integer, hot text[] DEFAULT '{}') LANGUAGE plpgsql AS \$\$
 DECLARE
     t_name text; op text; r record; dest text; conn text; sql text; tag text; v text;
     next_id bigint := w * 10000000;
@@ -107,12 +108,14 @@ BEGIN
         r := NULL;
         IF random() >= 0.4 THEN
             SELECT l.tbl AS f1, l.id AS f2, l.tenant AS f3 INTO r FROM live l WHERE l.tbl = t_name
-             ORDER BY random() LIMIT 1;
+             ORDER BY (l.tenant = ANY (hot)) AND random() < 0.6 DESC, random() LIMIT 1;
             op := CASE WHEN random() < 0.7 THEN 'update' ELSE 'delete' END;
         END IF;
         IF r IS NULL THEN
             next_id := next_id + 1;
-            SELECT t_name AS f1, next_id AS f2, 't' || lpad(floor(random() * 64)::int::text, 2, '0') AS f3 INTO r;
+            SELECT t_name AS f1, next_id AS f2,
+                   CASE WHEN cardinality(hot) > 0 AND random() < 0.6 THEN hot[1 + floor(random() * cardinality(hot))::int]
+                        ELSE 't' || lpad(floor(random() * 64)::int::text, 2, '0') END AS f3 INTO r;
             op := 'insert';
         END IF;
         v := format('w%s-op%s', w, i);
@@ -174,17 +177,19 @@ sub wait_for
 	return 0;
 }
 
-# start_writers(n): n writer processes on the coordinator (psql CALL writer).
+# start_writers(n[, hot => [tenants]]): n writer processes on the
+# coordinator (psql CALL writer); hot tenants get 60% of the operations.
 sub start_writers
 {
-	my ($n) = @_;
+	my ($n, %opts) = @_;
+	my $hot = $opts{hot} ? ", ARRAY[" . join(',', map { "'$_'" } @{ $opts{hot} }) . "]::text[]" : '';
 	my $c = $HOST{coord};
 	$c->safe_psql('coord', 'UPDATE stop_flag SET stop = false');
 	my @h;
 	for my $w (1 .. $n)
 	{
 		my ($out, $err) = ('', '');
-		my $h = IPC::Run::start([ 'psql', '-XAtq', '-d', $c->connstr('coord'), '-c', "CALL writer($w, 1000000)" ],
+		my $h = IPC::Run::start([ 'psql', '-XAtq', '-d', $c->connstr('coord'), '-c', "CALL writer($w, 1000000$hot)" ],
 			'>', \$out, '2>', \$err);
 		push @h, [ $h, \$out, \$err ];
 	}

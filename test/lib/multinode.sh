@@ -1,22 +1,16 @@
-# Shared by the bash multi-node harnesses (test/multinode/*.sh; new multi-node
+# Shared by the bash multi-node benchmarks (test/bench/*/run.sh; multi-node
 # tests are Perl TAP, test/tap/): TAP helpers and
 # a set of live PostgreSQL 15 instances on loopback, each with its own port
 # and socket directory under one private temporary directory, configured
 # for logical replication (followers, online moves).
 #
-#   . test/multinode/lib.sh
+#   . test/lib/multinode.sh
 #   mn_start n1 n2 n3           # DIR[n], PORT[n], DSN[n] (dbname=data)
 #   q n1 data -c 'SELECT 1'     # psql on an instance, stops at the first error
 #   check "what" expected actual   # is actual expected "what" (test/lib/tap.sh)
 #   mn_wait n2 data "SELECT ..." expected 30   # polls; prints the ms waited
 #   mn_stop n3; mn_restart n3
 #   mn_finish                   # prints the plan, exit status
-# test/run.sh runs every test/multinode/*.sh: run on its own, this file
-# only says what it is.
-if [ "${BASH_SOURCE[0]}" = "$0" ]; then
-    echo "# test/multinode/lib.sh: helpers sourced by the multi-node harnesses, no tests of its own"
-    exit 0
-fi
 . test/lib/cluster.sh
 # The one ok/ok_rc/is of the bash harnesses (n: tests so far, failures).
 # Its q() is replaced below by the instance-aware one.
