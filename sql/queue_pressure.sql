@@ -1,7 +1,7 @@
 -- Sections 10 and 12 (queue items): run_at, priority, claim order,
 -- enqueue_many, backoff, purge, queue_health, batch complete with attempts,
 -- integer ids. Wakeups and queue_health's horizon holder need a second
--- session: test/harness/queue_pressure.sh.
+-- session: test/tap/215_queue_pressure.pl.
 CREATE EXTENSION sharding;
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN

@@ -1,5 +1,5 @@
 -- Rank-guarded transitions (docs/rank.md). Concurrency and dump/restore are in
--- test/harness/rank_storm.sh and test/harness/rank_dump.sh.
+-- test/tap/250_rank_storm.pl and test/tap/622_rank_dump.pl.
 CREATE EXTENSION sharding;
 
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
