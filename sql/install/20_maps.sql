@@ -848,6 +848,16 @@ REVOKE ALL ON FUNCTION sharding._lock_pin(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._lock_pin(text, text) TO sharding_admin;
 -- @end
 
+-- @object sharding._routing_cache_counts
+-- Internal, for tests (test/tap/102_directory_scale.pl): how often this
+-- backend's routing cache built a map from all its rows, and refreshed one
+-- in place from the keys and shards that changed.
+CREATE FUNCTION sharding._routing_cache_counts() RETURNS bigint[]
+    AS 'MODULE_PATHNAME', 'sharding__routing_cache_counts' LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION sharding._routing_cache_counts() IS
+    'internal: {builds, refreshes} of this backend''s routing cache (for tests)';
+-- @end
+
 -- @object sharding.pin_many
 -- Section 14: pin_many(map, keys, nodes) pins (or re-pins) keys[i] to
 -- nodes[i] in one statement and returns how many keys it pinned (a key given

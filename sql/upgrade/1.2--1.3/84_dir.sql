@@ -9,3 +9,6 @@ ALTER TABLE sharding.pins DROP CONSTRAINT pins_map_fkey, DROP CONSTRAINT pins_no
 -- decides.
 -- @replace sharding.pin_many
 -- @replace sharding._check_database_nodes
+
+-- For tests: how often this backend's routing cache built or refreshed a map.
+-- @include sharding._routing_cache_counts
