@@ -61,6 +61,14 @@ sub run_case
 	my ($rc, $out, $err) = $node->psql('postgres', "SELECT sharding.pin_many('nope', ARRAY['a'], ARRAY['x'])",
 		extra_params => [ '-v', 'VERBOSITY=sqlstate' ]);
 	like($err, qr/42704/, "$mode: pin_many on an unknown map: 42704");
+	# The references of sharding.pins, checked per statement: a direct write
+	# naming an unknown map or node is refused as a foreign key refused it.
+	for my $bad ([ q{INSERT INTO sharding.pins VALUES ('nope', 'k', 'b1')}, 'an unknown map' ],
+		[ q{INSERT INTO sharding.pins VALUES ('dir', 'k', 'b1'), ('dir', 'k2', 'nonode')}, 'an unknown node' ])
+	{
+		my ($rc, $out, $err) = $node->psql('postgres', $bad->[0], extra_params => [ '-v', 'VERBOSITY=sqlstate' ]);
+		like($err, qr/23503/, "$mode: a direct insert of a pin with $bad->[1]: 23503");
+	}
 	is($node->safe_psql('postgres', 'SELECT count(*) FROM sharding.pins'), '0', "$mode: nothing pinned by bad calls");
 
 	# The directory: every tenth key of 1M pinned to one of 50 dedicated nodes.
@@ -71,6 +79,9 @@ sub run_case
 		'1', "$mode: a key given twice counts once");
 	is($node->safe_psql('postgres', q{SELECT node FROM sharding.pins WHERE map = 'dir' AND key = 't10'}),
 		'w1', "$mode: the last node given for a key wins");
+	($rc, $out, $err) = $node->psql('postgres', q{DELETE FROM sharding.nodes WHERE node = 'w1'},
+		extra_params => [ '-v', 'VERBOSITY=sqlstate' ]);
+	like($err, qr/23503/, "$mode: a node pins name cannot be deleted: 23503");
 
 	my $r = session($node);
 	my $o = session($node);
