@@ -663,7 +663,10 @@ GRANT SELECT ON sharding.map_overview TO PUBLIC;
 -- _check_database_nodes(map, nodes): 55000 naming the first node of `nodes`
 -- that has no DSN, when `map` is a database map: some node owning its shards
 -- or holding its pins, or some node of `nodes`, has a DSN. create_map passes
--- a map that does not exist yet: then only `nodes` decide.
+-- a map that does not exist yet: then only `nodes` decide. Cheapest first:
+-- no DSN anywhere; a node of `nodes` or an owner of the map's shards with
+-- one. Only then the map's pins (no index by node): a join that stops at
+-- the first pin held by a node with a DSN.
 CREATE FUNCTION sharding._check_database_nodes(map text, nodes text[]) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
@@ -671,12 +674,7 @@ CREATE FUNCTION sharding._check_database_nodes(map text, nodes text[]) RETURNS v
 DECLARE
     missing text;
 BEGIN
-    -- Cheapest first: no DSN anywhere; a node of `nodes` or an owner of the
-    -- map's shards with one. Only then the map's pins (no index by node):
-    -- a join that stops at the first pin held by a node with a DSN.
-    IF NOT EXISTS (SELECT FROM sharding.nodes n WHERE n.dsn IS NOT NULL) THEN
-        RETURN;
-    END IF;
+    IF NOT EXISTS (SELECT FROM sharding.nodes n WHERE n.dsn IS NOT NULL) THEN RETURN; END IF;
     IF NOT EXISTS (SELECT FROM sharding.nodes n WHERE n.dsn IS NOT NULL AND n.node = ANY (nodes))
        AND NOT EXISTS (SELECT FROM sharding.shards s JOIN sharding.nodes n ON n.node = s.node
                         WHERE s.map = $1 AND n.dsn IS NOT NULL)
