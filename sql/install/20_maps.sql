@@ -27,10 +27,14 @@ CREATE TABLE sharding.shards (
 );
 COMMENT ON TABLE sharding.shards IS 'owner and epoch of every logical shard of every map';
 
+-- pins.map and pins.node refer to sharding.maps and sharding.nodes as foreign
+-- keys would (a map's pins go with it), checked per statement by
+-- sharding._pins_integrity (below), not per row: pin_many of 100,000 keys
+-- spent most of its time in the row-by-row checks of declared foreign keys.
 CREATE TABLE sharding.pins (
-    map  text NOT NULL REFERENCES sharding.maps ON DELETE CASCADE,
+    map  text NOT NULL,
     key  text NOT NULL,
-    node text NOT NULL REFERENCES sharding.nodes,
+    node text NOT NULL,
     PRIMARY KEY (map, key)
 );
 COMMENT ON TABLE sharding.pins IS 'whale directory: keys pinned to a node, overriding their logical shard';
@@ -120,6 +124,101 @@ CREATE TRIGGER routing_changed_delete AFTER DELETE ON sharding.pins REFERENCING 
 ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_insert;
 ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_update;
 ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_delete;
+-- @end
+
+-- @object sharding._pins_integrity
+-- The references of sharding.pins (map -> sharding.maps ON DELETE CASCADE,
+-- node -> sharding.nodes), kept as the declared foreign keys of 1.2 kept
+-- them, with their SQLSTATE (23503), messages and locks, but one check per
+-- statement over its transition table instead of one query per row:
+-- - pins, after INSERT or UPDATE: every map and node the new rows name is
+--   locked FOR KEY SHARE (so that a concurrent delete waits for this
+--   transaction, or this check for it) and must exist;
+-- - maps, after DELETE: the pins of the deleted maps are deleted;
+-- - maps and nodes, after UPDATE (of the name) or nodes after DELETE: a name
+--   that is gone must not be named by a pin;
+-- - maps or nodes, after TRUNCATE (... CASCADE): every pin goes.
+-- Not fired by logical-replication apply (session_replication_role =
+-- replica), as declared foreign keys are not: the publisher sends the rows.
+CREATE FUNCTION sharding._pins_integrity() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    bad text;
+    maps_named text[];
+    nodes_named text[];
+BEGIN
+    IF TG_TABLE_NAME = 'pins' THEN
+        -- One pass over the rows: the few distinct maps and nodes they name.
+        SELECT pg_catalog.array_agg(DISTINCT g.map), pg_catalog.array_agg(DISTINCT g.node) INTO maps_named, nodes_named
+          FROM (SELECT c.map, c.node FROM changed c GROUP BY c.map, c.node) g;
+        PERFORM FROM sharding.maps m WHERE m.map = ANY (maps_named) FOR KEY SHARE OF m;
+        SELECT u INTO bad FROM pg_catalog.unnest(maps_named) u
+         WHERE NOT EXISTS (SELECT FROM sharding.maps m WHERE m.map = u) LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'insert or update on table "pins" violates foreign key constraint "pins_map_fkey"'
+                USING ERRCODE = 'foreign_key_violation', SCHEMA = 'sharding', TABLE = 'pins', CONSTRAINT = 'pins_map_fkey',
+                      DETAIL = format('Key (map)=(%s) is not present in table "maps".', bad);
+        END IF;
+        PERFORM FROM sharding.nodes n WHERE n.node = ANY (nodes_named) FOR KEY SHARE OF n;
+        SELECT u INTO bad FROM pg_catalog.unnest(nodes_named) u
+         WHERE NOT EXISTS (SELECT FROM sharding.nodes n WHERE n.node = u) LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'insert or update on table "pins" violates foreign key constraint "pins_node_fkey"'
+                USING ERRCODE = 'foreign_key_violation', SCHEMA = 'sharding', TABLE = 'pins', CONSTRAINT = 'pins_node_fkey',
+                      DETAIL = format('Key (node)=(%s) is not present in table "nodes".', bad);
+        END IF;
+    ELSIF TG_OP = 'TRUNCATE' THEN
+        -- TRUNCATE maps or nodes ... CASCADE (without it, the foreign keys
+        -- of sharding.shards refuse): as it took the pins with it in 1.2.
+        DELETE FROM sharding.pins;
+    ELSIF TG_TABLE_NAME = 'maps' AND TG_OP = 'DELETE' THEN
+        DELETE FROM sharding.pins p WHERE p.map IN (SELECT c.map FROM changed c);
+    ELSIF TG_TABLE_NAME = 'maps' THEN
+        SELECT b.map INTO bad FROM before b
+         WHERE NOT EXISTS (SELECT FROM sharding.maps m WHERE m.map = b.map)
+           AND EXISTS (SELECT FROM sharding.pins p WHERE p.map = b.map) LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'update or delete on table "maps" violates foreign key constraint "pins_map_fkey" on table "pins"'
+                USING ERRCODE = 'foreign_key_violation', SCHEMA = 'sharding', TABLE = 'pins', CONSTRAINT = 'pins_map_fkey',
+                      DETAIL = format('Key (map)=(%s) is still referenced from table "pins".', bad);
+        END IF;
+    ELSE
+        IF TG_OP = 'DELETE' THEN
+            SELECT b.node INTO bad FROM changed b
+             WHERE EXISTS (SELECT FROM sharding.pins p WHERE p.node = b.node) LIMIT 1;
+        ELSE
+            SELECT b.node INTO bad FROM before b
+             WHERE NOT EXISTS (SELECT FROM sharding.nodes n WHERE n.node = b.node)
+               AND EXISTS (SELECT FROM sharding.pins p WHERE p.node = b.node) LIMIT 1;
+        END IF;
+        IF FOUND THEN
+            RAISE EXCEPTION 'update or delete on table "nodes" violates foreign key constraint "pins_node_fkey" on table "pins"'
+                USING ERRCODE = 'foreign_key_violation', SCHEMA = 'sharding', TABLE = 'pins', CONSTRAINT = 'pins_node_fkey',
+                      DETAIL = format('Key (node)=(%s) is still referenced from table "pins".', bad);
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION sharding._pins_integrity() IS
+    'internal: the references of sharding.pins to maps and nodes (23503; a map''s pins go with it), checked per statement';
+CREATE TRIGGER pins_fkey_insert AFTER INSERT ON sharding.pins REFERENCING NEW TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._pins_integrity();
+CREATE TRIGGER pins_fkey_update AFTER UPDATE ON sharding.pins REFERENCING NEW TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._pins_integrity();
+CREATE TRIGGER pins_fkey_delete AFTER DELETE ON sharding.maps REFERENCING OLD TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._pins_integrity();
+CREATE TRIGGER pins_fkey_update AFTER UPDATE ON sharding.maps REFERENCING OLD TABLE AS before
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._pins_integrity();
+CREATE TRIGGER pins_fkey_delete AFTER DELETE ON sharding.nodes REFERENCING OLD TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._pins_integrity();
+CREATE TRIGGER pins_fkey_update AFTER UPDATE ON sharding.nodes REFERENCING OLD TABLE AS before
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._pins_integrity();
+CREATE TRIGGER pins_fkey_truncate AFTER TRUNCATE ON sharding.maps
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._pins_integrity();
+CREATE TRIGGER pins_fkey_truncate AFTER TRUNCATE ON sharding.nodes
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._pins_integrity();
 -- @end
 
 -- Validates a node list for create_map and rebalance: 22023 for NULL, empty,
@@ -560,10 +659,14 @@ GRANT SELECT ON sharding.map_overview TO PUBLIC;
 -- hand shards or pins to a node refuse one without a DSN. Maps whose nodes
 -- have no DSN (worker maps) keep accepting new names.
 
+-- @object sharding._check_database_nodes
 -- _check_database_nodes(map, nodes): 55000 naming the first node of `nodes`
 -- that has no DSN, when `map` is a database map: some node owning its shards
 -- or holding its pins, or some node of `nodes`, has a DSN. create_map passes
--- a map that does not exist yet: then only `nodes` decide.
+-- a map that does not exist yet: then only `nodes` decide. Cheapest first:
+-- no DSN anywhere; a node of `nodes` or an owner of the map's shards with
+-- one. Only then the map's pins (no index by node): a join that stops at
+-- the first pin held by a node with a DSN.
 CREATE FUNCTION sharding._check_database_nodes(map text, nodes text[]) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
@@ -571,12 +674,12 @@ CREATE FUNCTION sharding._check_database_nodes(map text, nodes text[]) RETURNS v
 DECLARE
     missing text;
 BEGIN
-    IF NOT EXISTS (
-        SELECT FROM sharding.nodes n
-         WHERE n.dsn IS NOT NULL
-           AND (n.node = ANY (nodes)
-                OR n.node IN (SELECT s.node FROM sharding.shards s WHERE s.map = $1)
-                OR n.node IN (SELECT p.node FROM sharding.pins p WHERE p.map = $1))) THEN
+    IF NOT EXISTS (SELECT FROM sharding.nodes n WHERE n.dsn IS NOT NULL) THEN RETURN; END IF;
+    IF NOT EXISTS (SELECT FROM sharding.nodes n WHERE n.dsn IS NOT NULL AND n.node = ANY (nodes))
+       AND NOT EXISTS (SELECT FROM sharding.shards s JOIN sharding.nodes n ON n.node = s.node
+                        WHERE s.map = $1 AND n.dsn IS NOT NULL)
+       AND NOT EXISTS (SELECT FROM sharding.pins p JOIN sharding.nodes n ON n.node = p.node
+                        WHERE p.map = $1 AND n.dsn IS NOT NULL) THEN
         RETURN;  -- a worker map: any name goes
     END IF;
     SELECT u.node INTO missing
@@ -595,6 +698,7 @@ COMMENT ON FUNCTION sharding._check_database_nodes(text, text[]) IS
     'internal: 55000 for a node without DSN handed shards or pins of a database map';
 REVOKE ALL ON FUNCTION sharding._check_database_nodes(text, text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._check_database_nodes(text, text[]) TO sharding_admin;
+-- @end
 
 -- Section 12: identities that cannot drift. A pin is stored by the key's
 -- canonical text form, and node_for on a typed key matches pins on that
@@ -742,6 +846,16 @@ REVOKE ALL ON FUNCTION sharding._lock_pin(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._lock_pin(text, text) TO sharding_admin;
 -- @end
 
+-- @object sharding._routing_cache_counts
+-- Internal, for tests (test/tap/102_directory_scale.pl): how often this
+-- backend's routing cache built a map from all its rows, and refreshed one
+-- in place from the keys and shards that changed.
+CREATE FUNCTION sharding._routing_cache_counts() RETURNS bigint[]
+    AS 'MODULE_PATHNAME', 'sharding__routing_cache_counts' LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION sharding._routing_cache_counts() IS
+    'internal: {builds, refreshes} of this backend''s routing cache (for tests)';
+-- @end
+
 -- @object sharding.pin_many
 -- Section 14: pin_many(map, keys, nodes) pins (or re-pins) keys[i] to
 -- nodes[i] in one statement and returns how many keys it pinned (a key given
@@ -758,8 +872,10 @@ CREATE FUNCTION sharding.pin_many(map text, keys text[], nodes text[]) RETURNS i
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    bad text;
     n integer;
+    null_at integer;
+    empty_at integer;
+    distinct_nodes text[];
 BEGIN
     IF keys IS NULL OR nodes IS NULL THEN
         RAISE EXCEPTION 'pin_many needs arrays of keys and nodes, got NULL' USING ERRCODE = 'invalid_parameter_value';
@@ -775,22 +891,39 @@ BEGIN
         RAISE EXCEPTION 'pin key must not be NULL (keys[%])', pg_catalog.array_position(keys, NULL)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT coalesce(pg_catalog.quote_literal(u.node), 'NULL') INTO bad
-      FROM pg_catalog.unnest(nodes) AS u(node) WHERE u.node IS NULL OR u.node = '' LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'node name must not be empty or NULL, got %', bad USING ERRCODE = 'invalid_parameter_value';
+    -- The first NULL or empty node.
+    null_at := pg_catalog.array_position(nodes, NULL);
+    empty_at := pg_catalog.array_position(nodes, '');
+    IF null_at IS NOT NULL OR empty_at IS NOT NULL THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %',
+            CASE WHEN empty_at IS NULL OR null_at < empty_at THEN 'NULL' ELSE pg_catalog.quote_literal('') END
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM sharding._require_map($1, false);
     PERFORM sharding._lock_map($1);
     PERFORM sharding._require_map($1, true);
-    PERFORM sharding._check_database_nodes($1, (SELECT pg_catalog.array_agg(DISTINCT u) FROM pg_catalog.unnest(nodes) u));
-    INSERT INTO sharding.nodes (node) SELECT DISTINCT u FROM pg_catalog.unnest(nodes) u ON CONFLICT DO NOTHING;
-    INSERT INTO sharding.pins AS p (map, key, node)
-    SELECT DISTINCT ON (u.key) $1, u.key, u.node
-      FROM ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(nodes)) WITH ORDINALITY AS u(key, node, i)
-     ORDER BY u.key, u.i DESC
-        ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET node = EXCLUDED.node;
-    GET DIAGNOSTICS n = ROW_COUNT;
+    -- A hash of the few distinct nodes, not a sort of every element.
+    SELECT pg_catalog.array_agg(d.u) INTO distinct_nodes FROM (SELECT DISTINCT u FROM pg_catalog.unnest(nodes) u) d;
+    PERFORM sharding._check_database_nodes($1, distinct_nodes);
+    INSERT INTO sharding.nodes (node) SELECT u FROM pg_catalog.unnest(distinct_nodes) u ON CONFLICT DO NOTHING;
+    -- Loading new keys, each given once (the common case), is one plain
+    -- INSERT: no sort, no speculative insertion. A key pinned already (or
+    -- given twice) makes it fail (unique_violation, before any statement
+    -- trigger ran: nothing noted, rolled back with the block); then the
+    -- last node given for each key wins as in a row of pin calls. The map's
+    -- lock keeps pin, unpin and other pin_many calls on it out meanwhile.
+    BEGIN
+        INSERT INTO sharding.pins (map, key, node)
+        SELECT $1, u.key, u.node FROM ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(nodes)) AS u(key, node);
+        GET DIAGNOSTICS n = ROW_COUNT;
+    EXCEPTION WHEN unique_violation THEN
+        INSERT INTO sharding.pins AS p (map, key, node)
+        SELECT DISTINCT ON (u.key) $1, u.key, u.node
+          FROM ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(nodes)) WITH ORDINALITY AS u(key, node, i)
+         ORDER BY u.key, u.i DESC
+            ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET node = EXCLUDED.node;
+        GET DIAGNOSTICS n = ROW_COUNT;
+    END;
     IF n > 0 THEN
         PERFORM sharding._touch_map($1);
     END IF;

@@ -82,6 +82,10 @@ uint64_t seen = 0;                 // changes() + generation when the entries we
 // An entry was built or refreshed by a parallel-mode leader (see bind_to_snapshot).
 bool snapshot_bound = false;
 ByName<MapRoutes *> *cache = nullptr;  // in the cache module's memory
+// How often this backend built a map's routes from all its rows, and
+// brought one up to date in place (refresh): sharding._routing_cache_counts.
+uint64_t builds = 0;
+uint64_t refreshes = 0;
 
 // Node names as ready-made text values, shared by all maps and never freed,
 // so that node_for returns one without allocating. Function results may
@@ -338,6 +342,7 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     MapRoutes *old = slot;
     slot = fresh;
     fresh_owner.p = nullptr;
+    builds++;
     last = slot;
     // The old entry may be in use further up the stack: retired, not freed.
     if (old != nullptr) sharding::pg_call([&] { sharding::cache::retire(free_routes, old); });
@@ -514,6 +519,7 @@ bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
     m->compute_partitions();
     set_stamp(m, st, now);
     bind_to_snapshot(m);
+    refreshes++;
     return true;
 }
 
@@ -788,6 +794,19 @@ SHARDING_FUNCTION(sharding_fence) {
                               "The shard moved since the epoch was read.",
                               "Re-read the owner with sharding.node_for and sharding.epoch, then retry.");
     PG_RETURN_VOID();
+}
+
+/*
+ * _routing_cache_counts() RETURNS bigint[]
+ *
+ * Internal, for tests: {builds, refreshes} of this backend's routing cache
+ * (a build reads every shard and pin of a map; a refresh re-reads only the
+ * shards, or the pin keys, that changed).
+ */
+SHARDING_FUNCTION(sharding__routing_cache_counts) {
+    (void)fcinfo;
+    Datum elems[2] = {Int64GetDatum(static_cast<int64>(builds)), Int64GetDatum(static_cast<int64>(refreshes))};
+    PG_RETURN_ARRAYTYPE_P(construct_array(elems, 2, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 }
 
 /*

@@ -61,6 +61,14 @@ sub run_case
 	my ($rc, $out, $err) = $node->psql('postgres', "SELECT sharding.pin_many('nope', ARRAY['a'], ARRAY['x'])",
 		extra_params => [ '-v', 'VERBOSITY=sqlstate' ]);
 	like($err, qr/42704/, "$mode: pin_many on an unknown map: 42704");
+	# The references of sharding.pins, checked per statement: a direct write
+	# naming an unknown map or node is refused as a foreign key refused it.
+	for my $bad ([ q{INSERT INTO sharding.pins VALUES ('nope', 'k', 'b1')}, 'an unknown map' ],
+		[ q{INSERT INTO sharding.pins VALUES ('dir', 'k', 'b1'), ('dir', 'k2', 'nonode')}, 'an unknown node' ])
+	{
+		my ($rc, $out, $err) = $node->psql('postgres', $bad->[0], extra_params => [ '-v', 'VERBOSITY=sqlstate' ]);
+		like($err, qr/23503/, "$mode: a direct insert of a pin with $bad->[1]: 23503");
+	}
 	is($node->safe_psql('postgres', 'SELECT count(*) FROM sharding.pins'), '0', "$mode: nothing pinned by bad calls");
 
 	# The directory: every tenth key of 1M pinned to one of 50 dedicated nodes.
@@ -71,6 +79,9 @@ sub run_case
 		'1', "$mode: a key given twice counts once");
 	is($node->safe_psql('postgres', q{SELECT node FROM sharding.pins WHERE map = 'dir' AND key = 't10'}),
 		'w1', "$mode: the last node given for a key wins");
+	($rc, $out, $err) = $node->psql('postgres', q{DELETE FROM sharding.nodes WHERE node = 'w1'},
+		extra_params => [ '-v', 'VERBOSITY=sqlstate' ]);
+	like($err, qr/23503/, "$mode: a node pins name cannot be deleted: 23503");
 
 	my $r = session($node);
 	my $o = session($node);
@@ -137,6 +148,25 @@ sub run_case
 		$elapsed = query($r, q{SELECT extract(epoch FROM (SELECT clock_timestamp() - s FROM (SELECT clock_timestamp() s) q
 			CROSS JOIN LATERAL (SELECT sharding.node_for('dir', 't2')) n)) * 1000});
 		cmp_ok($elapsed, '<', 40, "$mode: after one pin by another backend, the next node_for takes ${elapsed} ms (no rebuild)");
+
+		# A transaction publishes the pin keys it logged itself, from its
+		# first noted change on, also when that change was of a map's row
+		# (create_map here): after 1,100 pins by one backend (more than the
+		# 1,024 keys its own log holds), its next transaction that creates a
+		# map and pins one key makes another backend re-read that key, not
+		# rebuild the map (the counters of sharding._routing_cache_counts:
+		# {builds, refreshes}). Before the fix such a transaction published
+		# every key the backend had ever logged, and past 1,024 "every pin".
+		query($o, q{DO $$ BEGIN FOR i IN 1 .. 1100 LOOP PERFORM sharding.pin('dir', 'many' || i, 'm' || i % 5); COMMIT; END LOOP; END $$});
+		query($r, q{SELECT sharding.node_for('dir', 'many1')});
+		my $counts = q{SELECT array_to_string(sharding._routing_cache_counts(), '|')};
+		my ($b0, $f0) = split /\|/, query($r, $counts);
+		query($o, q{BEGIN; SELECT sharding.create_map('side', 8, ARRAY['s1']); SELECT sharding.pin('dir', 'many1', 'again'); COMMIT});
+		is(query($r, q{SELECT sharding.node_for('dir', 'many1')}), 'again',
+			"$mode: after 1,100 pins by one backend, its create_map and pin in one transaction are seen by another");
+		my ($b1, $f1) = split /\|/, query($r, $counts);
+		is($b1 - $b0, 0, "$mode: ... which did not rebuild the map (builds $b0 -> $b1)");
+		cmp_ok($f1 - $f0, '>=', 1, "$mode: ... but refreshed it in place (refreshes $f0 -> $f1)");
 	}
 	$r->{in} .= "\\q\n";
 	$r->{h}->finish;
