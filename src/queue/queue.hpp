@@ -6,7 +6,10 @@
 // object is alive (boundary.hpp, rule 2).
 #pragma once
 
+#include "pg/boundary.hpp"
 #include "pg/pg.hpp"
+
+#include <string>
 
 extern "C" {
 #include "executor/spi.h"
@@ -61,6 +64,16 @@ void check_key_column(Oid relid, const char *column);
 // The claim order for the present columns, each column prefixed by
 // `prefix` ("" or "t."): "priority DESC, run_at, created, id".
 const char *claim_order(const QueueColumns &cols, const char *prefix);
+
+// Runs a claim-SQL builder (core/claim_sql.hpp: a callable returning a
+// std::string) and returns its text palloc'd in the current memory
+// context. The copy is made through glue (boundary.hpp, rule 2): the
+// std::string is alive while pnstrdup may ereport.
+template <typename F>
+char *sql_text(F &&build) {
+    std::string text = build();
+    return sharding::glue(pnstrdup, text.c_str(), static_cast<Size>(text.size()));
+}
 
 // claim_node (contract section 9), first steps, in queue_ordered.cpp: takes
 // the map's share lock (move_shard, rebalance and pin wait for the claim's

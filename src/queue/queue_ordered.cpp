@@ -37,6 +37,7 @@
 // Boundary (boundary.hpp, rule 2): no owning C++ object on the stack
 // anywhere; SQL text lives in StringInfo (palloc).
 #include "pg/boundary.hpp"
+#include "core/claim_sql.hpp"
 #include "core/hash_core.hpp"
 #include "pg/cache.hpp"
 #include "pg/keys.hpp"
@@ -80,16 +81,10 @@ extern "C" {
 
 namespace {
 
-// Variant bits of a claim statement.
-enum : uint32 {
-    Ordered = 1,   // per-key order (claim_ordered, claim_node ordered => true)
-    ByShard = 2,   // shards/shard_count filter
-    ByNode = 4,    // node_for(map, key) = node
-    Reap = 8,      // the queue has max_attempts: expired leases past it go to failed
-    Handoff = 16,  // ByNode, and a worker is registered with another node: the handoff exclusion
-    Resume = 32,   // the pick's walk starts past a position
-    Update = 64,   // not a pick: the claim's UPDATE of the picked ids
-};
+// The variant bits of an ordered claim statement (Ordered ... Update) and
+// the pick's parameters (PickParam) are the claim-SQL builder's
+// (core/claim_sql.hpp), which builds the text of every claim kind.
+using namespace sharding::claim_sql;  // Ordered ... Update, PickParam
 
 struct PlanKey {
     Oid relid;
@@ -149,23 +144,6 @@ struct Shape {
     bool has_attempts, has_run_at, has_priority;
 };
 
-// Claim order of rows aliased `a` (section 10): priority, run_at, created, id.
-void append_order(StringInfo s, const Shape &q, const char *a) {
-    if (q.has_priority) appendStringInfo(s, "%s.priority DESC, ", a);
-    if (q.has_run_at) appendStringInfo(s, "%s.run_at, ", a);
-    appendStringInfo(s, "%s.created, %s.id", a, a);
-}
-
-// The filter every candidate row `c` passes: key not NULL, due, shard or
-// node filter with the handoff exclusions.
-void append_filter(StringInfo s, const Shape &q, uint32 variant) {
-    appendStringInfo(s, " AND c.%s IS NOT NULL", q.key);
-    if (q.has_run_at) appendStringInfoString(s, " AND NOT (c.run_at > pg_catalog.now())");
-    if (variant & ByShard) appendStringInfo(s, " AND sharding.shard_of(c.%s, $5) = ANY ($4)", q.key);
-    if (variant & ByNode) appendStringInfo(s, " AND sharding.node_for($6, c.%s) = $7", q.key);
-    if (variant & Handoff)
-        appendStringInfoString(s, sharding::queue::handoff_exclusion(psprintf("c.%s", q.key), "$6"));
-}
 
 // Head of its key: no older pending job, no older processing job, no other
 // job under a live lease (the last only arises when plain claim and
@@ -181,38 +159,23 @@ void append_filter(StringInfo s, const Shape &q, uint32 variant) {
 // `oldest_pending`: c is known to be its key's oldest pending job under the
 // statement's snapshot (the fallback picks it so), and the first probe,
 // which asks just that under the same snapshot, is left out.
-void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false) {
-    // The processing probe first (CASE fixes the order), and backwards:
-    // a busy key's index range holds an entry for every job of it done
-    // lately, dead but not yet removable or killed (on a page that
-    // changes all the time, btree cannot mark them), all older than the
-    // job in flight, which a backward probe meets first. The pending
-    // probe then runs only for keys with nothing in flight.
-    //
-    // "status = ANY ('{pending,processing}') AND status > 'pending'" is
-    // status = 'processing' spelled so that only the (key, status,
-    // created, id) index can serve it: the partial index on claim_expires
-    // WHERE status = 'processing' cannot prove its predicate from it.
-    // Planned right after ANALYZE of a queue with nothing in flight, the
-    // generic plan otherwise took that index (estimated empty) and read
-    // all of it, with every entry a completed job leaves, per candidate:
-    // most of the CPU of a claim once workers had run a while.
-    appendStringInfo(s,
-                     " AND CASE WHEN EXISTS (SELECT FROM %s o WHERE o.%s = c.%s"
-                     " AND o.status = ANY ('{pending,processing}'::text[]) AND o.status > 'pending'"
-                     " AND o.id <> c.id AND ((o.created, o.id) < (c.created, c.id)"
-                     " OR o.claim_expires >= pg_catalog.now()) ORDER BY o.status DESC, o.created DESC, o.id DESC OFFSET 0)"
-                     " THEN false",
-                     q.qname, q.key, q.key);
-    if (!oldest_pending)
-        appendStringInfo(s,
-                         " ELSE NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
-                         " AND (o.created, o.id) < (c.created, c.id))",
-                         q.qname, q.key, q.key);
-    else
-        appendStringInfoString(s, " ELSE true");
-    appendStringInfoString(s, " END");
-}
+//
+// The processing probe first (CASE fixes the order), and backwards:
+// a busy key's index range holds an entry for every job of it done
+// lately, dead but not yet removable or killed (on a page that
+// changes all the time, btree cannot mark them), all older than the
+// job in flight, which a backward probe meets first. The pending
+// probe then runs only for keys with nothing in flight.
+//
+// "status = ANY ('{pending,processing}') AND status > 'pending'" is
+// status = 'processing' spelled so that only the (key, status,
+// created, id) index can serve it: the partial index on claim_expires
+// WHERE status = 'processing' cannot prove its predicate from it.
+// Planned right after ANALYZE of a queue with nothing in flight, the
+// generic plan otherwise took that index (estimated empty) and read
+// all of it, with every entry a completed job leaves, per candidate:
+// most of the CPU of a claim once workers had run a while.
+// (The text: append_head_check in core/claim_sql.cpp.)
 
 // The pick of an ordered claim: which rows it locks, in one statement per
 // round (claim_ordered_common runs the rounds and the UPDATE). Keys take
@@ -253,154 +216,24 @@ void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false
 //   'l' the walk's last row, n: how many rows the walk read
 //   't' when the walk reached the end of the line: the last pending row in
 //       claim order (unfiltered), if due
-// The parameters' indexes in the pick's Datum array ($n is index n - 1).
-enum PickParam : int {
-    PWorker = 0, PNeed, PLease, PShards, PShardCount, PMap, PNode, PMaxAttempts, PWalk,
-    PPosPriority, PPosRunAt, PPosCreated, PPosId, PLeftOut, PTaken, PFirstRound, PProbed,
-    PickParams  // how many
-};
-static_assert(PickParams == 17, "pick_sql numbers its parameters $1 to $17");
+// The parameters' types, by PickParam (core/claim_sql.hpp).
 Oid pick_types[PickParams] = {TEXTOID, INT4OID,        INTERVALOID,    INT4ARRAYOID, INT4OID,     TEXTOID,
                               TEXTOID, INT4OID,        INT4OID,        INT8OID,      TIMESTAMPTZOID, TIMESTAMPTZOID,
                               INT8OID, TEXTARRAYOID,   INT8ARRAYOID,   BOOLOID,      TEXTARRAYOID};
 
-// The claim-order key of rows aliased `a` as the pick returns it: id,
-// priority (int8, 0 without the column), run_at (NULL without it), created.
-void append_position(StringInfo s, const Shape &q, const char *a) {
-    appendStringInfo(s, "%s.id, %s, %s, %s.created", a,
-                     q.has_priority ? psprintf("%s.priority::pg_catalog.int8", a) : "0::pg_catalog.int8",
-                     q.has_run_at ? psprintf("%s.run_at", a) : "NULL::pg_catalog.timestamptz", a);
-}
-
-// One arm of the walk: pending rows in claim order, filtered, past `past`.
-void append_walk_arm(StringInfo s, const Shape &q, uint32 variant, const char *cols, const char *past) {
-    appendStringInfo(s,
-                     "SELECT %s, c.%s::pg_catalog.text AS k, c.tableoid AS r, c.ctid AS t "
-                     "FROM %s c WHERE c.status = 'pending'",
-                     cols, q.key, q.qname);
-    append_filter(s, q, variant);
-    appendStringInfo(s, " AND NOT (c.%s::pg_catalog.text COLLATE \"C\" = ANY ($14))%s ORDER BY ", q.key, past);
-    append_order(s, q, "c");
-    appendStringInfoString(s, " LIMIT $9");
+// The text of the pick and of the UPDATE (core/claim_sql.cpp).
+sharding::claim_sql::OrderedTable ordered_table(const Shape &q) {
+    return {{q.qname, q.has_attempts, q.has_run_at, q.has_priority}, q.key, q.key_type};
 }
 
 char *pick_sql(const Shape &q, uint32 variant) {
-    const char *cols = q.has_priority && q.has_run_at ? "c.id, c.created, c.priority, c.run_at"
-                       : q.has_priority                ? "c.id, c.created, c.priority"
-                       : q.has_run_at                  ? "c.id, c.created, c.run_at"
-                                                       : "c.id, c.created";
-    StringInfoData s;
-    initStringInfo(&s);
-    appendStringInfoString(&s, "WITH ");
-    if (variant & Reap)
-        appendStringInfo(&s,
-                         "reaped AS (UPDATE %s AS sharding_reaped SET status = 'failed' "
-                         "WHERE $16 AND sharding_reaped.id IN (SELECT id FROM %s "
-                         "WHERE status = 'processing' AND claim_expires < pg_catalog.now() AND attempts >= $8 "
-                         "FOR UPDATE SKIP LOCKED)), ",
-                         q.qname, q.qname);
-    if (variant & Handoff) appendStringInfoString(&s, sharding::queue::handoff_ctes(q.qname, q.key, "$6", "$7"));
-    appendStringInfo(&s,
-                     "expired AS MATERIALIZED (SELECT %s, c.%s::pg_catalog.text AS k FROM %s c "
-                     "WHERE $16 AND c.status = 'processing' AND c.claim_expires < pg_catalog.now()",
-                     cols, q.key, q.qname);
-    if (variant & Reap) appendStringInfoString(&s, " AND (c.attempts IS NULL OR c.attempts < $8)");
-    append_filter(&s, q, variant);
-    append_head_check(&s, q);
-    appendStringInfoString(&s, " ORDER BY ");
-    append_order(&s, q, "c");
-    appendStringInfoString(&s, " LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
-    // The walk, from the start of the line or past the position: as ranges
-    // of the pending index (the higher priorities are behind the position).
-    appendStringInfoString(&s, "walk AS MATERIALIZED (");
-    if (!(variant & Resume)) {
-        append_walk_arm(&s, q, variant, cols, "");
-    } else {
-        const char *past = q.has_run_at ? " AND ROW(c.run_at, c.created, c.id) > ROW($11, $12, $13)"
-                                        : " AND ROW(c.created, c.id) > ROW($12, $13)";
-        if (!q.has_priority) {
-            append_walk_arm(&s, q, variant, cols, past);
-        } else {
-            appendStringInfoString(&s, "SELECT * FROM ((");
-            append_walk_arm(&s, q, variant, cols, psprintf(" AND c.priority = $10%s", past));
-            appendStringInfoString(&s, ") UNION ALL (");
-            append_walk_arm(&s, q, variant, cols, " AND c.priority < $10");
-            appendStringInfoString(&s, ")) AS arms LIMIT $9");
-        }
-    }
-    appendStringInfoString(&s, "), ");
-    // The probes: each remembered key's oldest pending job.
-    appendStringInfo(&s,
-                     "probes AS MATERIALIZED (SELECT %s, p.k, c.r, c.t "
-                     "FROM pg_catalog.unnest($17) AS p(k) CROSS JOIN LATERAL (SELECT o.*, o.tableoid AS r, o.ctid AS t FROM %s o "
-                     "WHERE o.%s = p.k::%s AND o.status = 'pending' ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) c), ",
-                     cols, q.qname, q.key, q.key_type, q.key);
-    // Per key, its oldest candidate; then, in claim order, each is tested
-    // and locked until $2 are taken.
-    appendStringInfo(&s,
-                     "fresh AS MATERIALIZED (SELECT %s, w.k FROM (SELECT * FROM (SELECT DISTINCT ON (x.k) x.* FROM "
-                     "(SELECT * FROM walk UNION ALL SELECT * FROM probes) x ORDER BY x.k, x.created, x.id) d ORDER BY ",
-                     cols);
-    append_order(&s, q, "d");
-    // The lock first, then the head check: with several workers at the
-    // front of the line, most candidates another worker holds, and
-    // SKIP LOCKED passes them over for less than the two probes of the
-    // head check. A candidate that fails the check stays locked to the end
-    // of the transaction: it was no head, no claim wanted it.
-    appendStringInfo(&s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM (SELECT c.* FROM %s c "
-                         "WHERE c.tableoid = w.r AND c.ctid = w.t AND c.status = 'pending'", q.qname);
-    append_filter(&s, q, variant);
-    appendStringInfoString(&s, " AND c.id <> ALL ($15) AND sharding._current_version(c.tableoid, c.ctid) "
-                               "FOR UPDATE OF c SKIP LOCKED) AS c WHERE true");
-    append_head_check(&s, q);
-    appendStringInfoString(&s, ") AS c LIMIT $2) ");
-    appendStringInfoString(&s, "SELECT 'e'::\"char\" AS kind, ");
-    append_position(&s, q, "e");
-    appendStringInfoString(&s, ", e.k, NULL::pg_catalog.int8 AS n FROM expired e UNION ALL SELECT 'f', ");
-    append_position(&s, q, "f");
-    appendStringInfoString(&s, ", f.k, NULL FROM fresh f UNION ALL SELECT 'w', ");
-    append_position(&s, q, "w");
-    appendStringInfoString(&s, ", w.k, w.n FROM (SELECT DISTINCT ON (v.k) v.*, "
-                               "pg_catalog.count(*) OVER (PARTITION BY v.k) AS n FROM walk v "
-                               "WHERE v.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::pg_catalog.int8[]) "
-                               "ORDER BY v.k, ");
-    append_order(&s, q, "v");
-    appendStringInfoString(&s, ") w UNION ALL SELECT 'p', ");
-    append_position(&s, q, "p");
-    appendStringInfoString(&s, ", p.k, NULL FROM probes p UNION ALL SELECT 'l', ");
-    append_position(&s, q, "l");
-    appendStringInfoString(&s, ", l.k, (SELECT pg_catalog.count(*) FROM walk) FROM (SELECT * FROM walk z ORDER BY ");
-    {
-        // The walk's last row: claim order reversed.
-        if (q.has_priority) appendStringInfoString(&s, "z.priority, ");
-        if (q.has_run_at) appendStringInfoString(&s, "z.run_at DESC, ");
-        appendStringInfoString(&s, "z.created DESC, z.id DESC");
-    }
-    appendStringInfoString(&s, " LIMIT 1) l");
-    // The tail of the line: the last pending row in claim order (a
-    // backward descent of the pending index), if it is due (a job
-    // scheduled later sits behind the jobs inserted meanwhile).
-    appendStringInfoString(&s, " UNION ALL SELECT 't', ");
-    append_position(&s, q, "l");
-    appendStringInfo(&s, ", NULL, NULL FROM (SELECT * FROM %s z WHERE z.status = 'pending' ORDER BY ", q.qname);
-    if (q.has_priority) appendStringInfoString(&s, "z.priority, ");
-    if (q.has_run_at) appendStringInfoString(&s, "z.run_at DESC, ");
-    appendStringInfoString(&s, "z.created DESC, z.id DESC LIMIT 1) l WHERE (SELECT pg_catalog.count(*) FROM walk) < $9");
-    if (q.has_run_at) appendStringInfoString(&s, " AND NOT (l.run_at > pg_catalog.now())");
-    return s.data;
+    return sharding::queue::sql_text([&] { return sharding::claim_sql::pick(ordered_table(q), variant); });
 }
 
 // The claim's UPDATE: $1 worker, $2 the picked ids, $3 lease; the claimed
 // rows come back in claim order.
 char *update_sql(const Shape &q) {
-    StringInfoData s;
-    initStringInfo(&s);
-    appendStringInfo(&s,
-                     "WITH claimed AS (UPDATE %s AS u SET owner = $1, claim_expires = pg_catalog.now() + $3, "
-                     "status = 'processing'%s WHERE u.id = ANY ($2) RETURNING u.*) SELECT * FROM claimed c ORDER BY ",
-                     q.qname, q.has_attempts ? ", attempts = coalesce(u.attempts, 0) + 1" : "");
-    append_order(&s, q, "c");
-    return s.data;
+    return sharding::queue::sql_text([&] { return sharding::claim_sql::update(ordered_table(q)); });
 }
 Oid update_types[3] = {TEXTOID, INT8ARRAYOID, INTERVALOID};
 
