@@ -27,6 +27,7 @@
 // sharding::fail, whose exception owns its message only while unwinding.
 #include "queue/queue.hpp"
 
+#include "core/claim_sql.hpp"
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
 #include "pg/keys.hpp"
@@ -494,109 +495,18 @@ int execute_preferring_indexes(SPIPlanPtr plan, bool *built, F exec) {
 #define PLUS " OPERATOR(pg_catalog.+) "
 #define NOW "pg_catalog.now()"
 
-// The parameters of every claim statement.
-constexpr int ClaimParams = 12;
-// $1 worker, $2 batch, $3 lease, $4 max_attempts (NULL: unlimited),
-// $5 shards, $6 shard_count (claim_shards), the remembered position
-// $7 priority, $8 run_at, $9 created, $10 id (resume plans), and $11 map,
-// $12 node (claim_node).
+// The parameters of every claim statement (core/claim_sql.hpp, ClaimParam),
+// by their types.
+using sharding::claim_sql::ClaimParams;
 Oid claim_types[ClaimParams] = {TEXTOID, INT4OID,        INTERVALOID,    INT4OID, INT4ARRAYOID, INT4OID,
                                 INT2OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, TEXTOID,      TEXTOID};
 
-// The columns a claim's pending and expired scans return: id and the
-// claim-order key.
-const char *key_columns(const QueueEntry *e) {
-    return psprintf("id%s%s, created", e->cols.has_priority ? ", priority" : "", e->cols.has_run_at ? ", run_at" : "");
-}
-
-// One scan of the pending index in claim order, locking what it returns.
-// `extra` narrows it ("" or "AND ...").
-void pending_arm(StringInfo s, const QueueEntry *e, const char *f, const char *extra) {
-    appendStringInfo(s,
-                     "SELECT %s FROM %s WHERE status" EQ "'pending' %s %s %s "
-                     "ORDER BY %s LIMIT $2 FOR UPDATE SKIP LOCKED",
-                     key_columns(e), e->name, e->cols.has_run_at ? "AND run_at" LE NOW : "", extra, f, e->order);
-}
-
-// The claim statement; `shard_filter` is NULL or "AND <condition>", and
-// `ctes` are common table expressions the filter reads ("" or "name AS
-// (...), ").
-//
-// Sweep: pending rows (the partial index create_queue makes, in claim
-// order), due (run_at <= now()), and expired leases (the index of live
-// leases), each locked with SKIP LOCKED and limited to batch; the first
-// batch of both in claim order is then updated.
-//
-// Resume: pending rows past the remembered position only, scanned as up to
-// three ranges of the index in claim order (higher priorities than the
-// position's, the position's priority past the position, lower
-// priorities), concatenated lazily, so only as many rows are locked as the
-// claim takes. Expired leases are left to the next sweep: their index too
-// fills with dead entries while the horizon is pinned.
-//
-// The CTEs are MATERIALIZED and the final pick is an InitPlan, so every
-// LIMIT is evaluated once: a claim never takes more than batch rows. The
-// claimed rows come back in claim order.
-char *claim_sql(const QueueEntry *e, const char *shard_filter, bool resume, const char *ctes = "") {
-    const char *f = shard_filter ? shard_filter : "";
-    const char *keys = key_columns(e);
-    StringInfoData s;
-    initStringInfo(&s);
-    appendStringInfoString(&s, "WITH ");
-    appendStringInfoString(&s, ctes);
-    if (e->has_max_attempts && !resume) {
-        // Expired leases that used up max_attempts go to failed, not to a
-        // worker. Only in queues with max_attempts set: an idle
-        // data-modifying CTE still costs its executor setup on every call.
-        appendStringInfo(&s,
-                         "reaped AS (UPDATE %s AS sharding_reaped SET status = 'failed' "
-                         "WHERE sharding_reaped.id" EQ "ANY (ARRAY(SELECT id FROM %s "
-                         "WHERE status" EQ "'processing' AND claim_expires" LT NOW " AND attempts" GE "$4 %s "
-                         "FOR UPDATE SKIP LOCKED))), ",
-                         e->name, e->name, f);
-    }
-    if (!resume)
-        appendStringInfo(&s,
-                         "expired AS MATERIALIZED (SELECT %s FROM %s "
-                         "WHERE status" EQ "'processing' AND claim_expires" LT NOW " %s %s "
-                         "ORDER BY %s LIMIT $2 FOR UPDATE SKIP LOCKED), ",
-                         keys, e->name, e->has_max_attempts ? "AND (attempts IS NULL OR attempts" LT "$4)" : "", f,
-                         e->order);
-    appendStringInfoString(&s, "fresh AS MATERIALIZED (");
-    if (!resume) {
-        pending_arm(&s, e, f, "");
-    } else {
-        const char *past = e->cols.has_run_at ? "AND ROW(run_at, created, id)" GT "ROW($8, $9, $10)"
-                                              : "AND ROW(created, id)" GT "ROW($9, $10)";
-        if (!e->cols.has_priority) {
-            pending_arm(&s, e, f, past);
-        } else {
-            appendStringInfo(&s, "SELECT * FROM (SELECT * FROM (");
-            pending_arm(&s, e, f, "AND priority" GT "$7");
-            appendStringInfoString(&s, ") AS higher UNION ALL SELECT * FROM (");
-            pending_arm(&s, e, f, psprintf("AND priority" EQ "$7 %s", past));
-            appendStringInfoString(&s, ") AS same UNION ALL SELECT * FROM (");
-            pending_arm(&s, e, f, "AND priority" LT "$7");
-            appendStringInfoString(&s, ") AS lower) AS arms LIMIT $2");
-        }
-    }
-    appendStringInfoString(&s, "), ");
-    // The picked ids go to the UPDATE as one array (an InitPlan, computed
-    // once): a primary key lookup per id whatever the generic plan
-    // estimates, where a join on a CTE may become a merge join over the
-    // whole primary key.
-    appendStringInfo(&s,
-                     "claimed AS (UPDATE %s AS sharding_claimed SET owner = $1, claim_expires = " NOW PLUS "$3, "
-                     "status = 'processing'%s "
-                     "WHERE sharding_claimed.id" EQ "ANY ((SELECT pg_catalog.array_agg(c.id) FROM ("
-                     "%s%s ORDER BY %s LIMIT $2) AS c)::bigint[]) "
-                     "RETURNING sharding_claimed.*) "
-                     "SELECT * FROM claimed ORDER BY %s",
-                     e->name,
-                     e->cols.has_attempts ? ", attempts = coalesce(sharding_claimed.attempts, 0)" PLUS "1" : "",
-                     resume ? "" : psprintf("SELECT %s FROM expired UNION ALL ", keys),
-                     psprintf("SELECT %s FROM fresh", keys), e->order, e->order);
-    return s.data;
+// The claim statement of `plan` on the key column `column` (nullptr for
+// claim), from the claim-SQL builder (core/claim_sql.cpp).
+char *claim_sql(const QueueEntry *e, const char *column, const sharding::claim_sql::ClaimPlan &plan) {
+    const char *key = column != nullptr ? quote_identifier(column) : nullptr;
+    sharding::claim_sql::Table t{e->name, e->cols.has_attempts, e->cols.has_run_at, e->cols.has_priority};
+    return sharding::queue::sql_text([&] { return sharding::claim_sql::claim(t, key, plan); });
 }
 
 // The new run_at of a retried job under backoff: now() + base *
@@ -627,9 +537,9 @@ char *statement_sql(const QueueEntry *e, PlanKind kind) {
     bool attempt = kind == CompleteAttemptPlan || kind == FailAttemptPlan || kind == ExtendAttemptPlan;
     switch (kind) {
         case ClaimSweepPlan:
-            return claim_sql(e, nullptr, false);
+            return claim_sql(e, nullptr, {sharding::claim_sql::Filter::None, false, false, e->has_max_attempts});
         case ClaimResumePlan:
-            return claim_sql(e, nullptr, true);
+            return claim_sql(e, nullptr, {sharding::claim_sql::Filter::None, true, false, e->has_max_attempts});
         case CompletePlan:
         case CompleteAttemptPlan:
             // $1 id, $2 worker, $3 attempt. claim_expires becomes the time
@@ -727,12 +637,6 @@ SPIPlanPtr plan_for(QueueEntry *e, PlanKind kind) {
     return e->plans[kind];
 }
 
-// The shard filter of claim_shards on `column`, checked to be a key type.
-char *shard_filter(Oid relid, const char *column) {
-    sharding::queue::check_key_column(relid, column);
-    return psprintf("AND sharding.shard_of(%s, $6)" EQ "ANY ($5)", quote_identifier(column));
-}
-
 SPIPlanPtr shard_plan_for(QueueEntry *e, const char *column, bool resume) {
     if (strcmp(NameStr(e->shard_column), column) != 0) {
         for (int k = 0; k < 2; k++) {
@@ -745,21 +649,17 @@ SPIPlanPtr shard_plan_for(QueueEntry *e, const char *column, bool resume) {
         namestrcpy(&e->shard_column, column);
     }
     SPIPlanPtr &p = e->shard_plans[resume ? 1 : 0];
-    if (p == nullptr) p = keep(claim_sql(e, shard_filter(e->relid, column), resume), ClaimParams, claim_types);
+    if (p == nullptr) {
+        sharding::queue::check_key_column(e->relid, column);
+        p = keep(claim_sql(e, column, {sharding::claim_sql::Filter::Shards, resume, false, e->has_max_attempts}), ClaimParams, claim_types);
+    }
     return p;
 }
 
 // claim_node's filter on `column` (a key type): node_for(map, key) = node
 // ($11, $12). With `handoff`, also the handoff exclusion (contract section
-// 9, queue_ordered.cpp: handoff_ctes and handoff_exclusion).
-char *node_filter(Oid relid, const char *column, bool handoff) {
-    sharding::queue::check_key_column(relid, column);
-    const char *k = quote_identifier(column);
-    return psprintf("AND %s IS NOT NULL AND sharding.node_for($11, %s)" EQ "$12%s", k, k,
-                    handoff ? sharding::queue::handoff_exclusion(k, "$11") : "");
-}
-
-// The plan of a claim_node: index resume * 2 + handoff.
+// 9; the builder's handoff_ctes and handoff_exclusion). The plan of a
+// claim_node: index resume * 2 + handoff.
 SPIPlanPtr node_plan_for(QueueEntry *e, const char *column, bool resume, bool handoff) {
     if (strcmp(NameStr(e->node_column), column) != 0) {
         for (int k = 0; k < 4; k++) {
@@ -772,10 +672,10 @@ SPIPlanPtr node_plan_for(QueueEntry *e, const char *column, bool resume, bool ha
         namestrcpy(&e->node_column, column);
     }
     SPIPlanPtr &p = e->node_plans[(resume ? 2 : 0) + (handoff ? 1 : 0)];
-    if (p == nullptr)
-        p = keep(claim_sql(e, node_filter(e->relid, column, handoff), resume,
-                           handoff ? sharding::queue::handoff_ctes(e->name, quote_identifier(column), "$11", "$12") : ""),
-                 ClaimParams, claim_types);
+    if (p == nullptr) {
+        sharding::queue::check_key_column(e->relid, column);
+        p = keep(claim_sql(e, column, {sharding::claim_sql::Filter::Node, resume, handoff, e->has_max_attempts}), ClaimParams, claim_types);
+    }
     return p;
 }
 
@@ -1387,9 +1287,10 @@ SHARDING_FUNCTION(sharding__queue_sql) {
         sql = statement_sql(e, ClaimSweepPlan);
     else if (strcmp(kind, "claim_resume") == 0)
         sql = statement_sql(e, ClaimResumePlan);
-    else if (strncmp(kind, "claim_shards:", 13) == 0)
-        sql = claim_sql(e, shard_filter(relid, kind + 13), false);
-    else if (strcmp(kind, "complete") == 0)
+    else if (strncmp(kind, "claim_shards:", 13) == 0) {
+        sharding::queue::check_key_column(relid, kind + 13);
+        sql = claim_sql(e, kind + 13, {sharding::claim_sql::Filter::Shards, false, false, e->has_max_attempts});
+    } else if (strcmp(kind, "complete") == 0)
         sql = statement_sql(e, CompleteAttemptPlan);
     else if (strcmp(kind, "complete_many") == 0)
         sql = statement_sql(e, CompleteManyPlan);

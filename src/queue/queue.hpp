@@ -93,17 +93,9 @@ NodeClaim begin_node_claim(Datum map, Datum node, Datum worker);
 // were checked; needs an SPI connection.
 bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, const NodeClaim &c);
 
-// The handoff exclusion's SQL, one text for every claim that uses it.
-// qname: the queue, quoted; key: its key column, quoted; map, node: the
-// parameters that hold them ("$6"). foreign_jobs: "qname f WHERE ..." for
-// the jobs of node's keys processing under workers registered with another
-// node of the map (live_only: under a live lease). handoff_ctes: the CTEs
-// foreign_leases and blocked (those keys, and the logical shards of the
-// unpinned ones), ending in ", ". handoff_exclusion: " AND NOT (...)" of
-// key_expr against blocked.
-const char *foreign_jobs(const char *qname, const char *key, const char *map, const char *node, bool live_only);
-const char *handoff_ctes(const char *qname, const char *key, const char *map, const char *node);
-const char *handoff_exclusion(const char *key_expr, const char *map);
+// The handoff exclusion's SQL, one text for every claim that uses it, is
+// the claim-SQL builder's (core/claim_sql.hpp: foreign_jobs, handoff_ctes,
+// handoff_exclusion).
 
 // Argument checks and SPI helpers shared by every queue function
 // (queue.cpp). require: 22023 "<what> must not be null" for a NULL argument.

@@ -364,33 +364,6 @@ void lock_map_shared(text *map) {
 namespace sharding {
 namespace queue {
 
-const char *foreign_jobs(const char *qname, const char *key, const char *map, const char *node, bool live_only) {
-    return psprintf("%s f WHERE f.status OPERATOR(pg_catalog.=) 'processing'%s AND f.%s IS NOT NULL "
-                    "AND sharding.node_for(%s, f.%s) OPERATOR(pg_catalog.=) %s "
-                    "AND EXISTS (SELECT FROM sharding.claim_node_workers w WHERE w.map OPERATOR(pg_catalog.=) %s "
-                    "AND w.worker OPERATOR(pg_catalog.=) f.owner AND w.node OPERATOR(pg_catalog.<>) %s)",
-                    qname, live_only ? " AND f.claim_expires OPERATOR(pg_catalog.>=) pg_catalog.now()" : "", key,
-                    map, key, node, map, node);
-}
-
-const char *handoff_ctes(const char *qname, const char *key, const char *map, const char *node) {
-    return psprintf("foreign_leases AS MATERIALIZED (SELECT f.%s AS k FROM %s), "
-                    "blocked AS MATERIALIZED (SELECT coalesce(pg_catalog.array_agg(l.k::pg_catalog.text), '{}') AS keys, "
-                    "coalesce(pg_catalog.array_agg(sharding.logical_shard(%s, l.k)) FILTER (WHERE NOT EXISTS "
-                    "(SELECT FROM sharding.pins p WHERE p.map OPERATOR(pg_catalog.=) %s "
-                    "AND p.key OPERATOR(pg_catalog.=) l.k::pg_catalog.text COLLATE \"C\")), '{}') AS shards "
-                    "FROM foreign_leases l), ",
-                    key, foreign_jobs(qname, key, map, node, true), map, map);
-}
-
-const char *handoff_exclusion(const char *key_expr, const char *map) {
-    return psprintf(" AND NOT (%s::pg_catalog.text COLLATE \"C\" OPERATOR(pg_catalog.=) "
-                    "ANY ((SELECT b.keys FROM blocked b)::pg_catalog.text[]) "
-                    "OR sharding.logical_shard(%s, %s) OPERATOR(pg_catalog.=) "
-                    "ANY ((SELECT b.shards FROM blocked b)::pg_catalog.int4[]))",
-                    key_expr, map, key_expr);
-}
-
 NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {
     lock_map_shared(DatumGetTextPP(map));
     if (node_check_plan == nullptr) {
@@ -449,8 +422,8 @@ bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, co
     // Are there any, live or not? (An expired lease still processing can
     // be extended by its worker, live again. The claim statement itself
     // computes which block what.)
-    const char *q = psprintf("SELECT FROM %s LIMIT 1",
-                             foreign_jobs(qualified_name(relid), quote_identifier(key_column), "$1", "$2", false));
+    const char *qname = qualified_name(relid), *key = quote_identifier(key_column);
+    const char *q = sql_text([&] { return "SELECT FROM " + claim_sql::foreign_jobs(qname, key, "$1", "$2", false) + " LIMIT 1"; });
     Oid types[2] = {TEXTOID, TEXTOID};
     Datum values[2] = {map, node};
     int rc = SPI_execute_with_args(q, 2, types, values, nullptr, false, 1);
