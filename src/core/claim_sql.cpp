@@ -2,6 +2,7 @@
 // the one src/queue/ built with StringInfo before it moved here; s.add and
 // s.addf are appendStringInfoString and appendStringInfo.
 #include "core/claim_sql.hpp"
+#include "core/sql_ops.hpp"
 
 #include <cstdarg>
 #include <cstdio>
@@ -43,14 +44,7 @@ struct Sql {
     }
 };
 
-// Shorthands for the qualified operators of the generated SQL.
-#define EQ " OPERATOR(pg_catalog.=) "
-#define LT " OPERATOR(pg_catalog.<) "
-#define LE " OPERATOR(pg_catalog.<=) "
-#define GT " OPERATOR(pg_catalog.>) "
-#define GE " OPERATOR(pg_catalog.>=) "
-#define PLUS " OPERATOR(pg_catalog.+) "
-#define NOW "pg_catalog.now()"
+// The qualified operators of the generated SQL: core/sql_ops.hpp.
 
 // ------------------------------------------------------------ claim
 

@@ -25,14 +25,15 @@
 // transaction, so a move waits for the claims in flight and a claim after
 // the move sees it and A's committed claims.
 //
-// Plans are prepared once per backend per (queue, variant, key column)
-// and kept, in the cache module's memory (cache.hpp). An entry records a
-// signature of what its SQL text was built from (the table's qualified
-// name and which optional columns it has) and is rebuilt when the
-// signature changes or the module's relcache callback marked it stale;
-// replaced plans are retired by the module's one rule. The table is
-// checked by queue.cpp's check_queue_table, as for claim, and max_attempts
-// comes from queue.cpp's cached settings.
+// This file is the ordered claims' executor (the rounds of the pick, the
+// positions they resume from) and claim_node's first steps. The queue
+// engine's shared parts are queue.cpp's (queue.hpp, "the one engine"): one
+// queue entry and one plan cache (keyed by table, OrderedPlans | variant
+// and key column; a plan is stale once its queue entry was rebuilt), one
+// validation (lookup, claim_columns, check_key_column), one argument check
+// (check_claim_call, from the description claim_ordered_args or
+// claim_node_args); the SQL text is the claim-SQL builder's
+// (core/claim_sql.cpp).
 //
 // Boundary (boundary.hpp, rule 2): no owning C++ object on the stack
 // anywhere; SQL text lives in StringInfo (palloc).
@@ -86,48 +87,17 @@ namespace {
 // (core/claim_sql.hpp), which builds the text of every claim kind.
 using namespace sharding::claim_sql;  // Ordered ... Update, PickParam
 
-struct PlanKey {
-    Oid relid;
-    uint32 variant;
-    NameData key_column;
-};
-
-struct PlanEntry {
-    PlanKey key;  // hash key
-    char *signature;  // in ordered_cxt
-    SPIPlanPtr plan;
-    bool stale;  // set by the relcache callback
-    bool built;  // the plan has run (a claim that builds it is no measure of its cost)
-    bool has_priority, has_run_at;  // of the table it was built for
-};
-
-// In the cache module's memory (cache.hpp); its relcache callback marks
-// a table's plans stale (ordered_relation_changed), and what a rebuild
-// replaces is retired by the module's one rule.
+// The plans live in the one plan cache of the queue engine (queue.hpp,
+// cached_plan: keyed by table, OrderedPlans | variant and key column); the
+// positions below in the cache module's memory.
 MemoryContext ordered_cxt = nullptr;
-HTAB *plan_cache = nullptr;
 SPIPlanPtr node_check_plan = nullptr;
 SPIPlanPtr register_plan = nullptr;
 
-void ensure_cache() {
-    if (plan_cache != nullptr) return;
-    ordered_cxt = sharding::cache::entry_context("sharding ordered claims");
-    HASHCTL ctl;
-    memset(&ctl, 0, sizeof ctl);
-    ctl.keysize = sizeof(PlanKey);
-    ctl.entrysize = sizeof(PlanEntry);
-    ctl.hcxt = ordered_cxt;
-    plan_cache = hash_create("sharding ordered claim plans", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+void ensure_context() {
+    if (ordered_cxt == nullptr) ordered_cxt = sharding::cache::entry_context("sharding ordered claim positions");
 }
 
-// A replaced plan may still run further up the stack (a trigger on the
-// queue that claims again): the cache module frees it once no call of the
-// extension runs.
-void retire(SPIPlanPtr plan) {
-    if (plan != nullptr) sharding::cache::retire_plan(plan);
-}
-
-using sharding::queue::check_lease;
 using sharding::queue::connect_spi;
 using sharding::queue::keep;
 using sharding::queue::qualified_name;
@@ -237,87 +207,36 @@ char *update_sql(const Shape &q) {
 }
 Oid update_types[3] = {TEXTOID, INT8ARRAYOID, INTERVALOID};
 
-// Checks privileges and the table, locks it, and returns the kept plan of
-// `variant`. Needs an SPI connection.
-PlanEntry *plan_for(Oid relid, uint32 variant, const char *key_column) {
-    ensure_cache();
-    sharding::queue::open_queue(relid);  // one opening with claim's (queue.cpp)
+// The shape of an ordered claim on the queue q (validated by lookup and
+// claim_columns) and its key column.
+Shape shape_of(const sharding::queue::Queue *q, const sharding::queue::QueueColumns &cols, const char *key_column) {
+    Shape shape;
+    shape.relid = q->relid;
+    shape.qname = q->name;
+    shape.key = quote_identifier(key_column);
+    AttrNumber ka = get_attnum(q->relid, key_column);
+    shape.key_type = ka == InvalidAttrNumber ? "text" : format_type_be_qualified(get_atttype(q->relid, ka));
+    shape.key_att = ka;
+    shape.has_attempts = cols.has_attempts;
+    shape.has_run_at = cols.has_run_at;
+    shape.has_priority = cols.has_priority;
+    return shape;
+}
 
-    Shape q;
-    q.relid = relid;
-    q.qname = qualified_name(relid);
-    q.key = quote_identifier(key_column);
-    {
-        AttrNumber ka = get_attnum(relid, key_column);
-        q.key_type = ka == InvalidAttrNumber ? "text" : format_type_be_qualified(get_atttype(relid, ka));
-        q.key_att = ka;
-    }
-    AttrNumber att;
-    q.has_attempts = (att = get_attnum(relid, "attempts")) != InvalidAttrNumber && get_atttype(relid, att) == INT4OID;
-    q.has_run_at = get_attnum(relid, "run_at") != InvalidAttrNumber;
-    q.has_priority = get_attnum(relid, "priority") != InvalidAttrNumber;
-    // The signature: everything the SQL text depends on, plus the types of
-    // the columns it reads, so that a changed column rebuilds the plan.
-    StringInfoData sig;
-    initStringInfo(&sig);
-    appendStringInfo(&sig, "%s|%d%d%d", q.qname, q.has_attempts, q.has_run_at, q.has_priority);
-    static const char *const cols[] = {"id", "status", "owner", "claim_expires", "created", "run_at", "priority"};
-    for (const char *col : cols) {
-        AttrNumber a = get_attnum(relid, col);
-        appendStringInfo(&sig, "|%d:%u", a, a == InvalidAttrNumber ? 0 : get_atttype(relid, a));
-    }
-    att = get_attnum(relid, key_column);
-    appendStringInfo(&sig, "|%d:%u", att, att == InvalidAttrNumber ? 0 : get_atttype(relid, att));
-
-    PlanKey k;
-    memset(&k, 0, sizeof k);
-    k.relid = relid;
-    k.variant = variant;
-    namestrcpy(&k.key_column, key_column);
-    bool found;
-    PlanEntry *e = static_cast<PlanEntry *>(hash_search(plan_cache, &k, HASH_ENTER, &found));
-    if (!found) {
-        e->signature = nullptr;
-        e->plan = nullptr;
-        e->stale = false;
-    }
-    if (e->plan != nullptr && !e->stale && e->signature != nullptr && strcmp(e->signature, sig.data) == 0) return e;
-    e->stale = false;  // an invalidation during the build below marks it again
-
-    elog(DEBUG1, "sharding: preparing ordered claim variant %u on %s", variant, q.qname);
-    retire(e->plan);
-    e->plan = nullptr;
-    if (e->signature != nullptr) pfree(e->signature);
-    e->signature = nullptr;
-
-    // One validation with claim (queue.cpp): the required columns, attempts
-    // if present, the unique index on id. The ordered claims also read
-    // run_at and priority wherever the columns exist, so those must have
-    // the contract's types.
-    (void)sharding::queue::check_queue_table(relid);
-    if (q.has_run_at) {
-        Oid t = get_atttype(relid, get_attnum(relid, "run_at"));
-        if (t != TIMESTAMPTZOID)
-            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"run_at\" of queue table %s has type %s, not %s",
-                           q.qname, format_type_be(t), format_type_be(TIMESTAMPTZOID));
-    }
-    if (q.has_priority) {
-        AttrNumber a = get_attnum(relid, "priority");
-        Oid t = get_atttype(relid, a);
-        if (t != INT2OID && t != INT4OID && t != INT8OID)
-            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"priority\" of queue table %s has type %s, not smallint",
-                           q.qname, format_type_be(t));
-    }
-    sharding::queue::check_key_column(relid, key_column);
-
-    SPIPlanPtr p = (variant & Update) ? keep(update_sql(q), 3, update_types)
-                                      : keep(pick_sql(q, variant), PickParams, pick_types);
-    e->signature = MemoryContextStrdup(ordered_cxt, sig.data);
-    e->plan = p;
-    e->built = false;
-    e->has_priority = q.has_priority;
-    e->has_run_at = q.has_run_at;
-    return e;
+// The kept plan of `variant` on the queue q (after lookup, claim_columns
+// and check_key_column).
+sharding::queue::PlanEntry *plan_for(const sharding::queue::Queue *q, const sharding::queue::QueueColumns &cols,
+                                     uint32 variant, const char *key_column) {
+    auto build = [&] {
+        elog(DEBUG1, "sharding: preparing ordered claim variant %u on %s", variant, q->name);
+        Shape shape = shape_of(q, cols, key_column);
+        return (variant & Update) ? update_sql(shape) : pick_sql(shape, variant);
+    };
+    if (variant & Update)
+        return sharding::queue::cached_plan(q, sharding::queue::OrderedPlans | variant, key_column, UpdateParams,
+                                            update_types, build);
+    return sharding::queue::cached_plan(q, sharding::queue::OrderedPlans | variant, key_column, PickParams,
+                                        pick_types, build);
 }
 
 // --- argument checks (22023, naming the value) ---
@@ -495,13 +414,14 @@ struct OrderedState {
     bool backlog[kMaxProbed];
     uint32 filter_hash;
     TransactionId xid;  // of the claim that set it
+    uint64 stamp;       // of the queue entry it was set under (queue.hpp)
     sharding::queue::SweepClock clock;
 };
 
 HTAB *state_cache = nullptr;
 
 OrderedState *state_for(Oid relid, uint32 variant, const char *key_column) {
-    ensure_cache();
+    ensure_context();
     if (state_cache == nullptr) {
         HASHCTL ctl;
         memset(&ctl, 0, sizeof ctl);
@@ -543,20 +463,6 @@ void forget_positions(Oid relid) {
     while (OrderedState *st = static_cast<OrderedState *>(hash_seq_search(&seq)))
         if (relid == InvalidOid || st->key.relid == relid) st->valid = false;
 }
-
-// Cache module callback: marks the table's plans stale and forgets its
-// positions (TRUNCATE, ALTER TABLE: the positions may point anywhere).
-void ordered_relation_changed(Oid relid) {
-    if (plan_cache != nullptr) {
-        HASH_SEQ_STATUS pseq;
-        hash_seq_init(&pseq, plan_cache);
-        while (PlanEntry *e = static_cast<PlanEntry *>(hash_seq_search(&pseq)))
-            if (relid == InvalidOid || e->key.relid == relid) e->stale = true;
-    }
-    forget_positions(relid);
-}
-
-const sharding::cache::Kind ordered_kind = {"ordered claims", ordered_relation_changed, nullptr, 0, {0, 0, 0, 0}};
 
 // Claim order of two positions: negative if a comes first.
 int compare_pos(bool has_priority, bool has_run_at, const OrderPos &a, const OrderPos &b) {
@@ -671,67 +577,19 @@ int compare_rows(const void *a, const void *b) {
     return compare_pos(g_has_priority, g_has_run_at, x->pos, y->pos);
 }
 
-struct ClaimArgs {
-    int worker, batch, lease, key_column;
-    int shards = -1, shard_count = -1;  // claim_ordered
-    int map = -1, node = -1, ordered = -1;  // claim_node
-};
+using sharding::queue::ClaimArgs;
 
-// Validates the shard filter of claim_ordered; returns whether it is used.
-bool shard_args(FunctionCallInfo fcinfo, const ClaimArgs &a, int32 *shard_count) {
-    bool has_shards = !PG_ARGISNULL(a.shards), has_count = !PG_ARGISNULL(a.shard_count);
-    if (has_shards != has_count)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
-                       has_shards ? "shards needs shard_count, got NULL" : "shard_count %d needs shards, got NULL",
-                       has_count ? PG_GETARG_INT32(a.shard_count) : 0);
-    if (!has_count) return false;
-    *shard_count = sharding::check_shard_count(PG_GETARG_INT32(a.shard_count));
-    ArrayType *arr = PG_GETARG_ARRAYTYPE_P(a.shards);
-    if (ARR_NDIM(arr) > 1)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shards must be a one-dimensional array");
-    Datum *elems;
-    bool *elem_nulls;
-    int n;
-    deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &elem_nulls, &n);
-    for (int i = 0; i < n; i++) {
-        if (elem_nulls[i]) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shards must not contain null");
-        int32 s = DatumGetInt32(elems[i]);
-        if (s < 0 || s >= *shard_count)
-            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shard must be between 0 and %d, got %d",
-                           *shard_count - 1, s);
-    }
-    return true;
-}
-
+// claim_ordered, and claim_node with ordered => true, as `a` describes them.
 Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
-    ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
-    if (rsinfo == nullptr || !IsA(rsinfo, ReturnSetInfo) || !(rsinfo->allowedModes & SFRM_Materialize))
-        sharding::fail(ERRCODE_FEATURE_NOT_SUPPORTED, "set-valued function called in context that cannot accept a set");
-
-    Oid typid = get_fn_expr_argtype(fcinfo->flinfo, 0);
-    Oid relid = OidIsValid(typid) ? get_typ_typrelid(typid) : InvalidOid;
-    if (!OidIsValid(relid))
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue must be a table's row type (e.g. NULL::jobs), got %s",
-                       OidIsValid(typid) ? format_type_be(typid) : "unknown");
-    uint32 variant = 0;
-    if (a.map >= 0) {
-        require(fcinfo, a.map, "map");
-        require(fcinfo, a.node, "node");
-        require(fcinfo, a.ordered, "ordered");
-        variant |= ByNode;
-        if (PG_GETARG_BOOL(a.ordered)) variant |= Ordered;
-    } else {
-        variant |= Ordered;
-    }
-    require(fcinfo, a.worker, "worker");
-    require(fcinfo, a.batch, "batch");
-    int32 batch = PG_GETARG_INT32(a.batch);
-    if (batch < 1) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "batch must be at least 1, got %d", batch);
-    Datum lease = check_lease(fcinfo, a.lease);
-    require(fcinfo, a.key_column, "key_column");
-    const char *key_column = NameStr(*PG_GETARG_NAME(a.key_column));
-    int32 shard_count = 0;
-    if (a.shards >= 0 && shard_args(fcinfo, a, &shard_count)) variant |= ByShard;
+    sharding::queue::ClaimCall call = sharding::queue::check_claim_call(fcinfo, a);
+    ReturnSetInfo *rsinfo = call.rsinfo;
+    const Oid typid = call.typid, relid = call.relid;
+    const int32 batch = call.batch, shard_count = call.shard_count;
+    const Datum lease = call.lease;
+    const char *key_column = call.key_column;
+    uint32 variant = Ordered;
+    if (call.by_node) variant |= ByNode;
+    if (call.by_shard) variant |= ByShard;
 
     connect_spi();
     sharding::queue::NodeClaim node_claim{false, 0};
@@ -741,23 +599,23 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     if (variant & ByNode)
         node_claim = sharding::queue::begin_node_claim(PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node),
                                                        PG_GETARG_DATUM(a.worker));
-    int32 max_att = -1;
-    // Plan checks come first (a table without attempts has no max_attempts).
-    PlanEntry *pe = plan_for(relid, variant, key_column);
+    // The one validation (queue.cpp): the queue table, the columns an
+    // ordered claim reads, the key column.
+    sharding::queue::Queue *q = sharding::queue::lookup(relid);
+    const sharding::queue::QueueColumns cols = sharding::queue::claim_columns(q, true);
+    sharding::queue::check_key_column(relid, key_column);
     if ((variant & ByNode) && sharding::queue::handoff_needed(relid, key_column, PG_GETARG_DATUM(a.map),
                                                               PG_GETARG_DATUM(a.node), node_claim))
         variant |= Handoff;
-    {
-        AttrNumber att = get_attnum(relid, "attempts");
-        if (att != InvalidAttrNumber && get_atttype(relid, att) == INT4OID) max_att = sharding::queue::max_attempts_of(relid);
-    }
+    // (A table without attempts has no max_attempts: lookup.)
+    const int32 max_att = q->has_max_attempts ? q->max_attempts : -1;
     if (max_att > 0) variant |= Reap;
-    const bool has_priority = pe->has_priority, has_run_at = pe->has_run_at;
+    const bool has_priority = cols.has_priority, has_run_at = cols.has_run_at;
 
     // Sweep or resume (see "where an ordered claim resumes").
     OrderedState *st = state_for(relid, variant, key_column);
     uint32 fh = filter_hash(fcinfo, variant, a.shards, shard_count, a.map, a.node);
-    bool sweep = !st->valid || st->filter_hash != fh || sharding::queue::rolled_back(st->xid) ||
+    bool sweep = !st->valid || st->stamp != q->stamp || st->filter_hash != fh || sharding::queue::rolled_back(st->xid) ||
                  sharding::queue::sweep_due(st->clock) || (variant & Handoff);
     OrderPos start = {false, 0, 0, 0, 0};
     KeySet probe;
@@ -801,7 +659,8 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     OrderPos frontier = end;  // then: its last fresh row
     for (int round = 0;; round++) {
         CHECK_FOR_INTERRUPTS();
-        PlanEntry *p = plan_for(relid, variant | (pos.valid ? static_cast<uint32>(Resume) : 0u), key_column);
+        sharding::queue::PlanEntry *p =
+            plan_for(q, cols, variant | (pos.valid ? static_cast<uint32>(Resume) : 0u), key_column);
         fresh_plan = fresh_plan || !p->built;
         int32 need = batch - ntaken;
         Datum values[PickParams] = {PG_GETARG_DATUM(a.worker),
@@ -928,18 +787,11 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * (nclaim + 1)));
     for (int i = 0; i < nclaim; i++) ids[i] = Int64GetDatum(locked[i].pos.id);
 
-    MemoryContext per_query = rsinfo->econtext->ecxt_per_query_memory;
-    MemoryContext old = MemoryContextSwitchTo(per_query);
-    TupleDesc desc = lookup_rowtype_tupdesc_copy(typid, -1);
-    Tuplestorestate *store =
-        tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0, false, work_mem);
-    MemoryContextSwitchTo(old);
+    sharding::queue::ClaimResult result = sharding::queue::begin_result(rsinfo, typid);
     uint64 n = 0;
     if (nclaim > 0) {
-        PlanEntry *up = plan_for(relid, Ordered | Update, key_column);
-        DestReceiver *dest = CreateDestReceiver(DestTuplestore);
-        SetTuplestoreDestReceiverParams(dest, store, per_query, false, desc,
-                                        "claimed rows do not match the row type of the queue table");
+        sharding::queue::PlanEntry *up = plan_for(q, cols, Ordered | Update, key_column);
+        DestReceiver *dest = result.dest;
         ParamListInfo params = makeParamList(3);
         params->numParams = 3;
         Datum uv[3] = {PG_GETARG_DATUM(a.worker),
@@ -1010,24 +862,20 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
         st->valid = true;
         st->filter_hash = fh;
         st->xid = GetCurrentTransactionIdIfAny();
+        st->stamp = q->stamp;
     }
     if (sweep && !fresh_plan)
         st->clock = sharding::queue::SweepClock{sharding::queue::monotonic_us(), cpu, 0};
     else if (!sweep)
         st->clock.cpu_since_us += cpu;
     SPI_finish();
-    rsinfo->returnMode = SFRM_Materialize;
-    rsinfo->setResult = store;
-    rsinfo->setDesc = desc;
-    return (Datum)0;
+    return sharding::queue::finish_result(rsinfo, result);
 }
 
 }  // namespace
 
 namespace sharding {
 namespace queue {
-
-void ordered_init() { sharding::cache::register_kind(&ordered_kind); }
 
 void forget_ordered_positions(Oid relid) { forget_positions(relid); }
 
@@ -1044,9 +892,7 @@ void forget_ordered_positions(Oid relid) { forget_positions(relid); }
  * flight. Rows come back in claim order.
  */
 SHARDING_FUNCTION(sharding_claim_ordered) {
-    ClaimArgs a;
-    a.worker = 1, a.batch = 2, a.lease = 3, a.key_column = 4, a.shards = 5, a.shard_count = 6;
-    return claim_common(fcinfo, a);
+    return claim_common(fcinfo, sharding::queue::claim_ordered_args);
 }
 
 /*
@@ -1062,9 +908,7 @@ SHARDING_FUNCTION(sharding_claim_ordered) {
 SHARDING_FUNCTION(sharding_claim_node) {
     // Unordered: the resumable claim of claim_shards (queue.cpp).
     if (!PG_ARGISNULL(7) && !PG_GETARG_BOOL(7)) return sharding::queue::claim_node_unordered(fcinfo);
-    ClaimArgs a;
-    a.map = 1, a.node = 2, a.worker = 3, a.batch = 4, a.lease = 5, a.key_column = 6, a.ordered = 7;
-    return claim_common(fcinfo, a);
+    return claim_common(fcinfo, sharding::queue::claim_node_args);
 }
 
 /*
