@@ -1,14 +1,16 @@
 // Sections 3, 10 and 12 of the contract: claiming work with FOR UPDATE SKIP
 // LOCKED, leases, fenced completion, run_at / priority, backoff.
 //
-// Every queue statement is prepared once per backend per (queue table,
-// statement kind) and kept (SPI_keepplan). The plans live in a hash table
-// keyed by the table's oid, in the cache module's memory (cache.hpp): its
-// relcache callback marks an entry stale when its table changes (ALTER
-// TABLE, DROP, new index, or a changed row in sharding.queue_settings, whose
-// trigger sends the table's relcache invalidation), and the next call
-// rebuilds it completely; what a rebuild replaces is retired by the module's
-// one rule.
+// The one queue engine (queue.hpp, "the one engine"): every statement of
+// every claim kind is prepared once per backend per (queue table, kind, key
+// column) and kept (SPI_keepplan) in one plan cache, in the cache module's
+// memory (cache.hpp). The module's relcache callback marks a table's entry
+// stale when its table changes (ALTER TABLE, DROP, new index, or a changed
+// row in sharding.queue_settings, whose trigger sends the table's relcache
+// invalidation), and the next call rebuilds it completely under a new
+// stamp, which makes its plans and positions stale; what a rebuild
+// replaces is retired by the module's one rule. The SQL text comes from
+// the claim-SQL builder (core/claim_sql.hpp).
 //
 // The generated SQL qualifies every function and operator it uses
 // (pg_catalog.now(), OPERATOR(pg_catalog.=)), so the functions run under
@@ -27,6 +29,8 @@
 // sharding::fail, whose exception owns its message only while unwinding.
 #include "queue/queue.hpp"
 
+#include "core/claim_sql.hpp"
+#include "core/sql_ops.hpp"
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
 #include "pg/keys.hpp"
@@ -187,14 +191,28 @@ QueueColumns check_queue_table(Oid relid) {
     // version 1.2 keeps working as it did.
     cols.has_run_at = has_column_of_type(relid, "run_at", TIMESTAMPTZOID);
     cols.has_priority = has_column_of_type(relid, "priority", INT2OID);
+    AttrNumber run_at = get_attnum(relid, "run_at"), priority = get_attnum(relid, "priority");
+    cols.run_at_type = run_at == InvalidAttrNumber ? InvalidOid : get_atttype(relid, run_at);
+    cols.priority_type = priority == InvalidAttrNumber ? InvalidOid : get_atttype(relid, priority);
     check_unique_id(relid, qname);
     return cols;
 }
 
-const char *claim_order(const QueueColumns &cols, const char *prefix) {
-    return psprintf("%s%s%s%s%screated, %sid", cols.has_priority ? prefix : "",
-                    cols.has_priority ? "priority DESC, " : "", cols.has_run_at ? prefix : "",
-                    cols.has_run_at ? "run_at, " : "", prefix, prefix);
+QueueColumns claim_columns(const Queue *q, bool ordered) {
+    if (!ordered) return q->cols;
+    // The ordered claims read run_at and priority wherever the columns
+    // exist, so those must have the contract's types (priority: any
+    // integer type).
+    QueueColumns c = q->cols;
+    c.has_run_at = OidIsValid(c.run_at_type);
+    c.has_priority = OidIsValid(c.priority_type);
+    if (c.has_run_at && c.run_at_type != TIMESTAMPTZOID)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"run_at\" of queue table %s has type %s, not %s",
+                       q->name, format_type_be(c.run_at_type), format_type_be(TIMESTAMPTZOID));
+    if (c.has_priority && c.priority_type != INT2OID && c.priority_type != INT4OID && c.priority_type != INT8OID)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"priority\" of queue table %s has type %s, not smallint",
+                       q->name, format_type_be(c.priority_type));
+    return c;
 }
 
 }  // namespace queue
@@ -242,14 +260,15 @@ namespace {
 using sharding::queue::check_lease;
 using sharding::queue::connect_spi;
 using sharding::queue::keep;
+using sharding::queue::monotonic_us;
 using sharding::queue::require;
+using sharding::queue::thread_cpu_us;
 using sharding::queue::QueueColumns;
 using sharding::queue::qualified_name;
 
-// The statements a queue needs. Each is prepared on first use.
+// The fenced statements a queue needs (the claims' plans are
+// sharding::claim_sql::ClaimPlan's). Each is prepared on first use.
 enum PlanKind {
-    ClaimSweepPlan,   // claim, scanning the pending index from its start
-    ClaimResumePlan,  // claim, scanning from the remembered position
     CompletePlan,
     CompleteAttemptPlan,
     CompleteManyPlan,
@@ -275,35 +294,21 @@ struct Position {
 
 using sharding::queue::SweepClock;
 
-// One queue table as this backend knows it.
-struct QueueEntry {
-    Oid relid;  // hash key
+// One queue table as this backend knows it: the shared part (queue.hpp)
+// first, the hash key at offset 0.
+struct QueueEntry : sharding::queue::Queue {
     bool valid;
     bool stale;  // set by the callback; a build it interrupts is not valid
-    QueueColumns cols;
-    bool has_max_attempts;
-    int32 max_attempts;
     bool has_backoff;
     Interval backoff_base;
     Interval backoff_max;
-    char *name;   // quoted, schema-qualified; in the cache context
-    char *order;  // claim order, unprefixed; in the cache context
-    SPIPlanPtr plans[PlanKinds];
-    bool built[PlanKinds];  // whether the plan has run (built its generic plan)
-    // claim_shards: the two plans for the key column used last.
-    NameData shard_column;
-    SPIPlanPtr shard_plans[2];  // sweep, resume
-    bool shard_built[2];
-    // claim_node (unordered): the four plans (sweep/resume x without/with
-    // the handoff exclusion) for the key column used last.
-    NameData node_column;
-    SPIPlanPtr node_plans[4];
-    bool node_built[4];
     Position pos, shard_pos, node_pos;
     SweepClock sweep, shard_sweep, node_sweep;
 };
 
 HTAB *queue_cache = nullptr;
+HTAB *plan_cache = nullptr;  // the plans of every kind (queue.hpp, PlanEntry)
+uint64 last_stamp = 0;       // of the last build of a queue entry
 SPIPlanPtr settings_plan = nullptr;  // SELECT ... FROM sharding.queue_settings ...
 
 // Cache module callbacks: they only mark entries stale.
@@ -337,6 +342,11 @@ void ensure_cache() {
     ctl.entrysize = sizeof(QueueEntry);
     ctl.hcxt = sharding::cache::context();
     queue_cache = hash_create("sharding queues", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    memset(&ctl, 0, sizeof ctl);
+    ctl.keysize = sizeof(sharding::queue::PlanKey);
+    ctl.entrysize = sizeof(sharding::queue::PlanEntry);
+    ctl.hcxt = sharding::cache::context();
+    plan_cache = hash_create("sharding queue plans", 32, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 }
 
 // What a rebuild replaces may still be executing further up the stack (a
@@ -352,25 +362,11 @@ void retire_name(char *name) {
     if (name != nullptr) sharding::cache::retire(free_name, name);
 }
 
+// The plans of the entry's old build stay in the plan cache, stale by
+// their stamp (plan_entry retires them).
 void reset_entry(QueueEntry *e) {
-    for (int k = 0; k < PlanKinds; k++) {
-        retire_plan(e->plans[k]);
-        e->plans[k] = nullptr;
-        e->built[k] = false;
-    }
-    for (int k = 0; k < 2; k++) {
-        retire_plan(e->shard_plans[k]);
-        e->shard_plans[k] = nullptr;
-        e->shard_built[k] = false;
-    }
-    for (int k = 0; k < 4; k++) {
-        retire_plan(e->node_plans[k]);
-        e->node_plans[k] = nullptr;
-        e->node_built[k] = false;
-    }
     retire_name(e->name);
-    retire_name(e->order);
-    e->name = e->order = nullptr;
+    e->name = nullptr;
     e->pos.valid = e->shard_pos.valid = e->node_pos.valid = false;
     e->sweep = e->shard_sweep = e->node_sweep = SweepClock{0, 0, 0};
     e->valid = false;
@@ -425,7 +421,7 @@ void load_settings(QueueEntry *e) {
 
 // Checks privileges, locks the table (which also processes pending
 // invalidations), and returns its valid cache entry. Needs an SPI connection.
-QueueEntry *lookup(Oid relid) {
+QueueEntry *lookup_entry(Oid relid) {
     ensure_cache();
     sharding::queue::open_queue(relid);
 
@@ -437,13 +433,13 @@ QueueEntry *lookup(Oid relid) {
     if (e->valid) return e;
     reset_entry(e);
     e->stale = false;
+    e->stamp = ++last_stamp;
 
     e->cols = sharding::queue::check_queue_table(relid);
     load_settings(e);
     if (!e->cols.has_attempts) e->has_max_attempts = false;
     if (!e->cols.has_run_at) e->has_backoff = false;
     e->name = MemoryContextStrdup(sharding::cache::context(), qualified_name(relid));
-    e->order = MemoryContextStrdup(sharding::cache::context(), sharding::queue::claim_order(e->cols, ""));
     // Last: a failure above leaves the entry invalid, and so does an
     // invalidation that arrived while it was being built (this call uses
     // it; the next one rebuilds it).
@@ -485,118 +481,20 @@ int execute_preferring_indexes(SPIPlanPtr plan, bool *built, F exec) {
     return exec();
 }
 
-// Shorthands for the qualified operators of the generated SQL.
-#define EQ " OPERATOR(pg_catalog.=) "
-#define LT " OPERATOR(pg_catalog.<) "
-#define LE " OPERATOR(pg_catalog.<=) "
-#define GT " OPERATOR(pg_catalog.>) "
-#define GE " OPERATOR(pg_catalog.>=) "
-#define PLUS " OPERATOR(pg_catalog.+) "
-#define NOW "pg_catalog.now()"
+// The qualified operators of the generated SQL: core/sql_ops.hpp.
 
-// The parameters of every claim statement.
-constexpr int ClaimParams = 12;
-// $1 worker, $2 batch, $3 lease, $4 max_attempts (NULL: unlimited),
-// $5 shards, $6 shard_count (claim_shards), the remembered position
-// $7 priority, $8 run_at, $9 created, $10 id (resume plans), and $11 map,
-// $12 node (claim_node).
+// The parameters of every claim statement (core/claim_sql.hpp, ClaimParam),
+// by their types.
+using sharding::claim_sql::ClaimParams;
 Oid claim_types[ClaimParams] = {TEXTOID, INT4OID,        INTERVALOID,    INT4OID, INT4ARRAYOID, INT4OID,
                                 INT2OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, TEXTOID,      TEXTOID};
 
-// The columns a claim's pending and expired scans return: id and the
-// claim-order key.
-const char *key_columns(const QueueEntry *e) {
-    return psprintf("id%s%s, created", e->cols.has_priority ? ", priority" : "", e->cols.has_run_at ? ", run_at" : "");
-}
-
-// One scan of the pending index in claim order, locking what it returns.
-// `extra` narrows it ("" or "AND ...").
-void pending_arm(StringInfo s, const QueueEntry *e, const char *f, const char *extra) {
-    appendStringInfo(s,
-                     "SELECT %s FROM %s WHERE status" EQ "'pending' %s %s %s "
-                     "ORDER BY %s LIMIT $2 FOR UPDATE SKIP LOCKED",
-                     key_columns(e), e->name, e->cols.has_run_at ? "AND run_at" LE NOW : "", extra, f, e->order);
-}
-
-// The claim statement; `shard_filter` is NULL or "AND <condition>", and
-// `ctes` are common table expressions the filter reads ("" or "name AS
-// (...), ").
-//
-// Sweep: pending rows (the partial index create_queue makes, in claim
-// order), due (run_at <= now()), and expired leases (the index of live
-// leases), each locked with SKIP LOCKED and limited to batch; the first
-// batch of both in claim order is then updated.
-//
-// Resume: pending rows past the remembered position only, scanned as up to
-// three ranges of the index in claim order (higher priorities than the
-// position's, the position's priority past the position, lower
-// priorities), concatenated lazily, so only as many rows are locked as the
-// claim takes. Expired leases are left to the next sweep: their index too
-// fills with dead entries while the horizon is pinned.
-//
-// The CTEs are MATERIALIZED and the final pick is an InitPlan, so every
-// LIMIT is evaluated once: a claim never takes more than batch rows. The
-// claimed rows come back in claim order.
-char *claim_sql(const QueueEntry *e, const char *shard_filter, bool resume, const char *ctes = "") {
-    const char *f = shard_filter ? shard_filter : "";
-    const char *keys = key_columns(e);
-    StringInfoData s;
-    initStringInfo(&s);
-    appendStringInfoString(&s, "WITH ");
-    appendStringInfoString(&s, ctes);
-    if (e->has_max_attempts && !resume) {
-        // Expired leases that used up max_attempts go to failed, not to a
-        // worker. Only in queues with max_attempts set: an idle
-        // data-modifying CTE still costs its executor setup on every call.
-        appendStringInfo(&s,
-                         "reaped AS (UPDATE %s AS sharding_reaped SET status = 'failed' "
-                         "WHERE sharding_reaped.id" EQ "ANY (ARRAY(SELECT id FROM %s "
-                         "WHERE status" EQ "'processing' AND claim_expires" LT NOW " AND attempts" GE "$4 %s "
-                         "FOR UPDATE SKIP LOCKED))), ",
-                         e->name, e->name, f);
-    }
-    if (!resume)
-        appendStringInfo(&s,
-                         "expired AS MATERIALIZED (SELECT %s FROM %s "
-                         "WHERE status" EQ "'processing' AND claim_expires" LT NOW " %s %s "
-                         "ORDER BY %s LIMIT $2 FOR UPDATE SKIP LOCKED), ",
-                         keys, e->name, e->has_max_attempts ? "AND (attempts IS NULL OR attempts" LT "$4)" : "", f,
-                         e->order);
-    appendStringInfoString(&s, "fresh AS MATERIALIZED (");
-    if (!resume) {
-        pending_arm(&s, e, f, "");
-    } else {
-        const char *past = e->cols.has_run_at ? "AND ROW(run_at, created, id)" GT "ROW($8, $9, $10)"
-                                              : "AND ROW(created, id)" GT "ROW($9, $10)";
-        if (!e->cols.has_priority) {
-            pending_arm(&s, e, f, past);
-        } else {
-            appendStringInfo(&s, "SELECT * FROM (SELECT * FROM (");
-            pending_arm(&s, e, f, "AND priority" GT "$7");
-            appendStringInfoString(&s, ") AS higher UNION ALL SELECT * FROM (");
-            pending_arm(&s, e, f, psprintf("AND priority" EQ "$7 %s", past));
-            appendStringInfoString(&s, ") AS same UNION ALL SELECT * FROM (");
-            pending_arm(&s, e, f, "AND priority" LT "$7");
-            appendStringInfoString(&s, ") AS lower) AS arms LIMIT $2");
-        }
-    }
-    appendStringInfoString(&s, "), ");
-    // The picked ids go to the UPDATE as one array (an InitPlan, computed
-    // once): a primary key lookup per id whatever the generic plan
-    // estimates, where a join on a CTE may become a merge join over the
-    // whole primary key.
-    appendStringInfo(&s,
-                     "claimed AS (UPDATE %s AS sharding_claimed SET owner = $1, claim_expires = " NOW PLUS "$3, "
-                     "status = 'processing'%s "
-                     "WHERE sharding_claimed.id" EQ "ANY ((SELECT pg_catalog.array_agg(c.id) FROM ("
-                     "%s%s ORDER BY %s LIMIT $2) AS c)::bigint[]) "
-                     "RETURNING sharding_claimed.*) "
-                     "SELECT * FROM claimed ORDER BY %s",
-                     e->name,
-                     e->cols.has_attempts ? ", attempts = coalesce(sharding_claimed.attempts, 0)" PLUS "1" : "",
-                     resume ? "" : psprintf("SELECT %s FROM expired UNION ALL ", keys),
-                     psprintf("SELECT %s FROM fresh", keys), e->order, e->order);
-    return s.data;
+// The claim statement of `plan` on the key column `column` (nullptr for
+// claim), from the claim-SQL builder (core/claim_sql.cpp).
+char *claim_sql(const QueueEntry *e, const char *column, const sharding::claim_sql::ClaimPlan &plan) {
+    const char *key = column != nullptr ? quote_identifier(column) : nullptr;
+    sharding::claim_sql::Table t{e->name, e->cols.has_attempts, e->cols.has_run_at, e->cols.has_priority};
+    return sharding::queue::sql_text([&] { return sharding::claim_sql::claim(t, key, plan); });
 }
 
 // The new run_at of a retried job under backoff: now() + base *
@@ -626,10 +524,6 @@ char *statement_sql(const QueueEntry *e, PlanKind kind) {
     const char *fence = "pg_catalog.texteq(status, 'processing') AND owner" EQ "$2";
     bool attempt = kind == CompleteAttemptPlan || kind == FailAttemptPlan || kind == ExtendAttemptPlan;
     switch (kind) {
-        case ClaimSweepPlan:
-            return claim_sql(e, nullptr, false);
-        case ClaimResumePlan:
-            return claim_sql(e, nullptr, true);
         case CompletePlan:
         case CompleteAttemptPlan:
             // $1 id, $2 worker, $3 attempt. claim_expires becomes the time
@@ -686,16 +580,13 @@ char *statement_sql(const QueueEntry *e, PlanKind kind) {
 }
 
 
-SPIPlanPtr plan_for(QueueEntry *e, PlanKind kind) {
-    if (e->plans[kind] != nullptr) return e->plans[kind];
+// The plan of a fenced statement (complete, fail, extend_lease).
+sharding::queue::PlanEntry *plan_for(QueueEntry *e, PlanKind kind) {
+    sharding::queue::PlanEntry *p = sharding::queue::plan_entry(e, sharding::queue::FencedPlans | kind, nullptr);
+    if (p->plan != nullptr) return p;
     Oid types[ClaimParams];
     int nargs = 0;
     switch (kind) {
-        case ClaimSweepPlan:
-        case ClaimResumePlan:
-            memcpy(types, claim_types, sizeof claim_types);
-            nargs = ClaimParams;
-            break;
         case CompletePlan:
         case CompleteAttemptPlan:
             types[0] = INT8OID, types[1] = TEXTOID, types[2] = INT4OID;
@@ -723,60 +614,24 @@ SPIPlanPtr plan_for(QueueEntry *e, PlanKind kind) {
         case PlanKinds:
             elog(ERROR, "bad queue plan kind");
     }
-    e->plans[kind] = keep(statement_sql(e, kind), nargs, types);
-    return e->plans[kind];
-}
-
-// The shard filter of claim_shards on `column`, checked to be a key type.
-char *shard_filter(Oid relid, const char *column) {
-    sharding::queue::check_key_column(relid, column);
-    return psprintf("AND sharding.shard_of(%s, $6)" EQ "ANY ($5)", quote_identifier(column));
-}
-
-SPIPlanPtr shard_plan_for(QueueEntry *e, const char *column, bool resume) {
-    if (strcmp(NameStr(e->shard_column), column) != 0) {
-        for (int k = 0; k < 2; k++) {
-            retire_plan(e->shard_plans[k]);  // an outer claim_shards may be running it
-            e->shard_plans[k] = nullptr;
-            e->shard_built[k] = false;
-        }
-        e->shard_pos.valid = false;
-        e->shard_sweep = SweepClock{0, 0, 0};
-        namestrcpy(&e->shard_column, column);
-    }
-    SPIPlanPtr &p = e->shard_plans[resume ? 1 : 0];
-    if (p == nullptr) p = keep(claim_sql(e, shard_filter(e->relid, column), resume), ClaimParams, claim_types);
+    p->plan = keep(statement_sql(e, kind), nargs, types);
+    p->built = false;
     return p;
 }
 
-// claim_node's filter on `column` (a key type): node_for(map, key) = node
-// ($11, $12). With `handoff`, also the handoff exclusion (contract section
-// 9, queue_ordered.cpp: handoff_ctes and handoff_exclusion).
-char *node_filter(Oid relid, const char *column, bool handoff) {
-    sharding::queue::check_key_column(relid, column);
-    const char *k = quote_identifier(column);
-    return psprintf("AND %s IS NOT NULL AND sharding.node_for($11, %s)" EQ "$12%s", k, k,
-                    handoff ? sharding::queue::handoff_exclusion(k, "$11") : "");
+// The plan of claim, claim_shards or claim_node (unordered) on the key
+// column `column` (nullptr for claim).
+sharding::queue::PlanEntry *claim_plan_for(QueueEntry *e, const char *column,
+                                           const sharding::claim_sql::ClaimPlan &plan) {
+    return sharding::queue::cached_plan(e, sharding::queue::ClaimPlans | plan.bits(), column, ClaimParams,
+                                        claim_types, [&] { return claim_sql(e, column, plan); });
 }
 
-// The plan of a claim_node: index resume * 2 + handoff.
-SPIPlanPtr node_plan_for(QueueEntry *e, const char *column, bool resume, bool handoff) {
-    if (strcmp(NameStr(e->node_column), column) != 0) {
-        for (int k = 0; k < 4; k++) {
-            retire_plan(e->node_plans[k]);  // an outer claim_node may be running it
-            e->node_plans[k] = nullptr;
-            e->node_built[k] = false;
-        }
-        e->node_pos.valid = false;
-        e->node_sweep = SweepClock{0, 0, 0};
-        namestrcpy(&e->node_column, column);
-    }
-    SPIPlanPtr &p = e->node_plans[(resume ? 2 : 0) + (handoff ? 1 : 0)];
-    if (p == nullptr)
-        p = keep(claim_sql(e, node_filter(e->relid, column, handoff), resume,
-                           handoff ? sharding::queue::handoff_ctes(e->name, quote_identifier(column), "$11", "$12") : ""),
-                 ClaimParams, claim_types);
-    return p;
+// Runs the fenced statement `kind` of the queue (execute_preferring_indexes).
+int run_fenced_plan(QueueEntry *e, PlanKind kind, Datum *values, const char *nulls) {
+    sharding::queue::PlanEntry *pe = plan_for(e, kind);
+    SPIPlanPtr plan = pe->plan;
+    return execute_preferring_indexes(plan, &pe->built, [&] { return SPI_execute_plan(plan, values, nulls, false, 0); });
 }
 
 // --- argument checks (22023, naming the value) ---
@@ -797,13 +652,11 @@ Datum id_arg(FunctionCallInfo fcinfo, int argno, bool int4_id) {
 // Runs a fenced single-row statement and reports whether it changed a row.
 bool run_fenced(Oid relid, PlanKind kind, Datum *values, const char *nulls) {
     connect_spi();
-    QueueEntry *e = lookup(relid);
+    QueueEntry *e = lookup_entry(relid);
     if ((kind == CompleteAttemptPlan || kind == ExtendAttemptPlan) && !e->cols.has_attempts)
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s has no attempts column to check attempt %d",
                        e->name, DatumGetInt32(values[kind == CompleteAttemptPlan ? 2 : 3]));
-    SPIPlanPtr plan = plan_for(e, kind);
-    int rc = execute_preferring_indexes(plan, &e->built[kind],
-                                        [&] { return SPI_execute_plan(plan, values, nulls, false, 0); });
+    int rc = run_fenced_plan(e, kind, values, nulls);
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     SPI_finish();
@@ -869,10 +722,6 @@ bool sweep_due(const SweepClock &clock) {
 }  // namespace sharding
 
 namespace {
-
-using sharding::queue::monotonic_us;
-using sharding::queue::SweepClock;
-using sharding::queue::thread_cpu_us;
 
 bool should_sweep(const Position &pos, const SweepClock &clock, uint32 filter_hash) {
     if (!pos.valid || pos.filter_hash != filter_hash || sharding::queue::rolled_back(pos.xid)) return true;
@@ -957,66 +806,20 @@ uint32 node_filter_hash(const char *column, text *map, text *node) {
     return hash_combine(h, hash_bytes_uint32(static_cast<uint32>(sharding::routing_generation())));
 }
 
-enum class ClaimKind { Plain, Shards, Node };
+using sharding::queue::ClaimArgs;
+using sharding::queue::ClaimKind;
 
-// claim, claim_shards and claim_node (unordered): validates, runs the claim
-// statement, and returns the claimed rows (as the table's row type, in
-// claim order) in materialize mode.
-Datum claim_common(FunctionCallInfo fcinfo, ClaimKind kind) {
-    ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
-    if (rsinfo == nullptr || !IsA(rsinfo, ReturnSetInfo) || !(rsinfo->allowedModes & SFRM_Materialize))
-        sharding::fail(ERRCODE_FEATURE_NOT_SUPPORTED, "set-valued function called in context that cannot accept a set");
-
-    Oid typid = get_fn_expr_argtype(fcinfo->flinfo, 0);
-    Oid relid = OidIsValid(typid) ? get_typ_typrelid(typid) : InvalidOid;
-    if (!OidIsValid(relid))
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue must be a table's row type (e.g. NULL::jobs), got %s",
-                       OidIsValid(typid) ? format_type_be(typid) : "unknown");
-    // Argument positions: claim(queue, worker, batch, lease); claim_shards(
-    // queue, worker, shards, shard_count, batch, lease, key_column);
-    // claim_node(queue, map, node, worker, batch, lease, key_column, ordered).
-    const bool by_shard = kind == ClaimKind::Shards, by_node = kind == ClaimKind::Node;
-    int worker_arg = by_node ? 3 : 1;
-    int batch_arg = kind == ClaimKind::Plain ? 2 : 4, lease_arg = batch_arg + 1;
-    if (by_node) {
-        require(fcinfo, 1, "map");
-        require(fcinfo, 2, "node");
-        require(fcinfo, 7, "ordered");
-    }
-    require(fcinfo, worker_arg, "worker");
-    require(fcinfo, batch_arg, "batch");
-    int32 batch = PG_GETARG_INT32(batch_arg);
-    if (batch < 1) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "batch must be at least 1, got %d", batch);
-    Datum lease = check_lease(fcinfo, lease_arg);
-    const char *key_column = nullptr;
-    int32 shard_count = 0;
-    Datum shards = 0;
-    uint32 filter_hash = 0;
-    if (by_shard) {
-        require(fcinfo, 2, "shards");
-        require(fcinfo, 3, "shard_count");
-        require(fcinfo, 6, "key_column");
-        shard_count = sharding::check_shard_count(PG_GETARG_INT32(3));
-        ArrayType *arr = PG_GETARG_ARRAYTYPE_P(2);
-        Datum *elems;
-        bool *elem_nulls;
-        int n;
-        deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &elem_nulls, &n);
-        for (int i = 0; i < n; i++) {
-            if (elem_nulls[i]) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shards must not contain null");
-            int32 s = DatumGetInt32(elems[i]);
-            if (s < 0 || s >= shard_count)
-                sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shard must be between 0 and %d, got %d",
-                               shard_count - 1, s);
-        }
-        shards = PointerGetDatum(arr);
-        key_column = NameStr(*PG_GETARG_NAME(6));
-        filter_hash = shard_filter_hash(key_column, shard_count, arr);
-    }
-    if (by_node) {
-        require(fcinfo, 6, "key_column");
-        key_column = NameStr(*PG_GETARG_NAME(6));
-    }
+// claim, claim_shards and claim_node (unordered), as `a` describes them:
+// validates, runs the claim statement, and returns the claimed rows (as
+// the table's row type, in claim order) in materialize mode.
+Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
+    sharding::queue::ClaimCall call = sharding::queue::check_claim_call(fcinfo, a);
+    ReturnSetInfo *rsinfo = call.rsinfo;
+    const Oid typid = call.typid, relid = call.relid;
+    const int32 batch = call.batch;
+    const bool by_shard = call.by_shard, by_node = call.by_node;
+    const char *key_column = call.key_column;
+    uint32 filter_hash = by_shard ? shard_filter_hash(key_column, call.shard_count, call.shards) : 0;
 
     connect_spi();
     bool handoff = false;
@@ -1025,77 +828,59 @@ Datum claim_common(FunctionCallInfo fcinfo, ClaimKind kind) {
         // Refuse a caller without rights before taking the map's lock.
         if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid))) sharding::queue::require_update(relid);
         // The map's lock, 42704, the worker's registration (queue_ordered.cpp).
-        node_claim = sharding::queue::begin_node_claim(PG_GETARG_DATUM(1), PG_GETARG_DATUM(2), PG_GETARG_DATUM(3));
-        filter_hash = node_filter_hash(key_column, PG_GETARG_TEXT_PP(1), PG_GETARG_TEXT_PP(2));
+        node_claim = sharding::queue::begin_node_claim(PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node),
+                                                       PG_GETARG_DATUM(a.worker));
+        filter_hash = node_filter_hash(key_column, PG_GETARG_TEXT_PP(a.map), PG_GETARG_TEXT_PP(a.node));
     }
-    QueueEntry *e = lookup(relid);
+    QueueEntry *e = lookup_entry(relid);
+    if (key_column != nullptr) sharding::queue::check_key_column(relid, key_column);
     if (by_node) {
-        sharding::queue::check_key_column(relid, key_column);
-        handoff = sharding::queue::handoff_needed(relid, key_column, PG_GETARG_DATUM(1), PG_GETARG_DATUM(2),
+        handoff = sharding::queue::handoff_needed(relid, key_column, PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node),
                                                   node_claim);
         // While the exclusion holds rows back, they fall behind the
         // position as the claims move on: no position then, every claim
         // sweeps (and the first claim after it sweeps too).
         if (handoff) filter_hash = hash_combine(filter_hash, 0x68616e64u);
     }
+    // (The filter hash covers the key column: a claim on another one sweeps.)
     Position &pos = by_shard ? e->shard_pos : by_node ? e->node_pos : e->pos;
     SweepClock &clock = by_shard ? e->shard_sweep : by_node ? e->node_sweep : e->sweep;
     bool sweep = should_sweep(pos, clock, filter_hash) || handoff;
+    using sharding::claim_sql::Filter;
+    const sharding::claim_sql::ClaimPlan plan_kind = {by_shard ? Filter::Shards : by_node ? Filter::Node : Filter::None,
+                                                      !sweep, handoff, e->has_max_attempts};
+    sharding::queue::PlanEntry *pe = claim_plan_for(e, key_column, plan_kind);
+    SPIPlanPtr plan = pe->plan;
+    bool *built = &pe->built;
     // A plan built by this call costs its planning: not a measure of the scan.
-    bool *built;
-    SPIPlanPtr plan;
-    if (by_shard) {
-        if (strcmp(NameStr(e->shard_column), key_column) != 0) sweep = true;
-        plan = shard_plan_for(e, key_column, !sweep);
-        built = &e->shard_built[sweep ? 0 : 1];
-    } else if (by_node) {
-        if (strcmp(NameStr(e->node_column), key_column) != 0) sweep = true;
-        plan = node_plan_for(e, key_column, !sweep, handoff);
-        built = &e->node_built[(sweep ? 0 : 2) + (handoff ? 1 : 0)];
-    } else {
-        PlanKind pk = sweep ? ClaimSweepPlan : ClaimResumePlan;
-        plan = plan_for(e, pk);
-        built = &e->built[pk];
-    }
     bool fresh_plan = !*built || !SPI_plan_is_valid(plan);
 
-    Datum values[ClaimParams] = {PG_GETARG_DATUM(worker_arg),
-                                 Int32GetDatum(batch),
-                                 lease,
-                                 Int32GetDatum(e->max_attempts),
-                                 shards,
-                                 Int32GetDatum(shard_count),
-                                 Int16GetDatum(pos.priority),
-                                 TimestampTzGetDatum(pos.run_at),
-                                 TimestampTzGetDatum(pos.created),
-                                 Int64GetDatum(pos.id),
-                                 by_node ? PG_GETARG_DATUM(1) : (Datum)0,
-                                 by_node ? PG_GETARG_DATUM(2) : (Datum)0};
-    bool resume = !sweep;
+    using namespace sharding::claim_sql;  // ClaimParam
+    Datum values[ClaimParams];
+    values[CWorker] = PG_GETARG_DATUM(a.worker);
+    values[CBatch] = Int32GetDatum(batch);
+    values[CLease] = call.lease;
+    values[CMaxAttempts] = Int32GetDatum(e->max_attempts);
+    values[CShards] = PointerGetDatum(call.shards);
+    values[CShardCount] = Int32GetDatum(call.shard_count);
+    values[CPosPriority] = Int16GetDatum(pos.priority);
+    values[CPosRunAt] = TimestampTzGetDatum(pos.run_at);
+    values[CPosCreated] = TimestampTzGetDatum(pos.created);
+    values[CPosId] = Int64GetDatum(pos.id);
+    values[CMap] = by_node ? PG_GETARG_DATUM(a.map) : (Datum)0;
+    values[CNode] = by_node ? PG_GETARG_DATUM(a.node) : (Datum)0;
     ParamListInfo params = makeParamList(ClaimParams);
     params->numParams = ClaimParams;
     for (int i = 0; i < ClaimParams; i++) {
-        bool isnull = (i == 3 && !e->has_max_attempts) || ((i == 4 || i == 5) && !by_shard) ||
-                      (i >= 6 && i <= 9 && !resume) || (i >= 10 && !by_node);
+        bool isnull = !claim_param_used(plan_kind, static_cast<ClaimParam>(i));
         params->params[i].value = isnull ? (Datum)0 : values[i];
         params->params[i].isnull = isnull;
         params->params[i].pflags = PARAM_FLAG_CONST;
         params->params[i].ptype = claim_types[i];
     }
-    // The claimed rows go straight from the statement into the result
-    // tuplestore, mapped onto the table's row type (which still counts
-    // dropped columns). Not detoasted (the receiver cannot map and detoast
-    // at once): the calling query reads them in this transaction, which
-    // holds a lock on the table, so their TOAST values stay.
-    MemoryContext per_query = rsinfo->econtext->ecxt_per_query_memory;
-    MemoryContext old = MemoryContextSwitchTo(per_query);
-    TupleDesc desc = lookup_rowtype_tupdesc_copy(typid, -1);
-    Tuplestorestate *store =
-        tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0, false, work_mem);
-    MemoryContextSwitchTo(old);
-    DestReceiver *inner = CreateDestReceiver(DestTuplestore);
-    SetTuplestoreDestReceiverParams(inner, store, per_query, false, desc,
-                                    "claimed rows do not match the row type of the queue table");
+    // The claimed rows go straight from the statement into the result.
+    sharding::queue::ClaimResult result = sharding::queue::begin_result(rsinfo, typid);
+    DestReceiver *inner = result.dest;
     KeyCapture *capture = static_cast<KeyCapture *>(palloc0(sizeof(KeyCapture)));
     capture->pub.receiveSlot = capture_receive;
     capture->pub.rStartup = capture_startup;
@@ -1129,10 +914,7 @@ Datum claim_common(FunctionCallInfo fcinfo, ClaimKind kind) {
     }
     capture->pub.rDestroy(&capture->pub);
     SPI_finish();
-    rsinfo->returnMode = SFRM_Materialize;
-    rsinfo->setResult = store;
-    rsinfo->setDesc = desc;
-    return (Datum)0;
+    return sharding::queue::finish_result(rsinfo, result);
 }
 
 // complete(queue, id, worker, attempt) for either id type.
@@ -1153,7 +935,7 @@ Datum fail_one(FunctionCallInfo fcinfo, bool int4_id) {
     require(fcinfo, 3, "retry");
     bool attempt = !PG_ARGISNULL(4);
     connect_spi();
-    QueueEntry *e = lookup(relid);
+    QueueEntry *e = lookup_entry(relid);
     Datum values[7] = {id,
                        PG_GETARG_DATUM(2),
                        PG_GETARG_DATUM(3),
@@ -1167,9 +949,7 @@ Datum fail_one(FunctionCallInfo fcinfo, bool int4_id) {
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s has no attempts column to check attempt %d",
                        e->name, PG_GETARG_INT32(4));
     PlanKind kind = attempt ? FailAttemptPlan : FailPlan;
-    SPIPlanPtr plan = plan_for(e, kind);
-    int rc = execute_preferring_indexes(plan, &e->built[kind],
-                                        [&] { return SPI_execute_plan(plan, values, nulls, false, 0); });
+    int rc = run_fenced_plan(e, kind, values, nulls);
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     // A job this backend sent back to pending may lie behind its position.
@@ -1203,7 +983,6 @@ namespace sharding {
 // Called once from _PG_init.
 void queue_init() {
     sharding::cache::register_kind(&queue_kind);
-    sharding::queue::ordered_init();
 }
 }  // namespace sharding
 
@@ -1215,7 +994,7 @@ void queue_init() {
  * (priority, run_at, created, id) and leases them to worker; returns them in
  * that order. Called as SELECT * FROM sharding.claim(NULL::jobs, 'w1').
  */
-SHARDING_FUNCTION(sharding_claim) { return claim_common(fcinfo, ClaimKind::Plain); }
+SHARDING_FUNCTION(sharding_claim) { return claim_common(fcinfo, sharding::queue::claim_args); }
 
 /*
  * claim_shards(queue anyelement, worker text, shards integer[],
@@ -1225,13 +1004,13 @@ SHARDING_FUNCTION(sharding_claim) { return claim_common(fcinfo, ClaimKind::Plain
  *
  * As claim, only rows whose shard_of(key_column, shard_count) is in shards.
  */
-SHARDING_FUNCTION(sharding_claim_shards) { return claim_common(fcinfo, ClaimKind::Shards); }
+SHARDING_FUNCTION(sharding_claim_shards) { return claim_common(fcinfo, sharding::queue::claim_shards_args); }
 
 namespace sharding {
 namespace queue {
 // claim_node with ordered => false (queue_ordered.cpp dispatches): the
 // resumable claim of claim_shards, filtered by node_for.
-Datum claim_node_unordered(FunctionCallInfo fcinfo) { return claim_common(fcinfo, ClaimKind::Node); }
+Datum claim_node_unordered(FunctionCallInfo fcinfo) { return claim_common(fcinfo, claim_node_args); }
 }  // namespace queue
 }  // namespace sharding
 
@@ -1262,10 +1041,8 @@ SHARDING_FUNCTION(sharding_complete_many) {
     require(fcinfo, 2, "worker");
     Datum values[2] = {PG_GETARG_DATUM(1), PG_GETARG_DATUM(2)};
     connect_spi();
-    QueueEntry *e = lookup(relid);
-    SPIPlanPtr plan = plan_for(e, CompleteManyPlan);
-    int rc = execute_preferring_indexes(plan, &e->built[CompleteManyPlan],
-                                        [&] { return SPI_execute_plan(plan, values, nullptr, false, 0); });
+    QueueEntry *e = lookup_entry(relid);
+    int rc = run_fenced_plan(e, CompleteManyPlan, values, nullptr);
     if (rc != SPI_OK_UPDATE) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 n = SPI_processed;
     SPI_finish();
@@ -1300,7 +1077,7 @@ SHARDING_FUNCTION(sharding_complete_attempts) {
     int n;
     deconstruct_array(ids, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &id_elems, &id_nulls, &n);
     connect_spi();
-    QueueEntry *e = lookup(relid);
+    QueueEntry *e = lookup_entry(relid);
     bool any_attempt = false;
     if (!e->cols.has_attempts) {
         Datum *att_elems;
@@ -1313,9 +1090,7 @@ SHARDING_FUNCTION(sharding_complete_attempts) {
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue table %s has no attempts column to check attempts",
                        e->name);
     Datum values[3] = {PointerGetDatum(ids), PG_GETARG_DATUM(2), PointerGetDatum(attempts)};
-    SPIPlanPtr plan = plan_for(e, CompleteAttemptsPlan);
-    int rc = execute_preferring_indexes(plan, &e->built[CompleteAttemptsPlan],
-                                        [&] { return SPI_execute_plan(plan, values, nullptr, false, 0); });
+    int rc = run_fenced_plan(e, CompleteAttemptsPlan, values, nullptr);
     if (rc != SPI_OK_UPDATE_RETURNING) elog(ERROR, "queue update failed: %s", SPI_result_code_string(rc));
     uint64 done = SPI_processed;
     int64 *passed = static_cast<int64 *>(SPI_palloc(sizeof(int64) * (done + 1)));
@@ -1381,15 +1156,16 @@ SHARDING_FUNCTION(sharding__queue_sql) {
     require(fcinfo, 1, "kind");
     char *kind = text_to_cstring(PG_GETARG_TEXT_PP(1));
     connect_spi();
-    QueueEntry *e = lookup(relid);
+    QueueEntry *e = lookup_entry(relid);
     char *sql;
     if (strcmp(kind, "claim") == 0)
-        sql = statement_sql(e, ClaimSweepPlan);
+        sql = claim_sql(e, nullptr, {sharding::claim_sql::Filter::None, false, false, e->has_max_attempts});
     else if (strcmp(kind, "claim_resume") == 0)
-        sql = statement_sql(e, ClaimResumePlan);
-    else if (strncmp(kind, "claim_shards:", 13) == 0)
-        sql = claim_sql(e, shard_filter(relid, kind + 13), false);
-    else if (strcmp(kind, "complete") == 0)
+        sql = claim_sql(e, nullptr, {sharding::claim_sql::Filter::None, true, false, e->has_max_attempts});
+    else if (strncmp(kind, "claim_shards:", 13) == 0) {
+        sharding::queue::check_key_column(relid, kind + 13);
+        sql = claim_sql(e, kind + 13, {sharding::claim_sql::Filter::Shards, false, false, e->has_max_attempts});
+    } else if (strcmp(kind, "complete") == 0)
         sql = statement_sql(e, CompleteAttemptPlan);
     else if (strcmp(kind, "complete_many") == 0)
         sql = statement_sql(e, CompleteManyPlan);
@@ -1439,10 +1215,121 @@ SHARDING_FUNCTION(sharding__queue_settings_changed) {
 
 namespace sharding {
 namespace queue {
-// The queue's max_attempts from the cached settings (lookup), or -1.
-int32 max_attempts_of(Oid relid) {
-    QueueEntry *e = lookup(relid);
-    return e->has_max_attempts ? e->max_attempts : -1;
+
+Queue *lookup(Oid relid) { return lookup_entry(relid); }
+
+ClaimResult begin_result(ReturnSetInfo *rsinfo, Oid typid) {
+    ClaimResult r;
+    MemoryContext per_query = rsinfo->econtext->ecxt_per_query_memory;
+    MemoryContext old = MemoryContextSwitchTo(per_query);
+    r.desc = lookup_rowtype_tupdesc_copy(typid, -1);
+    r.store = tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0, false, work_mem);
+    MemoryContextSwitchTo(old);
+    r.dest = CreateDestReceiver(DestTuplestore);
+    SetTuplestoreDestReceiverParams(r.dest, r.store, per_query, false, r.desc,
+                                    "claimed rows do not match the row type of the queue table");
+    return r;
 }
+
+Datum finish_result(ReturnSetInfo *rsinfo, const ClaimResult &r) {
+    rsinfo->returnMode = SFRM_Materialize;
+    rsinfo->setResult = r.store;
+    rsinfo->setDesc = r.desc;
+    return (Datum)0;
+}
+
+PlanEntry *plan_entry(const Queue *q, uint32 kind, const char *key_column) {
+    PlanKey k;
+    memset(&k, 0, sizeof k);
+    k.relid = q->relid;
+    k.kind = kind;
+    if (key_column != nullptr) namestrcpy(&k.key_column, key_column);
+    bool found;
+    PlanEntry *p = static_cast<PlanEntry *>(hash_search(plan_cache, &k, HASH_ENTER, &found));
+    if (!found) {
+        p->plan = nullptr;
+        p->built = false;
+    } else if (p->plan != nullptr && p->stamp != q->stamp) {
+        // Prepared for an older build of the queue entry: an outer call
+        // (a trigger that claims) may still be running it.
+        retire_plan(p->plan);
+        p->plan = nullptr;
+        p->built = false;
+    }
+    p->stamp = q->stamp;
+    return p;
+}
+
+void check_shards(ArrayType *arr, int32 shard_count) {
+    if (ARR_NDIM(arr) > 1)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shards must be a one-dimensional array");
+    Datum *elems;
+    bool *elem_nulls;
+    int n;
+    deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &elem_nulls, &n);
+    for (int i = 0; i < n; i++) {
+        if (elem_nulls[i]) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shards must not contain null");
+        int32 s = DatumGetInt32(elems[i]);
+        if (s < 0 || s >= shard_count)
+            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shard must be between 0 and %d, got %d",
+                           shard_count - 1, s);
+    }
+}
+
+ClaimCall check_claim_call(FunctionCallInfo fcinfo, const ClaimArgs &a) {
+    ClaimCall c;
+    memset(&c, 0, sizeof c);
+    c.rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
+    if (c.rsinfo == nullptr || !IsA(c.rsinfo, ReturnSetInfo) || !(c.rsinfo->allowedModes & SFRM_Materialize))
+        sharding::fail(ERRCODE_FEATURE_NOT_SUPPORTED, "set-valued function called in context that cannot accept a set");
+    c.typid = get_fn_expr_argtype(fcinfo->flinfo, 0);
+    c.relid = OidIsValid(c.typid) ? get_typ_typrelid(c.typid) : InvalidOid;
+    if (!OidIsValid(c.relid))
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue must be a table's row type (e.g. NULL::jobs), got %s",
+                       OidIsValid(c.typid) ? format_type_be(c.typid) : "unknown");
+    if (a.map >= 0) {
+        require(fcinfo, a.map, "map");
+        require(fcinfo, a.node, "node");
+        require(fcinfo, a.ordered_arg, "ordered");
+        c.by_node = true;
+    }
+    require(fcinfo, a.worker, "worker");
+    require(fcinfo, a.batch, "batch");
+    c.batch = PG_GETARG_INT32(a.batch);
+    if (c.batch < 1) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "batch must be at least 1, got %d", c.batch);
+    c.lease = check_lease(fcinfo, a.lease);
+    if (a.kind == ClaimKind::Shards) {
+        // Shards required (and checked before the key column, as always).
+        require(fcinfo, a.shards, "shards");
+        require(fcinfo, a.shard_count, "shard_count");
+        require(fcinfo, a.key_column, "key_column");
+        c.shard_count = sharding::check_shard_count(PG_GETARG_INT32(a.shard_count));
+        c.shards = PG_GETARG_ARRAYTYPE_P(a.shards);
+        check_shards(c.shards, c.shard_count);
+        c.by_shard = true;
+        c.key_column = NameStr(*PG_GETARG_NAME(a.key_column));
+        return c;
+    }
+    if (a.key_column >= 0) {
+        require(fcinfo, a.key_column, "key_column");
+        c.key_column = NameStr(*PG_GETARG_NAME(a.key_column));
+    }
+    if (a.shards >= 0) {
+        // Optional (claim_ordered): both or neither.
+        bool has_shards = !PG_ARGISNULL(a.shards), has_count = !PG_ARGISNULL(a.shard_count);
+        if (has_shards != has_count)
+            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
+                           has_shards ? "shards needs shard_count, got NULL" : "shard_count %d needs shards, got NULL",
+                           has_count ? PG_GETARG_INT32(a.shard_count) : 0);
+        if (has_count) {
+            c.shard_count = sharding::check_shard_count(PG_GETARG_INT32(a.shard_count));
+            c.shards = PG_GETARG_ARRAYTYPE_P(a.shards);
+            check_shards(c.shards, c.shard_count);
+            c.by_shard = true;
+        }
+    }
+    return c;
+}
+
 }  // namespace queue
 }  // namespace sharding

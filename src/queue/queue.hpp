@@ -1,15 +1,25 @@
-// Queue tables (sections 3, 9, 10 of the contract): the checks and column
-// discovery every claim needs, shared by queue.cpp and queue_ordered.cpp.
+// Queue tables (docs/queue.md, docs/ordered.md): the one queue engine that
+// every claim kind shares (queue.cpp; queue_ordered.cpp is the ordered
+// claims' executor): the checks and column discovery, the queue entry and
+// plan cache, the claim kinds' descriptions.
 //
 // Glue: these functions call PostgreSQL (syscache, relcache) and throw
 // sharding::Error for user errors, so call them only where no owning C++
 // object is alive (boundary.hpp, rule 2).
 #pragma once
 
+#include "pg/boundary.hpp"
 #include "pg/pg.hpp"
+
+#include <string>
 
 extern "C" {
 #include "executor/spi.h"
+#include "executor/tstoreReceiver.h"
+#include "fmgr.h"
+#include "nodes/execnodes.h"
+#include "utils/array.h"
+#include "utils/tuplestore.h"
 }
 
 namespace sharding {
@@ -25,6 +35,10 @@ struct QueueColumns {
     bool has_attempts;  // attempts integer: counts claims, fencing token
     bool has_run_at;    // run_at timestamptz: not claimed before it
     bool has_priority;  // priority smallint: highest first
+    // The types of run_at and priority, InvalidOid where the table has no
+    // such column (claim_columns: an ordered claim reads them wherever
+    // they exist).
+    Oid run_at_type, priority_type;
 };
 
 // The table's quoted, schema-qualified name (palloc'd).
@@ -58,9 +72,128 @@ void check_unique_id(Oid relid, const char *qname);
 // The key column of a claim must exist and be of a shard key type (22023).
 void check_key_column(Oid relid, const char *column);
 
-// The claim order for the present columns, each column prefixed by
-// `prefix` ("" or "t."): "priority DESC, run_at, created, id".
-const char *claim_order(const QueueColumns &cols, const char *prefix);
+// ------------------------------------------------------- the one engine
+// Every claim kind (claim, claim_shards, claim_node, claim_ordered) and
+// every fenced statement (complete, fail, extend_lease) goes through one
+// queue entry per table and one plan cache, both on the cache module
+// (cache.hpp: its context, its relcache and syscache callbacks, its
+// retirement rule), one validation (lookup, claim_columns,
+// check_key_column) and one claim-SQL builder (core/claim_sql.hpp).
+//
+// The queue entry: a table as this backend validated it, rebuilt
+// completely (lookup) after the module's callback marked it stale (ALTER
+// TABLE, DROP, a new index, a renamed schema, a changed row of
+// sharding.queue_settings, whose trigger sends the table's relcache
+// invalidation). Each build has a new stamp.
+struct Queue {
+    Oid relid;  // hash key
+    uint64 stamp;  // of the build: a plan or position of an older one is stale
+    QueueColumns cols;
+    bool has_max_attempts;
+    int32 max_attempts;
+    char *name;  // quoted, schema-qualified; in the cache context
+};
+// Checks privileges, locks the table (open_queue), and returns its valid
+// entry, validated as a queue table (check_queue_table) with its settings
+// (sharding.queue_settings). Needs an SPI connection. Valid for the
+// current call.
+Queue *lookup(Oid relid);
+
+// The columns a claim kind orders and counts by: the queue's (run_at and
+// priority only with the contract's types), or for an ordered claim
+// (ordered), run_at and priority wherever they exist, refused with 22023
+// unless run_at is timestamptz and priority an integer type.
+QueueColumns claim_columns(const Queue *q, bool ordered);
+
+// The plan cache: one kept plan per (table, kind, key column), kind being
+// a family of statements and the variant within it. A plan is valid for
+// the queue entry's stamp it was prepared under; a stale one is retired
+// (cache.hpp) when it is next looked up.
+enum PlanFamily : uint32 {
+    FencedPlans = 0,         // queue.cpp's PlanKind (complete, fail, ...)
+    ClaimPlans = 1u << 8,    // claim_sql::ClaimPlan::bits()
+    OrderedPlans = 2u << 8,  // claim_sql's ordered variant bits
+};
+struct PlanKey {
+    Oid relid;
+    uint32 kind;  // PlanFamily | variant
+    NameData key_column;  // empty for the kinds without one
+};
+struct PlanEntry {
+    PlanKey key;  // hash key
+    SPIPlanPtr plan;  // nullptr: to be prepared
+    uint64 stamp;     // Queue::stamp it was prepared under
+    bool built;       // the plan has run (built its generic plan)
+};
+// The entry of (q, kind, key_column), its plan nullptr when it must be
+// prepared (then the caller prepares it with keep, and sets built false).
+PlanEntry *plan_entry(const Queue *q, uint32 kind, const char *key_column);
+// The plan of (q, kind, key_column), prepared from build() (the SQL text,
+// palloc'd) with the parameter types when missing or stale.
+template <typename Build>
+PlanEntry *cached_plan(const Queue *q, uint32 kind, const char *key_column, int nargs, Oid *types, Build build);
+
+// Where the arguments of a claim kind are (-1: it has none), and what it
+// is: the description of each claim kind that its SQL functions, the
+// argument checks (check_claim_call) and the executors share.
+enum class ClaimKind { Plain, Shards, Node, Ordered };
+struct ClaimArgs {
+    ClaimKind kind;
+    bool ordered;  // per-key order (claim_ordered; claim_node with ordered => true)
+    int worker, batch, lease, key_column;
+    int shards, shard_count;  // claim_shards (required), claim_ordered (optional)
+    int map, node, ordered_arg;  // claim_node
+};
+// claim(queue, worker, batch, lease)
+constexpr ClaimArgs claim_args = {ClaimKind::Plain, false, 1, 2, 3, -1, -1, -1, -1, -1, -1};
+// claim_shards(queue, worker, shards, shard_count, batch, lease, key_column)
+constexpr ClaimArgs claim_shards_args = {ClaimKind::Shards, false, 1, 4, 5, 6, 2, 3, -1, -1, -1};
+// claim_node(queue, map, node, worker, batch, lease, key_column, ordered)
+constexpr ClaimArgs claim_node_args = {ClaimKind::Node, false, 3, 4, 5, 6, -1, -1, 1, 2, 7};
+// claim_ordered(queue, worker, batch, lease, key_column, shards, shard_count)
+constexpr ClaimArgs claim_ordered_args = {ClaimKind::Ordered, true, 1, 2, 3, 4, 5, 6, -1, -1, -1};
+
+// A claim's arguments, checked (22023 naming the value; 0A000 outside a
+// set-returning context), in the same order for every kind.
+struct ClaimCall {
+    ReturnSetInfo *rsinfo;
+    Oid typid, relid;  // the queue's row type and table
+    int32 batch;
+    Datum lease;
+    const char *key_column;  // nullptr for claim
+    bool by_shard;           // shards and shard_count given
+    int32 shard_count;
+    ArrayType *shards;
+    bool by_node;
+};
+ClaimCall check_claim_call(FunctionCallInfo fcinfo, const ClaimArgs &a);
+
+// A claim's result (materialize mode): the tuplestore the claimed rows go
+// straight to, mapped onto the queue's row type (which still counts dropped
+// columns), in the query's memory, and a receiver that writes there. Not
+// detoasted (the receiver cannot map and detoast at once): the calling
+// query reads them in this transaction, which holds a lock on the table,
+// so their TOAST values stay. finish_result hands it to the caller.
+struct ClaimResult {
+    Tuplestorestate *store;
+    TupleDesc desc;
+    DestReceiver *dest;
+};
+ClaimResult begin_result(ReturnSetInfo *rsinfo, Oid typid);
+Datum finish_result(ReturnSetInfo *rsinfo, const ClaimResult &r);
+// The shards of claim_shards and claim_ordered: a one-dimensional array
+// without NULLs of shards in [0, shard_count) (22023).
+void check_shards(ArrayType *shards, int32 shard_count);
+
+// Runs a claim-SQL builder (core/claim_sql.hpp: a callable returning a
+// std::string) and returns its text palloc'd in the current memory
+// context. The copy is made through glue (boundary.hpp, rule 2): the
+// std::string is alive while pnstrdup may ereport.
+template <typename F>
+char *sql_text(F &&build) {
+    std::string text = build();
+    return sharding::glue(pnstrdup, text.c_str(), static_cast<Size>(text.size()));
+}
 
 // claim_node (contract section 9), first steps, in queue_ordered.cpp: takes
 // the map's share lock (move_shard, rebalance and pin wait for the claim's
@@ -80,17 +213,9 @@ NodeClaim begin_node_claim(Datum map, Datum node, Datum worker);
 // were checked; needs an SPI connection.
 bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, const NodeClaim &c);
 
-// The handoff exclusion's SQL, one text for every claim that uses it.
-// qname: the queue, quoted; key: its key column, quoted; map, node: the
-// parameters that hold them ("$6"). foreign_jobs: "qname f WHERE ..." for
-// the jobs of node's keys processing under workers registered with another
-// node of the map (live_only: under a live lease). handoff_ctes: the CTEs
-// foreign_leases and blocked (those keys, and the logical shards of the
-// unpinned ones), ending in ", ". handoff_exclusion: " AND NOT (...)" of
-// key_expr against blocked.
-const char *foreign_jobs(const char *qname, const char *key, const char *map, const char *node, bool live_only);
-const char *handoff_ctes(const char *qname, const char *key, const char *map, const char *node);
-const char *handoff_exclusion(const char *key_expr, const char *map);
+// The handoff exclusion's SQL, one text for every claim that uses it, is
+// the claim-SQL builder's (core/claim_sql.hpp: foreign_jobs, handoff_ctes,
+// handoff_exclusion).
 
 // Argument checks and SPI helpers shared by every queue function
 // (queue.cpp). require: 22023 "<what> must not be null" for a NULL argument.
@@ -101,10 +226,6 @@ void require(FunctionCallInfo fcinfo, int argno, const char *what);
 Datum check_lease(FunctionCallInfo fcinfo, int argno);
 SPIPlanPtr keep(const char *sql, int nargs, Oid *types);
 void connect_spi();
-// The queue's max_attempts (sharding.queue_settings, as cached per backend
-// with the queue's other settings and invalidated when they change), or -1.
-// Checks the queue table as claim does. Needs an SPI connection.
-int32 max_attempts_of(Oid relid);
 
 // Claims under a pinned horizon (queue.cpp, "claims under a pinned
 // horizon"): a claim normally resumes past a remembered position and every
@@ -133,13 +254,20 @@ bool rolled_back(TransactionId xid);
 // queue_ordered.cpp: forgets the ordered claims' remembered positions of a
 // queue (fail with retry sent a job back to pending, behind them).
 void forget_ordered_positions(Oid relid);
-// queue_ordered.cpp: registers the ordered claims' cache kind (from
-// queue_init).
-void ordered_init();
 
 // claim_node with ordered => false, in queue.cpp: the claim of
 // claim_shards (resumable, see queue.cpp) filtered by node_for.
 Datum claim_node_unordered(FunctionCallInfo fcinfo);
+
+template <typename Build>
+PlanEntry *cached_plan(const Queue *q, uint32 kind, const char *key_column, int nargs, Oid *types, Build build) {
+    PlanEntry *p = plan_entry(q, kind, key_column);
+    if (p->plan == nullptr) {
+        p->plan = keep(build(), nargs, types);
+        p->built = false;
+    }
+    return p;
+}
 
 }  // namespace queue
 }  // namespace sharding

@@ -25,18 +25,20 @@
 // transaction, so a move waits for the claims in flight and a claim after
 // the move sees it and A's committed claims.
 //
-// Plans are prepared once per backend per (queue, variant, key column)
-// and kept, in the cache module's memory (cache.hpp). An entry records a
-// signature of what its SQL text was built from (the table's qualified
-// name and which optional columns it has) and is rebuilt when the
-// signature changes or the module's relcache callback marked it stale;
-// replaced plans are retired by the module's one rule. The table is
-// checked by queue.cpp's check_queue_table, as for claim, and max_attempts
-// comes from queue.cpp's cached settings.
+// This file is the ordered claims' executor (the rounds of the pick, the
+// positions they resume from) and claim_node's first steps. The queue
+// engine's shared parts are queue.cpp's (queue.hpp, "the one engine"): one
+// queue entry and one plan cache (keyed by table, OrderedPlans | variant
+// and key column; a plan is stale once its queue entry was rebuilt), one
+// validation (lookup, claim_columns, check_key_column), one argument check
+// (check_claim_call, from the description claim_ordered_args or
+// claim_node_args); the SQL text is the claim-SQL builder's
+// (core/claim_sql.cpp).
 //
 // Boundary (boundary.hpp, rule 2): no owning C++ object on the stack
 // anywhere; SQL text lives in StringInfo (palloc).
 #include "pg/boundary.hpp"
+#include "core/claim_sql.hpp"
 #include "core/hash_core.hpp"
 #include "pg/cache.hpp"
 #include "pg/keys.hpp"
@@ -80,59 +82,22 @@ extern "C" {
 
 namespace {
 
-// Variant bits of a claim statement.
-enum : uint32 {
-    Ordered = 1,   // per-key order (claim_ordered, claim_node ordered => true)
-    ByShard = 2,   // shards/shard_count filter
-    ByNode = 4,    // node_for(map, key) = node
-    Reap = 8,      // the queue has max_attempts: expired leases past it go to failed
-    Handoff = 16,  // ByNode, and a worker is registered with another node: the handoff exclusion
-    Resume = 32,   // the pick's walk starts past a position
-    Update = 64,   // not a pick: the claim's UPDATE of the picked ids
-};
+// The variant bits of an ordered claim statement (Ordered ... Update) and
+// the pick's parameters (PickParam) are the claim-SQL builder's
+// (core/claim_sql.hpp), which builds the text of every claim kind.
+using namespace sharding::claim_sql;  // Ordered ... Update, PickParam
 
-struct PlanKey {
-    Oid relid;
-    uint32 variant;
-    NameData key_column;
-};
-
-struct PlanEntry {
-    PlanKey key;  // hash key
-    char *signature;  // in ordered_cxt
-    SPIPlanPtr plan;
-    bool stale;  // set by the relcache callback
-    bool built;  // the plan has run (a claim that builds it is no measure of its cost)
-    bool has_priority, has_run_at;  // of the table it was built for
-};
-
-// In the cache module's memory (cache.hpp); its relcache callback marks
-// a table's plans stale (ordered_relation_changed), and what a rebuild
-// replaces is retired by the module's one rule.
+// The plans live in the one plan cache of the queue engine (queue.hpp,
+// cached_plan: keyed by table, OrderedPlans | variant and key column); the
+// positions below in the cache module's memory.
 MemoryContext ordered_cxt = nullptr;
-HTAB *plan_cache = nullptr;
 SPIPlanPtr node_check_plan = nullptr;
 SPIPlanPtr register_plan = nullptr;
 
-void ensure_cache() {
-    if (plan_cache != nullptr) return;
-    ordered_cxt = sharding::cache::entry_context("sharding ordered claims");
-    HASHCTL ctl;
-    memset(&ctl, 0, sizeof ctl);
-    ctl.keysize = sizeof(PlanKey);
-    ctl.entrysize = sizeof(PlanEntry);
-    ctl.hcxt = ordered_cxt;
-    plan_cache = hash_create("sharding ordered claim plans", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+void ensure_context() {
+    if (ordered_cxt == nullptr) ordered_cxt = sharding::cache::entry_context("sharding ordered claim positions");
 }
 
-// A replaced plan may still run further up the stack (a trigger on the
-// queue that claims again): the cache module frees it once no call of the
-// extension runs.
-void retire(SPIPlanPtr plan) {
-    if (plan != nullptr) sharding::cache::retire_plan(plan);
-}
-
-using sharding::queue::check_lease;
 using sharding::queue::connect_spi;
 using sharding::queue::keep;
 using sharding::queue::qualified_name;
@@ -149,23 +114,6 @@ struct Shape {
     bool has_attempts, has_run_at, has_priority;
 };
 
-// Claim order of rows aliased `a` (section 10): priority, run_at, created, id.
-void append_order(StringInfo s, const Shape &q, const char *a) {
-    if (q.has_priority) appendStringInfo(s, "%s.priority DESC, ", a);
-    if (q.has_run_at) appendStringInfo(s, "%s.run_at, ", a);
-    appendStringInfo(s, "%s.created, %s.id", a, a);
-}
-
-// The filter every candidate row `c` passes: key not NULL, due, shard or
-// node filter with the handoff exclusions.
-void append_filter(StringInfo s, const Shape &q, uint32 variant) {
-    appendStringInfo(s, " AND c.%s IS NOT NULL", q.key);
-    if (q.has_run_at) appendStringInfoString(s, " AND NOT (c.run_at > pg_catalog.now())");
-    if (variant & ByShard) appendStringInfo(s, " AND sharding.shard_of(c.%s, $5) = ANY ($4)", q.key);
-    if (variant & ByNode) appendStringInfo(s, " AND sharding.node_for($6, c.%s) = $7", q.key);
-    if (variant & Handoff)
-        appendStringInfoString(s, sharding::queue::handoff_exclusion(psprintf("c.%s", q.key), "$6"));
-}
 
 // Head of its key: no older pending job, no older processing job, no other
 // job under a live lease (the last only arises when plain claim and
@@ -181,38 +129,23 @@ void append_filter(StringInfo s, const Shape &q, uint32 variant) {
 // `oldest_pending`: c is known to be its key's oldest pending job under the
 // statement's snapshot (the fallback picks it so), and the first probe,
 // which asks just that under the same snapshot, is left out.
-void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false) {
-    // The processing probe first (CASE fixes the order), and backwards:
-    // a busy key's index range holds an entry for every job of it done
-    // lately, dead but not yet removable or killed (on a page that
-    // changes all the time, btree cannot mark them), all older than the
-    // job in flight, which a backward probe meets first. The pending
-    // probe then runs only for keys with nothing in flight.
-    //
-    // "status = ANY ('{pending,processing}') AND status > 'pending'" is
-    // status = 'processing' spelled so that only the (key, status,
-    // created, id) index can serve it: the partial index on claim_expires
-    // WHERE status = 'processing' cannot prove its predicate from it.
-    // Planned right after ANALYZE of a queue with nothing in flight, the
-    // generic plan otherwise took that index (estimated empty) and read
-    // all of it, with every entry a completed job leaves, per candidate:
-    // most of the CPU of a claim once workers had run a while.
-    appendStringInfo(s,
-                     " AND CASE WHEN EXISTS (SELECT FROM %s o WHERE o.%s = c.%s"
-                     " AND o.status = ANY ('{pending,processing}'::text[]) AND o.status > 'pending'"
-                     " AND o.id <> c.id AND ((o.created, o.id) < (c.created, c.id)"
-                     " OR o.claim_expires >= pg_catalog.now()) ORDER BY o.status DESC, o.created DESC, o.id DESC OFFSET 0)"
-                     " THEN false",
-                     q.qname, q.key, q.key);
-    if (!oldest_pending)
-        appendStringInfo(s,
-                         " ELSE NOT EXISTS (SELECT FROM %s o WHERE o.%s = c.%s AND o.status = 'pending'"
-                         " AND (o.created, o.id) < (c.created, c.id))",
-                         q.qname, q.key, q.key);
-    else
-        appendStringInfoString(s, " ELSE true");
-    appendStringInfoString(s, " END");
-}
+//
+// The processing probe first (CASE fixes the order), and backwards:
+// a busy key's index range holds an entry for every job of it done
+// lately, dead but not yet removable or killed (on a page that
+// changes all the time, btree cannot mark them), all older than the
+// job in flight, which a backward probe meets first. The pending
+// probe then runs only for keys with nothing in flight.
+//
+// "status = ANY ('{pending,processing}') AND status > 'pending'" is
+// status = 'processing' spelled so that only the (key, status,
+// created, id) index can serve it: the partial index on claim_expires
+// WHERE status = 'processing' cannot prove its predicate from it.
+// Planned right after ANALYZE of a queue with nothing in flight, the
+// generic plan otherwise took that index (estimated empty) and read
+// all of it, with every entry a completed job leaves, per candidate:
+// most of the CPU of a claim once workers had run a while.
+// (The text: append_head_check in core/claim_sql.cpp.)
 
 // The pick of an ordered claim: which rows it locks, in one statement per
 // round (claim_ordered_common runs the rounds and the UPDATE). Keys take
@@ -253,238 +186,57 @@ void append_head_check(StringInfo s, const Shape &q, bool oldest_pending = false
 //   'l' the walk's last row, n: how many rows the walk read
 //   't' when the walk reached the end of the line: the last pending row in
 //       claim order (unfiltered), if due
-// The parameters' indexes in the pick's Datum array ($n is index n - 1).
-enum PickParam : int {
-    PWorker = 0, PNeed, PLease, PShards, PShardCount, PMap, PNode, PMaxAttempts, PWalk,
-    PPosPriority, PPosRunAt, PPosCreated, PPosId, PLeftOut, PTaken, PFirstRound, PProbed,
-    PickParams  // how many
-};
-static_assert(PickParams == 17, "pick_sql numbers its parameters $1 to $17");
+// The parameters' types, by PickParam (core/claim_sql.hpp).
 Oid pick_types[PickParams] = {TEXTOID, INT4OID,        INTERVALOID,    INT4ARRAYOID, INT4OID,     TEXTOID,
                               TEXTOID, INT4OID,        INT4OID,        INT8OID,      TIMESTAMPTZOID, TIMESTAMPTZOID,
                               INT8OID, TEXTARRAYOID,   INT8ARRAYOID,   BOOLOID,      TEXTARRAYOID};
 
-// The claim-order key of rows aliased `a` as the pick returns it: id,
-// priority (int8, 0 without the column), run_at (NULL without it), created.
-void append_position(StringInfo s, const Shape &q, const char *a) {
-    appendStringInfo(s, "%s.id, %s, %s, %s.created", a,
-                     q.has_priority ? psprintf("%s.priority::pg_catalog.int8", a) : "0::pg_catalog.int8",
-                     q.has_run_at ? psprintf("%s.run_at", a) : "NULL::pg_catalog.timestamptz", a);
-}
-
-// One arm of the walk: pending rows in claim order, filtered, past `past`.
-void append_walk_arm(StringInfo s, const Shape &q, uint32 variant, const char *cols, const char *past) {
-    appendStringInfo(s,
-                     "SELECT %s, c.%s::pg_catalog.text AS k, c.tableoid AS r, c.ctid AS t "
-                     "FROM %s c WHERE c.status = 'pending'",
-                     cols, q.key, q.qname);
-    append_filter(s, q, variant);
-    appendStringInfo(s, " AND NOT (c.%s::pg_catalog.text COLLATE \"C\" = ANY ($14))%s ORDER BY ", q.key, past);
-    append_order(s, q, "c");
-    appendStringInfoString(s, " LIMIT $9");
+// The text of the pick and of the UPDATE (core/claim_sql.cpp).
+sharding::claim_sql::OrderedTable ordered_table(const Shape &q) {
+    return {{q.qname, q.has_attempts, q.has_run_at, q.has_priority}, q.key, q.key_type};
 }
 
 char *pick_sql(const Shape &q, uint32 variant) {
-    const char *cols = q.has_priority && q.has_run_at ? "c.id, c.created, c.priority, c.run_at"
-                       : q.has_priority                ? "c.id, c.created, c.priority"
-                       : q.has_run_at                  ? "c.id, c.created, c.run_at"
-                                                       : "c.id, c.created";
-    StringInfoData s;
-    initStringInfo(&s);
-    appendStringInfoString(&s, "WITH ");
-    if (variant & Reap)
-        appendStringInfo(&s,
-                         "reaped AS (UPDATE %s AS sharding_reaped SET status = 'failed' "
-                         "WHERE $16 AND sharding_reaped.id IN (SELECT id FROM %s "
-                         "WHERE status = 'processing' AND claim_expires < pg_catalog.now() AND attempts >= $8 "
-                         "FOR UPDATE SKIP LOCKED)), ",
-                         q.qname, q.qname);
-    if (variant & Handoff) appendStringInfoString(&s, sharding::queue::handoff_ctes(q.qname, q.key, "$6", "$7"));
-    appendStringInfo(&s,
-                     "expired AS MATERIALIZED (SELECT %s, c.%s::pg_catalog.text AS k FROM %s c "
-                     "WHERE $16 AND c.status = 'processing' AND c.claim_expires < pg_catalog.now()",
-                     cols, q.key, q.qname);
-    if (variant & Reap) appendStringInfoString(&s, " AND (c.attempts IS NULL OR c.attempts < $8)");
-    append_filter(&s, q, variant);
-    append_head_check(&s, q);
-    appendStringInfoString(&s, " ORDER BY ");
-    append_order(&s, q, "c");
-    appendStringInfoString(&s, " LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
-    // The walk, from the start of the line or past the position: as ranges
-    // of the pending index (the higher priorities are behind the position).
-    appendStringInfoString(&s, "walk AS MATERIALIZED (");
-    if (!(variant & Resume)) {
-        append_walk_arm(&s, q, variant, cols, "");
-    } else {
-        const char *past = q.has_run_at ? " AND ROW(c.run_at, c.created, c.id) > ROW($11, $12, $13)"
-                                        : " AND ROW(c.created, c.id) > ROW($12, $13)";
-        if (!q.has_priority) {
-            append_walk_arm(&s, q, variant, cols, past);
-        } else {
-            appendStringInfoString(&s, "SELECT * FROM ((");
-            append_walk_arm(&s, q, variant, cols, psprintf(" AND c.priority = $10%s", past));
-            appendStringInfoString(&s, ") UNION ALL (");
-            append_walk_arm(&s, q, variant, cols, " AND c.priority < $10");
-            appendStringInfoString(&s, ")) AS arms LIMIT $9");
-        }
-    }
-    appendStringInfoString(&s, "), ");
-    // The probes: each remembered key's oldest pending job.
-    appendStringInfo(&s,
-                     "probes AS MATERIALIZED (SELECT %s, p.k, c.r, c.t "
-                     "FROM pg_catalog.unnest($17) AS p(k) CROSS JOIN LATERAL (SELECT o.*, o.tableoid AS r, o.ctid AS t FROM %s o "
-                     "WHERE o.%s = p.k::%s AND o.status = 'pending' ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) c), ",
-                     cols, q.qname, q.key, q.key_type, q.key);
-    // Per key, its oldest candidate; then, in claim order, each is tested
-    // and locked until $2 are taken.
-    appendStringInfo(&s,
-                     "fresh AS MATERIALIZED (SELECT %s, w.k FROM (SELECT * FROM (SELECT DISTINCT ON (x.k) x.* FROM "
-                     "(SELECT * FROM walk UNION ALL SELECT * FROM probes) x ORDER BY x.k, x.created, x.id) d ORDER BY ",
-                     cols);
-    append_order(&s, q, "d");
-    // The lock first, then the head check: with several workers at the
-    // front of the line, most candidates another worker holds, and
-    // SKIP LOCKED passes them over for less than the two probes of the
-    // head check. A candidate that fails the check stays locked to the end
-    // of the transaction: it was no head, no claim wanted it.
-    appendStringInfo(&s, " OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM (SELECT c.* FROM %s c "
-                         "WHERE c.tableoid = w.r AND c.ctid = w.t AND c.status = 'pending'", q.qname);
-    append_filter(&s, q, variant);
-    appendStringInfoString(&s, " AND c.id <> ALL ($15) AND sharding._current_version(c.tableoid, c.ctid) "
-                               "FOR UPDATE OF c SKIP LOCKED) AS c WHERE true");
-    append_head_check(&s, q);
-    appendStringInfoString(&s, ") AS c LIMIT $2) ");
-    appendStringInfoString(&s, "SELECT 'e'::\"char\" AS kind, ");
-    append_position(&s, q, "e");
-    appendStringInfoString(&s, ", e.k, NULL::pg_catalog.int8 AS n FROM expired e UNION ALL SELECT 'f', ");
-    append_position(&s, q, "f");
-    appendStringInfoString(&s, ", f.k, NULL FROM fresh f UNION ALL SELECT 'w', ");
-    append_position(&s, q, "w");
-    appendStringInfoString(&s, ", w.k, w.n FROM (SELECT DISTINCT ON (v.k) v.*, "
-                               "pg_catalog.count(*) OVER (PARTITION BY v.k) AS n FROM walk v "
-                               "WHERE v.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::pg_catalog.int8[]) "
-                               "ORDER BY v.k, ");
-    append_order(&s, q, "v");
-    appendStringInfoString(&s, ") w UNION ALL SELECT 'p', ");
-    append_position(&s, q, "p");
-    appendStringInfoString(&s, ", p.k, NULL FROM probes p UNION ALL SELECT 'l', ");
-    append_position(&s, q, "l");
-    appendStringInfoString(&s, ", l.k, (SELECT pg_catalog.count(*) FROM walk) FROM (SELECT * FROM walk z ORDER BY ");
-    {
-        // The walk's last row: claim order reversed.
-        if (q.has_priority) appendStringInfoString(&s, "z.priority, ");
-        if (q.has_run_at) appendStringInfoString(&s, "z.run_at DESC, ");
-        appendStringInfoString(&s, "z.created DESC, z.id DESC");
-    }
-    appendStringInfoString(&s, " LIMIT 1) l");
-    // The tail of the line: the last pending row in claim order (a
-    // backward descent of the pending index), if it is due (a job
-    // scheduled later sits behind the jobs inserted meanwhile).
-    appendStringInfoString(&s, " UNION ALL SELECT 't', ");
-    append_position(&s, q, "l");
-    appendStringInfo(&s, ", NULL, NULL FROM (SELECT * FROM %s z WHERE z.status = 'pending' ORDER BY ", q.qname);
-    if (q.has_priority) appendStringInfoString(&s, "z.priority, ");
-    if (q.has_run_at) appendStringInfoString(&s, "z.run_at DESC, ");
-    appendStringInfoString(&s, "z.created DESC, z.id DESC LIMIT 1) l WHERE (SELECT pg_catalog.count(*) FROM walk) < $9");
-    if (q.has_run_at) appendStringInfoString(&s, " AND NOT (l.run_at > pg_catalog.now())");
-    return s.data;
+    return sharding::queue::sql_text([&] { return sharding::claim_sql::pick(ordered_table(q), variant); });
 }
 
 // The claim's UPDATE: $1 worker, $2 the picked ids, $3 lease; the claimed
 // rows come back in claim order.
 char *update_sql(const Shape &q) {
-    StringInfoData s;
-    initStringInfo(&s);
-    appendStringInfo(&s,
-                     "WITH claimed AS (UPDATE %s AS u SET owner = $1, claim_expires = pg_catalog.now() + $3, "
-                     "status = 'processing'%s WHERE u.id = ANY ($2) RETURNING u.*) SELECT * FROM claimed c ORDER BY ",
-                     q.qname, q.has_attempts ? ", attempts = coalesce(u.attempts, 0) + 1" : "");
-    append_order(&s, q, "c");
-    return s.data;
+    return sharding::queue::sql_text([&] { return sharding::claim_sql::update(ordered_table(q)); });
 }
 Oid update_types[3] = {TEXTOID, INT8ARRAYOID, INTERVALOID};
 
-// Checks privileges and the table, locks it, and returns the kept plan of
-// `variant`. Needs an SPI connection.
-PlanEntry *plan_for(Oid relid, uint32 variant, const char *key_column) {
-    ensure_cache();
-    sharding::queue::open_queue(relid);  // one opening with claim's (queue.cpp)
+// The shape of an ordered claim on the queue q (validated by lookup and
+// claim_columns) and its key column.
+Shape shape_of(const sharding::queue::Queue *q, const sharding::queue::QueueColumns &cols, const char *key_column) {
+    Shape shape;
+    shape.relid = q->relid;
+    shape.qname = q->name;
+    shape.key = quote_identifier(key_column);
+    AttrNumber ka = get_attnum(q->relid, key_column);
+    shape.key_type = ka == InvalidAttrNumber ? "text" : format_type_be_qualified(get_atttype(q->relid, ka));
+    shape.key_att = ka;
+    shape.has_attempts = cols.has_attempts;
+    shape.has_run_at = cols.has_run_at;
+    shape.has_priority = cols.has_priority;
+    return shape;
+}
 
-    Shape q;
-    q.relid = relid;
-    q.qname = qualified_name(relid);
-    q.key = quote_identifier(key_column);
-    {
-        AttrNumber ka = get_attnum(relid, key_column);
-        q.key_type = ka == InvalidAttrNumber ? "text" : format_type_be_qualified(get_atttype(relid, ka));
-        q.key_att = ka;
-    }
-    AttrNumber att;
-    q.has_attempts = (att = get_attnum(relid, "attempts")) != InvalidAttrNumber && get_atttype(relid, att) == INT4OID;
-    q.has_run_at = get_attnum(relid, "run_at") != InvalidAttrNumber;
-    q.has_priority = get_attnum(relid, "priority") != InvalidAttrNumber;
-    // The signature: everything the SQL text depends on, plus the types of
-    // the columns it reads, so that a changed column rebuilds the plan.
-    StringInfoData sig;
-    initStringInfo(&sig);
-    appendStringInfo(&sig, "%s|%d%d%d", q.qname, q.has_attempts, q.has_run_at, q.has_priority);
-    static const char *const cols[] = {"id", "status", "owner", "claim_expires", "created", "run_at", "priority"};
-    for (const char *col : cols) {
-        AttrNumber a = get_attnum(relid, col);
-        appendStringInfo(&sig, "|%d:%u", a, a == InvalidAttrNumber ? 0 : get_atttype(relid, a));
-    }
-    att = get_attnum(relid, key_column);
-    appendStringInfo(&sig, "|%d:%u", att, att == InvalidAttrNumber ? 0 : get_atttype(relid, att));
-
-    PlanKey k;
-    memset(&k, 0, sizeof k);
-    k.relid = relid;
-    k.variant = variant;
-    namestrcpy(&k.key_column, key_column);
-    bool found;
-    PlanEntry *e = static_cast<PlanEntry *>(hash_search(plan_cache, &k, HASH_ENTER, &found));
-    if (!found) {
-        e->signature = nullptr;
-        e->plan = nullptr;
-        e->stale = false;
-    }
-    if (e->plan != nullptr && !e->stale && e->signature != nullptr && strcmp(e->signature, sig.data) == 0) return e;
-    e->stale = false;  // an invalidation during the build below marks it again
-
-    elog(DEBUG1, "sharding: preparing ordered claim variant %u on %s", variant, q.qname);
-    retire(e->plan);
-    e->plan = nullptr;
-    if (e->signature != nullptr) pfree(e->signature);
-    e->signature = nullptr;
-
-    // One validation with claim (queue.cpp): the required columns, attempts
-    // if present, the unique index on id. The ordered claims also read
-    // run_at and priority wherever the columns exist, so those must have
-    // the contract's types.
-    (void)sharding::queue::check_queue_table(relid);
-    if (q.has_run_at) {
-        Oid t = get_atttype(relid, get_attnum(relid, "run_at"));
-        if (t != TIMESTAMPTZOID)
-            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"run_at\" of queue table %s has type %s, not %s",
-                           q.qname, format_type_be(t), format_type_be(TIMESTAMPTZOID));
-    }
-    if (q.has_priority) {
-        AttrNumber a = get_attnum(relid, "priority");
-        Oid t = get_atttype(relid, a);
-        if (t != INT2OID && t != INT4OID && t != INT8OID)
-            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "column \"priority\" of queue table %s has type %s, not smallint",
-                           q.qname, format_type_be(t));
-    }
-    sharding::queue::check_key_column(relid, key_column);
-
-    SPIPlanPtr p = (variant & Update) ? keep(update_sql(q), 3, update_types)
-                                      : keep(pick_sql(q, variant), PickParams, pick_types);
-    e->signature = MemoryContextStrdup(ordered_cxt, sig.data);
-    e->plan = p;
-    e->built = false;
-    e->has_priority = q.has_priority;
-    e->has_run_at = q.has_run_at;
-    return e;
+// The kept plan of `variant` on the queue q (after lookup, claim_columns
+// and check_key_column).
+sharding::queue::PlanEntry *plan_for(const sharding::queue::Queue *q, const sharding::queue::QueueColumns &cols,
+                                     uint32 variant, const char *key_column) {
+    auto build = [&] {
+        elog(DEBUG1, "sharding: preparing ordered claim variant %u on %s", variant, q->name);
+        Shape shape = shape_of(q, cols, key_column);
+        return (variant & Update) ? update_sql(shape) : pick_sql(shape, variant);
+    };
+    if (variant & Update)
+        return sharding::queue::cached_plan(q, sharding::queue::OrderedPlans | variant, key_column, UpdateParams,
+                                            update_types, build);
+    return sharding::queue::cached_plan(q, sharding::queue::OrderedPlans | variant, key_column, PickParams,
+                                        pick_types, build);
 }
 
 // --- argument checks (22023, naming the value) ---
@@ -530,33 +282,6 @@ void lock_map_shared(text *map) {
 
 namespace sharding {
 namespace queue {
-
-const char *foreign_jobs(const char *qname, const char *key, const char *map, const char *node, bool live_only) {
-    return psprintf("%s f WHERE f.status OPERATOR(pg_catalog.=) 'processing'%s AND f.%s IS NOT NULL "
-                    "AND sharding.node_for(%s, f.%s) OPERATOR(pg_catalog.=) %s "
-                    "AND EXISTS (SELECT FROM sharding.claim_node_workers w WHERE w.map OPERATOR(pg_catalog.=) %s "
-                    "AND w.worker OPERATOR(pg_catalog.=) f.owner AND w.node OPERATOR(pg_catalog.<>) %s)",
-                    qname, live_only ? " AND f.claim_expires OPERATOR(pg_catalog.>=) pg_catalog.now()" : "", key,
-                    map, key, node, map, node);
-}
-
-const char *handoff_ctes(const char *qname, const char *key, const char *map, const char *node) {
-    return psprintf("foreign_leases AS MATERIALIZED (SELECT f.%s AS k FROM %s), "
-                    "blocked AS MATERIALIZED (SELECT coalesce(pg_catalog.array_agg(l.k::pg_catalog.text), '{}') AS keys, "
-                    "coalesce(pg_catalog.array_agg(sharding.logical_shard(%s, l.k)) FILTER (WHERE NOT EXISTS "
-                    "(SELECT FROM sharding.pins p WHERE p.map OPERATOR(pg_catalog.=) %s "
-                    "AND p.key OPERATOR(pg_catalog.=) l.k::pg_catalog.text COLLATE \"C\")), '{}') AS shards "
-                    "FROM foreign_leases l), ",
-                    key, foreign_jobs(qname, key, map, node, true), map, map);
-}
-
-const char *handoff_exclusion(const char *key_expr, const char *map) {
-    return psprintf(" AND NOT (%s::pg_catalog.text COLLATE \"C\" OPERATOR(pg_catalog.=) "
-                    "ANY ((SELECT b.keys FROM blocked b)::pg_catalog.text[]) "
-                    "OR sharding.logical_shard(%s, %s) OPERATOR(pg_catalog.=) "
-                    "ANY ((SELECT b.shards FROM blocked b)::pg_catalog.int4[]))",
-                    key_expr, map, key_expr);
-}
 
 NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {
     lock_map_shared(DatumGetTextPP(map));
@@ -616,8 +341,8 @@ bool handoff_needed(Oid relid, const char *key_column, Datum map, Datum node, co
     // Are there any, live or not? (An expired lease still processing can
     // be extended by its worker, live again. The claim statement itself
     // computes which block what.)
-    const char *q = psprintf("SELECT FROM %s LIMIT 1",
-                             foreign_jobs(qualified_name(relid), quote_identifier(key_column), "$1", "$2", false));
+    const char *qname = qualified_name(relid), *key = quote_identifier(key_column);
+    const char *q = sql_text([&] { return "SELECT FROM " + claim_sql::foreign_jobs(qname, key, "$1", "$2", false) + " LIMIT 1"; });
     Oid types[2] = {TEXTOID, TEXTOID};
     Datum values[2] = {map, node};
     int rc = SPI_execute_with_args(q, 2, types, values, nullptr, false, 1);
@@ -689,13 +414,14 @@ struct OrderedState {
     bool backlog[kMaxProbed];
     uint32 filter_hash;
     TransactionId xid;  // of the claim that set it
+    uint64 stamp;       // of the queue entry it was set under (queue.hpp)
     sharding::queue::SweepClock clock;
 };
 
 HTAB *state_cache = nullptr;
 
 OrderedState *state_for(Oid relid, uint32 variant, const char *key_column) {
-    ensure_cache();
+    ensure_context();
     if (state_cache == nullptr) {
         HASHCTL ctl;
         memset(&ctl, 0, sizeof ctl);
@@ -737,20 +463,6 @@ void forget_positions(Oid relid) {
     while (OrderedState *st = static_cast<OrderedState *>(hash_seq_search(&seq)))
         if (relid == InvalidOid || st->key.relid == relid) st->valid = false;
 }
-
-// Cache module callback: marks the table's plans stale and forgets its
-// positions (TRUNCATE, ALTER TABLE: the positions may point anywhere).
-void ordered_relation_changed(Oid relid) {
-    if (plan_cache != nullptr) {
-        HASH_SEQ_STATUS pseq;
-        hash_seq_init(&pseq, plan_cache);
-        while (PlanEntry *e = static_cast<PlanEntry *>(hash_seq_search(&pseq)))
-            if (relid == InvalidOid || e->key.relid == relid) e->stale = true;
-    }
-    forget_positions(relid);
-}
-
-const sharding::cache::Kind ordered_kind = {"ordered claims", ordered_relation_changed, nullptr, 0, {0, 0, 0, 0}};
 
 // Claim order of two positions: negative if a comes first.
 int compare_pos(bool has_priority, bool has_run_at, const OrderPos &a, const OrderPos &b) {
@@ -865,67 +577,19 @@ int compare_rows(const void *a, const void *b) {
     return compare_pos(g_has_priority, g_has_run_at, x->pos, y->pos);
 }
 
-struct ClaimArgs {
-    int worker, batch, lease, key_column;
-    int shards = -1, shard_count = -1;  // claim_ordered
-    int map = -1, node = -1, ordered = -1;  // claim_node
-};
+using sharding::queue::ClaimArgs;
 
-// Validates the shard filter of claim_ordered; returns whether it is used.
-bool shard_args(FunctionCallInfo fcinfo, const ClaimArgs &a, int32 *shard_count) {
-    bool has_shards = !PG_ARGISNULL(a.shards), has_count = !PG_ARGISNULL(a.shard_count);
-    if (has_shards != has_count)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
-                       has_shards ? "shards needs shard_count, got NULL" : "shard_count %d needs shards, got NULL",
-                       has_count ? PG_GETARG_INT32(a.shard_count) : 0);
-    if (!has_count) return false;
-    *shard_count = sharding::check_shard_count(PG_GETARG_INT32(a.shard_count));
-    ArrayType *arr = PG_GETARG_ARRAYTYPE_P(a.shards);
-    if (ARR_NDIM(arr) > 1)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shards must be a one-dimensional array");
-    Datum *elems;
-    bool *elem_nulls;
-    int n;
-    deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &elem_nulls, &n);
-    for (int i = 0; i < n; i++) {
-        if (elem_nulls[i]) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shards must not contain null");
-        int32 s = DatumGetInt32(elems[i]);
-        if (s < 0 || s >= *shard_count)
-            sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shard must be between 0 and %d, got %d",
-                           *shard_count - 1, s);
-    }
-    return true;
-}
-
+// claim_ordered, and claim_node with ordered => true, as `a` describes them.
 Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
-    ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
-    if (rsinfo == nullptr || !IsA(rsinfo, ReturnSetInfo) || !(rsinfo->allowedModes & SFRM_Materialize))
-        sharding::fail(ERRCODE_FEATURE_NOT_SUPPORTED, "set-valued function called in context that cannot accept a set");
-
-    Oid typid = get_fn_expr_argtype(fcinfo->flinfo, 0);
-    Oid relid = OidIsValid(typid) ? get_typ_typrelid(typid) : InvalidOid;
-    if (!OidIsValid(relid))
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "queue must be a table's row type (e.g. NULL::jobs), got %s",
-                       OidIsValid(typid) ? format_type_be(typid) : "unknown");
-    uint32 variant = 0;
-    if (a.map >= 0) {
-        require(fcinfo, a.map, "map");
-        require(fcinfo, a.node, "node");
-        require(fcinfo, a.ordered, "ordered");
-        variant |= ByNode;
-        if (PG_GETARG_BOOL(a.ordered)) variant |= Ordered;
-    } else {
-        variant |= Ordered;
-    }
-    require(fcinfo, a.worker, "worker");
-    require(fcinfo, a.batch, "batch");
-    int32 batch = PG_GETARG_INT32(a.batch);
-    if (batch < 1) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "batch must be at least 1, got %d", batch);
-    Datum lease = check_lease(fcinfo, a.lease);
-    require(fcinfo, a.key_column, "key_column");
-    const char *key_column = NameStr(*PG_GETARG_NAME(a.key_column));
-    int32 shard_count = 0;
-    if (a.shards >= 0 && shard_args(fcinfo, a, &shard_count)) variant |= ByShard;
+    sharding::queue::ClaimCall call = sharding::queue::check_claim_call(fcinfo, a);
+    ReturnSetInfo *rsinfo = call.rsinfo;
+    const Oid typid = call.typid, relid = call.relid;
+    const int32 batch = call.batch, shard_count = call.shard_count;
+    const Datum lease = call.lease;
+    const char *key_column = call.key_column;
+    uint32 variant = Ordered;
+    if (call.by_node) variant |= ByNode;
+    if (call.by_shard) variant |= ByShard;
 
     connect_spi();
     sharding::queue::NodeClaim node_claim{false, 0};
@@ -935,23 +599,23 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     if (variant & ByNode)
         node_claim = sharding::queue::begin_node_claim(PG_GETARG_DATUM(a.map), PG_GETARG_DATUM(a.node),
                                                        PG_GETARG_DATUM(a.worker));
-    int32 max_att = -1;
-    // Plan checks come first (a table without attempts has no max_attempts).
-    PlanEntry *pe = plan_for(relid, variant, key_column);
+    // The one validation (queue.cpp): the queue table, the columns an
+    // ordered claim reads, the key column.
+    sharding::queue::Queue *q = sharding::queue::lookup(relid);
+    const sharding::queue::QueueColumns cols = sharding::queue::claim_columns(q, true);
+    sharding::queue::check_key_column(relid, key_column);
     if ((variant & ByNode) && sharding::queue::handoff_needed(relid, key_column, PG_GETARG_DATUM(a.map),
                                                               PG_GETARG_DATUM(a.node), node_claim))
         variant |= Handoff;
-    {
-        AttrNumber att = get_attnum(relid, "attempts");
-        if (att != InvalidAttrNumber && get_atttype(relid, att) == INT4OID) max_att = sharding::queue::max_attempts_of(relid);
-    }
+    // (A table without attempts has no max_attempts: lookup.)
+    const int32 max_att = q->has_max_attempts ? q->max_attempts : -1;
     if (max_att > 0) variant |= Reap;
-    const bool has_priority = pe->has_priority, has_run_at = pe->has_run_at;
+    const bool has_priority = cols.has_priority, has_run_at = cols.has_run_at;
 
     // Sweep or resume (see "where an ordered claim resumes").
     OrderedState *st = state_for(relid, variant, key_column);
     uint32 fh = filter_hash(fcinfo, variant, a.shards, shard_count, a.map, a.node);
-    bool sweep = !st->valid || st->filter_hash != fh || sharding::queue::rolled_back(st->xid) ||
+    bool sweep = !st->valid || st->stamp != q->stamp || st->filter_hash != fh || sharding::queue::rolled_back(st->xid) ||
                  sharding::queue::sweep_due(st->clock) || (variant & Handoff);
     OrderPos start = {false, 0, 0, 0, 0};
     KeySet probe;
@@ -995,7 +659,8 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     OrderPos frontier = end;  // then: its last fresh row
     for (int round = 0;; round++) {
         CHECK_FOR_INTERRUPTS();
-        PlanEntry *p = plan_for(relid, variant | (pos.valid ? static_cast<uint32>(Resume) : 0u), key_column);
+        sharding::queue::PlanEntry *p =
+            plan_for(q, cols, variant | (pos.valid ? static_cast<uint32>(Resume) : 0u), key_column);
         fresh_plan = fresh_plan || !p->built;
         int32 need = batch - ntaken;
         Datum values[PickParams] = {PG_GETARG_DATUM(a.worker),
@@ -1122,18 +787,11 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
     Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * (nclaim + 1)));
     for (int i = 0; i < nclaim; i++) ids[i] = Int64GetDatum(locked[i].pos.id);
 
-    MemoryContext per_query = rsinfo->econtext->ecxt_per_query_memory;
-    MemoryContext old = MemoryContextSwitchTo(per_query);
-    TupleDesc desc = lookup_rowtype_tupdesc_copy(typid, -1);
-    Tuplestorestate *store =
-        tuplestore_begin_heap((rsinfo->allowedModes & SFRM_Materialize_Random) != 0, false, work_mem);
-    MemoryContextSwitchTo(old);
+    sharding::queue::ClaimResult result = sharding::queue::begin_result(rsinfo, typid);
     uint64 n = 0;
     if (nclaim > 0) {
-        PlanEntry *up = plan_for(relid, Ordered | Update, key_column);
-        DestReceiver *dest = CreateDestReceiver(DestTuplestore);
-        SetTuplestoreDestReceiverParams(dest, store, per_query, false, desc,
-                                        "claimed rows do not match the row type of the queue table");
+        sharding::queue::PlanEntry *up = plan_for(q, cols, Ordered | Update, key_column);
+        DestReceiver *dest = result.dest;
         ParamListInfo params = makeParamList(3);
         params->numParams = 3;
         Datum uv[3] = {PG_GETARG_DATUM(a.worker),
@@ -1204,24 +862,20 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
         st->valid = true;
         st->filter_hash = fh;
         st->xid = GetCurrentTransactionIdIfAny();
+        st->stamp = q->stamp;
     }
     if (sweep && !fresh_plan)
         st->clock = sharding::queue::SweepClock{sharding::queue::monotonic_us(), cpu, 0};
     else if (!sweep)
         st->clock.cpu_since_us += cpu;
     SPI_finish();
-    rsinfo->returnMode = SFRM_Materialize;
-    rsinfo->setResult = store;
-    rsinfo->setDesc = desc;
-    return (Datum)0;
+    return sharding::queue::finish_result(rsinfo, result);
 }
 
 }  // namespace
 
 namespace sharding {
 namespace queue {
-
-void ordered_init() { sharding::cache::register_kind(&ordered_kind); }
 
 void forget_ordered_positions(Oid relid) { forget_positions(relid); }
 
@@ -1238,9 +892,7 @@ void forget_ordered_positions(Oid relid) { forget_positions(relid); }
  * flight. Rows come back in claim order.
  */
 SHARDING_FUNCTION(sharding_claim_ordered) {
-    ClaimArgs a;
-    a.worker = 1, a.batch = 2, a.lease = 3, a.key_column = 4, a.shards = 5, a.shard_count = 6;
-    return claim_common(fcinfo, a);
+    return claim_common(fcinfo, sharding::queue::claim_ordered_args);
 }
 
 /*
@@ -1256,9 +908,7 @@ SHARDING_FUNCTION(sharding_claim_ordered) {
 SHARDING_FUNCTION(sharding_claim_node) {
     // Unordered: the resumable claim of claim_shards (queue.cpp).
     if (!PG_ARGISNULL(7) && !PG_GETARG_BOOL(7)) return sharding::queue::claim_node_unordered(fcinfo);
-    ClaimArgs a;
-    a.map = 1, a.node = 2, a.worker = 3, a.batch = 4, a.lease = 5, a.key_column = 6, a.ordered = 7;
-    return claim_common(fcinfo, a);
+    return claim_common(fcinfo, sharding::queue::claim_node_args);
 }
 
 /*
