@@ -390,6 +390,10 @@ COMMENT ON FUNCTION sharding._move_drop_triggers(text, text) IS
 -- from the map's tables over a connection (the source after a move, the
 -- destination after a failed one), bypassing triggers and the guard (that
 -- node does not own these rows); returns how many rows.
+-- One plain DELETE per table, its count read from the command tag, all in
+-- one remote transaction (all of it or nothing). Not a data-modifying CTE
+-- with RETURNING: that stores every deleted row in a tuplestore only to
+-- count it, about a third more time for a 1,000,000-row shard.
 -- @object sharding._move_delete_rows
 CREATE FUNCTION sharding._move_delete_rows(conn text, map text, logical integer, key text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE
@@ -399,36 +403,53 @@ DECLARE
     t record;
     shards integer := sharding._require_map(map);
     pins text[];
-    tag text;
     total bigint := 0;
     origin text := sharding._move_name(map, logical);
-    ctes text;
-    unions text;
+    tag text;
+    begun boolean := false;
 BEGIN
     SELECT coalesce(pg_catalog.array_agg(p.key), '{}') INTO pins FROM sharding.pins p WHERE p.map = $2;
-    -- Under a replication origin of the move's own: the decoders of other
-    -- moves from that node drop changes that carry an origin, so these
-    -- deletes never travel (a DELETE's old key is not in the WAL where the
-    -- key is not in the replica identity, so they could not be filtered).
-    -- One remote transaction: all of it or nothing.
-    SELECT pg_catalog.string_agg(pg_catalog.format('d%s AS (DELETE FROM %s WHERE %s RETURNING 1)', m.n, m.rel,
-               sharding._move_filter_sql(m.key_column, m.key_type, shards, logical, key, pins)), ', '),
-           pg_catalog.string_agg(pg_catalog.format('SELECT 1 FROM d%s', m.n), ' UNION ALL ')
-      INTO ctes, unions
-      FROM (SELECT mt.*, pg_catalog.row_number() OVER () AS n FROM sharding._move_tables(map) mt) m;
-    IF ctes IS NULL THEN
+    IF NOT EXISTS (SELECT FROM sharding._move_tables(map)) THEN
         RETURN 0;
     END IF;
-    total := sharding._dbl_value(conn, pg_catalog.format(
-        'SET session_replication_role = replica; '
-        'SELECT pg_catalog.pg_replication_origin_session_reset() WHERE pg_catalog.pg_replication_origin_session_is_setup(); '
-        'SELECT pg_catalog.pg_replication_origin_create(%L) '
-        'WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_origin WHERE roname = %L); '
-        'SELECT pg_catalog.pg_replication_origin_session_setup(%L); '
-        'WITH %s SELECT pg_catalog.count(*) FROM (%s) AS x',
-        origin, origin, origin, ctes, unions))::bigint;
-    PERFORM sharding._dbl_run(conn, 'SELECT pg_catalog.pg_replication_origin_session_reset(); '
-                                    'SET session_replication_role = origin');
+    BEGIN
+        -- Under a replication origin of the move's own: the decoders of
+        -- other moves from that node drop changes that carry an origin, so
+        -- these deletes never travel (a DELETE's old key is not in the WAL
+        -- where the key is not in the replica identity, so they could not
+        -- be filtered).
+        begun := true;
+        PERFORM sharding._dbl_run(conn, pg_catalog.format(
+            'BEGIN; '
+            'SET LOCAL session_replication_role = replica; '
+            'SELECT pg_catalog.pg_replication_origin_session_reset() WHERE pg_catalog.pg_replication_origin_session_is_setup(); '
+            'SELECT pg_catalog.pg_replication_origin_create(%L) '
+            'WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_origin WHERE roname = %L); '
+            'SELECT pg_catalog.pg_replication_origin_session_setup(%L)',
+            origin, origin, origin));
+        FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
+            tag := sharding._dbl_value(conn, pg_catalog.format('DELETE FROM %s WHERE %s', t.rel,
+                       sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins)));
+            IF tag IS NULL OR tag !~ '^DELETE [0-9]+$' THEN
+                RAISE EXCEPTION 'unexpected answer to a DELETE on connection %: %', conn, tag
+                    USING ERRCODE = 'protocol_violation';
+            END IF;
+            total := total + pg_catalog.substr(tag, 8)::bigint;
+        END LOOP;
+        PERFORM sharding._dbl_run(conn, 'COMMIT');
+        begun := false;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        IF begun THEN
+            BEGIN
+                PERFORM sharding._dbl_run(conn, 'ROLLBACK; SELECT pg_catalog.pg_replication_origin_session_reset() '
+                                                'WHERE pg_catalog.pg_replication_origin_session_is_setup()');
+            EXCEPTION WHEN OTHERS THEN
+                NULL;   -- the connection is gone or unusable: the caller starts from a fresh one
+            END;
+        END IF;
+        RAISE;
+    END;
+    PERFORM sharding._dbl_run(conn, 'SELECT pg_catalog.pg_replication_origin_session_reset()');
     BEGIN
         PERFORM sharding._dbl_run(conn, pg_catalog.format('SELECT pg_catalog.pg_replication_origin_drop(%L)', origin));
     EXCEPTION WHEN OTHERS THEN

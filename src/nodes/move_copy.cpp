@@ -80,14 +80,17 @@ PullState pull;
 
 char pull_error[512];
 
-int read_chunk(Remote *r, const char **data, int *len) {
+// 1: a chunk, 0: the end, 2: none has arrived yet (only when !may_wait),
+// negative: an error.
+int read_chunk(Remote *r, const char **data, int *len, bool may_wait) {
     // C++ (Remote::read_copy) inside the callback: exceptions must not
     // cross PostgreSQL's C frames, so they are turned into an ERROR by the
     // caller, once no C++ object is alive.
     char *msg = pull_error;
     int code = 0;
     try {
-        return r->read_copy(data, len) ? 1 : 0;
+        int rc = r->next_copy(data, len, may_wait);
+        return rc < 0 ? 2 : rc;
     } catch (const Error &e) {
         code = e.sqlstate();
         strlcpy(msg, e.what(), sizeof pull_error);
@@ -101,16 +104,21 @@ int read_chunk(Remote *r, const char **data, int *len) {
     return -code - 1;  // negative: an error, reported by the caller (no C++ object alive there)
 }
 
+// Fills CopyFrom's buffer with every row that has already arrived (the
+// source sends one CopyData message per row: one row per call would cost a
+// call of the parser's buffer refill per row); waits only while it has
+// nothing to give.
 int pull_source(void *outbuf, int minread, int maxread) {
     (void)minread;
     int copied = 0;
     while (copied < maxread) {
         if (pull.off >= pull.len) {
-            if (pull.done || copied > 0) break;
+            if (pull.done) break;
             const char *d = nullptr;
             int l = 0;
-            int rc = read_chunk(pull.remote, &d, &l);
+            int rc = read_chunk(pull.remote, &d, &l, copied == 0);
             if (rc < 0) ereport(ERROR, (errcode(-rc - 1), errmsg("copying from the source failed: %s", pull_error)));
+            if (rc == 2) break;  // nothing more yet: give CopyFrom what it has
             CHECK_FOR_INTERRUPTS();
             if (rc == 0) {
                 pull.done = true;

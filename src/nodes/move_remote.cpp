@@ -334,20 +334,29 @@ void Remote::start_copy_out(const std::string &sql) {
     PQclear(res);
 }
 
-bool Remote::read_copy(const char **data, int *len) {
+bool Remote::read_copy(const char **data, int *len) { return next_copy(data, len, true) == 1; }
+
+int Remote::next_copy(const char **data, int *len, bool may_wait) {
     if (copy_buf_ != nullptr) {
         PQfreemem(copy_buf_);
         copy_buf_ = nullptr;
     }
+    bool consumed = false;
     for (;;) {
         int n = PQgetCopyData(conn_, &copy_buf_, 1);
         if (n > 0) {
             *data = copy_buf_;
             *len = n;
-            return true;
+            return 1;
         }
         if (n == 0) {
-            wait(false);
+            if (!may_wait) {
+                // What the socket has already, without waiting (once).
+                if (consumed) return -1;
+                consumed = true;
+            } else {
+                wait(false);
+            }
             if (PQconsumeInput(conn_) == 0)
                 fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
             continue;
@@ -363,7 +372,7 @@ bool Remote::read_copy(const char **data, int *len) {
                 PQclear(res);
         }
         if (failed != nullptr) throw_result(failed, conn_);
-        return false;
+        return 0;
     }
 }
 

@@ -47,6 +47,9 @@ class Remote {
     // The next chunk of COPY data (owned by the connection until the next
     // call); false at the end of the data (the COMMAND result checked).
     bool read_copy(const char **data, int *len);
+    // The same, and with may_wait false: -1 at once when no whole chunk has
+    // arrived yet (the socket read without waiting); 1 a chunk, 0 the end.
+    int next_copy(const char **data, int *len, bool may_wait);
     // Sends a cancel request for what runs there (best effort, no throw).
     void cancel() noexcept;
     PGconn *conn() const { return conn_; }

@@ -1,0 +1,149 @@
+# Faults between an online move's switch and the end of its cleanup (issue
+# 24): the source-side delete of the moved rows (sharding._move_delete_rows,
+# one remote transaction of plain DELETEs) is held by a row lock at the
+# source, then
+#   1. the move's caller is cancelled, under writers: the cancelled delete
+#      rolls back and the call's own finish deletes the rows again;
+#   2. the caller's backend is killed (kill -9) while the delete waits: the
+#      source's session of the move rolls back when it finds its client
+#      gone, and the next call (_move_recover) finishes the move.
+# After each: the new owner is in charge with every row, the source holds
+# no row of the shard, the journal says done and nothing of the move is
+# left on any node; with writers, the nodes hold exactly what their log
+# implies.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use lib 'lib';
+use ShardingNode;
+use MoveTest;
+
+my ($coord, $a, $b) = move_cluster();
+load_rows($coord, $a, $b, 200);
+my $clean = 'n1:0/0/0/0/0 n2:0/0/0/0/0 coord:0';
+my @tenants = map { sprintf('t%02d', $_) } 0 .. 63;
+my $sum = sub { $_[0]->safe_psql($_[1], "SELECT rows || '/' || checksum FROM sharding.shard_checksum('bank', $_[2], 'accounts')") };
+
+# big(node, db, shard, from, log): 100,000 more rows of the shard's first
+# tenant at its owner (ids from `from`, which writers never use), also in
+# the coordinator's log when asked: the copy then lasts long enough for
+# hold_delete to take its lock after the slot exists and before the switch.
+sub big
+{
+	my ($n, $db, $s, $from, $log) = @_;
+	my $t = $coord->safe_psql('coord', "SELECT t FROM unnest(ARRAY[" . join(',', map { "'$_'" } @tenants)
+		  . "]) t WHERE sharding.logical_shard('bank', t) = $s ORDER BY t LIMIT 1");
+	my $gen = "SELECT '$t'::text AS tenant, i::bigint AS id, 'big-' || i AS val FROM generate_series($from, $from + 99999) i";
+	$n->safe_psql($db, "INSERT INTO accounts $gen");
+	$coord->safe_psql('coord', "INSERT INTO oplog (w, id, tenant, op, val) SELECT 0, id, tenant, 'insert', val FROM ($gen) g") if $log;
+}
+# hold_delete(node, db, shard): once the move's slot exists at that node
+# (a transaction holding an xid would hold up its creation), a session
+# there takes the row lock of one of the shard's initial rows (writers
+# never touch those), so that the move's DELETE of the shard waits for it.
+sub hold_delete
+{
+	my ($n, $db, $s) = @_;
+	ok(wait_for_sql($n, $db, "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%'", '1', 120),
+		"$db: the move's slot exists");
+	my $h = psql_bg($n, $db, "BEGIN; SELECT id FROM accounts WHERE sharding.logical_shard('bank', tenant) = $s AND id < 1000000 ORDER BY id LIMIT 1 FOR UPDATE; SELECT pg_sleep(600)");
+	ok(wait_for_sql($n, $db, "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE a.query LIKE '%FOR UPDATE; SELECT pg_sleep(600)%' AND l.locktype = 'transactionid' AND l.granted", '1', 60),
+		"$db: a session holds a row lock of shard $s");
+	is($coord->safe_psql('coord', "SELECT phase IN ('copying', 'catching_up', 'cutover') FROM sharding.move_journal WHERE logical = $s ORDER BY move DESC LIMIT 1"), 't',
+		"$db: the lock is taken before the switch");
+	return $h;
+}
+sub release
+{
+	my ($n, $db, $h) = @_;
+	$n->safe_psql($db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep(600)%' AND pid <> pg_backend_pid()");
+	$h->{h}->finish;
+}
+my $delete_waits = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'DELETE FROM %' AND wait_event_type = 'Lock'";
+sub mover_pid { $coord->safe_psql('coord', "SELECT pid FROM sharding.move_journal WHERE phase NOT IN ('done', 'failed', 'cancelled')") }
+sub wait_for_restart
+{
+	for (1 .. 600)
+	{
+		my ($rc) = $coord->psql('coord', 'SELECT 1');
+		return if $rc == 0;
+		usleep(100_000);
+	}
+	die 'the coordinator did not come back';
+}
+sub after_cleanup_fault
+{
+	my ($what, $s, $src, $sdb, $dst, $ddb, $want_sum) = @_;
+	is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $s"), $ddb,
+		"$what: the new owner is in charge");
+	is(shard_rows($src, $sdb, $s), '0', "$what: the source holds no row of the shard");
+	is($sum->($dst, $ddb, $s), $want_sum, "$what: the destination has every row of the shard") if defined $want_sum;
+	is($coord->safe_psql('coord', "SELECT phase FROM sharding.move_journal WHERE logical = $s ORDER BY move DESC LIMIT 1"), 'done',
+		"$what: the journal says done");
+	is(leftovers($coord, $a, $b), $clean, "$what: no slot, publication, subscription, freeze or live journal row on any node");
+}
+
+# 1. Cancel while the source-side delete waits, under writers.
+my $S = 0;    # n1's
+big($a, 'n1', $S, 2000000, 1);
+my $ws = start_writers($coord, 3, \@tenants);
+sleep 1;
+my $mv = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S, 'n2')");
+my $lock = hold_delete($a, 'n1', $S);
+ok(wait_for_sql($a, 'n1', $delete_waits, '1', 120), 'cancel: the source-side delete waits for the row lock');
+is($coord->safe_psql('coord', "SELECT phase FROM sharding.move_journal WHERE logical = $S ORDER BY move DESC LIMIT 1"), 'cleanup',
+	'cancel: the move has switched (journal cleanup)');
+my $first = $a->safe_psql('n1', "SELECT pid FROM pg_stat_activity WHERE query LIKE 'DELETE FROM %' AND wait_event_type = 'Lock'");
+is($coord->safe_psql('coord', "SELECT pg_cancel_backend(" . mover_pid() . ")"), 't', 'cancel: the caller is cancelled');
+# The cancelled DELETE rolled back; the caller's own finish deletes again,
+# over a new connection (and waits for the lock again).
+ok(wait_for_sql($a, 'n1', "$delete_waits AND pid <> $first", '1', 60), 'cancel: the finish after the cancel deletes again');
+is($a->safe_psql('n1', "SELECT count(*) FROM pg_stat_activity WHERE pid = $first AND query LIKE 'DELETE FROM %' AND state = 'active'"), '0',
+	'cancel: the cancelled delete is no longer running');
+release($a, 'n1', $lock);
+$mv->{h}->finish;
+like(${ $mv->{err} }, qr/moved to "n2" \(epoch 2\), but finishing failed: canceling statement/,
+	'cancel: move_shard_online reports the move done and the cancel of its finish');
+sleep 1;
+my ($stats) = stop_writers($coord, $ws);
+my ($committed, $refused, $anomalies, $errors) = split /\|/, $stats;
+ok($committed > 50, "cancel: writers committed $committed operations ($refused refusals retried)");
+is("$anomalies|$errors", '0|0', 'cancel: every update and delete found its row, no writer failed');
+my ($exp, $got, $misplaced) = expected_vs_actual($coord, $a, $b);
+is($got, $exp, 'cancel: the nodes hold exactly what the log implies, row for row');
+is($misplaced, 0, 'cancel: every row is on the node node_for names');
+after_cleanup_fault('cancel', $S, $a, 'n1', $b, 'n2', undef);
+
+# 2. kill -9 of the caller's backend while the source-side delete waits
+# (no writers: the crash restart would end them between a commit and its
+# log line; the shard's checksum is the reference).
+$S = $coord->safe_psql('coord', "SELECT min(logical) FROM sharding.shards WHERE map = 'bank' AND node = 'n2' AND logical <> 0");
+big($b, 'n2', $S, 3000000, 0);
+my $want = $sum->($b, 'n2', $S);
+$mv = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S, 'n1')");
+$lock = hold_delete($b, 'n2', $S);
+ok(wait_for_sql($b, 'n2', $delete_waits, '1', 120), 'kill -9: the source-side delete waits for the row lock');
+kill 'KILL', mover_pid();
+$mv->{h}->finish;
+wait_for_restart();
+# The source's session of the move finds its client gone once its DELETE
+# has its lock: it ends without committing (the count in the journal below
+# shows it: the finish deletes every row itself).
+my $orphan = $b->safe_psql('n2', "SELECT pid FROM pg_stat_activity WHERE query LIKE 'DELETE FROM %' AND wait_event_type = 'Lock'");
+release($b, 'n2', $lock);
+ok(wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE pid = '$orphan'", '0', 60),
+	'kill -9: the orphaned delete at the source has ended');
+is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S"), 'n1',
+	'kill -9: the switch had committed before the kill');
+# Finished by _move_recover: this call's, or the jobs launcher's after the
+# crash restart (preloaded).
+$coord->safe_psql('coord', 'SELECT sharding._move_recover()');
+ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE logical = $S ORDER BY move DESC LIMIT 1", 'done', 60),
+	'kill -9: the next call finishes the move');
+after_cleanup_fault('kill -9', $S, $b, 'n2', $a, 'n1', $want);
+is($coord->safe_psql('coord', "SELECT rows_moved FROM sharding.move_journal WHERE logical = $S ORDER BY move DESC LIMIT 1"),
+	(split m{/}, $want)[0], 'kill -9: the journal counts every row deleted at the source');
+
+done_testing();
