@@ -69,6 +69,18 @@ class Remote {
 // A replication connection kept open past the call that opened it (its
 // exported snapshot stays importable), by slot name, until close_held or
 // the end of the transaction.
+// The session's named connections (remote_exec.cpp; SQL: _dbl_connect,
+// _dbl_open, _dbl_disconnect, _dbl_run/_dbl_value): kept across
+// transactions, every wait interruptible, a statement running there
+// cancelled when the caller is. named_connect: dsn nullptr is 55000;
+// named_run: whether the answer is not NULL, in *out a query's first value
+// or a command's tag; a remote error thrown with its SQLSTATE, message,
+// detail and hint.
+void named_connect(const char *name, const char *dsn);
+bool named_open(const char *name);
+void named_disconnect(const char *name) noexcept;
+bool named_run(const char *name, const char *sql, std::string *out);
+
 void hold_connection(const std::string &slot, PGconn *conn);
 bool close_held(const std::string &slot) noexcept;
 // Cancels what runs there, unregisters and closes a connection.

@@ -205,16 +205,11 @@ Datum text_or_null(bool has, const std::string &v) {
 using namespace sharding;
 using namespace sharding::move;
 
-// _dbl_connect(conn, dsn): opens the named connection (closing one of that
-// name first); remote statements run with search_path pg_catalog, pg_temp
-// and synchronous_commit on.
-SHARDING_FUNCTION(sharding__dbl_connect) {
-    if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the connection name must not be NULL");
-    if (PG_ARGISNULL(1))
-        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "no connection string for connection \"%s\"",
-             text_to_cstring(PG_GETARG_TEXT_PP(0)));
-    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-    char *dsn = text_to_cstring(PG_GETARG_TEXT_PP(1));
+namespace sharding::move {
+
+void named_connect(const char *name, const char *dsn) {
+    if (dsn == nullptr)
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "no connection string for connection \"%s\"", name);
     if (std::strlen(name) >= NAMEDATALEN) fail(ERRCODE_NAME_TOO_LONG, "connection name too long");
     glue(install_exit);
     drop(name);
@@ -245,28 +240,50 @@ SHARDING_FUNCTION(sharding__dbl_connect) {
         drop(slot->name);
         throw;
     }
+}
+
+bool named_open(const char *name) {
+    Named *n = find(name);
+    if (n != nullptr && PQstatus(n->conn) == CONNECTION_BAD) {
+        drop(name);
+        n = nullptr;
+    }
+    return n != nullptr;
+}
+
+void named_disconnect(const char *name) noexcept {
+    if (Named *n = find(name)) {
+        cancel_and_drain(n->conn);
+        drop(name);
+    }
+}
+
+bool named_run(const char *name, const char *sql, std::string *out) { return run(named_conn(name), sql, out); }
+
+}  // namespace sharding::move
+
+// _dbl_connect(conn, dsn): opens the named connection (closing one of that
+// name first); remote statements run with search_path pg_catalog, pg_temp
+// and synchronous_commit on.
+SHARDING_FUNCTION(sharding__dbl_connect) {
+    if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the connection name must not be NULL");
+    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    char *dsn = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
+    named_connect(name, dsn);
     PG_RETURN_VOID();
 }
 
 // _dbl_disconnect(conn): closes the named connection if open.
 SHARDING_FUNCTION(sharding__dbl_disconnect) {
     char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-    if (Named *n = find(name)) {
-        cancel_and_drain(n->conn);
-        drop(name);
-    }
+    named_disconnect(name);
     PG_RETURN_VOID();
 }
 
 // _dbl_open(conn): whether the named connection is open (and not lost).
 SHARDING_FUNCTION(sharding__dbl_open) {
     char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-    Named *n = find(name);
-    if (n != nullptr && PQstatus(n->conn) == CONNECTION_BAD) {
-        drop(name);
-        n = nullptr;
-    }
-    PG_RETURN_BOOL(n != nullptr);
+    PG_RETURN_BOOL(named_open(name));
 }
 
 namespace {
