@@ -43,7 +43,10 @@
 -- The refusal window is step 7 only: a few round trips and the last
 -- moments of replication lag, whatever the shard's size.
 --
--- Failure or cancel before the switch: the EXCEPTION handler undoes steps
+-- The orchestration is C++ (src/nodes/move_orchestrate.cpp; the functions
+-- below marked LANGUAGE C keep their SQL names as thin wrappers); its main
+-- block runs in a subtransaction, as a PL/pgSQL EXCEPTION block did.
+-- Failure or cancel before the switch: the handler undoes steps
 -- 2-7 (drops the subscription, slot, publication and trigger, deletes what
 -- the copy put at the destination, thaws) and re-raises; the old owner never
 -- stopped owning. After the switch: the handler finishes step 8. If the
@@ -326,65 +329,21 @@ COMMENT ON FUNCTION sharding._move_filter_sql(text, regtype, integer, integer, t
 -- (connection sharding_move_src), waiting for the slot to be released.
 -- @object sharding._move_drop_replication
 CREATE FUNCTION sharding._move_drop_replication(name text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    active_pid text;
-BEGIN
-    IF sharding._dbl_value('sharding_move_dst',
-           pg_catalog.format('SELECT count(*) FROM pg_catalog.pg_subscription WHERE subname = %L', name)) <> '0' THEN
-        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('ALTER SUBSCRIPTION %I DISABLE', name));
-        PERFORM sharding._dbl_run('sharding_move_dst',
-                                  pg_catalog.format('ALTER SUBSCRIPTION %I SET (slot_name = NONE)', name));
-        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DROP SUBSCRIPTION %I', name));
-    END IF;
-    -- The source's walsender lets go of the slot once the apply worker has
-    -- gone; give it a few seconds, then end it.
-    FOR i IN 1 .. 200 LOOP
-        active_pid := sharding._dbl_value('sharding_move_src', pg_catalog.format(
-            'SELECT coalesce(active_pid::text, ''-'') FROM pg_catalog.pg_replication_slots WHERE slot_name = %L', name));
-        EXIT WHEN active_pid IS NULL;
-        IF active_pid = '-' THEN
-            PERFORM sharding._dbl_run('sharding_move_src',
-                                      pg_catalog.format('SELECT pg_catalog.pg_drop_replication_slot(%L)', name));
-            EXIT;
-        END IF;
-        IF i > 100 THEN
-            PERFORM sharding._dbl_run('sharding_move_src',
-                                      pg_catalog.format('SELECT pg_catalog.pg_terminate_backend(%s)', active_pid));
-        END IF;
-        PERFORM pg_catalog.pg_sleep(0.02);
-    END LOOP;
-    PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format('DROP PUBLICATION IF EXISTS %I', name));
-    IF sharding._dbl_value('sharding_move_src', 'SELECT pg_catalog.to_regclass(''sharding.move_decoding'') IS NOT NULL') = 't' THEN
-        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
-            'DELETE FROM sharding.move_decoding WHERE slot = %L', name));
-    END IF;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_drop_replication' LANGUAGE C VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
     'internal: drops an online move''s subscription, slot and publication';
 -- @end
 
 -- _move_drop_triggers(map, name): drops the move's filter trigger from the
 -- map's tables at the destination.
+-- @object sharding._move_drop_triggers
 CREATE FUNCTION sharding._move_drop_triggers(map text, name text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    t record;
-BEGIN
-    FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
-        IF sharding._dbl_value('sharding_move_dst',
-               pg_catalog.format('SELECT count(*) FROM pg_catalog.pg_trigger WHERE tgname = %L AND tgrelid = pg_catalog.to_regclass(%L)',
-                                 name, t.rel)) <> '0' THEN
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DROP TRIGGER %I ON %s', name, t.rel));
-        END IF;
-    END LOOP;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_drop_triggers' LANGUAGE C VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_drop_triggers(text, text) IS
     'internal: drops an online move''s filter triggers at the destination';
+-- @end
 
 -- _move_delete_rows(conn, map, logical, key): deletes what a move carries
 -- from the map's tables over a connection (the source after a move, the
@@ -455,25 +414,14 @@ COMMENT ON FUNCTION sharding._move_call(text, text, text, integer) IS
 -- node's (followed) configuration already shows the switch. A node that
 -- does not follow this coordinator counts as seeing it: it has no guard
 -- to consult its copy.
+-- @object sharding._move_sees_switch
 CREATE FUNCTION sharding._move_sees_switch(conn text, map text, logical integer, key text, node text,
                                            new_epoch bigint) RETURNS boolean
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    IF sharding._dbl_value(conn, 'SELECT sharding.this_node() IS NOT NULL') IS DISTINCT FROM 't' THEN
-        RETURN true;
-    END IF;
-    IF key IS NOT NULL THEN
-        RETURN sharding._dbl_value(conn, pg_catalog.format(
-            'SELECT node FROM sharding.pins WHERE map = %L AND key = %L', map, key)) IS NOT DISTINCT FROM node;
-    END IF;
-    RETURN sharding._dbl_value(conn, pg_catalog.format(
-        'SELECT node || ''/'' || epoch FROM sharding.shards WHERE map = %L AND logical = %s', map, logical))
-        IS NOT DISTINCT FROM node || '/' || new_epoch;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_sees_switch' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_sees_switch(text, text, integer, text, text, bigint) IS
     'internal: whether a node''s followed configuration shows an online move''s switch';
+-- @end
 
 -- _move_finish(map, logical, key, destination, epoch): the end of a move
 -- whose switch has committed (also run by the next call after a crash):
@@ -484,48 +432,8 @@ COMMENT ON FUNCTION sharding._move_sees_switch(text, text, integer, text, text, 
 -- @object sharding._move_finish
 CREATE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
     RETURNS bigint
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    name text := sharding._move_name(map, logical);
-    seen boolean;
-    deleted bigint;
-BEGIN
-    -- The source's guard must see the new owner before its shard thaws
-    -- (then it refuses by ownership); the destination accepts writes once it
-    -- sees it, so the call returns only then.
-    FOREACH name IN ARRAY ARRAY['sharding_move_src', 'sharding_move_dst'] LOOP
-        seen := false;
-        FOR i IN 1 .. 3000 LOOP   -- 60 s
-            seen := sharding._move_sees_switch(name, map, logical, key, destination, new_epoch);
-            EXIT WHEN seen;
-            PERFORM pg_catalog.pg_sleep(0.005);
-        END LOOP;
-        IF NOT seen THEN
-            RAISE EXCEPTION 'node % of the move of logical shard % of map "%" does not show the switch after 60 s',
-                    CASE name WHEN 'sharding_move_src' THEN 'source' ELSE 'destination' END, logical, map
-                USING ERRCODE = 'object_not_in_prerequisite_state',
-                      DETAIL = 'The coordinator has switched; the source stays frozen until it follows.',
-                      HINT = 'Check the node''s subscription sharding_config_<node>, then call sharding.move_shard_online again to finish.';
-        END IF;
-        IF name = 'sharding_move_src' THEN
-            PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
-            RAISE DEBUG 'move %: thawed at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
-        END IF;
-    END LOOP;
-    RAISE DEBUG 'move %: destination follows at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
-    name := sharding._move_name(map, logical);
-    PERFORM sharding._move_drop_replication(name);
-    PERFORM sharding._move_drop_triggers(map, name);
-    RAISE DEBUG 'move %: replication dropped at %', name, pg_catalog.clock_timestamp();
-    deleted := sharding._move_delete_rows('sharding_move_src', map, logical, key);
-    PERFORM sharding._move_journal(pg_catalog.format(
-        'UPDATE sharding.move_journal SET phase = ''done'', phase_started = pg_catalog.now(), finished = pg_catalog.now(), '
-        'rows_moved = %s, lag_bytes = 0, pid = NULL WHERE map = %L AND logical = %s AND %s',
-        deleted, map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
-    RETURN deleted;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_finish' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_finish(text, integer, text, text, bigint) IS
     'internal: completes an online move after its switch (thaw, drop replication, delete source rows)';
 -- @end
@@ -535,24 +443,8 @@ COMMENT ON FUNCTION sharding._move_finish(text, integer, text, text, bigint) IS
 -- copied to the destination, thaws the source, closes the journal.
 -- @object sharding._move_undo
 CREATE FUNCTION sharding._move_undo(map text, logical integer, key text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    name text := sharding._move_name(map, logical);
-BEGIN
-    PERFORM sharding._move_slot_close(name);
-    PERFORM sharding._move_drop_replication(name);
-    PERFORM sharding._move_drop_triggers(map, name);
-    -- A copy still running at the destination (its caller was cancelled or
-    -- died) would commit after the delete below: end it first, and wait.
-    PERFORM sharding._move_stop_backends('sharding_move_dst', name);
-    PERFORM sharding._move_delete_rows('sharding_move_dst', map, logical, key);
-    PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
-    PERFORM sharding._move_journal(pg_catalog.format(
-        'UPDATE sharding.move_journal SET undone = true WHERE map = %L AND logical = %s AND %s',
-        map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_undo' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_undo(text, integer, text) IS
     'internal: undoes an online move that has not switched (drops replication, deletes copies, thaws)';
 -- @end
@@ -688,24 +580,8 @@ COMMENT ON FUNCTION sharding._move_phase(text, integer, text) IS
 -- running by a cancelled or dead caller) and waits until they are gone.
 -- @object sharding._move_stop_backends
 CREATE FUNCTION sharding._move_stop_backends(conn text, name text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    left_ text;
-BEGIN
-    FOR i IN 1 .. 500 LOOP   -- 10 s
-        left_ := sharding._dbl_value(conn, pg_catalog.format(
-            'SELECT pg_catalog.count(pg_catalog.pg_terminate_backend(a.pid)) FROM pg_catalog.pg_stat_activity a '
-            'WHERE a.application_name = %L AND a.pid <> pg_catalog.pg_backend_pid() '
-            'AND a.datname = pg_catalog.current_database()', name));
-        EXIT WHEN left_ = '0';
-        PERFORM pg_catalog.pg_sleep(0.02);
-    END LOOP;
-    IF left_ <> '0' THEN
-        RAISE EXCEPTION 'sessions of move % do not end', name USING ERRCODE = 'object_in_use';
-    END IF;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_stop_backends' LANGUAGE C VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_stop_backends(text, text) IS
     'internal: ends what a move''s sessions still run on a node, and waits for them';
 -- @end

@@ -1,7 +1,10 @@
 // The orchestration of an online move, in C++ (issue 24: no PL/pgSQL on
 // the move's path): sharding._move_online, the engine of
 // move_shard_online and isolate, and the small steps only it used to call
-// through PL/pgSQL (_move_journal, _move_phase, _move_call).
+// through PL/pgSQL: _move_finish, _move_undo (also called by _move_resolve,
+// through their SQL names), _move_drop_replication, _move_drop_triggers,
+// _move_stop_backends, _move_sees_switch, _move_journal, _move_phase,
+// _move_call, each kept under its SQL name as a thin LANGUAGE C wrapper.
 //
 // Local steps run through SPI (every value a parameter, the SQL function
 // runs with search_path = pg_catalog, pg_temp and every name qualified);
@@ -44,7 +47,9 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "storage/latch.h"
 #include "utils/timestamp.h"
+#include "utils/wait_event.h"
 }
 
 namespace sharding::move {
@@ -182,6 +187,146 @@ void debug_at(const std::string &what) {
     char *ts = glue(clock_text);
     elog(DEBUG1, "%s at %s", what.c_str(), ts);
     pfree(ts);
+}
+
+// An interruptible sleep (glue), as pg_sleep.
+void sleep_glue(long ms) {
+    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+    CHECK_FOR_INTERRUPTS();
+}
+void sleep_ms(long ms) { glue(sleep_glue, ms); }
+
+std::string move_name(const std::string &map, int32 logical) {
+    const std::string l = std::to_string(logical);
+    return spi_value("SELECT sharding._move_name($1, $2::integer)", {map.c_str(), l.c_str()}).value_or(std::string());
+}
+
+// _move_drop_replication: the subscription at the destination (without
+// contacting the source, which may be down), then the slot (waiting for
+// its walsender to let go, ending it after 2 s) and the publication at the
+// source.
+void drop_replication(const std::string &name) {
+    if (dbl(kDst, "SELECT count(*) FROM pg_catalog.pg_subscription WHERE subname = " + lit(name)) != Text("0")) {
+        dbl(kDst, "ALTER SUBSCRIPTION " + ident(name) + " DISABLE");
+        dbl(kDst, "ALTER SUBSCRIPTION " + ident(name) + " SET (slot_name = NONE)");
+        dbl(kDst, "DROP SUBSCRIPTION " + ident(name));
+    }
+    for (int i = 1; i <= 200; i++) {
+        Text active_pid = dbl(kSrc, "SELECT coalesce(active_pid::text, '-') FROM pg_catalog.pg_replication_slots "
+                                    "WHERE slot_name = " + lit(name));
+        if (!active_pid) break;
+        if (*active_pid == "-") {
+            dbl(kSrc, "SELECT pg_catalog.pg_drop_replication_slot(" + lit(name) + ")");
+            break;
+        }
+        if (i > 100) dbl(kSrc, "SELECT pg_catalog.pg_terminate_backend(" + *active_pid + ")");
+        sleep_ms(20);
+    }
+    dbl(kSrc, "DROP PUBLICATION IF EXISTS " + ident(name));
+    if (dbl(kSrc, "SELECT pg_catalog.to_regclass('sharding.move_decoding') IS NOT NULL") == Text("t"))
+        dbl(kSrc, "DELETE FROM sharding.move_decoding WHERE slot = " + lit(name));
+}
+
+// _move_drop_triggers: a 1.2 move's filter trigger on the map's tables at
+// the destination.
+void drop_triggers(const std::string &map, const std::string &name) {
+    for (Row &r : spi_rows("SELECT m.rel FROM sharding._move_tables($1) m", {map.c_str()})) {
+        const std::string rel = r[0].value_or(std::string());
+        if (dbl(kDst, "SELECT count(*) FROM pg_catalog.pg_trigger WHERE tgname = " + lit(name) +
+                          " AND tgrelid = pg_catalog.to_regclass(" + lit(rel) + ")") != Text("0"))
+            dbl(kDst, "DROP TRIGGER " + ident(name) + " ON " + rel);
+    }
+}
+
+// _move_stop_backends: ends every other session of that node's database
+// named after the move (a copy left running by a cancelled or dead
+// caller) and waits until they are gone (10 s, then 55006).
+void stop_backends(const char *conn, const std::string &name) {
+    Text left;
+    for (int i = 1; i <= 500; i++) {
+        left = dbl(conn, "SELECT pg_catalog.count(pg_catalog.pg_terminate_backend(a.pid)) FROM pg_catalog.pg_stat_activity a "
+                         "WHERE a.application_name = " + lit(name) + " AND a.pid <> pg_catalog.pg_backend_pid() "
+                         "AND a.datname = pg_catalog.current_database()");
+        if (left == Text("0")) break;
+        sleep_ms(20);
+    }
+    if (left && *left != "0") fail(ERRCODE_OBJECT_IN_USE, "sessions of move %s do not end", name.c_str());
+}
+
+// _move_sees_switch: whether that node's followed configuration shows the
+// switch; a node that does not follow this coordinator counts as seeing it.
+bool sees_switch(const char *conn, const std::string &map, int32 logical, const Text &key, const std::string &node,
+                 const Text &new_epoch) {
+    if (dbl(conn, "SELECT sharding.this_node() IS NOT NULL") != Text("t")) return true;
+    if (key)
+        return dbl(conn, "SELECT node FROM sharding.pins WHERE map = " + lit(map) + " AND key = " + lit(key)) ==
+               Text(node);
+    Text v = dbl(conn, "SELECT node || '/' || epoch FROM sharding.shards WHERE map = " + lit(map) +
+                           " AND logical = " + std::to_string(logical));
+    if (!new_epoch) return !v;  // IS NOT DISTINCT FROM NULL
+    return v == Text(node + "/" + *new_epoch);
+}
+
+// _move_finish: the end of a move whose switch has committed (also run
+// after a crash): waits until the source and the destination show it,
+// thaws, drops the replication objects, deletes the moved rows at the
+// source, closes the journal. Connections sharding_move_src/_dst/_self are
+// open. Returns the rows deleted at the source.
+int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
+             const Text &new_epoch) {
+    const std::string name = move_name(map, logical);
+    const std::string logical_s = std::to_string(logical);
+    // The source's guard must see the new owner before its shard thaws
+    // (then it refuses by ownership); the destination accepts writes once it
+    // sees it, so the call returns only then.
+    for (const char *conn : {kSrc, kDst}) {
+        bool seen = false;
+        for (int i = 1; i <= 3000 && !seen; i++) {  // 60 s
+            seen = sees_switch(conn, map, logical, key, destination, new_epoch);
+            if (!seen) sleep_ms(5);
+        }
+        if (!seen)
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"The coordinator has switched; the source stays frozen until it follows.",
+                         "Check the node's subscription sharding_config_<node>, then call sharding.move_shard_online "
+                         "again to finish."},
+                 "node %s of the move of logical shard %d of map \"%s\" does not show the switch after 60 s",
+                 conn == kSrc ? "source" : "destination", logical, map.c_str());
+        if (conn == kSrc) {
+            call_fn(kSrc, "_thaw_shard", map, logical);
+            debug_at("move " + name + ": thawed");
+        }
+    }
+    debug_at("move " + name + ": destination follows");
+    drop_replication(name);
+    drop_triggers(map, name);
+    debug_at("move " + name + ": replication dropped");
+    Text deleted = spi_value("SELECT sharding._move_delete_rows('sharding_move_src', $1, $2::integer, $3)",
+                             {map.c_str(), logical_s.c_str(), c(key)});
+    journal("UPDATE sharding.move_journal SET phase = 'done', phase_started = pg_catalog.now(), "
+            "finished = pg_catalog.now(), rows_moved = " + deleted.value_or("NULL") +
+            ", lag_bytes = 0, pid = NULL WHERE map = " + lit(map) + " AND logical = " + logical_s + " AND " + kLive);
+    return deleted ? std::strtoll(deleted->c_str(), nullptr, 10) : 0;
+}
+
+// _move_undo: undoes a move whose switch has not committed: drops its
+// replication objects and triggers, deletes what it copied to the
+// destination, thaws the source, marks the journal row undone.
+void undo(const std::string &map, int32 logical, const Text &key) {
+    const std::string name = move_name(map, logical);
+    const std::string logical_s = std::to_string(logical);
+    spi_value("SELECT sharding._move_slot_close($1)", {name.c_str()});
+    drop_replication(name);
+    drop_triggers(map, name);
+    // A copy still running at the destination (its caller was cancelled or
+    // died) would commit after the delete below: end it first, and wait.
+    stop_backends(kDst, name);
+    spi_value("SELECT sharding._move_delete_rows('sharding_move_dst', $1, $2::integer, $3)",
+              {map.c_str(), logical_s.c_str(), c(key)});
+    call_fn(kSrc, "_thaw_shard", map, logical);
+    journal("UPDATE sharding.move_journal SET undone = true WHERE map = " + lit(map) + " AND logical = " + logical_s +
+            " AND " + kLive);
 }
 
 // ------------------------------------------------------------------ errors
@@ -494,9 +639,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             debug_at("move " + name + ": switched");
 
             // 8. Clean up after the switch.
-            Text moved = spi_value("SELECT sharding._move_finish($1, $2::integer, $3, $4, $5::bigint)",
-                                   {map.c_str(), logical_s.c_str(), c(key), node.c_str(), c(out.new_epoch)});
-            out.moved = moved ? std::strtoll(moved->c_str(), nullptr, 10) : 0;
+            out.moved = finish(map, logical, key, node, out.new_epoch);
         },
         &err);
     if (ok) {
@@ -524,10 +667,9 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             [&] {
                 spi_value("SELECT sharding._move_connect($1, $2)", {c(source), node.c_str()});
                 if (switched)
-                    spi_value("SELECT sharding._move_finish($1, $2::integer, $3, $4, $5::bigint)",
-                              {map.c_str(), logical_s.c_str(), c(key), node.c_str(), c(out.new_epoch)});
+                    finish(map, logical, key, node, out.new_epoch);
                 else
-                    spi_value("SELECT sharding._move_undo($1, $2::integer, $3)", {map.c_str(), logical_s.c_str(), c(key)});
+                    undo(map, logical, key);
             },
             &inner))
         ereport(WARNING, (errmsg("could not clean up after the failed move of logical shard %d of map \"%s\": %s",
@@ -607,4 +749,64 @@ SHARDING_FUNCTION(sharding__move_call) {
     Text map = text_arg(fcinfo, 2);
     call_fn(conn->c_str(), *fn, *map, PG_GETARG_INT32(3));
     PG_RETURN_VOID();
+}
+
+// _move_finish(map, logical, key, destination, new_epoch): rows deleted at the source.
+SHARDING_FUNCTION(sharding__move_finish) {
+    if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3))
+        fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the map, the shard and the destination of a move must not be NULL");
+    Text map = text_arg(fcinfo, 0);
+    Text key = text_arg(fcinfo, 2);
+    Text dest = text_arg(fcinfo, 3);
+    Text epoch;
+    if (!PG_ARGISNULL(4)) epoch = std::to_string(PG_GETARG_INT64(4));
+    int64 deleted = finish(*map, PG_GETARG_INT32(1), key, *dest, epoch);
+    PG_RETURN_INT64(deleted);
+}
+
+// _move_undo(map, logical, key).
+SHARDING_FUNCTION(sharding__move_undo) {
+    if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+        fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the map and the shard of a move must not be NULL");
+    Text map = text_arg(fcinfo, 0);
+    Text key = text_arg(fcinfo, 2);
+    undo(*map, PG_GETARG_INT32(1), key);
+    PG_RETURN_VOID();
+}
+
+// _move_drop_replication(name).
+SHARDING_FUNCTION(sharding__move_drop_replication) {
+    Text name = text_arg(fcinfo, 0);
+    drop_replication(*name);
+    PG_RETURN_VOID();
+}
+
+// _move_drop_triggers(map, name).
+SHARDING_FUNCTION(sharding__move_drop_triggers) {
+    Text map = text_arg(fcinfo, 0);
+    Text name = text_arg(fcinfo, 1);
+    drop_triggers(*map, *name);
+    PG_RETURN_VOID();
+}
+
+// _move_stop_backends(conn, name).
+SHARDING_FUNCTION(sharding__move_stop_backends) {
+    Text conn = text_arg(fcinfo, 0);
+    Text name = text_arg(fcinfo, 1);
+    stop_backends(conn->c_str(), *name);
+    PG_RETURN_VOID();
+}
+
+// _move_sees_switch(conn, map, logical, key, node, new_epoch).
+SHARDING_FUNCTION(sharding__move_sees_switch) {
+    if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(4))
+        fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the connection, map, shard and node must not be NULL");
+    Text conn = text_arg(fcinfo, 0);
+    Text map = text_arg(fcinfo, 1);
+    Text key = text_arg(fcinfo, 3);
+    Text node = text_arg(fcinfo, 4);
+    Text epoch;
+    if (!PG_ARGISNULL(5)) epoch = std::to_string(PG_GETARG_INT64(5));
+    bool seen = sees_switch(conn->c_str(), *map, PG_GETARG_INT32(2), key, *node, epoch);
+    PG_RETURN_BOOL(seen);
 }

@@ -5,3 +5,8 @@
 -- fragment, now LANGUAGE C); _move_call, unchanged since 1.2 until now,
 -- is replaced here.
 -- @replace sharding._move_call
+-- _move_finish, _move_undo, _move_drop_replication and _move_stop_backends
+-- are C++ too (replaced by 70_move from the fragment); _move_drop_triggers
+-- and _move_sees_switch, unchanged since 1.2 until now, are replaced here.
+-- @replace sharding._move_drop_triggers
+-- @replace sharding._move_sees_switch
