@@ -43,7 +43,10 @@
 -- The refusal window is step 7 only: a few round trips and the last
 -- moments of replication lag, whatever the shard's size.
 --
--- Failure or cancel before the switch: the EXCEPTION handler undoes steps
+-- The orchestration is C++ (src/nodes/move_orchestrate.cpp; the functions
+-- below marked LANGUAGE C keep their SQL names as thin wrappers); its main
+-- block runs in a subtransaction, as a PL/pgSQL EXCEPTION block did.
+-- Failure or cancel before the switch: the handler undoes steps
 -- 2-7 (drops the subscription, slot, publication and trigger, deletes what
 -- the copy put at the destination, thaws) and re-raises; the old owner never
 -- stopped owning. After the switch: the handler finishes step 8. If the
@@ -326,65 +329,21 @@ COMMENT ON FUNCTION sharding._move_filter_sql(text, regtype, integer, integer, t
 -- (connection sharding_move_src), waiting for the slot to be released.
 -- @object sharding._move_drop_replication
 CREATE FUNCTION sharding._move_drop_replication(name text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    active_pid text;
-BEGIN
-    IF sharding._dbl_value('sharding_move_dst',
-           pg_catalog.format('SELECT count(*) FROM pg_catalog.pg_subscription WHERE subname = %L', name)) <> '0' THEN
-        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('ALTER SUBSCRIPTION %I DISABLE', name));
-        PERFORM sharding._dbl_run('sharding_move_dst',
-                                  pg_catalog.format('ALTER SUBSCRIPTION %I SET (slot_name = NONE)', name));
-        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DROP SUBSCRIPTION %I', name));
-    END IF;
-    -- The source's walsender lets go of the slot once the apply worker has
-    -- gone; give it a few seconds, then end it.
-    FOR i IN 1 .. 200 LOOP
-        active_pid := sharding._dbl_value('sharding_move_src', pg_catalog.format(
-            'SELECT coalesce(active_pid::text, ''-'') FROM pg_catalog.pg_replication_slots WHERE slot_name = %L', name));
-        EXIT WHEN active_pid IS NULL;
-        IF active_pid = '-' THEN
-            PERFORM sharding._dbl_run('sharding_move_src',
-                                      pg_catalog.format('SELECT pg_catalog.pg_drop_replication_slot(%L)', name));
-            EXIT;
-        END IF;
-        IF i > 100 THEN
-            PERFORM sharding._dbl_run('sharding_move_src',
-                                      pg_catalog.format('SELECT pg_catalog.pg_terminate_backend(%s)', active_pid));
-        END IF;
-        PERFORM pg_catalog.pg_sleep(0.02);
-    END LOOP;
-    PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format('DROP PUBLICATION IF EXISTS %I', name));
-    IF sharding._dbl_value('sharding_move_src', 'SELECT pg_catalog.to_regclass(''sharding.move_decoding'') IS NOT NULL') = 't' THEN
-        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
-            'DELETE FROM sharding.move_decoding WHERE slot = %L', name));
-    END IF;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_drop_replication' LANGUAGE C VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
     'internal: drops an online move''s subscription, slot and publication';
 -- @end
 
 -- _move_drop_triggers(map, name): drops the move's filter trigger from the
 -- map's tables at the destination.
+-- @object sharding._move_drop_triggers
 CREATE FUNCTION sharding._move_drop_triggers(map text, name text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    t record;
-BEGIN
-    FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
-        IF sharding._dbl_value('sharding_move_dst',
-               pg_catalog.format('SELECT count(*) FROM pg_catalog.pg_trigger WHERE tgname = %L AND tgrelid = pg_catalog.to_regclass(%L)',
-                                 name, t.rel)) <> '0' THEN
-            PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('DROP TRIGGER %I ON %s', name, t.rel));
-        END IF;
-    END LOOP;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_drop_triggers' LANGUAGE C VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_drop_triggers(text, text) IS
     'internal: drops an online move''s filter triggers at the destination';
+-- @end
 
 -- _move_delete_rows(conn, map, logical, key): deletes what a move carries
 -- from the map's tables over a connection (the source after a move, the
@@ -464,39 +423,26 @@ COMMENT ON FUNCTION sharding._move_delete_rows(text, text, integer, text) IS
 -- _move_call(conn, fn, map, logical): calls sharding.<fn>(map, logical)
 -- there if the node has it (_freeze_shard/_thaw_shard exist where the
 -- extension is 1.2).
+-- @object sharding._move_call
 CREATE FUNCTION sharding._move_call(conn text, fn text, map text, logical integer) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    PERFORM sharding._dbl_run(conn, pg_catalog.format('SELECT sharding.%I(%L, %s)', fn, map, logical));
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_call' LANGUAGE C VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_call(text, text, text, integer) IS
     'internal: calls sharding._freeze_shard or _thaw_shard on a node';
+-- @end
 
 -- _move_sees_switch(conn, map, logical, key, node, epoch): whether that
 -- node's (followed) configuration already shows the switch. A node that
 -- does not follow this coordinator counts as seeing it: it has no guard
 -- to consult its copy.
+-- @object sharding._move_sees_switch
 CREATE FUNCTION sharding._move_sees_switch(conn text, map text, logical integer, key text, node text,
                                            new_epoch bigint) RETURNS boolean
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    IF sharding._dbl_value(conn, 'SELECT sharding.this_node() IS NOT NULL') IS DISTINCT FROM 't' THEN
-        RETURN true;
-    END IF;
-    IF key IS NOT NULL THEN
-        RETURN sharding._dbl_value(conn, pg_catalog.format(
-            'SELECT node FROM sharding.pins WHERE map = %L AND key = %L', map, key)) IS NOT DISTINCT FROM node;
-    END IF;
-    RETURN sharding._dbl_value(conn, pg_catalog.format(
-        'SELECT node || ''/'' || epoch FROM sharding.shards WHERE map = %L AND logical = %s', map, logical))
-        IS NOT DISTINCT FROM node || '/' || new_epoch;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_sees_switch' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_sees_switch(text, text, integer, text, text, bigint) IS
     'internal: whether a node''s followed configuration shows an online move''s switch';
+-- @end
 
 -- _move_finish(map, logical, key, destination, epoch): the end of a move
 -- whose switch has committed (also run by the next call after a crash):
@@ -507,48 +453,8 @@ COMMENT ON FUNCTION sharding._move_sees_switch(text, text, integer, text, text, 
 -- @object sharding._move_finish
 CREATE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
     RETURNS bigint
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    name text := sharding._move_name(map, logical);
-    seen boolean;
-    deleted bigint;
-BEGIN
-    -- The source's guard must see the new owner before its shard thaws
-    -- (then it refuses by ownership); the destination accepts writes once it
-    -- sees it, so the call returns only then.
-    FOREACH name IN ARRAY ARRAY['sharding_move_src', 'sharding_move_dst'] LOOP
-        seen := false;
-        FOR i IN 1 .. 3000 LOOP   -- 60 s
-            seen := sharding._move_sees_switch(name, map, logical, key, destination, new_epoch);
-            EXIT WHEN seen;
-            PERFORM pg_catalog.pg_sleep(0.005);
-        END LOOP;
-        IF NOT seen THEN
-            RAISE EXCEPTION 'node % of the move of logical shard % of map "%" does not show the switch after 60 s',
-                    CASE name WHEN 'sharding_move_src' THEN 'source' ELSE 'destination' END, logical, map
-                USING ERRCODE = 'object_not_in_prerequisite_state',
-                      DETAIL = 'The coordinator has switched; the source stays frozen until it follows.',
-                      HINT = 'Check the node''s subscription sharding_config_<node>, then call sharding.move_shard_online again to finish.';
-        END IF;
-        IF name = 'sharding_move_src' THEN
-            PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
-            RAISE DEBUG 'move %: thawed at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
-        END IF;
-    END LOOP;
-    RAISE DEBUG 'move %: destination follows at %', sharding._move_name(map, logical), pg_catalog.clock_timestamp();
-    name := sharding._move_name(map, logical);
-    PERFORM sharding._move_drop_replication(name);
-    PERFORM sharding._move_drop_triggers(map, name);
-    RAISE DEBUG 'move %: replication dropped at %', name, pg_catalog.clock_timestamp();
-    deleted := sharding._move_delete_rows('sharding_move_src', map, logical, key);
-    PERFORM sharding._move_journal(pg_catalog.format(
-        'UPDATE sharding.move_journal SET phase = ''done'', phase_started = pg_catalog.now(), finished = pg_catalog.now(), '
-        'rows_moved = %s, lag_bytes = 0, pid = NULL WHERE map = %L AND logical = %s AND %s',
-        deleted, map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
-    RETURN deleted;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_finish' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_finish(text, integer, text, text, bigint) IS
     'internal: completes an online move after its switch (thaw, drop replication, delete source rows)';
 -- @end
@@ -558,24 +464,8 @@ COMMENT ON FUNCTION sharding._move_finish(text, integer, text, text, bigint) IS
 -- copied to the destination, thaws the source, closes the journal.
 -- @object sharding._move_undo
 CREATE FUNCTION sharding._move_undo(map text, logical integer, key text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    name text := sharding._move_name(map, logical);
-BEGIN
-    PERFORM sharding._move_slot_close(name);
-    PERFORM sharding._move_drop_replication(name);
-    PERFORM sharding._move_drop_triggers(map, name);
-    -- A copy still running at the destination (its caller was cancelled or
-    -- died) would commit after the delete below: end it first, and wait.
-    PERFORM sharding._move_stop_backends('sharding_move_dst', name);
-    PERFORM sharding._move_delete_rows('sharding_move_dst', map, logical, key);
-    PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
-    PERFORM sharding._move_journal(pg_catalog.format(
-        'UPDATE sharding.move_journal SET undone = true WHERE map = %L AND logical = %s AND %s',
-        map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_undo' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_undo(text, integer, text) IS
     'internal: undoes an online move that has not switched (drops replication, deletes copies, thaws)';
 -- @end
@@ -679,273 +569,8 @@ COMMENT ON FUNCTION sharding._move_wait_flush(text, float8) IS
 -- @object sharding._move_online
 CREATE FUNCTION sharding._move_online(map text, logical integer, key text, node text,
                                       OUT new_epoch bigint, OUT moved bigint)
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    name text := sharding._move_name(map, logical);
-    shards integer := sharding._require_map(map);
-    source text;
-    src_dsn text;
-    pins text[];
-    t record;
-    tables text;
-    step text := 'setup';
-    filter text;
-    waited float8;
-    err_state text;
-    err_msg text;
-    err_detail text;
-    err_hint text;
-    err_context text;
-    slot_snapshot text;
-    plugin_opts text;
-    pulled bigint[];
-BEGIN
-    -- One move per shard at a time (a transaction-level lock: a crashed
-    -- caller's lock goes with it, and its journal row tells the next call).
-    IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('sharding.move_shard_online'),
-                                                pg_catalog.hashtext(name)) THEN
-        RAISE EXCEPTION 'logical shard % of map "%" is already being moved', logical, map
-            USING ERRCODE = 'object_in_use';
-    END IF;
-    IF key IS NULL THEN
-        SELECT s.node, s.epoch INTO source, new_epoch FROM sharding.shards s
-         WHERE s.map = _move_online.map AND s.logical = _move_online.logical;
-    ELSE
-        source := coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = _move_online.map AND p.key = _move_online.key),
-                           (SELECT s.node FROM sharding.shards s
-                             WHERE s.map = _move_online.map AND s.logical = _move_online.logical));
-        new_epoch := (SELECT s.epoch FROM sharding.shards s
-                       WHERE s.map = _move_online.map AND s.logical = _move_online.logical);
-    END IF;
-    moved := 0;
-    IF source = node THEN
-        IF key IS NOT NULL THEN
-            PERFORM sharding.pin(map, key, node);   -- isolate pins even where the rows already are
-        END IF;
-        RETURN;
-    END IF;
-
-    -- The source's slot waits for every transaction holding a transaction
-    -- id to end, this one included when the source shares its instance.
-    IF pg_catalog.txid_current_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION 'moving a shard online must run in a transaction that has not written yet'
-            USING ERRCODE = 'active_sql_transaction',
-                  HINT = 'Call it in its own transaction.';
-    END IF;
-    PERFORM sharding._move_connect(source, node);
-    -- Prerequisites, before anything changes anywhere. Both ends follow this
-    -- coordinator: their guards refuse the shard's keys wherever the
-    -- followed map says they are not the owner, which makes the cutover hold
-    -- for every writer.
-    FOREACH filter IN ARRAY ARRAY[source, node] LOOP
-        tables := CASE filter WHEN source THEN 'sharding_move_src' ELSE 'sharding_move_dst' END;
-        IF sharding._dbl_value(tables, 'SELECT pg_catalog.to_regclass(''sharding.local_node'') IS NOT NULL') <> 't'
-           OR sharding._dbl_value(tables, 'SELECT l.node FROM sharding.local_node AS l WHERE l.following')
-              IS DISTINCT FROM filter THEN
-            PERFORM sharding._move_disconnect();
-            RAISE EXCEPTION 'node "%" does not follow this coordinator', filter
-                USING ERRCODE = 'object_not_in_prerequisite_state',
-                      DETAIL = 'Both ends of an online move must be attached: their guards enforce the cutover.',
-                      HINT = pg_catalog.format('Call sharding.attach_node(%L) first.', filter);
-        END IF;
-    END LOOP;
-    -- Guards on every distributed table at both ends, even one created
-    -- while its distribute() was still on its way (idempotent).
-    PERFORM sharding._dbl_run('sharding_move_src', 'SELECT sharding._install_guards()');
-    PERFORM sharding._dbl_run('sharding_move_dst', 'SELECT sharding._install_guards()');
-    tables := NULL;
-    IF sharding._dbl_value('sharding_move_src', 'SHOW wal_level') IS DISTINCT FROM 'logical' THEN
-        PERFORM sharding._move_disconnect();
-        RAISE EXCEPTION 'wal_level of node "%" is not logical', source
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = 'Moving a shard online replicates its rows from the source with logical replication.',
-                  HINT = 'Set wal_level = logical on the source (postgresql.conf) and restart it.';
-    END IF;
-    FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
-        IF sharding._dbl_value('sharding_move_src', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't'
-           OR sharding._dbl_value('sharding_move_dst', pg_catalog.format('SELECT pg_catalog.to_regclass(%L) IS NOT NULL', t.rel)) <> 't' THEN
-            PERFORM sharding._move_disconnect();
-            RAISE EXCEPTION 'table % of map "%" is missing on node "%" or "%"', t.rel, map, source, node
-                USING ERRCODE = 'object_not_in_prerequisite_state',
-                      HINT = 'Create the map''s distributed tables on every data node.';
-        END IF;
-        tables := coalesce(tables || ', ', '') || t.rel;
-    END LOOP;
-    IF tables IS NULL THEN
-        -- No distributed table: nothing to carry, the switch is the move.
-        PERFORM sharding._move_disconnect();
-        IF key IS NULL THEN
-            new_epoch := sharding._switch_owner(map, logical, node);
-        ELSE
-            PERFORM sharding.pin(map, key, node);
-        END IF;
-        RETURN;
-    END IF;
-    SELECT coalesce(pg_catalog.array_agg(p.key), '{}') INTO pins FROM sharding.pins p WHERE p.map = _move_online.map;
-    SELECT n.dsn INTO src_dsn FROM sharding.nodes n WHERE n.node = source;
-
-    -- The journal says 'copying' before the publication and the slot exist.
-    PERFORM sharding._move_phase(map, logical, 'copying');
-    -- The destination's session is known by this name there: an undo ends
-    -- whatever it may still run.
-    PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format('SET application_name = %L', name));
-    -- ... and ends by itself if this session goes away (a crash, kill -9):
-    -- its copy is then rolled back there, never committed later.
-    PERFORM sharding._dbl_run('sharding_move_dst', 'SET client_connection_check_interval = 1000');
-    BEGIN
-        RAISE DEBUG 'move %: publication and slot at %', name, pg_catalog.clock_timestamp();
-        -- 2. Publication, then the slot: changes from here on are kept.
-        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
-            'CREATE PUBLICATION %I FOR TABLE %s WITH (publish = ''insert, update, delete'')', name, tables));
-        -- Over a replication connection, exporting its snapshot: the copy
-        -- below reads exactly what precedes the slot's stream.
-        -- The decoder's instructions first (committed before the slot, so
-        -- its historic snapshot sees them).
-        PERFORM sharding._dbl_run('sharding_move_src', pg_catalog.format(
-            'DELETE FROM sharding.move_decoding WHERE slot = %L; '
-            'INSERT INTO sharding.move_decoding (slot, map, shards, logical, key, pins, tables, key_columns) '
-            'VALUES (%L, %L, %s, %s, %L, %L::text[], ARRAY[%s]::pg_catalog.oid[], %L::text[])',
-            name, name, map, shards, logical, key, CASE WHEN key IS NULL THEN pins ELSE '{}'::text[] END,
-            (SELECT pg_catalog.string_agg(pg_catalog.format('%L::pg_catalog.regclass', m.rel), ', ' ORDER BY m.rel)
-               FROM sharding._move_tables(map) m),
-            (SELECT pg_catalog.array_agg(m.key_column ORDER BY m.rel) FROM sharding._move_tables(map) m)));
-        -- The source lets its sessions name plugin "sharding"
-        -- (output_plugin_libraries, where the server has the setting).
-        plugin_opts := sharding._dbl_value('sharding_move_src',
-            'SELECT CASE WHEN l IS NULL OR ''sharding'' = ANY (pg_catalog.string_to_array(l, '','')) THEN '''' '
-            'ELSE ''-c output_plugin_libraries='' || l || '',sharding'' END '
-            'FROM (SELECT pg_catalog.replace(pg_catalog.current_setting(''output_plugin_libraries'', true), '' '', '''') AS l) AS s');
-        slot_snapshot := (SELECT s.snapshot FROM sharding._move_slot_create(source, name, 'sharding', plugin_opts) AS s);
-
-        -- 3. Copy, filtered at the source.
-        step := 'copying';
-        RAISE DEBUG 'move %: copying at %', name, pg_catalog.clock_timestamp();
-        -- Leftovers of the shard at the destination (it does not own them).
-        PERFORM sharding._move_delete_rows('sharding_move_dst', map, logical, key);
-        PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = replica');
-        FOR t IN SELECT * FROM sharding._move_tables(map) LOOP
-            filter := sharding._move_filter_sql(t.key_column, t.key_type, shards, logical, key, pins);
-            -- The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
-            -- from the source under the slot's exported snapshot, straight
-            -- into the table (C++: BeginCopyFrom with a data source
-            -- callback; binary where the column types allow).
-            pulled := sharding._dbl_value('sharding_move_dst', pg_catalog.format(
-                'SELECT sharding._move_pull(%L, %L, %L, %L, %L)::text', source, slot_snapshot, t.rel,
-                (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
-                  WHERE a.attrelid = t.rel::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
-                pg_catalog.format('SELECT %s FROM %s WHERE %s', t.cols, t.rel, filter)))::bigint[];
-            PERFORM sharding._move_journal(pg_catalog.format(
-                'UPDATE sharding.move_journal SET rows_copied = rows_copied + %s, bytes_copied = bytes_copied + %s '
-                'WHERE map = %L AND logical = %s AND %s',
-                pulled[1], pulled[2], map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
-        END LOOP;
-        PERFORM sharding._dbl_run('sharding_move_dst', 'SET session_replication_role = origin');
-        -- The snapshot is no longer needed: let go of the replication connection.
-        PERFORM sharding._move_slot_close(name);
-
-        -- 4. No filter at the destination: the slot's decoder (plugin
-        -- "sharding", pgoutput inside) sends only the shard's changes.
-
-        -- 5. Stream from the slot made before the copy. synchronous_commit
-        -- on: the apply worker confirms a position only once its commit is
-        -- flushed here, so with 'off' (the default for subscriptions) each
-        -- confirmation would wait for the WAL writer, inside the cutover.
-        PERFORM sharding._dbl_run('sharding_move_dst', pg_catalog.format(
-            'CREATE SUBSCRIPTION %I CONNECTION %L PUBLICATION %I '
-            'WITH (create_slot = false, slot_name = %L, copy_data = false, synchronous_commit = ''on'')',
-            name, src_dsn || CASE WHEN plugin_opts <> '' THEN ' options=''' || plugin_opts || '''' ELSE '' END,
-            name, name));
-
-        -- 6. Catch up until a round is short: the backlog left for the
-        -- frozen phase is then a fraction of a second of writes.
-        step := 'catchup';
-        RAISE DEBUG 'move %: catchup at %', name, pg_catalog.clock_timestamp();
-        PERFORM sharding._move_phase(map, logical, 'catching_up');
-        FOR i IN 1 .. 100 LOOP
-            waited := sharding._move_wait_flush(name, 600);
-            EXIT WHEN waited < 0.2;
-        END LOOP;
-
-        -- 7. Cutover: freeze the source (waits for its in-flight writers),
-        -- let the destination apply the source's last change, switch.
-        step := 'cutover';
-        RAISE DEBUG 'move %: cutover at %', name, pg_catalog.clock_timestamp();
-        PERFORM sharding._move_phase(map, logical, 'cutover');
-        PERFORM sharding._move_call('sharding_move_src', '_freeze_shard', map, logical);
-        RAISE DEBUG 'move %: frozen at %', name, pg_catalog.clock_timestamp();
-        PERFORM sharding._move_wait_flush(name, 60);
-        RAISE DEBUG 'move %: caught up at %', name, pg_catalog.clock_timestamp();
-        IF key IS NULL THEN
-            new_epoch := sharding._dbl_value('sharding_move_self', pg_catalog.format(
-                'WITH m AS (SELECT sharding._move_switch(%L, %s, %L) AS e), '
-                'j AS (UPDATE sharding.move_journal SET phase = ''cleanup'', phase_started = pg_catalog.now(), new_epoch = (SELECT e FROM m) '
-                'WHERE map = %L AND logical = %s AND %s) SELECT e FROM m',
-                map, logical, node, map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'))::bigint;
-        ELSE
-            PERFORM sharding._dbl_value('sharding_move_self', pg_catalog.format(
-                'WITH m AS (SELECT sharding.pin(%L, %L::text, %L)), '
-                'j AS (UPDATE sharding.move_journal SET phase = ''cleanup'', phase_started = pg_catalog.now(), new_epoch = %s '
-                'WHERE map = %L AND logical = %s AND %s) SELECT 1 FROM m',
-                map, key, node, coalesce(new_epoch::text, 'NULL'), map, logical, 'phase NOT IN (''done'', ''failed'', ''cancelled'')'));
-        END IF;
-        step := 'switched';
-        RAISE DEBUG 'move %: switched at %', name, pg_catalog.clock_timestamp();
-
-        -- 8. Clean up after the switch.
-        moved := sharding._move_finish(map, logical, key, node, new_epoch);
-    EXCEPTION WHEN OTHERS OR query_canceled THEN
-        GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_msg = MESSAGE_TEXT,
-                                err_detail = PG_EXCEPTION_DETAIL, err_hint = PG_EXCEPTION_HINT, err_context = PG_EXCEPTION_CONTEXT;
-        RAISE DEBUG 'move % failed at step %: % (%)', name, step, err_msg, err_context;
-        IF step <> 'switched' THEN
-            -- First of all the source writes again, even if the destination
-            -- is out of reach for the rest of the undo.
-            BEGIN
-                PERFORM sharding._dbl_connect('sharding_move_src', src_dsn);
-                PERFORM sharding._move_call('sharding_move_src', '_thaw_shard', map, logical);
-            EXCEPTION WHEN OTHERS THEN
-                NULL;
-            END;
-        END IF;
-        BEGIN
-            -- Connections may be in any state: start from fresh ones.
-            PERFORM sharding._move_connect(source, node);
-            IF step = 'switched' THEN
-                PERFORM sharding._move_finish(map, logical, key, node, new_epoch);
-            ELSE
-                PERFORM sharding._move_undo(map, logical, key);
-            END IF;
-        EXCEPTION WHEN OTHERS OR query_canceled THEN
-            RAISE WARNING 'could not clean up after the failed move of logical shard % of map "%": %',
-                logical, map, SQLERRM
-                USING HINT = 'The next sharding.move_shard_online or sharding.isolate of this shard cleans up first.';
-        END;
-        BEGIN
-            PERFORM sharding._move_disconnect();
-        EXCEPTION WHEN OTHERS THEN
-            NULL;
-        END;
-        IF step = 'switched' THEN
-            -- The move itself happened; only its tidying failed.
-            RAISE EXCEPTION 'logical shard % of map "%" moved to "%" (epoch %), but finishing failed: %',
-                    logical, map, node, new_epoch, err_msg
-                USING ERRCODE = err_state, HINT = 'Call sharding.move_shard_online again to finish.';
-        END IF;
-        -- Re-raise the original error as it was (an empty DETAIL or HINT
-        -- would print as an empty line).
-        IF coalesce(err_detail, '') = '' AND coalesce(err_hint, '') = '' THEN
-            RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg;
-        ELSIF coalesce(err_hint, '') = '' THEN
-            RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = err_detail;
-        ELSIF coalesce(err_detail, '') = '' THEN
-            RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, HINT = err_hint;
-        END IF;
-        RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = err_detail, HINT = err_hint;
-    END;
-    PERFORM sharding._move_disconnect();
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_online' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_online(text, integer, text, text) IS
     'internal: moves a logical shard (or one key) online; the engine of move_shard_online and isolate';
 -- @end
@@ -955,15 +580,8 @@ COMMENT ON FUNCTION sharding._move_online(text, integer, text, text) IS
 -- at once, whatever the caller's transaction does; returns its first value.
 -- @object sharding._move_journal
 CREATE FUNCTION sharding._move_journal(sql text) RETURNS text
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    IF NOT sharding._dbl_open('sharding_move_self') THEN
-        PERFORM sharding._dbl_connect('sharding_move_self', sharding._coordinator_dsn());
-    END IF;
-    RETURN sharding._dbl_value('sharding_move_self', sql);
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_journal' LANGUAGE C VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_journal(text) IS
     'internal: runs a statement on the move journal in its own transaction (committed at once)';
 -- @end
@@ -972,15 +590,8 @@ COMMENT ON FUNCTION sharding._move_journal(text) IS
 -- phase (committed before the phase acts).
 -- @object sharding._move_phase
 CREATE FUNCTION sharding._move_phase(map text, logical integer, phase text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    PERFORM sharding._move_journal(pg_catalog.format(
-        'UPDATE sharding.move_journal SET phase = %L, phase_started = pg_catalog.now() '
-        'WHERE map = %L AND logical = %s AND phase NOT IN (''done'', ''failed'', ''cancelled'')',
-        phase, map, logical));
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_phase' LANGUAGE C VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_phase(text, integer, text) IS
     'internal: records the phase a live move enters, before it acts';
 -- @end
@@ -990,24 +601,8 @@ COMMENT ON FUNCTION sharding._move_phase(text, integer, text) IS
 -- running by a cancelled or dead caller) and waits until they are gone.
 -- @object sharding._move_stop_backends
 CREATE FUNCTION sharding._move_stop_backends(conn text, name text) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    left_ text;
-BEGIN
-    FOR i IN 1 .. 500 LOOP   -- 10 s
-        left_ := sharding._dbl_value(conn, pg_catalog.format(
-            'SELECT pg_catalog.count(pg_catalog.pg_terminate_backend(a.pid)) FROM pg_catalog.pg_stat_activity a '
-            'WHERE a.application_name = %L AND a.pid <> pg_catalog.pg_backend_pid() '
-            'AND a.datname = pg_catalog.current_database()', name));
-        EXIT WHEN left_ = '0';
-        PERFORM pg_catalog.pg_sleep(0.02);
-    END LOOP;
-    IF left_ <> '0' THEN
-        RAISE EXCEPTION 'sessions of move % do not end', name USING ERRCODE = 'object_in_use';
-    END IF;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__move_stop_backends' LANGUAGE C VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_stop_backends(text, text) IS
     'internal: ends what a move''s sessions still run on a node, and waits for them';
 -- @end

@@ -88,7 +88,7 @@ std::string chomp(const char *m) {
 }
 
 // A remote error: its SQLSTATE, message, detail and hint, raised here.
-[[noreturn]] void throw_result(PGresult *res, PGconn *conn) {
+[[noreturn]] void throw_result(PGresult *res, PGconn *conn, const char *prefix = "remote: ") {
     const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : nullptr;
     std::string msg = chomp(res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : nullptr);
     if (msg.empty()) msg = chomp(PQerrorMessage(conn));
@@ -96,7 +96,7 @@ std::string chomp(const char *m) {
     std::string hint = chomp(res ? PQresultErrorField(res, PG_DIAG_MESSAGE_HINT) : nullptr);
     int code = sqlstate_of(state);
     if (res) PQclear(res);
-    throw Error(code, "remote: " + msg, detail, hint);
+    throw Error(code, prefix + msg, detail, hint);
 }
 
 // One interruptible wait for the socket (glue: may ereport).
@@ -173,6 +173,66 @@ std::string node_dsn(const std::string &node) {
     std::string s(dsn);
     pfree(dsn);
     return s;
+}
+
+void cancel_and_drain(PGconn *conn) noexcept {
+    cancel_conn(conn);
+    (void)PQsetnonblocking(conn, 0);
+    for (PGresult *r; (r = PQgetResult(conn)) != nullptr;) {
+        PQclear(r);
+        if (PQstatus(conn) == CONNECTION_BAD) break;
+    }
+    (void)PQsetnonblocking(conn, 1);
+}
+
+PGresult *next_result(PGconn *conn) {
+    for (;;) {
+        int flushed = PQflush(conn);
+        if (flushed < 0) fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn)).c_str());
+        if (flushed == 0) {
+            if (PQconsumeInput(conn) == 0)
+                fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn)).c_str());
+            if (!PQisBusy(conn)) return PQgetResult(conn);
+        }
+        pgsocket sock = PQsocket(conn);
+        if (sock == PGINVALID_SOCKET) fail(ERRCODE_CONNECTION_FAILURE, "the connection has no socket");
+        glue(wait_socket, flushed == 1 ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock);
+    }
+}
+
+PGresult *run_statement(PGconn *conn, const char *sql, const char *prefix, bool drain) {
+    if (PQsendQuery(conn, sql) == 0)
+        fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", chomp(PQerrorMessage(conn)).c_str());
+    PGresult *last = nullptr;
+    PGresult *failed = nullptr;
+    try {
+        for (PGresult *res; (res = next_result(conn)) != nullptr;) {
+            ExecStatusType st = PQresultStatus(res);
+            if (st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE || st == PGRES_NONFATAL_ERROR) {
+                if (failed == nullptr)
+                    failed = res;
+                else
+                    PQclear(res);
+                continue;
+            }
+            if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
+                PQclear(res);
+                fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected COPY from a statement");
+            }
+            if (last) PQclear(last);
+            last = res;
+        }
+    } catch (...) {
+        if (last) PQclear(last);
+        if (failed) PQclear(failed);
+        if (drain) cancel_and_drain(conn);
+        throw;
+    }
+    if (failed != nullptr) {
+        if (last) PQclear(last);
+        throw_result(failed, conn, prefix);
+    }
+    return last;
 }
 
 Remote::Remote(const std::string &dsn, bool replication, const std::string &application_name,
@@ -273,49 +333,24 @@ void Remote::wait(bool for_write) {
     }
 }
 
-// The next result of the running command, waiting interruptibly.
 PGresult *Remote::next_result() {
-    for (;;) {
-        int flushed = PQflush(conn_);
-        if (flushed < 0) fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
-        if (flushed == 1) {
-            wait(true);
-            continue;
-        }
-        if (PQconsumeInput(conn_) == 0)
-            fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
-        if (!PQisBusy(conn_)) return PQgetResult(conn_);
-        wait(false);
+    try {
+        return sharding::move::next_result(conn_);
+    } catch (...) {
+        cancel();
+        throw;
     }
 }
 
 std::string Remote::run(const std::string &sql, PGresult **keep) {
-    if (PQsendQuery(conn_, sql.c_str()) == 0)
-        fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", chomp(PQerrorMessage(conn_)).c_str());
+    PGresult *last;
+    try {
+        last = run_statement(conn_, sql.c_str(), "remote: ", false);
+    } catch (...) {
+        cancel();  // the caller is cancelled (or the server stops): so is the remote statement
+        throw;
+    }
     std::string first;
-    PGresult *last = nullptr;
-    PGresult *failed = nullptr;
-    for (PGresult *res; (res = next_result()) != nullptr;) {
-        ExecStatusType st = PQresultStatus(res);
-        if (st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE || st == PGRES_NONFATAL_ERROR) {
-            if (failed == nullptr)
-                failed = res;
-            else
-                PQclear(res);
-            continue;
-        }
-        if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
-            PQclear(res);
-            if (last) PQclear(last);
-            fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected COPY from a statement");
-        }
-        if (last) PQclear(last);
-        last = res;
-    }
-    if (failed != nullptr) {
-        if (last) PQclear(last);
-        throw_result(failed, conn_);
-    }
     if (last != nullptr && PQresultStatus(last) == PGRES_TUPLES_OK && PQntuples(last) > 0 && PQnfields(last) > 0 &&
         !PQgetisnull(last, 0, 0))
         first = PQgetvalue(last, 0, 0);

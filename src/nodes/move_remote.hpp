@@ -72,6 +72,32 @@ class Remote {
 // A replication connection kept open past the call that opened it (its
 // exported snapshot stays importable), by slot name, until close_held or
 // the end of the transaction.
+// The one statement loop of every remote call (Remote::run, the named
+// connections, follow's _remote): sends sql, collects its results waiting
+// interruptibly, returns the last one (the caller clears it; NULL if none).
+// A remote error is thrown with its SQLSTATE, message (after prefix),
+// detail and hint; a COPY is a protocol violation. If waiting fails (the
+// caller is cancelled, the connection lost) and drain is set, the remote
+// statement is cancelled (PQcancel) and its results consumed, so the
+// connection is ready for the next statement.
+PGresult *run_statement(PGconn *conn, const char *sql, const char *prefix, bool drain);
+// The next result of the running command, waiting interruptibly.
+PGresult *next_result(PGconn *conn);
+// Cancels what runs there and consumes its results (no throw).
+void cancel_and_drain(PGconn *conn) noexcept;
+
+// The session's named connections (remote_exec.cpp; SQL: _dbl_connect,
+// _dbl_open, _dbl_disconnect, _dbl_run/_dbl_value): kept across
+// transactions, every wait interruptible, a statement running there
+// cancelled when the caller is. named_connect: dsn nullptr is 55000;
+// named_run: whether the answer is not NULL, in *out a query's first value
+// or a command's tag; a remote error thrown with its SQLSTATE, message,
+// detail and hint.
+void named_connect(const char *name, const char *dsn);
+bool named_open(const char *name);
+void named_disconnect(const char *name) noexcept;
+bool named_run(const char *name, const char *sql, std::string *out);
+
 void hold_connection(const std::string &slot, PGconn *conn);
 bool close_held(const std::string &slot) noexcept;
 // Cancels what runs there, unregisters and closes a connection.

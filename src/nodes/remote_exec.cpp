@@ -8,7 +8,8 @@
 // the same name, or at process exit.
 //
 // Every wait is interruptible (WaitLatchOrSocket + CHECK_FOR_INTERRUPTS,
-// through move_remote's Remote for connecting, here for statements). When
+// through move_remote's Remote for connecting, its run_statement for
+// statements: the one statement loop of Remote::run and of these). When
 // the caller is cancelled or fails while a statement runs there, the remote
 // statement is cancelled (PQcancel) and its results consumed before the
 // error goes on: it does not run on (a cancelled cutover's _freeze_shard
@@ -72,99 +73,12 @@ void drop(const char *name) noexcept {
     *n = Named{};
 }
 
-std::string chomp(const char *m) {
-    std::string s = m ? m : "";
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    return s;
-}
-
-int wait_socket(int events, pgsocket sock) {
-    int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | events, sock, -1L, PG_WAIT_EXTENSION);
-    if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
-    CHECK_FOR_INTERRUPTS();
-    return rc;
-}
-
-// Cancels what runs there and consumes its results (no throw).
-void cancel_and_drain(PGconn *conn) noexcept {
-    if (PQtransactionStatus(conn) == PQTRANS_ACTIVE) {
-        if (PGcancel *c = PQgetCancel(conn)) {
-            char err[256];
-            (void)PQcancel(c, err, sizeof err);
-            PQfreeCancel(c);
-        }
-    }
-    (void)PQsetnonblocking(conn, 0);
-    for (PGresult *r; (r = PQgetResult(conn)) != nullptr;) {
-        PQclear(r);
-        if (PQstatus(conn) == CONNECTION_BAD) break;
-    }
-    (void)PQsetnonblocking(conn, 1);
-}
-
-[[noreturn]] void lost(PGconn *conn, const char *what) {
-    fail(ERRCODE_CONNECTION_FAILURE, "%s: %s", what, chomp(PQerrorMessage(conn)).c_str());
-}
-
-// The next result of the running command, waiting interruptibly.
-PGresult *next_result(PGconn *conn) {
-    for (;;) {
-        int flushed = PQflush(conn);
-        if (flushed < 0) lost(conn, "lost the connection");
-        if (flushed == 0) {
-            if (PQconsumeInput(conn) == 0) lost(conn, "lost the connection");
-            if (!PQisBusy(conn)) return PQgetResult(conn);
-        }
-        pgsocket sock = PQsocket(conn);
-        if (sock == PGINVALID_SOCKET) fail(ERRCODE_CONNECTION_FAILURE, "the connection has no socket");
-        glue(wait_socket, flushed == 1 ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock);
-    }
-}
-
 // Runs sql (one or more statements) there. Returns whether the answer is
 // not NULL, and in *out: for a last result with rows, the first column of
 // its first row (NULL if none); for a command, its tag. A remote error is
 // thrown with its SQLSTATE, message, detail and hint.
 bool run(PGconn *conn, const char *sql, std::string *out) {
-    if (PQsendQuery(conn, sql) == 0) lost(conn, "could not send a statement");
-    PGresult *last = nullptr;
-    PGresult *failed = nullptr;
-    try {
-        for (PGresult *res; (res = next_result(conn)) != nullptr;) {
-            ExecStatusType st = PQresultStatus(res);
-            if (st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE || st == PGRES_NONFATAL_ERROR) {
-                if (failed == nullptr)
-                    failed = res;
-                else
-                    PQclear(res);
-                continue;
-            }
-            if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
-                PQclear(res);
-                fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected COPY from a statement");
-            }
-            if (last) PQclear(last);
-            last = res;
-        }
-    } catch (...) {
-        if (last) PQclear(last);
-        if (failed) PQclear(failed);
-        cancel_and_drain(conn);
-        throw;
-    }
-    if (failed != nullptr) {
-        if (last) PQclear(last);
-        const char *state = PQresultErrorField(failed, PG_DIAG_SQLSTATE);
-        int code = (state != nullptr && std::strlen(state) == 5)
-                       ? MAKE_SQLSTATE(state[0], state[1], state[2], state[3], state[4])
-                       : ERRCODE_CONNECTION_FAILURE;
-        std::string msg = chomp(PQresultErrorField(failed, PG_DIAG_MESSAGE_PRIMARY));
-        if (msg.empty()) msg = chomp(PQerrorMessage(conn));
-        std::string detail = chomp(PQresultErrorField(failed, PG_DIAG_MESSAGE_DETAIL));
-        std::string hint = chomp(PQresultErrorField(failed, PG_DIAG_MESSAGE_HINT));
-        PQclear(failed);
-        throw Error(code, msg, detail, hint);
-    }
+    PGresult *last = run_statement(conn, sql, "", true);
     bool has = false;
     if (last != nullptr) {
         if (PQresultStatus(last) == PGRES_TUPLES_OK) {
@@ -205,16 +119,11 @@ Datum text_or_null(bool has, const std::string &v) {
 using namespace sharding;
 using namespace sharding::move;
 
-// _dbl_connect(conn, dsn): opens the named connection (closing one of that
-// name first); remote statements run with search_path pg_catalog, pg_temp
-// and synchronous_commit on.
-SHARDING_FUNCTION(sharding__dbl_connect) {
-    if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the connection name must not be NULL");
-    if (PG_ARGISNULL(1))
-        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "no connection string for connection \"%s\"",
-             text_to_cstring(PG_GETARG_TEXT_PP(0)));
-    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-    char *dsn = text_to_cstring(PG_GETARG_TEXT_PP(1));
+namespace sharding::move {
+
+void named_connect(const char *name, const char *dsn) {
+    if (dsn == nullptr)
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "no connection string for connection \"%s\"", name);
     if (std::strlen(name) >= NAMEDATALEN) fail(ERRCODE_NAME_TOO_LONG, "connection name too long");
     glue(install_exit);
     drop(name);
@@ -245,28 +154,50 @@ SHARDING_FUNCTION(sharding__dbl_connect) {
         drop(slot->name);
         throw;
     }
+}
+
+bool named_open(const char *name) {
+    Named *n = find(name);
+    if (n != nullptr && PQstatus(n->conn) == CONNECTION_BAD) {
+        drop(name);
+        n = nullptr;
+    }
+    return n != nullptr;
+}
+
+void named_disconnect(const char *name) noexcept {
+    if (Named *n = find(name)) {
+        cancel_and_drain(n->conn);
+        drop(name);
+    }
+}
+
+bool named_run(const char *name, const char *sql, std::string *out) { return run(named_conn(name), sql, out); }
+
+}  // namespace sharding::move
+
+// _dbl_connect(conn, dsn): opens the named connection (closing one of that
+// name first); remote statements run with search_path pg_catalog, pg_temp
+// and synchronous_commit on.
+SHARDING_FUNCTION(sharding__dbl_connect) {
+    if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the connection name must not be NULL");
+    char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    char *dsn = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
+    named_connect(name, dsn);
     PG_RETURN_VOID();
 }
 
 // _dbl_disconnect(conn): closes the named connection if open.
 SHARDING_FUNCTION(sharding__dbl_disconnect) {
     char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-    if (Named *n = find(name)) {
-        cancel_and_drain(n->conn);
-        drop(name);
-    }
+    named_disconnect(name);
     PG_RETURN_VOID();
 }
 
 // _dbl_open(conn): whether the named connection is open (and not lost).
 SHARDING_FUNCTION(sharding__dbl_open) {
     char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-    Named *n = find(name);
-    if (n != nullptr && PQstatus(n->conn) == CONNECTION_BAD) {
-        drop(name);
-        n = nullptr;
-    }
-    PG_RETURN_BOOL(n != nullptr);
+    PG_RETURN_BOOL(named_open(name));
 }
 
 namespace {

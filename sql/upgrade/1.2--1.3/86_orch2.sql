@@ -1,0 +1,12 @@
+-- orch (issue 24, "no PL/pgSQL on the move's path"): the orchestration of
+-- an online move is C++ (src/nodes/move_orchestrate.cpp). _move_online,
+-- _move_journal and _move_phase are replaced by the deltas that brought
+-- them (70_move, 75_orch: their definitions come from the install
+-- fragment, now LANGUAGE C); _move_call, unchanged since 1.2 until now,
+-- is replaced here.
+-- @replace sharding._move_call
+-- _move_finish, _move_undo, _move_drop_replication and _move_stop_backends
+-- are C++ too (replaced by 70_move from the fragment); _move_drop_triggers
+-- and _move_sees_switch, unchanged since 1.2 until now, are replaced here.
+-- @replace sharding._move_drop_triggers
+-- @replace sharding._move_sees_switch
