@@ -1,4 +1,4 @@
--- Section 2: logical-shard maps, whale pins, nodes.
+-- Maps (docs/maps.md): logical-shard maps, whale pins, nodes.
 --
 -- Config tables. Users change them through the functions; plain roles may
 -- read them. They are registered with pg_extension_config_dump so that
@@ -653,7 +653,7 @@ COMMENT ON VIEW sharding.map_overview IS
     'per map and node: logical shards owned (and which), keys pinned, highest epoch';
 GRANT SELECT ON sharding.map_overview TO PUBLIC;
 
--- Section 12: database maps. A map whose nodes have connection strings (any
+-- Database maps (docs/nodes.md). A map whose nodes have connection strings (any
 -- of them) is a database map; there a node without a DSN would make every
 -- proxied call fail (cluster_partitions raises 55000), so the functions that
 -- hand shards or pins to a node refuse one without a DSN. Maps whose nodes
@@ -700,7 +700,7 @@ REVOKE ALL ON FUNCTION sharding._check_database_nodes(text, text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._check_database_nodes(text, text[]) TO sharding_admin;
 -- @end
 
--- Section 12: identities that cannot drift. A pin is stored by the key's
+-- Identities that cannot drift (docs/identities.md). A pin is stored by the key's
 -- canonical text form, and node_for on a typed key matches pins on that
 -- form (src/routing/maps.cpp key_text). Pinning through the text overload asks the
 -- caller to produce exactly that form ('42', a lower-case uuid, '\x' and
@@ -797,7 +797,7 @@ GRANT EXECUTE ON FUNCTION sharding.pin(text, bytea, text), sharding.pin(text, sm
     TO sharding_admin;
 
 -- @object sharding._lock_pin
--- Section 9 (handoff): pin and unpin serialize with claim_node, fences and
+-- The handoff (docs/ordered.md): pin and unpin serialize with claim_node, fences and
 -- moves. A pin re-routes its key at once, so, like move_shard, it must not
 -- commit while a claim_node of the map is between reading the map and
 -- claiming (the old node would claim the key's next job while the new node,
@@ -807,7 +807,7 @@ GRANT EXECUTE ON FUNCTION sharding.pin(text, bytea, text), sharding.pin(text, sm
 -- _lock_shard on every logical shard the pinned text routes a key of: the
 -- text key's own shard and, when the text is the canonical form of an
 -- integer, a uuid or a bytea key (the form node_for matches a typed key's
--- pin on, section 12), that key's shard. _lock_shard takes the map-level
+-- pin on, docs/identities.md), that key's shard. _lock_shard takes the map-level
 -- tag in RowExclusiveLock (conflicting with claim_node's ShareLock and with
 -- rebalance) and the shard's tag in ExclusiveLock (conflicting with fence).
 -- At most two shards, locked in ascending order, so two pins never deadlock
@@ -857,7 +857,7 @@ COMMENT ON FUNCTION sharding._routing_cache_counts() IS
 -- @end
 
 -- @object sharding.pin_many
--- Section 14: pin_many(map, keys, nodes) pins (or re-pins) keys[i] to
+-- pin_many(map, keys, nodes) (docs/directory.md) pins (or re-pins) keys[i] to
 -- nodes[i] in one statement and returns how many keys it pinned (a key given
 -- twice counts once; the last one wins, as two pin calls would). Arrays of
 -- different lengths, a NULL or multi-dimensional array, a NULL key: 22023,

@@ -1,4 +1,4 @@
--- Section 3: claiming work with FOR UPDATE SKIP LOCKED, leases and fenced
+-- The queue (docs/queue.md): claiming work with FOR UPDATE SKIP LOCKED, leases and fenced
 -- completion (src/queue/queue.cpp).
 --
 -- Every function is SECURITY INVOKER: the caller's privileges on the queue
@@ -266,7 +266,7 @@ COMMENT ON FUNCTION sharding.enqueue(regclass, text, jsonb) IS
     'adds a pending job (key, payload) to a create_queue table; returns its id';
 -- @end
 
--- Section 9: order per key without giving up dynamic claims
+-- Ordered claims (docs/ordered.md): order per key without giving up dynamic claims
 -- (claim_ordered), and claims routed by a map with a safe handoff
 -- (claim_node). src/queue/queue_ordered.cpp.
 

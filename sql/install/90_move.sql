@@ -1,4 +1,4 @@
--- Section 8 (part): online moves. move_shard_online(map, logical, node) and
+-- Online moves (docs/moves.md). move_shard_online(map, logical, node) and
 -- isolate(map, key, node) carry rows between data nodes on PostgreSQL's own
 -- logical replication, driven from the coordinator over libpq connections (CREATE and
 -- DROP SUBSCRIPTION cannot run in a transaction block, so every remote step

@@ -218,7 +218,7 @@ std::string handoff_exclusion(const char *key_expr, const char *map) {
 
 namespace {
 
-// Claim order of rows aliased `a` (section 10): priority, run_at, created, id.
+// Claim order of rows aliased `a` (docs/queue.md): priority, run_at, created, id.
 void append_order(Sql &s, const OrderedTable &q, const char *a) {
     if (q.t.has_priority) s.addf("%s.priority DESC, ", a);
     if (q.t.has_run_at) s.addf("%s.run_at, ", a);

@@ -1,5 +1,6 @@
-// Section 8, the data-node side: guarded writes and the local state a
-// follower keeps (its own node name, whether it follows, frozen shards).
+// Guarded writes (docs/nodes.md), the data-node side: the guard and the
+// local state a follower keeps (its own node name, whether it follows,
+// frozen shards).
 //
 // The guard is a BEFORE ROW trigger (sharding._guard) that attach_node and
 // the trigger on sharding.distributed_tables install on every distributed

@@ -1,4 +1,4 @@
-// Rebalance jobs in background workers (contract section 13, issue 25).
+// Rebalance jobs in background workers (docs/rebalance.md).
 //
 // A job is a row of sharding.move_jobs; each of its moves is a row of the
 // move engine's journal (sharding.move_journal). Everything a job decides is

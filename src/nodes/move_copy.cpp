@@ -1,4 +1,4 @@
-// The move engine's copy and slot (issue 24).
+// The move engine's copy and slot (docs/moves.md).
 //
 // _move_slot_create(source, slot, plugin): on the coordinator, opens a
 //   logical replication connection to the source and creates the move's

@@ -1,4 +1,4 @@
-// The move engine's output plugin (issue 24): pgoutput, with its change
+// The move engine's output plugin (docs/moves.md): pgoutput, with its change
 // callback wrapped so that only the moving shard's changes leave the source.
 //
 // A move's slot is created with plugin "sharding" (this library). Its
@@ -179,8 +179,8 @@ char *key_text(MoveTable *t, Datum key) {
     return OidOutputFunctionCall(out, key);
 }
 
-// Whether a key belongs to what the move carries (contract section 1's
-// hash: XXH3-64 of the canonical bytes, then modulo the shard count).
+// Whether a key belongs to what the move carries (docs/hashing.md:
+// XXH3-64 of the canonical bytes, then modulo the shard count).
 bool key_moves(MoveTable *t, Datum key) {
     if (config.key != nullptr) {
         char *k = key_text(t, key);

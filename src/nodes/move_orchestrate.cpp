@@ -1,5 +1,5 @@
-// The orchestration of an online move, in C++ (issue 24: no PL/pgSQL on
-// the move's path): sharding._move_online, the engine of
+// The orchestration of an online move, in C++ (docs/moves.md; no PL/pgSQL
+// on the move's path): sharding._move_online, the engine of
 // move_shard_online and isolate, and the small steps only it used to call
 // through PL/pgSQL: _move_finish, _move_undo (also called by _move_resolve,
 // through their SQL names), _move_drop_replication, _move_drop_triggers,

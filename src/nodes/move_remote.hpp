@@ -1,4 +1,4 @@
-// libpq connections of the move engine (issue 24): connect, run, copy out,
+// libpq connections of the move engine (docs/moves.md): connect, run, copy out,
 // every wait interruptible (WaitLatchOrSocket + CHECK_FOR_INTERRUPTS) and a
 // remote statement cancelled (PQcancel) when the caller is cancelled or
 // fails.

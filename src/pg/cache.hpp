@@ -41,8 +41,8 @@
 // takes locks, and lock acquisition processes invalidations) then bumps the
 // generation past the recorded one, and the fresh entry is stale at once. A
 // callback that compares against an oid learned only at the END of the build
-// drops exactly the invalidations that matter (the first-build race of
-// issue 16).
+// drops exactly the invalidations that matter (the first-build race,
+// specs/maps_first_build.spec).
 //
 // Retirement. An entry that is replaced or dropped may still be in use by a
 // call further up the stack (a trigger on a queue table that calls claim, an
@@ -115,7 +115,7 @@ Stats stats();
 // that: a backend takes them in only at transaction start and when it
 // acquires a lock it does not hold yet, so a PL/pgSQL loop inside one
 // transaction (which holds all its locks after the first iteration) never
-// sees them (issue 23).
+// sees them (CHANGELOG 1.3, "Fixed").
 //
 // So the config tables' triggers note what changed (note_change,
 // note_routing), and at commit (XACT_EVENT_COMMIT: after the change is

@@ -1,4 +1,4 @@
-// Sections 3, 10 and 12 of the contract: claiming work with FOR UPDATE SKIP
+// The queue (docs/queue.md): claiming work with FOR UPDATE SKIP
 // LOCKED, leases, fenced completion, run_at / priority, backoff.
 //
 // The one queue engine (queue.hpp, "the one engine"): every statement of

@@ -195,7 +195,7 @@ char *sql_text(F &&build) {
     return sharding::glue(pnstrdup, text.c_str(), static_cast<Size>(text.size()));
 }
 
-// claim_node (contract section 9), first steps, in queue_ordered.cpp: takes
+// claim_node (docs/ordered.md), first steps, in queue_ordered.cpp: takes
 // the map's share lock (move_shard, rebalance and pin wait for the claim's
 // transaction), raises 42704 for an unknown map, registers the worker's
 // node in sharding.claim_node_workers, and returns what handoff_needed

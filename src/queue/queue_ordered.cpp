@@ -1,4 +1,4 @@
-// Section 9 of the contract: claims that keep order per key
+// Ordered claims (docs/ordered.md): claims that keep order per key
 // (claim_ordered) and claims routed by a map with a safe handoff
 // (claim_node).
 //
@@ -151,7 +151,7 @@ struct Shape {
 // round (claim_ordered_common runs the rounds and the UPDATE). Keys take
 // turns oldest head first: a batch of b holds the b first heads in claim
 // order among the keys that have a claimable head, whatever the queue looks
-// like (contract section 14).
+// like (docs/ordered.md).
 //
 // A head is a key's oldest pending job (by created, id), claimable when no
 // job of its key is processing under a live lease or older (the head

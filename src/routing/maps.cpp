@@ -1,4 +1,4 @@
-// Section 2 of the contract, the C++ side: routing (node_for, logical_shard,
+// Maps and routing (docs/maps.md), the C++ side: routing (node_for, logical_shard,
 // partition_for, epoch) from a per-backend cache, the shard locks behind
 // fence and move_shard, the rebalance planner's SQL entry point and the
 // trigger that tells every backend when the config tables change.
@@ -23,14 +23,14 @@
 // the first iteration of a loop nothing took invalidations in any more (the
 // loop already holds every lock it needs, and lock acquisition is the other
 // place PostgreSQL processes them), so the map of the transaction's first
-// call was used until the transaction ended (issue 23).
+// call was used until the transaction ended (CHANGELOG 1.3, "Fixed").
 //
 // Building without losing a change: a build looks up the oid of
 // sharding.maps FIRST (for the relcache callback), then reads the counters
 // (stamp), then takes its snapshot: a change committed during the build
 // moves the counters past the stamp, and the fresh entry is stale at once.
 // (Learning the oid only at the end of the first build dropped exactly
-// those: issue 16, finding 1; specs/maps_first_build.spec.) Entries are
+// those: specs/maps_first_build.spec.) Entries are
 // built into a fresh object and swapped in last, so an ERROR while reading
 // leaves the previous state intact; replaced entries are retired, not freed.
 #include "pg/cache.hpp"
@@ -349,7 +349,7 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     return *slot;
 }
 
-// ---- incremental changes (issue 26)
+// ---- incremental changes (docs/directory.md)
 // What refresh reads: the shard rows and/or the current pins of some keys,
 // copied out of SPI's memory (plain C, palloc'd in the caller's context).
 struct RawDelta {
@@ -676,7 +676,7 @@ Datum node_for_body(FunctionCallInfo fcinfo) {
 }
 
 // partition_for(map text, key) -> integer: the PL/Proxy partition of a key,
-// its logical shard unless a pin sends it to a node (section 7).
+// its logical shard unless a pin sends it to a node (docs/partitions.md).
 template <KeyType K>
 Datum partition_for_body(FunctionCallInfo fcinfo) {
     const MapRoutes &m = routes_for(fcinfo, PG_GETARG_TEXT_PP(0));
