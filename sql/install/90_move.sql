@@ -9,52 +9,48 @@
 --               loopback connection, so that a later call knows what a
 --               crashed or failed one left behind and undoes it;
 --   2. source   CREATE PUBLICATION of the map's distributed tables, then a
---               logical replication slot (pgoutput): from here on every
---               committed change of those tables is kept for the move;
---   3. copy     the destination pulls the shard's rows from the source
---               (COPY FROM PROGRAM psql running COPY ... TO STDOUT there, or
---               INSERT ... SELECT FROM dblink where it has no psql),
---               filtered AT THE SOURCE by shard_of, so only the shard's rows
---               travel, under session_replication_role = replica (no
---               triggers fire, the guard neither);
---   4. filter   a BEFORE ROW trigger on each table at the destination,
---               ENABLE REPLICA so that it fires only for replication apply:
---               it drops changes of rows outside the moving shard (the
---               publication carries whole tables: PG 15 row filters cannot
---               call shard_of) and turns a replayed INSERT of a row the copy
---               already holds into an UPDATE;
---   5. stream   CREATE SUBSCRIPTION (copy_data = false, the slot of step 2):
---               it replays every change committed since the slot was made.
---               The copy's snapshot is newer than the slot, so some changes
---               are in both; each replayed change sets a whole row (or its
---               absence) by primary key, in commit order, so replaying them
---               over the copy ends in the source's state;
---   6. catch up until the slot's confirmed_flush_lsn reaches the source's
+--               row in sharding.move_decoding naming the shard, then a
+--               logical replication slot made over a replication
+--               connection with an exported snapshot; its output plugin is
+--               this library (src/nodes/move_decoder.cpp), which wraps
+--               pgoutput and drops every change outside the moving shard
+--               before it is encoded;
+--   3. copy     the destination pulls the shard's rows in C++
+--               (_move_pull, src/nodes/move_copy.cpp): a libpq connection
+--               to the source under the exported snapshot runs
+--               COPY (SELECT ... WHERE <shard>) TO STDOUT, fed into the
+--               local table through BeginCopyFrom, under
+--               session_replication_role = replica (the guard does not
+--               fire). Copy and stream never overlap: the copy sees exactly
+--               what was committed before the slot's starting point;
+--   4. stream   CREATE SUBSCRIPTION (copy_data = false, the slot of step 2):
+--               plain PostgreSQL apply of the changes committed since;
+--   5. catch up until the slot's confirmed_flush_lsn reaches the source's
 --               flushed WAL position quickly (the backlog is small);
---   7. cutover  _freeze_shard at the source (waits for its in-flight
+--   6. cutover  _freeze_shard at the source (waits for its in-flight
 --               writers, then its guard refuses the shard's keys), wait
 --               until the destination confirmed the source's last WAL
 --               position, switch the owner on the coordinator (move_shard:
 --               epoch + 1; isolate: pin), wait until the source shows it
 --               (it follows the coordinator), thaw it (it now refuses by
 --               ownership), wait until the destination shows it;
---   8. clean    drop the subscription, the slot, the trigger and the
---               publication, then delete the shard's rows at the source.
--- The refusal window is step 7 only: a few round trips and the last
+--   7. clean    drop the subscription, the slot and the publication, then
+--               delete the shard's rows at the source (one transaction).
+-- The refusal window is step 6 only: a few round trips and the last
 -- moments of replication lag, whatever the shard's size.
 --
 -- The orchestration is C++ (src/nodes/move_orchestrate.cpp; the functions
 -- below marked LANGUAGE C keep their SQL names as thin wrappers); its main
 -- block runs in a subtransaction, as a PL/pgSQL EXCEPTION block did.
 -- Failure or cancel before the switch: the handler undoes steps
--- 2-7 (drops the subscription, slot, publication and trigger, deletes what
+-- 2-6 (drops the subscription, slot and publication, deletes what
 -- the copy put at the destination, thaws) and re-raises; the old owner never
--- stopped owning. After the switch: the handler finishes step 8. If the
+-- stopped owning. After the switch: the handler finishes step 7. If the
 -- handler itself cannot (a node is down, the coordinator crashed), the
 -- journal row stays and the next call for that shard, with any node, does it
 -- first.
 
--- The move journal (docs/moves.md, /work/coord/JOURNAL.md): one row per
+-- The move journal (docs/moves.md): one row per
 -- move, of a rebalance job or of a direct move_shard_online / isolate call,
 -- kept after it ends. Local to the coordinator (not followed). Every step
 -- commits its phase here BEFORE it acts (through the engine's own
