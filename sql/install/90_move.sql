@@ -59,6 +59,7 @@
 -- 'catching_up' and 'cutover' (the switch has not committed: undo),
 -- 'cleanup' (the switch has committed, atomically with this phase: finish),
 -- then 'done', 'failed' or 'cancelled'.
+-- @object sharding.move_journal
 CREATE SEQUENCE sharding.move_journal_seq;
 CREATE TABLE sharding.move_journal (
     move          bigint PRIMARY KEY DEFAULT pg_catalog.nextval('sharding.move_journal_seq'),
@@ -103,6 +104,7 @@ ALTER SEQUENCE sharding.move_journal_seq OWNED BY sharding.move_journal.move;
 GRANT USAGE ON SEQUENCE sharding.move_journal_seq TO sharding_admin;
 GRANT SELECT ON sharding.move_journal TO PUBLIC;
 GRANT INSERT, UPDATE, DELETE ON sharding.move_journal TO sharding_admin;
+-- @end
 
 -- 1.2's journal, as a view of the moves in progress (or interrupted).
 CREATE VIEW sharding.moves AS
@@ -195,6 +197,7 @@ CREATE FUNCTION sharding._dbl_run(conn text, sql text) RETURNS text
     AS 'MODULE_PATHNAME', 'sharding__dbl_run' LANGUAGE C VOLATILE STRICT;
 -- @end
 
+-- @object sharding._dbl_grants
 REVOKE ALL ON FUNCTION sharding._dbl_connect(text, text), sharding._dbl_disconnect(text),
     sharding._dbl_open(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
     FROM PUBLIC;
@@ -206,6 +209,7 @@ COMMENT ON FUNCTION sharding._dbl_disconnect(text) IS 'internal: cancels and clo
 COMMENT ON FUNCTION sharding._dbl_open(text) IS 'internal: whether a named remote connection is open';
 COMMENT ON FUNCTION sharding._dbl_value(text, text) IS 'internal: first value of a query (or a command''s tag) over a named remote connection';
 COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a named remote connection, interruptibly; the last command''s tag';
+-- @end
 
 -- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
 -- created over a replication connection with an exported snapshot (held

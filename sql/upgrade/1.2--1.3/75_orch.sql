@@ -25,17 +25,7 @@ DROP FUNCTION sharding._move_key_in(jsonb, text, text, integer, integer, text, t
 -- @replace sharding._dbl_value
 -- @replace sharding._dbl_run
 
-REVOKE ALL ON FUNCTION sharding._dbl_connect(text, text), sharding._dbl_disconnect(text),
-    sharding._dbl_open(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
-    FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._dbl_connect(text, text), sharding._dbl_disconnect(text),
-    sharding._dbl_open(text), sharding._dbl_value(text, text), sharding._dbl_run(text, text)
-    TO sharding_admin;
-COMMENT ON FUNCTION sharding._dbl_connect(text, text) IS 'internal: opens a named remote connection of this session (reopens one of that name)';
-COMMENT ON FUNCTION sharding._dbl_disconnect(text) IS 'internal: cancels and closes a named remote connection if open';
-COMMENT ON FUNCTION sharding._dbl_open(text) IS 'internal: whether a named remote connection is open';
-COMMENT ON FUNCTION sharding._dbl_value(text, text) IS 'internal: first value of a query (or a command''s tag) over a named remote connection';
-COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a named remote connection, interruptibly; the last command''s tag';
+-- @include sharding._dbl_grants
 
 DROP FUNCTION sharding._move_dblink_schema();
 
