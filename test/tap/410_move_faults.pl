@@ -94,19 +94,8 @@ after_fault('kill -9 while copying');
 
 # 3. kill -9 while catching up: the destination applies slowly (a replica
 # trigger sleeps for the apply worker only), writers keep the backlog full.
-$b->safe_psql('n2', q{
-	CREATE FUNCTION slow_apply() RETURNS trigger LANGUAGE plpgsql AS $$
-	BEGIN
-	    IF (SELECT backend_type FROM pg_stat_activity WHERE pid = pg_backend_pid()) IN ('logical replication worker', 'logical replication apply worker') THEN
-	        PERFORM pg_sleep(0.2);
-	    END IF;
-	    RETURN NEW;
-	END $$;
-	CREATE TRIGGER slow_apply BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION slow_apply();
-	ALTER TABLE accounts ENABLE REPLICA TRIGGER slow_apply;
-});
-my $hot = $coord->safe_psql('coord', "SELECT string_agg(t, ',') FROM (SELECT 't' || lpad(i::text, 2, '0') AS t FROM generate_series(0, 63) i) s WHERE sharding.logical_shard('bank', t) = $S");
-my $ws = start_writers($coord, 2, [ split /,/, $hot ]);
+slow_apply($b, 'n2', 0.2);
+my $ws = start_writers($coord, 2, [ shard_tenants($coord, $S) ]);
 $mv = start_move();
 ok(in_phase('catching_up'), 'kill -9 while catching up: the move is catching up');
 usleep(500_000);

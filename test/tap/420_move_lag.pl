@@ -18,19 +18,8 @@ my $S = 0;    # shard 0 is n1's
 is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S"), 'n1',
 	'shard 0 starts at n1');
 
-$b->safe_psql('n2', q{
-	CREATE FUNCTION slow_apply() RETURNS trigger LANGUAGE plpgsql AS $$
-	BEGIN
-	    IF (SELECT backend_type FROM pg_stat_activity WHERE pid = pg_backend_pid()) IN ('logical replication worker', 'logical replication apply worker') THEN
-	        PERFORM pg_sleep(0.05);
-	    END IF;
-	    RETURN NEW;
-	END $$;
-	CREATE TRIGGER slow_apply BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION slow_apply();
-	ALTER TABLE accounts ENABLE REPLICA TRIGGER slow_apply;
-});
-my $hot = $coord->safe_psql('coord', "SELECT string_agg(t, ',') FROM (SELECT 't' || lpad(i::text, 2, '0') AS t FROM generate_series(0, 63) i) s WHERE sharding.logical_shard('bank', t) = $S");
-my $ws = start_writers($coord, 2, [ split /,/, $hot ]);
+slow_apply($b, 'n2', 0.05);
+my $ws = start_writers($coord, 2, [ shard_tenants($coord, $S) ]);
 my $mv = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S, 'n2')");
 
 ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM sharding.move_journal WHERE phase = 'catching_up'", '1', 120),

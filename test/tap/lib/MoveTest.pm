@@ -14,7 +14,7 @@ use ShardingNode;
 use Exporter 'import';
 
 our @EXPORT = qw(move_cluster load_rows start_writers stop_writers leftovers expected_vs_actual shard_rows
-  wait_for_sql psql_bg usleep);
+  wait_for_sql psql_bg usleep slow_apply shard_tenants);
 
 # move_cluster(): ($coord, $n1, $n2) clusters, databases coord, n1, n2.
 sub move_cluster
@@ -232,6 +232,36 @@ sub shard_rows
 {
 	my ($node, $db, $l) = @_;
 	return $node->safe_psql($db, "SELECT count(*) FROM accounts WHERE sharding.logical_shard('bank', tenant) = $l");
+}
+
+
+# slow_apply(node, db, seconds): the destination's apply worker sleeps that
+# long per row of accounts (a trigger ENABLE REPLICA that sleeps only in the
+# logical replication worker), so a move's catch-up has a backlog. Dropped
+# with DROP TRIGGER slow_apply ON accounts.
+sub slow_apply
+{
+	my ($node, $db, $seconds) = @_;
+	$node->safe_psql($db, qq{
+	CREATE OR REPLACE FUNCTION slow_apply() RETURNS trigger LANGUAGE plpgsql AS \$\$
+	BEGIN
+	    IF (SELECT backend_type FROM pg_stat_activity WHERE pid = pg_backend_pid()) IN ('logical replication worker', 'logical replication apply worker') THEN
+	        PERFORM pg_sleep($seconds);
+	    END IF;
+	    RETURN NEW;
+	END \$\$;
+	CREATE TRIGGER slow_apply BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION slow_apply();
+	ALTER TABLE accounts ENABLE REPLICA TRIGGER slow_apply;
+});
+}
+
+# shard_tenants(coord, logical): the tenants t00..t63 of one logical shard
+# of 'bank', as a list (writers aimed at the moving shard).
+sub shard_tenants
+{
+	my ($coord, $l) = @_;
+	return split /,/, $coord->safe_psql('coord',
+		"SELECT string_agg(t, ',') FROM (SELECT 't' || lpad(i::text, 2, '0') AS t FROM generate_series(0, 63) i) s WHERE sharding.logical_shard('bank', t) = $l");
 }
 
 1;
