@@ -47,13 +47,7 @@ my $restore_errors = () = $restore_err =~ /ERROR/g;
 is($restore_errors, 0, 'the dump restores without errors') or diag($restore_err);
 
 # same(DESCRIPTION, QUERY): identical, non-empty output in both databases.
-sub same
-{
-	my ($what, $sql) = @_;
-	my $a = sharding_q($node, 'src', $sql);
-	my $b = sharding_q($node, 'dst', $sql);
-	ok($a ne '' && $a eq $b, $what) or diag("source:   $a\nrestored: $b");
-}
+sub same { sharding_same($node, 'src', 'dst', @_) }
 same('maps', 'SELECT map, logical_shards FROM sharding.maps ORDER BY 1');
 same('shard owners and epochs', 'SELECT map, logical, node, epoch FROM sharding.shards ORDER BY 1, 2');
 same('pins', 'SELECT map, key, node FROM sharding.pins ORDER BY 1, 2');

@@ -33,13 +33,7 @@ if ($node->run_log([ 'pg_dump', '-f', $dumpfile, '-d', 'src' ]))
 is($rc, 0, 'pg_dump | psql restores without error') or diag($err);
 
 # same(DESCRIPTION, QUERY): identical, non-empty output in both databases.
-sub same
-{
-	my ($what, $sql) = @_;
-	my $a = sharding_q($node, 'src', $sql);
-	my $b = sharding_q($node, 'dst', $sql);
-	ok($a ne '' && $a eq $b, $what) or diag("source:   $a\nrestored: $b");
-}
+sub same { sharding_same($node, 'src', 'dst', @_) }
 same('maps are kept', 'SELECT map, logical_shards, created FROM sharding.maps ORDER BY map');
 same('shards, owners and epochs are kept', 'SELECT map, logical, node, epoch FROM sharding.shards ORDER BY map, logical');
 same('pins are kept', 'SELECT map, key, node FROM sharding.pins ORDER BY map, key');

@@ -136,4 +136,17 @@ END $$;
 SQL
 push @EXPORT, qw($SQLSTATE_OF);
 
+# sharding_same(node, db1, db2, description, query): one test that the query
+# gives identical, non-empty output in both databases (a dump and its
+# restore).
+push @EXPORT, qw(sharding_same);
+
+sub sharding_same
+{
+	my ($node, $db1, $db2, $what, $sql) = @_;
+	my $a = sharding_q($node, $db1, $sql);
+	my $b = sharding_q($node, $db2, $sql);
+	Test::More::ok($a ne '' && $a eq $b, $what) or Test::More::diag("$db1: $a\n$db2: $b");
+}
+
 1;
