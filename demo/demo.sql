@@ -218,7 +218,5 @@ WITH u AS (UPDATE orders SET status = 'shipped' WHERE id = 1002 RETURNING id)
 SELECT count(*) AS "rows the late UPDATE changed" FROM u;
 SELECT id AS "order", status FROM orders ORDER BY id;
 
-\echo
-\echo 'Done. Everything above ran inside PostgreSQL; see README.md and docs/ for the reference.'
 DROP TABLE IF EXISTS units, jobs, job_log, orders, inbox, message_log, key_sample CASCADE;
 DROP EXTENSION sharding CASCADE;

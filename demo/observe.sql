@@ -44,19 +44,23 @@ SELECT shard, pending, date_trunc('second', oldest_pending_age) AS oldest_wait, 
 \echo '======================================================================'
 \echo ' 7. Rebalancing by load, not by shard count'
 \echo '======================================================================'
-\echo 'Measured load per logical shard of the map (say, queries per second):'
-\echo 'shard 5 is a whale carrying 40% of everything. Counting shards says'
-\echo 'the map is balanced (4 each); the loads say db2 is drowning.'
+\echo 'A map of worker queues (no table distributed on it: the moves below are'
+\echo 'owner switches; moving rows between databases is scene 8). Measured load'
+\echo 'per logical shard (say, jobs per second): shard 5 is a whale carrying 40%'
+\echo 'of everything. Counting shards says the map is balanced (4 each); the'
+\echo 'loads say db2 is drowning.'
+SELECT sharding.create_map('obs_workers', 16, ARRAY['db1', 'db2', 'db3', 'db4']) AS ok \gset
 CREATE TEMP TABLE obs_load AS
 SELECT array_agg(CASE WHEN l = 5 THEN 200.0 ELSE 20.0 END ORDER BY l)::float8[] AS loads
   FROM generate_series(0, 15) AS l;
 SELECT s.node, count(*) AS shards, sum(o.loads[s.logical + 1]) AS load
-  FROM sharding.shards AS s, obs_load AS o WHERE s.map = 'obs' GROUP BY s.node ORDER BY s.node;
+  FROM sharding.shards AS s, obs_load AS o WHERE s.map = 'obs_workers' GROUP BY s.node ORDER BY s.node;
 \echo 'sharding.rebalance_by_load moves the whale''s neighbours away, and'
 \echo 'leaves the whale alone on its node (it cannot be split):'
-SELECT * FROM sharding.rebalance_by_load('obs', ARRAY['db1', 'db2', 'db3', 'db4'], (SELECT loads FROM obs_load));
+SELECT * FROM sharding.rebalance_by_load('obs_workers', ARRAY['db1', 'db2', 'db3', 'db4'], (SELECT loads FROM obs_load));
 SELECT s.node, count(*) AS shards, sum(o.loads[s.logical + 1]) AS load, max(s.epoch) AS max_epoch
-  FROM sharding.shards AS s, obs_load AS o WHERE s.map = 'obs' GROUP BY s.node ORDER BY s.node;
+  FROM sharding.shards AS s, obs_load AS o WHERE s.map = 'obs_workers' GROUP BY s.node ORDER BY s.node;
 
 DROP TABLE obs_orders, obs_jobs;
 SELECT sharding.drop_map('obs') AS ok \gset
+SELECT sharding.drop_map('obs_workers') AS ok \gset

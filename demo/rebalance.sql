@@ -1,5 +1,5 @@
 -- Demo scene: a third node joins a two-node cluster under live writers
--- (contract section 13, docs/rebalance.md). Run by demo/run.sh after the
+-- (docs/rebalance.md). Run by demo/run.sh after the
 -- other scenes, on its throwaway cluster, which must have
 -- wal_level = logical and the library preloaded:
 --

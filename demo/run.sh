@@ -22,4 +22,6 @@ psql -Xq -v ON_ERROR_STOP=1 -f demo/demo.sql || exit 1
 # Scenes 5-7 (fan-out counts, worst shard, load-aware rebalance).
 psql -Xq -v ON_ERROR_STOP=1 -f demo/observe.sql || exit 1
 # Scene 8 (a third node joins under live writers: rebalance_start).
-psql -Xq -v ON_ERROR_STOP=1 -f demo/rebalance.sql
+psql -Xq -v ON_ERROR_STOP=1 -f demo/rebalance.sql || exit 1
+echo
+echo 'Done. Everything above ran inside PostgreSQL; see README.md and docs/ for the reference.'

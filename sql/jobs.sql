@@ -1,5 +1,5 @@
--- Section 13, rebalance jobs, on one node: argument checks (22023, 42704,
--- 55006, 42501, each changing nothing), maps without distributed tables
+-- Rebalance jobs (docs/rebalance.md) on one node: argument checks (22023,
+-- 42704, 55006, 42501, each changing nothing), maps without distributed tables
 -- (owner switches done before rebalance_start returns), drain_node's plan,
 -- wait and cancel of ended jobs, and the views. test/tap/5xx move data.
 CREATE EXTENSION sharding;
@@ -116,4 +116,49 @@ SELECT pg_temp.err($$SELECT sharding._job_launch(1, 1, 10)$$);
 RESET ROLE;
 DROP ROLE jobs_reader;
 DROP ROLE jobs_admin;
+
+-- rebalance_cancel cancels each move on its own: a move it cannot roll
+-- back now (interrupted, its nodes unreachable) is a WARNING, left to
+-- recovery, and the cancel stands (cancel_requested, the queued move
+-- cancelled) instead of being rolled back after the queued moves were
+-- cancelled for good. And a job any of whose moves was cancelled never ends
+-- 'done', even without cancel_requested.
+SELECT sharding.create_map('x', 4, ARRAY['xa']);
+SELECT sharding.add_node('xa', 'dbname=nowhere_xa'), sharding.add_node('xb', 'dbname=nowhere_xb');
+INSERT INTO sharding.move_jobs (map, strategy, state, max_parallel, runas, started)
+    VALUES ('x', 'drain', 'running', 1, (SELECT oid FROM pg_roles WHERE rolname = current_user), now())
+    RETURNING job AS xjob \gset
+SELECT sharding._move_enqueue(:xjob, 'x', 0, NULL, 'xb') AS xqueued \gset
+INSERT INTO sharding.move_journal (job, map, logical, source, destination, phase, pid, started)
+    VALUES (:xjob, 'x', 1, 'xa', 'xb', 'copying', 999999, now()) RETURNING move AS xinterrupted \gset
+SELECT sharding.rebalance_cancel(:xjob) AS cancel_accepted;
+SELECT cancel_requested FROM sharding.move_jobs WHERE job = :xjob;
+SELECT move = :xqueued AS queued_move, phase FROM sharding.move_journal WHERE job = :xjob ORDER BY move;
+-- Once the interrupted move is gone, the job ends cancelled.
+DELETE FROM sharding.move_journal WHERE move = :xinterrupted;
+SELECT sharding._job_claim(:xjob) IS NULL AS job_over;
+SELECT state FROM sharding.move_jobs WHERE job = :xjob;
+-- A move cancelled by itself (_move_cancel), the job's cancel not asked for.
+INSERT INTO sharding.move_jobs (map, strategy, state, max_parallel, runas, started)
+    VALUES ('x', 'drain', 'running', 1, (SELECT oid FROM pg_roles WHERE rolname = current_user), now())
+    RETURNING job AS yjob \gset
+SELECT sharding._move_enqueue(:yjob, 'x', 0, NULL, 'xb') AS ymove \gset
+SELECT sharding._move_cancel(:ymove) AS move_cancelled;
+SELECT sharding._job_claim(:yjob) IS NULL AS job_over;
+SELECT state, error FROM sharding.move_jobs WHERE job = :yjob;
+
+-- A background runner whose claims keep failing (here the job's role may
+-- not run moves) gives up after 30 retries, and the job fails saying why,
+-- its moves not begun cancelled, as a failed move makes it fail: it does
+-- not stay 'queued' with nobody to run it, and rebalance_wait returns.
+CREATE ROLE jobs_nopriv LOGIN;
+INSERT INTO sharding.move_jobs (map, strategy, max_parallel, runas)
+    VALUES ('x', 'drain', 1, 'jobs_nopriv'::regrole::oid) RETURNING job AS zjob \gset
+SELECT sharding._move_enqueue(:zjob, 'x', 0, NULL, 'xb') AS zmove \gset
+SELECT sharding._job_launch(:zjob, 1, 'jobs_nopriv'::regrole::oid) AS launched;
+SELECT sharding.rebalance_wait(:zjob, '120 s') AS waited;
+SELECT state, error, started IS NOT NULL AND finished IS NOT NULL AS timed FROM sharding.move_jobs WHERE job = :zjob;
+SELECT phase FROM sharding.move_journal WHERE move = :zmove;
+DROP ROLE jobs_nopriv;
+SELECT sharding.drop_map('x');
 DROP EXTENSION sharding;

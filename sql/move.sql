@@ -1,4 +1,4 @@
--- Section 8, online moves, on one node: argument checks, the no-op, the
+-- Online moves (docs/moves.md) on one node: argument checks, the no-op, the
 -- journal's cleanup of nothing, privileges and the names of a move's
 -- objects. test/tap/430_move_cases.pl moves shards between live instances.
 CREATE EXTENSION sharding;
@@ -54,6 +54,18 @@ ROLLBACK;
 -- the engine's own connection to this database (dblink here).
 CREATE EXTENSION dblink;
 SELECT sharding.add_node('a', 'dbname=nowhere_a'), sharding.add_node('b', 'dbname=nowhere_b');
+-- Only under READ COMMITTED: the journal row commits over the engine's own
+-- connection and is read back in this transaction, which a transaction
+-- snapshot would not show. Refused (0A000) before anything is written.
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT pg_temp.err($$SELECT sharding.move_shard_online('mv', 0, 'b')$$);
+SELECT pg_temp.err(format($$SELECT sharding.isolate('mv', 'whale', %L)$$,
+                          CASE :'whale_owner' WHEN 'a' THEN 'b' ELSE 'a' END));
+ROLLBACK;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT pg_temp.err($$SELECT sharding.move_shard_online('mv', 0, 'b')$$);
+ROLLBACK;
+SELECT count(*) AS journal_rows FROM sharding.move_journal;
 SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'nope', 0, NULL, 'b')$$);
 SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 8, NULL, 'b')$$);
 SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 0, NULL, NULL)$$);
@@ -102,6 +114,13 @@ SELECT pg_temp.err($$SELECT * FROM sharding.rebalance('withrows', ARRAY['b'])$$)
 SELECT pg_temp.err($$SELECT * FROM sharding.rebalance_by_load('withrows', ARRAY['b'], ARRAY[1, 1, 1, 1]::float8[])$$);
 SELECT count(*) AS planned FROM sharding.rebalance('withrows', ARRAY['b'], dry_run => true);
 SELECT count(*) AS planned FROM sharding.rebalance_by_load('withrows', ARRAY['b'], ARRAY[1, 1, 1, 1]::float8[], dry_run => true);
+-- Only a real switch is refused: a "move" to the current owner changes
+-- nothing and returns the current epoch; a rebalance that plans no move
+-- returns no row.
+SELECT sharding.move_shard('withrows', 0, 'a') AS same_owner_epoch, sharding.move_shard('withrows', 3, 'b') AS same_owner_epoch;
+SELECT count(*) AS planned FROM sharding.rebalance('withrows', ARRAY['a', 'b']);
+SELECT count(*) AS planned FROM sharding.rebalance_by_load('withrows', ARRAY['a', 'b'], ARRAY[1, 1, 1, 1]::float8[]);
+SELECT count(*) AS planned FROM sharding.rebalance_by_load('withrows', ARRAY['a', 'b'], ARRAY[5, 1, 5, 1]::float8[], 1.5);
 SELECT logical, node, epoch FROM sharding.shards WHERE map = 'withrows' ORDER BY logical;
 SELECT sharding.undistribute('moved_rows');
 SELECT sharding.move_shard('withrows', 0, 'b') AS switched_without_tables;
@@ -175,6 +194,202 @@ SELECT sharding._dbl_value('probe', 'SELECT 1') AS usable_after_cancel;
 SELECT sharding._dbl_disconnect('probe');
 SELECT sharding._dbl_open('probe') AS open_after_disconnect;
 SELECT pg_temp.err($$SELECT sharding._dbl_value('probe', 'SELECT 1')$$);
+
+-- The copy's pull (sharding._move_pull), here from this database itself.
+-- Cancelled while it waits for the source (statement_timeout): raised with
+-- the cancel's own SQLSTATE, not as a failed copy (XX000); nothing is
+-- copied.
+SELECT sharding.add_node('pull_self', sharding._coordinator_dsn());
+CREATE TABLE pull_dst (a int);
+-- The source sends its first rows at once (more than its output buffer
+-- holds), then sleeps: the pull waits for the next ones.
+SET statement_timeout = '1s';
+DO $$
+BEGIN
+    PERFORM sharding._move_pull('pull_self', NULL, 'pull_dst', ARRAY['a'],
+        'SELECT g FROM pg_catalog.generate_series(1, 100000) g WHERE g < 5000 OR pg_catalog.pg_sleep(31) IS NULL');
+EXCEPTION WHEN query_canceled THEN
+    RAISE NOTICE 'cancelled here: %', SQLERRM;
+WHEN OTHERS THEN
+    RAISE NOTICE '%: %', SQLSTATE, SQLERRM;
+END $$;
+RESET statement_timeout;
+SELECT count(*) AS pulled_rows FROM pull_dst;
+DROP TABLE pull_dst;
+SELECT sharding.drop_node('pull_self');
+-- Literals in the SQL the pull sends are quoted as format's %L quotes them,
+-- backslashes included: a table named with a backslash, pulled under an
+-- exported snapshot from a source whose sessions have
+-- standard_conforming_strings off (the size of the table there decides
+-- whether the copy goes in parts).
+SELECT sharding.add_node('pull_scs', sharding._coordinator_dsn() || ' options=''-c standard_conforming_strings=off''');
+CREATE TABLE "pull\dst" (a int);
+INSERT INTO "pull\dst" VALUES (1), (2), (3);
+SELECT dblink_connect('snap', sharding._coordinator_dsn());
+SELECT dblink_exec('snap', 'BEGIN ISOLATION LEVEL REPEATABLE READ');
+SELECT s AS snap FROM dblink('snap', 'SELECT pg_catalog.pg_export_snapshot()') AS t(s text) \gset
+SELECT (sharding._move_pull('pull_scs', :'snap', 'public."pull\dst"', ARRAY['a'],
+                            'SELECT a FROM public."pull\dst" WHERE a > 1'))[1] AS pulled_under_snapshot;
+SELECT dblink_disconnect('snap');
+SELECT count(*) AS rows_now FROM "pull\dst";
+DROP TABLE "pull\dst";
+SELECT sharding.drop_node('pull_scs');
+
+-- The checks and steps on a move's path that were PL/pgSQL until 1.3 (C++
+-- now, src/nodes/owner_switch.cpp and node_steps.cpp): results, SQLSTATEs
+-- and messages, edge cases included, as the PL/pgSQL gave them.
+SELECT sharding.create_map('cv', 4, ARRAY['cva', 'cvb']);
+SELECT sharding._require_map('cv') AS shards, sharding._require_map('cv', true) AS locked,
+       sharding._require_map('cv', NULL) AS null_for_update;
+SELECT pg_temp.err($$SELECT sharding._require_map(NULL)$$);
+SELECT pg_temp.err($$SELECT sharding._require_map('no "such" map', true)$$);
+SELECT sharding._check_logical('cv', 3, 4) AS last_shard, sharding._check_logical('cv', 7, NULL) AS unknown_count;
+SELECT pg_temp.err($$SELECT sharding._check_logical('cv', 4, 4)$$);
+SELECT pg_temp.err($$SELECT sharding._check_logical('cv', -1, NULL)$$);
+SELECT pg_temp.err($$SELECT sharding._check_logical(NULL, NULL, 4)$$);
+SELECT pg_temp.err($$SELECT sharding._check_logical('cv', 2147483647, 1)$$);
+-- A worker map takes any node; a database map refuses the first node
+-- without a DSN (a NULL element too).
+SELECT sharding._check_database_nodes('cv', ARRAY['x', NULL]) AS worker_map;
+SELECT sharding.add_node('cva', 'host=/nonexistent dbname=cva');
+SELECT pg_temp.err($$SELECT sharding._check_database_nodes('cv', ARRAY['cva', 'o''brien', 'c'])$$);
+SELECT pg_temp.err($$SELECT sharding._check_database_nodes('cv', ARRAY[NULL, 'c'])$$);
+SELECT sharding._check_database_nodes('cv', NULL) AS no_nodes, sharding._check_database_nodes('cv', '{}') AS empty;
+SELECT pg_temp.err($$SELECT sharding._check_database_nodes('cv', ARRAY['cva', 'x'])$$);
+SELECT sharding._check_database_nodes('unknown', ARRAY['x']) AS unknown_map_node_without_dsn;
+SELECT pg_temp.err($$SELECT sharding._check_database_nodes('unknown', ARRAY['cva', 'x'])$$);
+-- The switch: its checks, the same owner, a switch (epoch + 1, the node
+-- registered).
+SELECT pg_temp.err($$SELECT sharding._switch_owner('cv', 0, NULL)$$);
+SELECT pg_temp.err($$SELECT sharding._switch_owner('cv', 0, '')$$);
+SELECT pg_temp.err($$SELECT sharding._switch_owner(NULL, 0, 'cvb')$$);
+SELECT pg_temp.err($$SELECT sharding._switch_owner('cv', NULL, 'cvb')$$);
+SELECT pg_temp.err($$SELECT sharding._switch_owner('cv', 4, 'cvb')$$);
+SELECT pg_temp.err($$SELECT sharding._switch_owner('cv', 0, 'cvb')$$);
+SELECT sharding._switch_owner('cv', 0, 'cva') AS same_owner;
+SELECT sharding.add_node('cvb', 'host=/nonexistent dbname=cvb');
+SELECT sharding._switch_owner('cv', 0, 'cvb') AS switched;
+SELECT s.node, s.epoch, n.dsn IS NOT NULL AS has_dsn FROM sharding.shards s JOIN sharding.nodes n USING (node)
+ WHERE s.map = 'cv' AND s.logical = 0;
+-- Freeze and thaw on a node; NULLs.
+SELECT pg_temp.err($$SELECT sharding._freeze_shard(NULL, 0)$$);
+SELECT pg_temp.err($$SELECT sharding._freeze_shard('cv', NULL)$$);
+SELECT sharding._freeze_shard('cv', 1), sharding._freeze_shard('cv', 1);
+SELECT map, logical FROM sharding.frozen_shards;
+SELECT sharding._thaw_shard('cv', 1) AS thawed, sharding._thaw_shard('cv', 1) AS again,
+       sharding._thaw_shard(NULL, NULL) AS nulls;
+-- Guards: a table that does not exist is not guarded; one that cannot be
+-- (a view) gives a WARNING, not an error; installing is idempotent, and a
+-- new key column replaces the trigger; NULL names raise 22004.
+CREATE TABLE cv_t (k text PRIMARY KEY, other text);
+CREATE VIEW cv_v AS SELECT * FROM cv_t;
+SELECT sharding._install_guard('public', 'no_such_table', 'k', 'cv') AS missing;
+SELECT sharding._install_guard('public', 'cv_v', 'k', 'cv') AS a_view;
+SELECT sharding._install_guard('public', 'cv_t', 'k', 'cv') AS guarded, sharding._install_guard('public', 'cv_t', 'k', 'cv') AS again;
+SELECT tgname, pg_catalog.encode(tgargs, 'escape') AS args FROM pg_catalog.pg_trigger WHERE tgrelid = 'cv_t'::regclass;
+SELECT sharding._install_guard('public', 'cv_t', 'other', 'cv') AS rekeyed;
+SELECT tgname, pg_catalog.encode(tgargs, 'escape') AS args FROM pg_catalog.pg_trigger WHERE tgrelid = 'cv_t'::regclass;
+SELECT pg_temp.err($$SELECT sharding._install_guard(NULL, 'cv_t', 'k', 'cv')$$);
+SELECT sharding._install_guards() AS not_following;
+DROP VIEW cv_v;
+DROP TABLE cv_t;
+-- The coordinator's DSN: the setting if not blank, else this session's.
+SET sharding.coordinator_dsn = '  ';
+SELECT sharding._coordinator_dsn() = pg_catalog.format('host=%s port=%s dbname=%s user=%s',
+         pg_catalog.quote_literal(coalesce(pg_catalog.host(pg_catalog.inet_server_addr()),
+             nullif(pg_catalog.btrim(pg_catalog.split_part(pg_catalog.current_setting('unix_socket_directories'), ',', 1)), ''),
+             'localhost')),
+         pg_catalog.current_setting('port'), pg_catalog.quote_literal(pg_catalog.current_database()),
+         pg_catalog.quote_literal(current_user)) AS derived;
+SET sharding.coordinator_dsn = ' host=example dbname=x ';
+SELECT sharding._coordinator_dsn() AS as_set;
+RESET sharding.coordinator_dsn;
+SELECT sharding.drop_map('cv');
+SELECT sharding.drop_node('cva'), sharding.drop_node('cvb');
+
+-- The deletes of a move's rows on one node (sharding._move_delete_local,
+-- src/nodes/move_delete.cpp): DELETE FROM rel WHERE filter with the BEFORE
+-- ROW DELETE triggers that cannot fire in the session (under
+-- session_replication_role = replica) left out for the statement, so that
+-- no row is locked first: fewer WAL records, the same rows deleted, a
+-- trigger that fires in replica mode still fires, and the table's triggers
+-- are back for the next statement. TAP 470 runs it at a move's source.
+CREATE TABLE md (id integer PRIMARY KEY, v text);
+INSERT INTO md SELECT i, 'row ' || i FROM generate_series(1, 10000) i;
+-- No autovacuum WAL inside the two measurements below.
+ALTER TABLE md SET (autovacuum_enabled = off);
+CREATE FUNCTION md_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'md_refuse fired'; END $$;
+CREATE TRIGGER md_refuse BEFORE DELETE ON md FOR EACH ROW EXECUTE FUNCTION md_refuse();
+
+-- Outside replica mode the trigger fires: nothing is left out.
+SELECT pg_temp.err($$SELECT sharding._move_delete_local('md', 'id <= 10')$$);
+
+-- Under replica mode: the same rows as a plain DELETE, with less WAL (the
+-- plain DELETE locks each row, one more record per row, before it finds
+-- that md_refuse does not fire). Each in a transaction rolled back.
+BEGIN;
+SET LOCAL session_replication_role = replica;
+SELECT pg_current_wal_insert_lsn() AS before_plain \gset
+DELETE FROM md WHERE id % 2 = 0;
+SELECT pg_current_wal_insert_lsn() AS after_plain \gset
+ROLLBACK;
+BEGIN;
+SET LOCAL session_replication_role = replica;
+SELECT pg_current_wal_insert_lsn() AS before_ours \gset
+SELECT sharding._move_delete_local('md', 'id % 2 = 0') AS deleted;
+SELECT pg_current_wal_insert_lsn() AS after_ours \gset
+SELECT count(*) AS left_after, min(id) % 2 AS only_odd_left FROM md;
+ROLLBACK;
+SELECT (:'after_ours'::pg_lsn - :'before_ours'::pg_lsn) < 0.8 * (:'after_plain'::pg_lsn - :'before_plain'::pg_lsn)
+       AS less_wal_than_a_plain_delete;
+
+-- The triggers are back: the same session, now in origin mode, fires it.
+SELECT pg_temp.err($$DELETE FROM md WHERE id = 1$$);
+SELECT count(*) AS rows_kept FROM md;
+
+-- A trigger that fires in replica mode (ALWAYS) keeps running, once per row
+-- (with the search_path of the function that runs the delete, as in an
+-- apply worker: it names its table's schema).
+CREATE TABLE md_fired (n integer NOT NULL);
+INSERT INTO md_fired VALUES (0);
+CREATE FUNCTION md_count() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN UPDATE public.md_fired SET n = n + 1; RETURN OLD; END $$;
+CREATE TRIGGER md_count BEFORE DELETE ON md FOR EACH ROW EXECUTE FUNCTION md_count();
+ALTER TABLE md ENABLE ALWAYS TRIGGER md_count;
+BEGIN;
+SET LOCAL session_replication_role = replica;
+SELECT sharding._move_delete_local('md', 'id <= 100') AS deleted_with_always_trigger;
+SELECT n AS always_trigger_fired FROM md_fired;
+COMMIT;
+DROP TRIGGER md_count ON md;
+
+-- One condition only; NULLs; no such table; nothing deleted by a refusal.
+BEGIN;
+SET LOCAL session_replication_role = replica;
+SELECT pg_temp.err($$SELECT sharding._move_delete_local('md', 'true; DROP TABLE md')$$);
+SELECT pg_temp.err($$SELECT sharding._move_delete_local('md', 'true RETURNING id')$$);
+SELECT pg_temp.err($$SELECT sharding._move_delete_local('md', 'no_such_column = 1')$$);
+SELECT sharding._move_delete_local('md', NULL) IS NULL AS strict_null;
+SELECT pg_temp.err($$SELECT sharding._move_delete_local('no_such_table', 'true')$$);
+COMMIT;
+SELECT count(*) AS rows_kept FROM md;
+
+-- Privileges: internal, for sharding_admin; the caller's own DELETE right.
+CREATE ROLE md_user;
+CREATE ROLE md_admin IN ROLE sharding_admin;
+GRANT SELECT ON md TO md_admin;
+SET ROLE md_user;
+SELECT pg_temp.err($$SELECT sharding._move_delete_local('md', 'id = 200')$$);
+RESET ROLE;
+SET ROLE md_admin;
+SELECT pg_temp.err($$SELECT sharding._move_delete_local('md', 'id = 200')$$);
+RESET ROLE;
+SELECT count(*) AS rows_kept FROM md;
+
+DROP TABLE md, md_fired;
+DROP FUNCTION md_refuse(), md_count();
+DROP ROLE md_user, md_admin;
 
 SELECT sharding.drop_map('mv');
 DROP EXTENSION sharding;

@@ -211,6 +211,15 @@ SELECT pg_temp.err($$SELECT * FROM sharding.claim_shards(NULL::jobs, 'w', '{0}',
 SELECT pg_temp.err($$SELECT * FROM sharding.claim_shards(NULL::jobs, 'w', '{0}', 8, key_column => 'nope')$$) AS no_key,
        pg_temp.err($$SELECT * FROM sharding.claim_shards(NULL::jobs, 'w', '{0}', 8, key_column => 'payload')$$) AS jsonb_key,
        pg_temp.err($$SELECT * FROM sharding.claim_shards(NULL::jobs, 'w', '{0}', 8, 0)$$) AS batch_zero;
+-- A multi-dimensional shards array is refused (22023), not flattened, by
+-- claim_shards and claim_ordered alike, and nothing is claimed (pending
+-- jobs of those shards are left).
+SELECT pg_temp.err($$SELECT * FROM sharding.claim_shards(NULL::jobs, 'w2d', '{{0,1},{2,3}}', 8)$$) AS shards_2d,
+       pg_temp.err($$SELECT * FROM sharding.claim_ordered(NULL::jobs, 'w2d', shards => '{{0,1},{2,3}}', shard_count => 8)$$)
+           AS ordered_shards_2d;
+SELECT count(*) FILTER (WHERE owner = 'w2d') AS claimed_2d,
+       count(*) FILTER (WHERE status = 'pending' AND sharding.shard_of(key, 8) IN (0, 1, 2, 3)) > 0 AS pending_left
+  FROM jobs;
 ALTER TABLE jobs DROP COLUMN tenant_id;
 
 -- max_attempts (extra): an expired job that used up its attempts goes to

@@ -1,4 +1,4 @@
--- Version 1.3's amendments of the queue (contract section 14, issue 27):
+-- Version 1.3's amendments of the queue (docs/queue.md):
 -- enqueue_many's status and SQLSTATE, wake-ups with long keys, and claims
 -- that leave the planner settings of user triggers alone. claim_ordered's
 -- turn order with a whale in front: test/tap/200_ordered_turns.pl.

@@ -1,6 +1,6 @@
--- Section 9: claim_ordered (per-key order) and claim_node (map-routed, with
--- handoff). Tables are built by hand (section 3's columns), one also with
--- section 10's run_at and priority.
+-- claim_ordered (per-key order) and claim_node (map-routed, with handoff;
+-- docs/ordered.md). Tables are built by hand (the columns of docs/queue.md),
+-- one also with run_at and priority.
 CREATE EXTENSION sharding;
 SET client_min_messages = warning;
 
@@ -131,7 +131,7 @@ SELECT id, status, owner FROM ord.jobs ORDER BY id;
 SELECT sharding.set_max_attempts('ord.jobs', NULL);
 
 -- A blocked backlog at the front of the line: keys still take turns oldest
--- head first (contract section 14), the whale's head, then 41 (o3), 42
+-- head first (docs/ordered.md), the whale's head, then 41 (o3), 42
 -- (o1), 43 (o2); the walk leaves the whale's backlog out once it has seen
 -- it (queue_ordered.cpp, the pick).
 TRUNCATE ord.jobs;
@@ -151,8 +151,8 @@ SELECT id, key FROM sharding.claim_ordered(NULL::ord.jobs, 'w1', 5);
 -- Whatever the path, a key's jobs come out in order, one at a time.
 SELECT key, array_agg(id ORDER BY id) AS claimed FROM ord.jobs WHERE status = 'processing' GROUP BY key ORDER BY key;
 
--- run_at and priority (section 10): order within a key stays (created, id);
--- a head not yet due blocks its key; heads compete by priority, then
+-- run_at and priority (docs/ordered.md): order within a key stays (created,
+-- id); a head not yet due blocks its key; heads compete by priority, then
 -- run_at, then age.
 CREATE TABLE ord.timed (
     id            bigint PRIMARY KEY,

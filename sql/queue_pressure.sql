@@ -1,4 +1,4 @@
--- Sections 10 and 12 (queue items): run_at, priority, claim order,
+-- Queues under pressure (docs/queue.md): run_at, priority, claim order,
 -- enqueue_many, backoff, purge, queue_health, batch complete with attempts,
 -- integer ids. Wakeups and queue_health's horizon holder need a second
 -- session: test/tap/215_queue_pressure.pl.

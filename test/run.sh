@@ -22,12 +22,11 @@ failed=0
 skipped=0
 count() { passed=$((passed + $1)); failed=$((failed + $2)); }
 
+# The closing line is exactly "N passed, N failed"; skipped tests (each
+# named above, "ok N # skip why") are counted on the line before it.
 finish() {
-    if [ "$skipped" -gt 0 ]; then
-        echo "$passed passed, $failed failed, $skipped skipped"
-    else
-        echo "$passed passed, $failed failed"
-    fi
+    [ "$skipped" -gt 0 ] && echo "$skipped skipped"
+    echo "$passed passed, $failed failed"
     [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
     exit $?
 }
@@ -76,6 +75,10 @@ tap_count() {
 # as "test name ... ok" (PostgreSQL 15) or as TAP, "ok 1 - name" / "not ok 1 +
 # name" (16 and later; "+" marks a test of a parallel group). A non-zero RC
 # with no failed test is one failure.
+# show_tap FILE: what a TAP file printed, without the passing tests' lines
+# but with the skipped ones' (so that every skip is named in the log).
+show_tap() { awk '!/^[ \t]*ok [0-9]+/ || /# ?(SKIP|skip)/' "$1"; }
+
 regress_failed=0
 regress_count() {
     local ok
@@ -131,7 +134,7 @@ if [ ${#tap_files[@]} -gt 0 ]; then
     tap_out=$(mktemp)
     PGDATABASE=sharding_tap pg_prove --verbose --failures "${tap_files[@]}" >"$tap_out" 2>&1
     tap_rc=$?
-    grep -vE '^\s*ok [0-9]+' "$tap_out"
+    show_tap "$tap_out"
     tap_count "$tap_out" "$tap_rc"
     rm -f "$tap_out"
 fi
@@ -143,7 +146,7 @@ for h in test/harness/*.sh; do
     h_out=$(mktemp)
     bash "$h" >"$h_out" 2>&1
     h_rc=$?
-    grep -vE '^\s*ok [0-9]+' "$h_out"
+    show_tap "$h_out"
     tap_count "$h_out" "$h_rc"
     rm -f "$h_out"
 done
@@ -175,7 +178,7 @@ if [ ${#tap_pl[@]} -gt 0 ]; then
             TESTLOGDIR="$tapdir/tap/out/${t%.pl}/tmp_check/log" PG_REGRESS="$pgxs_perl/../regress/pg_regress" \
             prove -v "$t" >"$t_out" 2>&1
         t_rc=$?
-        grep -vE '^\s*ok [0-9]+' "$t_out"
+        show_tap "$t_out"
         tap_count "$t_out" "$t_rc"
         if [ "$t_rc" -ne 0 ]; then
             for l in "$tapdir/tap/out/${t%.pl}"/tmp_check/log/*.log; do

@@ -52,9 +52,9 @@ make_root() {
     [ -f "$root/.sharding-root" ] && return 0
     command -v debootstrap >/dev/null || {
         log "installing debootstrap"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null ||
-            { apt-get update -qq >/dev/null &&
-                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; } ||
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap >/dev/null ||
+            { apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null &&
+                DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap >/dev/null; } ||
             return 1
     }
     mirror=$(host_mirror)
@@ -156,21 +156,20 @@ for rel in "$@"; do
         bash -c "cd /work/sharding-$$ && bash test/run.sh" 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     undo
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n 1)
+    s=$(grep -E '^[0-9]+ skipped$' "$out" | tail -n 1)
+    s=${s%% *}
     rm -f "$out"
-    p=0 f=0 s=0
-    if [[ $line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed(,\ ([0-9]+)\ skipped)? ]]; then
-        p=${BASH_REMATCH[1]} f=${BASH_REMATCH[2]} s=${BASH_REMATCH[4]:-0}
+    p=0 f=0 s=${s:-0}
+    if [[ $line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
+        p=${BASH_REMATCH[1]} f=${BASH_REMATCH[2]}
     fi
     # A run that failed without saying so, or said nothing, is one failure.
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     [ -z "$line" ] && [ "$f" -eq 0 ] && f=1
     [ "$f" -gt 0 ] && status=1
     log "$rel: $(($(date +%s) - start)) s"
-    if [ "$s" -gt 0 ]; then
-        echo "$rel: $p passed, $f failed, $s skipped"
-    else
-        echo "$rel: $p passed, $f failed"
-    fi
+    [ "$s" -gt 0 ] && echo "$rel: $s skipped"
+    echo "$rel: $p passed, $f failed"
 done
 exit $status

@@ -103,3 +103,34 @@ CREATE FUNCTION sharding._key_type(t regtype) RETURNS regtype
 COMMENT ON FUNCTION sharding._key_type(regtype) IS
     'internal: the type a shard key of type t is hashed as (text for varchar, a domain''s base type), NULL if none';
 -- @end
+
+-- @object sharding._key_column_type
+-- Internal: the type a shard key column is hashed as (sharding._key_type:
+-- text for varchar, a domain's base type), or 42703 (no such column) or
+-- 22023 (not a key type).
+CREATE FUNCTION sharding._key_column_type(tbl regclass, key_column name) RETURNS regtype
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t regtype;
+BEGIN
+    SELECT a.atttypid INTO t
+      FROM pg_catalog.pg_attribute AS a
+     WHERE a.attrelid = tbl AND a.attname = key_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of relation % does not exist', key_column, tbl
+            USING ERRCODE = 'undefined_column';
+    END IF;
+    IF sharding._key_type(t) IS NULL THEN
+        RAISE EXCEPTION 'column "%" of relation % has type %, which is not a shard key type',
+                key_column, tbl, t
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
+    END IF;
+    RETURN sharding._key_type(t);
+END
+$$;
+COMMENT ON FUNCTION sharding._key_column_type(regclass, name) IS
+    'internal: type a shard key column is hashed as; 42703 if missing, 22023 if not a key type';
+-- @end

@@ -38,6 +38,12 @@ CREATE TABLE sharding.pins (
     PRIMARY KEY (map, key)
 );
 COMMENT ON TABLE sharding.pins IS 'whale directory: keys pinned to a node, overriding their logical shard';
+-- @object sharding.pins_node
+-- The pins of a node: drop_node, add_node and the refusal to delete a node
+-- that pins name (sharding._pins_integrity) look them up by node, which
+-- read every pin of every map without this index.
+CREATE INDEX pins_node ON sharding.pins (node);
+-- @end
 
 -- cluster_version(map): rises with every change to a map, its pins or its
 -- nodes' DSNs; rows survive drop_map so the version never falls.
@@ -91,39 +97,25 @@ CREATE FUNCTION sharding._routing_changed() RETURNS trigger
     AS 'MODULE_PATHNAME', 'sharding__routing_changed' LANGUAGE C;
 COMMENT ON FUNCTION sharding._routing_changed() IS
     'internal: tells every backend''s routing cache which maps, shards and pins changed';
-CREATE TRIGGER routing_changed AFTER TRUNCATE ON sharding.maps
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_insert AFTER INSERT ON sharding.maps REFERENCING NEW TABLE AS changed
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_update AFTER UPDATE ON sharding.maps REFERENCING OLD TABLE AS before NEW TABLE AS after
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_delete AFTER DELETE ON sharding.maps REFERENCING OLD TABLE AS changed
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-ALTER TABLE sharding.maps ENABLE ALWAYS TRIGGER routing_changed_insert;
-ALTER TABLE sharding.maps ENABLE ALWAYS TRIGGER routing_changed_update;
-ALTER TABLE sharding.maps ENABLE ALWAYS TRIGGER routing_changed_delete;
-CREATE TRIGGER routing_changed AFTER TRUNCATE ON sharding.shards
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_insert AFTER INSERT ON sharding.shards REFERENCING NEW TABLE AS changed
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_update AFTER UPDATE ON sharding.shards REFERENCING OLD TABLE AS before NEW TABLE AS after
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_delete AFTER DELETE ON sharding.shards REFERENCING OLD TABLE AS changed
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-ALTER TABLE sharding.shards ENABLE ALWAYS TRIGGER routing_changed_insert;
-ALTER TABLE sharding.shards ENABLE ALWAYS TRIGGER routing_changed_update;
-ALTER TABLE sharding.shards ENABLE ALWAYS TRIGGER routing_changed_delete;
-CREATE TRIGGER routing_changed AFTER TRUNCATE ON sharding.pins
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_insert AFTER INSERT ON sharding.pins REFERENCING NEW TABLE AS changed
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_update AFTER UPDATE ON sharding.pins REFERENCING OLD TABLE AS before NEW TABLE AS after
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_delete AFTER DELETE ON sharding.pins REFERENCING OLD TABLE AS changed
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed();
-ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_insert;
-ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_update;
-ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed_delete;
+-- The same four statement triggers on each of the three tables, all ENABLE
+-- ALWAYS.
+DO $$
+DECLARE
+    t text;
+    trg record;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['maps', 'shards', 'pins'] LOOP
+        FOR trg IN VALUES ('routing_changed', 'TRUNCATE', ''),
+                          ('routing_changed_insert', 'INSERT', 'REFERENCING NEW TABLE AS changed'),
+                          ('routing_changed_update', 'UPDATE', 'REFERENCING OLD TABLE AS before NEW TABLE AS after'),
+                          ('routing_changed_delete', 'DELETE', 'REFERENCING OLD TABLE AS changed') LOOP
+            EXECUTE pg_catalog.format('CREATE TRIGGER %I AFTER %s ON sharding.%I %s '
+                                      'FOR EACH STATEMENT EXECUTE FUNCTION sharding._routing_changed()',
+                                      trg.column1, trg.column2, t, trg.column3);
+            EXECUTE pg_catalog.format('ALTER TABLE sharding.%I ENABLE ALWAYS TRIGGER %I', t, trg.column1);
+        END LOOP;
+    END LOOP;
+END $$;
 -- @end
 
 -- @object sharding._pins_integrity
@@ -221,6 +213,23 @@ CREATE TRIGGER pins_fkey_truncate AFTER TRUNCATE ON sharding.nodes
     FOR EACH STATEMENT EXECUTE FUNCTION sharding._pins_integrity();
 -- @end
 
+-- @object sharding._check_node
+-- Validates one node name (pin, move_shard, add_node, attach_node ...):
+-- 22023 for NULL or empty. Not STRICT: NULL must raise.
+CREATE FUNCTION sharding._check_node(node text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF node IS NULL OR node = '' THEN
+        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._check_node(text) IS
+    'internal: validates a node name (22023 for NULL or empty)';
+-- @end
+
 -- Validates a node list for create_map and rebalance: 22023 for NULL, empty,
 -- NULL-containing, empty-string, multi-dimensional or duplicate lists.
 CREATE FUNCTION sharding._check_nodes(nodes text[]) RETURNS void
@@ -257,44 +266,25 @@ END $$;
 COMMENT ON FUNCTION sharding._check_nodes(text[]) IS
     'internal: validates the node list of create_map and rebalance (22023)';
 
--- 42704 unless the map exists; the functions that change a map lock its row.
+-- 42704 unless the map exists; the functions that change a map lock its
+-- row. Not STRICT: a NULL map raises 22023. C++ (src/nodes/owner_switch.cpp).
+-- @object sharding._require_map
 CREATE FUNCTION sharding._require_map(map text, for_update boolean DEFAULT false) RETURNS integer
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    l integer;
-BEGIN
-    IF $1 IS NULL THEN
-        RAISE EXCEPTION 'map name must not be NULL' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF for_update THEN
-        SELECT m.logical_shards INTO l FROM sharding.maps m WHERE m.map = $1 FOR UPDATE;
-    ELSE
-        SELECT m.logical_shards INTO l FROM sharding.maps m WHERE m.map = $1;
-    END IF;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
-    END IF;
-    RETURN l;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__require_map' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._require_map(text, boolean) IS
     'internal: logical shard count of a map, 42704 if it does not exist';
+-- @end
 
--- 22023 unless 0 <= logical < logical_shards.
+-- 22023 unless 0 <= logical < logical_shards. Not STRICT: a NULL shard
+-- raises. C++ (src/nodes/owner_switch.cpp).
+-- @object sharding._check_logical
 CREATE FUNCTION sharding._check_logical(map text, logical integer, logical_shards integer) RETURNS void
-    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    IF logical IS NULL OR logical < 0 OR logical >= logical_shards THEN
-        RAISE EXCEPTION 'logical shard must be between 0 and % for map "%", got %',
-            logical_shards - 1, map, coalesce(logical::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__check_logical' LANGUAGE C IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._check_logical(text, integer, integer) IS
     'internal: validates a logical shard number (22023)';
+-- @end
 
 -- Map-changing functions below are not STRICT: a NULL argument raises 22023
 -- instead of silently changing nothing. They run as the caller (SECURITY
@@ -359,6 +349,7 @@ END $$;
 COMMENT ON FUNCTION sharding.drop_map(text) IS
     'drops a map with its shards and pins (its configuration version lives on)';
 
+-- @object sharding.pin
 CREATE FUNCTION sharding.pin(map text, key text, node text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -367,10 +358,7 @@ BEGIN
     IF key IS NULL THEN
         RAISE EXCEPTION 'pin key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF node IS NULL OR node = '' THEN
-        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM sharding._check_node(node);
     PERFORM sharding._require_map($1, false);
     -- Waits for claim_node calls in flight on the map, for writers fenced on
     -- the shards the key routes by, and for moves (sharding._lock_pin).
@@ -385,6 +373,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.pin(text, text, text) IS
     'pins (or re-pins) one key, by its text form, to a node, overriding its logical shard';
+-- @end
 
 CREATE FUNCTION sharding.unpin(map text, key text) RETURNS boolean
     LANGUAGE plpgsql VOLATILE
@@ -409,21 +398,25 @@ COMMENT ON FUNCTION sharding.unpin(text, text) IS
     'removes the pin of one key; true if there was one';
 
 -- move_shard(map, logical, node): the owner switch alone. On a map with a
--- distributed table it is refused (the rows would stay behind on the old
--- owner): moves go through move_shard_online or rebalance_start, whose
--- cutover calls _switch_owner.
+-- distributed table a switch is refused (the rows would stay behind on the
+-- old owner; a "move" to the current owner is not a switch): moves go
+-- through move_shard_online or rebalance_start, whose cutover calls
+-- _switch_owner.
 -- @object sharding.move_shard
 CREATE FUNCTION sharding.move_shard(map text, logical integer, node text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
 BEGIN
-    IF node IS NULL OR node = '' THEN
-        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM sharding._check_node(node);
     PERFORM sharding._check_logical($1, $2, sharding._require_map($1, false));
-    PERFORM sharding._refuse_owner_switch($1, 'move_shard');
+    -- A "move" to the current owner changes nothing (the current epoch):
+    -- only a real switch is refused. The shard is locked first, as
+    -- _switch_owner locks it, so that no cutover switches it in between.
+    PERFORM sharding._lock_shard($1, $2);
+    IF EXISTS (SELECT FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2 AND s.node IS DISTINCT FROM $3) THEN
+        PERFORM sharding._refuse_owner_switch($1, 'move_shard');
+    END IF;
     RETURN sharding._switch_owner($1, $2, $3);
 END $$;
 COMMENT ON FUNCTION sharding.move_shard(text, integer, text) IS
@@ -431,69 +424,46 @@ COMMENT ON FUNCTION sharding.move_shard(text, integer, text) IS
 -- @end
 
 -- _switch_owner(map, logical, node): move_shard's switch (also the cutover
--- of an online move).
+-- of an online move): after the node, map and shard checks (and, on a
+-- database map, the new owner's DSN), the exclusive shard lock (it waits
+-- for every writer fenced on the shard, and any rebalance), then epoch + 1
+-- and the new owner, unless it owns the shard already (then its epoch, and
+-- fenced writers stay valid). Not STRICT: NULL arguments raise 22023. C++
+-- (src/nodes/owner_switch.cpp).
 -- @object sharding._switch_owner
 CREATE FUNCTION sharding._switch_owner(map text, logical integer, node text) RETURNS bigint
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    l integer;
-    cur record;
-    e bigint;
-BEGIN
-    IF node IS NULL OR node = '' THEN
-        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(node), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    l := sharding._require_map($1, false);
-    PERFORM sharding._check_logical($1, $2, l);
-    -- On a database map the new owner needs a DSN.
-    PERFORM sharding._check_database_nodes($1, ARRAY[$3]);
-    -- Waits for every writer fenced on the shard (and any rebalance).
-    PERFORM sharding._lock_shard($1, $2);
-    SELECT s.node, s.epoch INTO cur FROM sharding.shards s
-     WHERE s.map = $1 AND s.logical = $2 FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'map "%" does not exist', $1 USING ERRCODE = 'undefined_object';
-    END IF;
-    -- Moving a shard to its owner changes nothing: fenced writers stay valid.
-    IF cur.node = $3 THEN
-        RETURN cur.epoch;
-    END IF;
-    INSERT INTO sharding.nodes (node) VALUES ($3) ON CONFLICT DO NOTHING;
-    UPDATE sharding.shards s SET node = $3, epoch = s.epoch + 1
-     WHERE s.map = $1 AND s.logical = $2 RETURNING s.epoch INTO e;
-    PERFORM sharding._touch_map($1);
-    RETURN e;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__switch_owner' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._switch_owner(text, integer, text) IS
     'internal: switches a shard''s owner after fenced writers commit (epoch + 1); returns its epoch';
 -- @end
 REVOKE ALL ON FUNCTION sharding._switch_owner(text, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._switch_owner(text, integer, text) TO sharding_admin;
 
--- @object sharding.rebalance
-CREATE FUNCTION sharding.rebalance(map text, nodes text[], dry_run boolean DEFAULT false)
+-- @object sharding._rebalance_apply
+-- What rebalance and rebalance_by_load (80_observe.sql) do once they have
+-- checked their arguments: on a database map every listed node needs a DSN
+-- (a dry run says so too); unless dry_run, the map-wide lock (it waits for
+-- fenced writers and keeps new ones out) and the new nodes registered;
+-- then the plan for the owners as they are under the lock, _rebalance_plan
+-- or, when loads are given, _rebalance_by_load_plan, is carried out (each
+-- move raises the shard's epoch) and returned. Before its first move,
+-- caller's refusal of owner switches (a plan without moves changes
+-- nothing, and is not refused).
+CREATE FUNCTION sharding._rebalance_apply(map text, nodes text[], dry_run boolean, caller text,
+                                          loads float8[] DEFAULT NULL, max_imbalance float8 DEFAULT NULL)
     RETURNS TABLE(logical integer, from_node text, to_node text)
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
     owners text[];
+    plan refcursor;
     mv record;
     moved integer := 0;
 BEGIN
-    PERFORM sharding._check_nodes(nodes);
-    IF dry_run IS NULL THEN
-        RAISE EXCEPTION 'dry_run must not be NULL' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    PERFORM sharding._require_map($1, false);
-    -- On a database map every listed node needs a DSN (a dry run says so too).
     PERFORM sharding._check_database_nodes($1, nodes);
     IF NOT dry_run THEN
-        PERFORM sharding._refuse_owner_switch($1, 'rebalance');
-        -- One map-wide lock: waits for fenced writers, keeps new ones out.
         PERFORM sharding._lock_map($1);
         PERFORM sharding._require_map($1, true);
         INSERT INTO sharding.nodes (node) SELECT n FROM pg_catalog.unnest(nodes) AS n
@@ -501,8 +471,20 @@ BEGIN
     END IF;
     SELECT pg_catalog.array_agg(s.node ORDER BY s.logical) INTO owners
       FROM sharding.shards s WHERE s.map = $1;
-    FOR mv IN SELECT * FROM sharding._rebalance_plan(owners, nodes) LOOP
+    IF loads IS NULL THEN
+        OPEN plan FOR SELECT * FROM sharding._rebalance_plan(owners, nodes);
+    ELSE
+        OPEN plan FOR SELECT * FROM sharding._rebalance_by_load_plan(owners, nodes, loads, max_imbalance);
+    END IF;
+    LOOP
+        FETCH plan INTO mv;
+        EXIT WHEN NOT FOUND;
         IF NOT dry_run THEN
+            -- Refused only when an owner would really change (a plan
+            -- without moves changes nothing).
+            IF moved = 0 THEN
+                PERFORM sharding._refuse_owner_switch($1, caller);
+            END IF;
             UPDATE sharding.shards s SET node = mv.to_node, epoch = s.epoch + 1
              WHERE s.map = $1 AND s.logical = mv.logical;
         END IF;
@@ -512,9 +494,31 @@ BEGIN
         to_node := mv.to_node;
         RETURN NEXT;
     END LOOP;
+    CLOSE plan;
     IF NOT dry_run AND moved > 0 THEN
         PERFORM sharding._touch_map($1);
     END IF;
+END $$;
+COMMENT ON FUNCTION sharding._rebalance_apply(text, text[], boolean, text, float8[], float8) IS
+    'internal: locks the map, plans the moves (by count, or by loads when given) and carries them out unless dry_run';
+-- Like the functions that call it: owner and sharding_admin only.
+REVOKE ALL ON FUNCTION sharding._rebalance_apply(text, text[], boolean, text, float8[], float8) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._rebalance_apply(text, text[], boolean, text, float8[], float8) TO sharding_admin;
+-- @end
+
+-- @object sharding.rebalance
+CREATE FUNCTION sharding.rebalance(map text, nodes text[], dry_run boolean DEFAULT false)
+    RETURNS TABLE(logical integer, from_node text, to_node text)
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    PERFORM sharding._check_nodes(nodes);
+    IF dry_run IS NULL THEN
+        RAISE EXCEPTION 'dry_run must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sharding._require_map($1, false);
+    RETURN QUERY SELECT * FROM sharding._rebalance_apply($1, nodes, dry_run, 'rebalance');
 END $$;
 COMMENT ON FUNCTION sharding.rebalance(text, text[], boolean) IS
     'spreads a map evenly over nodes with the fewest moves (each raises the shard''s epoch); dry_run only reports';
@@ -666,34 +670,11 @@ GRANT SELECT ON sharding.map_overview TO PUBLIC;
 -- a map that does not exist yet: then only `nodes` decide. Cheapest first:
 -- no DSN anywhere; a node of `nodes` or an owner of the map's shards with
 -- one. Only then the map's pins (no index by node): a join that stops at
--- the first pin held by a node with a DSN.
+-- the first pin held by a node with a DSN. C++ (src/nodes/owner_switch.cpp;
+-- its statements are kept prepared: pin calls it every time).
 CREATE FUNCTION sharding._check_database_nodes(map text, nodes text[]) RETURNS void
-    LANGUAGE plpgsql STABLE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    missing text;
-BEGIN
-    IF NOT EXISTS (SELECT FROM sharding.nodes n WHERE n.dsn IS NOT NULL) THEN RETURN; END IF;
-    IF NOT EXISTS (SELECT FROM sharding.nodes n WHERE n.dsn IS NOT NULL AND n.node = ANY (nodes))
-       AND NOT EXISTS (SELECT FROM sharding.shards s JOIN sharding.nodes n ON n.node = s.node
-                        WHERE s.map = $1 AND n.dsn IS NOT NULL)
-       AND NOT EXISTS (SELECT FROM sharding.pins p JOIN sharding.nodes n ON n.node = p.node
-                        WHERE p.map = $1 AND n.dsn IS NOT NULL) THEN
-        RETURN;  -- a worker map: any name goes
-    END IF;
-    SELECT u.node INTO missing
-      FROM pg_catalog.unnest(nodes) WITH ORDINALITY AS u(node, i)
-      LEFT JOIN sharding.nodes n ON n.node = u.node
-     WHERE n.dsn IS NULL
-     ORDER BY u.i LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'node "%" has no connection string, and map "%" is a database map', missing, $1
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = 'Other nodes of the map have DSNs; PL/Proxy could not reach this one.',
-                  HINT = format('Call sharding.add_node(%L, ''<dsn>'') first.', missing);
-    END IF;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__check_database_nodes' LANGUAGE C STABLE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._check_database_nodes(text, text[]) IS
     'internal: 55000 for a node without DSN handed shards or pins of a database map';
 REVOKE ALL ON FUNCTION sharding._check_database_nodes(text, text[]) FROM PUBLIC;
@@ -819,7 +800,7 @@ CREATE FUNCTION sharding._lock_pin(map text, key text) RETURNS void
 DECLARE
     -- shard_of over the map's shard count, not logical_shard: the same
     -- shards, without building the map's routing cache (whose pins the
-    -- caller is changing: issue 26).
+    -- caller is changing).
     l integer := sharding._require_map($1, false);
     shards integer[] := ARRAY[sharding.shard_of($2, l)];
     s integer;

@@ -15,6 +15,7 @@
 -- proxied request, costs one C++ routing-cache lookup (logical_shard) and
 -- one index probe of sharding.pins.
 
+-- @object sharding.add_node
 -- add_node(node text, dsn text): set or replace a node's connection string.
 -- Not STRICT: a NULL argument is a mistake worth an error, not a silent
 -- no-op.
@@ -26,11 +27,7 @@ CREATE FUNCTION sharding.add_node(node text, dsn text) RETURNS void
 DECLARE
     changed boolean := false;
 BEGIN
-    IF add_node.node IS NULL OR add_node.node = '' THEN
-        RAISE EXCEPTION 'node name must not be empty or NULL, got %',
-                coalesce(quote_literal(add_node.node), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM sharding._check_node(add_node.node);
     IF add_node.dsn IS NULL OR btrim(add_node.dsn) = '' THEN
         RAISE EXCEPTION 'connection string of node "%" must not be empty or NULL, got %',
                 add_node.node, coalesce(quote_literal(add_node.dsn), 'NULL')
@@ -57,9 +54,32 @@ END
 $$;
 COMMENT ON FUNCTION sharding.add_node(text, text) IS
     'sets (or replaces) the connection string of a node; raises the cluster version of every map using it';
+-- @end
 -- Changing where maps route is an administrator's job (42501 otherwise: docs/nodes.md).
 REVOKE ALL ON FUNCTION sharding.add_node(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.add_node(text, text) TO sharding_admin;
+
+-- @object sharding._node_dsn
+-- The connection string of a node that must have one (attach_node,
+-- detach_node): 55000 naming the node when it has none or is unknown.
+CREATE FUNCTION sharding._node_dsn(node text) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    dsn text;
+BEGIN
+    SELECT n.dsn INTO dsn FROM sharding.nodes AS n WHERE n.node = _node_dsn.node;
+    IF dsn IS NULL THEN
+        RAISE EXCEPTION 'node "%" has no connection string', node
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Call sharding.add_node(%L, ''<dsn>'') first.', node);
+    END IF;
+    RETURN dsn;
+END $$;
+COMMENT ON FUNCTION sharding._node_dsn(text) IS
+    'internal: a node''s connection string, 55000 if it has none';
+-- @end
 
 -- drop_node(node text): forget a node. Not STRICT, for the same reason.
 CREATE FUNCTION sharding.drop_node(node text) RETURNS void
@@ -339,21 +359,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    SELECT a.atttypid::regtype INTO key_type
-      FROM pg_catalog.pg_attribute AS a
-     WHERE a.attrelid = copy_shard.tbl AND a.attname = copy_shard.key_column
-       AND a.attnum > 0 AND NOT a.attisdropped;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'column "%" of relation % does not exist', copy_shard.key_column, copy_shard.tbl
-            USING ERRCODE = 'undefined_column';
-    END IF;
-    IF sharding._key_type(key_type) IS NULL THEN
-        RAISE EXCEPTION 'key column "%" of relation % has type %, not a shard key type',
-                copy_shard.key_column, copy_shard.tbl, key_type
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
-    END IF;
-    key_type := sharding._key_type(key_type);  -- as it is hashed: varchar as text, a domain as its base
+    -- As it is hashed (varchar as text, a domain as its base); 42703 or 22023.
+    key_type := sharding._key_column_type(copy_shard.tbl, copy_shard.key_column);
 
     SELECT e.extnamespace::regnamespace::name INTO dblink_schema
       FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dblink';

@@ -180,6 +180,33 @@ COMMENT ON FUNCTION sharding._queue_sql(regclass, text) IS
 
 -- Extras (the contract is silent): max_attempts, queue_stats, enqueue.
 
+-- @object sharding._queue_settings_key
+-- The key of a queue's row in sharding.queue_settings (its schema and table
+-- name), for set_max_attempts and set_backoff: a NULL queue is 22023, a
+-- caller who does not own the table (is not a member of its owner) 42501.
+-- Not STRICT: NULL raises.
+CREATE FUNCTION sharding._queue_settings_key(queue regclass, OUT schema_name text, OUT table_name text)
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    relowner oid;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT n.nspname, c.relname, c.relowner INTO schema_name, table_name, relowner
+      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = queue;
+    IF NOT pg_has_role(relowner, 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of queue table %', queue USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION sharding._queue_settings_key(regclass) IS
+    'internal: schema and table name of a queue the caller owns (its sharding.queue_settings key)';
+-- @end
+
+-- @object sharding.set_max_attempts
 -- Not STRICT: a NULL max_attempts removes the limit.
 CREATE FUNCTION sharding.set_max_attempts(queue regclass, max_attempts integer) RETURNS void
     LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -188,16 +215,8 @@ CREATE FUNCTION sharding.set_max_attempts(queue regclass, max_attempts integer) 
 DECLARE
     nsp text;
     rel text;
-    relowner oid;
 BEGIN
-    IF queue IS NULL THEN
-        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = '22023';
-    END IF;
-    SELECT n.nspname, c.relname, c.relowner INTO nsp, rel, relowner
-      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = queue;
-    IF NOT pg_has_role(relowner, 'USAGE') THEN
-        RAISE EXCEPTION 'must be owner of queue table %', queue USING ERRCODE = '42501';
-    END IF;
+    SELECT k.schema_name, k.table_name INTO nsp, rel FROM sharding._queue_settings_key(queue) k;
     IF max_attempts IS NULL THEN
         UPDATE sharding.queue_settings s SET max_attempts = NULL WHERE s.schema_name = nsp AND s.table_name = rel;
         DELETE FROM sharding.queue_settings s
@@ -220,6 +239,7 @@ END
 $$;
 COMMENT ON FUNCTION sharding.set_max_attempts(regclass, integer) IS
     'after max_attempts claims an expired or retried job goes to failed instead of pending (NULL: no limit)';
+-- @end
 
 -- STRICT: NULL queue, NULL result. Scans the whole table.
 CREATE FUNCTION sharding.queue_stats(queue regclass,
@@ -406,7 +426,7 @@ CREATE FUNCTION sharding._current_version(rel oid, tid tid) RETURNS boolean
 COMMENT ON FUNCTION sharding._current_version(oid, tid) IS
     'internal (claim_ordered, claim_node): whether a row version is still its row''s latest committed one, checked just before FOR UPDATE';
 
--- Sections 10 and 12: queues that stay fast under pressure (run_at,
+-- Queues that stay fast under pressure (docs/queue.md; run_at,
 -- priority, batch enqueue, retry backoff, purge, health, wakeups) and the
 -- 1.2 amendments of the fenced functions (src/queue/queue.cpp).
 --
@@ -461,6 +481,10 @@ DECLARE
     has_run_at boolean;
     has_priority boolean;
     ids bigint[];
+    cols text := 'key, status';
+    vals text := 'k.key, ''pending''';
+    arrays text := 'pg_catalog.unnest($1)';
+    fields text := 'key';
 BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'invalid_parameter_value';
@@ -499,30 +523,28 @@ BEGIN
     END IF;
     -- status is always written: a table whose status column has no default
     -- still gets claimable jobs. payload only where payloads are given (its
-    -- default otherwise).
-    IF payloads IS NULL THEN
-        EXECUTE format('WITH ins AS (INSERT INTO %s (key, status%s%s) '
-                       'SELECT k.key, ''pending''%s%s FROM pg_catalog.unnest($1) WITH ORDINALITY AS k(key, ord) '
-                       'ORDER BY k.ord RETURNING id) '
-                       'SELECT pg_catalog.array_agg(ins.id ORDER BY ins.id) FROM ins',
-                       queue,
-                       CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', run_at' ELSE '' END,
-                       CASE WHEN has_priority THEN ', priority' ELSE '' END,
-                       CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', $3' ELSE '' END,
-                       CASE WHEN has_priority THEN ', $4' ELSE '' END)
-            INTO ids USING keys, payloads, enqueue_many.run_at, enqueue_many.priority;
-    ELSE
-        EXECUTE format('WITH ins AS (INSERT INTO %s (key, status, payload%s%s) '
-                       'SELECT k.key, ''pending'', k.payload%s%s FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) WITH ORDINALITY AS k(key, payload, ord) '
-                       'ORDER BY k.ord RETURNING id) '
-                       'SELECT pg_catalog.array_agg(ins.id ORDER BY ins.id) FROM ins',
-                       queue,
-                       CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', run_at' ELSE '' END,
-                       CASE WHEN has_priority THEN ', priority' ELSE '' END,
-                       CASE WHEN enqueue_many.run_at IS NOT NULL THEN ', $3' ELSE '' END,
-                       CASE WHEN has_priority THEN ', $4' ELSE '' END)
-            INTO ids USING keys, payloads, enqueue_many.run_at, enqueue_many.priority;
+    -- default otherwise), run_at only where given, priority where the table
+    -- has it.
+    IF payloads IS NOT NULL THEN
+        cols := cols || ', payload';
+        vals := vals || ', k.payload';
+        arrays := arrays || ', pg_catalog.unnest($2)';
+        fields := fields || ', payload';
     END IF;
+    IF enqueue_many.run_at IS NOT NULL THEN
+        cols := cols || ', run_at';
+        vals := vals || ', $3';
+    END IF;
+    IF has_priority THEN
+        cols := cols || ', priority';
+        vals := vals || ', $4';
+    END IF;
+    EXECUTE format('WITH ins AS (INSERT INTO %s (%s) '
+                   'SELECT %s FROM ROWS FROM (%s) WITH ORDINALITY AS k(%s, ord) '
+                   'ORDER BY k.ord RETURNING id) '
+                   'SELECT pg_catalog.array_agg(ins.id ORDER BY ins.id) FROM ins',
+                   queue, cols, vals, arrays, fields)
+        INTO ids USING keys, payloads, enqueue_many.run_at, enqueue_many.priority;
     RETURN ids;
 END
 $$;
@@ -530,6 +552,7 @@ COMMENT ON FUNCTION sharding.enqueue_many(regclass, text[], jsonb[], timestamptz
     'inserts one pending job per key (status pending; payloads[i], run_at, priority) in one statement; returns their ids in order';
 -- @end
 
+-- @object sharding.set_backoff
 -- set_backoff: a retried job (fail with retry) is not claimed again before
 -- now() + base * 2^(attempts - 1), capped at max. Not STRICT: a NULL base
 -- removes the backoff (a retried job then keeps its run_at).
@@ -540,16 +563,8 @@ CREATE FUNCTION sharding.set_backoff(queue regclass, base interval, max interval
 DECLARE
     nsp text;
     rel text;
-    relowner oid;
 BEGIN
-    IF queue IS NULL THEN
-        RAISE EXCEPTION 'queue must not be null' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    SELECT n.nspname, c.relname, c.relowner INTO nsp, rel, relowner
-      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = queue;
-    IF NOT pg_has_role(relowner, 'USAGE') THEN
-        RAISE EXCEPTION 'must be owner of queue table %', queue USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    SELECT k.schema_name, k.table_name INTO nsp, rel FROM sharding._queue_settings_key(queue) k;
     IF base IS NULL THEN
         UPDATE sharding.queue_settings s SET backoff_base = NULL, backoff_max = NULL
          WHERE s.schema_name = nsp AND s.table_name = rel;
@@ -580,6 +595,7 @@ END
 $$;
 COMMENT ON FUNCTION sharding.set_backoff(regclass, interval, interval) IS
     'retried jobs wait base * 2^(attempts - 1), at most max, before they are claimed again (NULL base: no backoff)';
+-- @end
 
 -- purge: deletes up to batch done rows finished (claim_expires, which
 -- complete sets to the time it ran) more than older_than ago, skipping rows

@@ -30,7 +30,6 @@ CREATE FUNCTION sharding.distribute(tbl regclass, key_column name, map text) RET
 DECLARE
     nsp text;
     rel text;
-    typ oid;
 BEGIN
     IF tbl IS NULL OR key_column IS NULL OR map IS NULL THEN
         RAISE EXCEPTION 'distribute needs a table, a key column and a map, got %, %, %',
@@ -41,20 +40,8 @@ BEGIN
     SELECT n.nspname, c.relname INTO nsp, rel
       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
      WHERE c.oid = tbl;
-    SELECT a.atttypid INTO typ FROM pg_catalog.pg_attribute a
-     WHERE a.attrelid = tbl AND a.attname = key_column AND a.attnum > 0 AND NOT a.attisdropped;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'column "%" of table % does not exist', key_column, tbl
-            USING ERRCODE = 'undefined_column';
-    END IF;
-    -- The shard key types: sharding._key_type, the one test (varchar is
-    -- text with a length limit; a domain counts as its base type).
-    IF sharding._key_type(typ) IS NULL THEN
-        RAISE EXCEPTION 'column "%" of table % is of type %, not a shard key type', key_column, tbl,
-            pg_catalog.format_type(typ, NULL)
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
-    END IF;
+    -- The column must exist (42703) and be of a shard key type (22023).
+    PERFORM sharding._key_column_type(tbl, key_column);
     IF EXISTS (SELECT FROM sharding.distributed_tables d WHERE d.schema_name = nsp AND d.table_name = rel) THEN
         RAISE EXCEPTION 'table % is already distributed', tbl
             USING ERRCODE = 'duplicate_object', HINT = 'Call sharding.undistribute first to change it.';
@@ -160,6 +147,19 @@ ALTER TABLE sharding.local_node ENABLE ALWAYS TRIGGER local_changed;
 ALTER TABLE sharding.frozen_shards ENABLE ALWAYS TRIGGER local_changed;
 
 -- ------------------------------------------------------------------ followers
+-- @object sharding._config_tables
+-- The configuration tables a follower copies, in schema sharding: the one
+-- list. _publish_config publishes them (publication sharding_config), a
+-- node empties them before it follows (_follow), and attach_node waits
+-- until the node has synchronised each of them.
+CREATE FUNCTION sharding._config_tables() RETURNS name[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT ARRAY['maps', 'nodes', 'shards', 'pins', 'map_versions', 'distributed_tables']::name[] $$;
+COMMENT ON FUNCTION sharding._config_tables() IS
+    'internal: the configuration tables (schema sharding) that followers copy through publication sharding_config';
+-- @end
+
 -- A follower refuses configuration changes: a statement trigger on every
 -- replicated config table, in ORIGIN mode, so that the subscription's apply
 -- (session_replication_role = replica) still writes. detach_node lifts it.
@@ -183,36 +183,32 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding._refuse_on_follower() IS
     'internal: refuses (55000) configuration changes on a database that follows a coordinator';
-CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.maps
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
-CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.nodes
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
-CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.shards
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
-CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.pins
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
-CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.map_versions
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
-CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.distributed_tables
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
+-- On every table a follower copies (_config_tables, the one list).
+DO $$
+DECLARE
+    t name;
+BEGIN
+    FOREACH t IN ARRAY sharding._config_tables() LOOP
+        EXECUTE pg_catalog.format('CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE '
+                                  'ON sharding.%I FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower()', t);
+    END LOOP;
+END $$;
 
 -- Apply (and the initial copy) run with session_replication_role = replica:
--- the routing-cache invalidations of 20_maps.sql must fire there too.
-ALTER TABLE sharding.maps ENABLE ALWAYS TRIGGER routing_changed;
-ALTER TABLE sharding.shards ENABLE ALWAYS TRIGGER routing_changed;
-ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed;
--- Apply fires row triggers only: these invalidate a follower's routing
--- caches for every replicated row (REPLICA: only under apply; the statement
--- triggers of 20_maps.sql cover every other writer).
-CREATE TRIGGER routing_changed_apply AFTER INSERT OR UPDATE OR DELETE ON sharding.maps
-    FOR EACH ROW EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_apply AFTER INSERT OR UPDATE OR DELETE ON sharding.shards
-    FOR EACH ROW EXECUTE FUNCTION sharding._routing_changed();
-CREATE TRIGGER routing_changed_apply AFTER INSERT OR UPDATE OR DELETE ON sharding.pins
-    FOR EACH ROW EXECUTE FUNCTION sharding._routing_changed();
-ALTER TABLE sharding.maps ENABLE REPLICA TRIGGER routing_changed_apply;
-ALTER TABLE sharding.shards ENABLE REPLICA TRIGGER routing_changed_apply;
-ALTER TABLE sharding.pins ENABLE REPLICA TRIGGER routing_changed_apply;
+-- the routing-cache invalidations of 20_maps.sql fire there too (ENABLE
+-- ALWAYS), but apply fires row triggers only: these invalidate a follower's
+-- routing caches for every replicated row (REPLICA: only under apply; the
+-- statement triggers of 20_maps.sql cover every other writer).
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['maps', 'shards', 'pins'] LOOP
+        EXECUTE pg_catalog.format('CREATE TRIGGER routing_changed_apply AFTER INSERT OR UPDATE OR DELETE ON sharding.%I '
+                                  'FOR EACH ROW EXECUTE FUNCTION sharding._routing_changed()', t);
+        EXECUTE pg_catalog.format('ALTER TABLE sharding.%I ENABLE REPLICA TRIGGER routing_changed_apply', t);
+    END LOOP;
+END $$;
 
 -- ------------------------------------------------------------------ guards
 CREATE FUNCTION sharding._guard() RETURNS trigger
@@ -222,40 +218,18 @@ COMMENT ON FUNCTION sharding._guard() IS
 
 -- Installs (or refreshes) the guard trigger zz_sharding_guard on one
 -- distributed table, if it exists here. The name sorts last, so the guard
--- sees the row as other BEFORE triggers leave it. Never raises: it runs
--- inside logical-replication apply, which an error would stop; a failure is
--- a WARNING and the table stays unguarded. Returns whether it is guarded.
+-- sees the row as other BEFORE triggers leave it. Never raises once the
+-- table is found: it runs inside logical-replication apply, which an error
+-- would stop; a failure is a WARNING and the table stays unguarded. Returns
+-- whether it is guarded. C++ (src/nodes/node_steps.cpp).
+-- @object sharding._install_guard
 CREATE FUNCTION sharding._install_guard(schema_name text, table_name text, key_column text, map text)
     RETURNS boolean
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    rel regclass := pg_catalog.to_regclass(pg_catalog.format('%I.%I', schema_name, table_name));
-BEGIN
-    IF rel IS NULL THEN
-        RETURN false;
-    END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                WHERE t.tgrelid = rel AND t.tgname = 'zz_sharding_guard' AND t.tgnargs = 2
-                  AND pg_catalog.encode(t.tgargs, 'hex')
-                      = pg_catalog.encode(pg_catalog.convert_to(map, pg_catalog.getdatabaseencoding()), 'hex') || '00'
-                        || pg_catalog.encode(pg_catalog.convert_to(key_column, pg_catalog.getdatabaseencoding()), 'hex')
-                        || '00') THEN
-        RETURN true;
-    END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'zz_sharding_guard') THEN
-        EXECUTE pg_catalog.format('DROP TRIGGER zz_sharding_guard ON %s', rel);
-    END IF;
-    EXECUTE pg_catalog.format('CREATE TRIGGER zz_sharding_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
-                              'FOR EACH ROW EXECUTE FUNCTION sharding._guard(%L, %L)', rel, map, key_column);
-    RETURN true;
-EXCEPTION WHEN OTHERS THEN
-    RAISE WARNING 'could not guard distributed table %: %', rel, SQLERRM;
-    RETURN false;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__install_guard' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._install_guard(text, text, text, text) IS
     'internal: creates the guard trigger on a distributed table of this data node';
+-- @end
 
 CREATE FUNCTION sharding._drop_guard(schema_name text, table_name text) RETURNS void
     LANGUAGE plpgsql VOLATILE
@@ -275,26 +249,14 @@ COMMENT ON FUNCTION sharding._drop_guard(text, text) IS
     'internal: drops the guard trigger of a table';
 
 -- Guards every distributed table of a following node; returns how many.
+-- C++ (src/nodes/node_steps.cpp).
+-- @object sharding._install_guards
 CREATE FUNCTION sharding._install_guards() RETURNS integer
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    n integer := 0;
-    d record;
-BEGIN
-    IF NOT EXISTS (SELECT FROM sharding.local_node AS l WHERE l.following) THEN
-        RETURN 0;
-    END IF;
-    FOR d IN SELECT * FROM sharding.distributed_tables ORDER BY schema_name, table_name LOOP
-        IF sharding._install_guard(d.schema_name, d.table_name, d.key_column, d.map) THEN
-            n := n + 1;
-        END IF;
-    END LOOP;
-    RETURN n;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__install_guards' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._install_guards() IS
     'internal: guards every distributed table of this data node (when it follows)';
+-- @end
 
 -- Follows sharding.distributed_tables on a data node: ALWAYS, so that rows
 -- arriving through the subscription guard (or unguard) the local table.
@@ -351,60 +313,36 @@ CREATE EVENT TRIGGER sharding_guard_new_tables ON ddl_command_end
 -- shard (the exclusive shard lock of move_shard), then records the shard as
 -- frozen: from its commit on, every guarded write of the shard's keys on
 -- this node gets 55000, until _thaw_shard. Run it in its own transaction
--- (through dblink from the coordinator): the lock is held until commit.
+-- (over a connection from the coordinator): the lock is held until commit.
+-- C++ (src/nodes/node_steps.cpp), as _thaw_shard.
+-- @object sharding._freeze_shard
 CREATE FUNCTION sharding._freeze_shard(map text, logical integer) RETURNS void
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    l integer;
-BEGIN
-    l := sharding._require_map($1);
-    PERFORM sharding._check_logical($1, $2, l);
-    PERFORM sharding._lock_shard($1, $2);
-    INSERT INTO sharding.frozen_shards AS f (map, logical) VALUES ($1, $2) ON CONFLICT DO NOTHING;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__freeze_shard' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._freeze_shard(text, integer) IS
     'internal: waits for the shard''s writers, then refuses its guarded writes on this node until _thaw_shard';
+-- @end
 
+-- @object sharding._thaw_shard
 CREATE FUNCTION sharding._thaw_shard(map text, logical integer) RETURNS boolean
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-BEGIN
-    DELETE FROM sharding.frozen_shards AS f WHERE f.map = $1 AND f.logical = $2;
-    RETURN FOUND;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__thaw_shard' LANGUAGE C VOLATILE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._thaw_shard(text, integer) IS
     'internal: lifts _freeze_shard; true if the shard was frozen';
+-- @end
 
 -- ------------------------------------------------------------------ attach
--- The DSN a data node's subscription uses to reach this coordinator.
+-- The DSN a data node's subscription uses to reach this coordinator:
+-- sharding.coordinator_dsn if set, else host (the address this session
+-- reached the server at, the first Unix socket directory, or localhost),
+-- port, database and user of this session. C++ (src/nodes/owner_switch.cpp).
+-- @object sharding._coordinator_dsn
 CREATE FUNCTION sharding._coordinator_dsn() RETURNS text
-    LANGUAGE plpgsql STABLE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    dsn text := pg_catalog.current_setting('sharding.coordinator_dsn', true);
-    host text;
-BEGIN
-    IF dsn IS NOT NULL AND pg_catalog.btrim(dsn) <> '' THEN
-        RETURN dsn;
-    END IF;
-    host := pg_catalog.host(pg_catalog.inet_server_addr());
-    IF host IS NULL THEN
-        host := pg_catalog.btrim(pg_catalog.split_part(pg_catalog.current_setting('unix_socket_directories'), ',', 1));
-    END IF;
-    IF host IS NULL OR host = '' THEN
-        host := 'localhost';
-    END IF;
-    RETURN pg_catalog.format('host=%s port=%s dbname=%s user=%s',
-                             pg_catalog.quote_literal(host), pg_catalog.current_setting('port'),
-                             pg_catalog.quote_literal(pg_catalog.current_database()),
-                             pg_catalog.quote_literal(current_user));
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__coordinator_dsn' LANGUAGE C STABLE
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._coordinator_dsn() IS
     'internal: sharding.coordinator_dsn, or a DSN of this database derived from the current connection';
+-- @end
 
 -- The schema dblink is installed in (42883 if it is not).
 CREATE FUNCTION sharding._dblink_schema(purpose text) RETURNS name
@@ -501,19 +439,6 @@ CREATE FUNCTION sharding._config_slot(node text) RETURNS text
 $$;
 COMMENT ON FUNCTION sharding._config_slot(text) IS
     'internal: replication slot (on the coordinator) of a node''s configuration subscription';
-
--- @object sharding._config_tables
--- The configuration tables a follower copies, in schema sharding: the one
--- list. _publish_config publishes them (publication sharding_config), a
--- node empties them before it follows (_follow), and attach_node waits
--- until the node has synchronised each of them.
-CREATE FUNCTION sharding._config_tables() RETURNS name[]
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT ARRAY['maps', 'nodes', 'shards', 'pins', 'map_versions', 'distributed_tables']::name[] $$;
-COMMENT ON FUNCTION sharding._config_tables() IS
-    'internal: the configuration tables (schema sharding) that followers copy through publication sharding_config';
--- @end
 
 -- @object sharding._publish_config
 -- On the coordinator, in its own transaction (attach_node calls it through
@@ -646,10 +571,7 @@ DECLARE
     sub_conninfo text;
     sub_enabled boolean;
 BEGIN
-    IF attach_node.node IS NULL OR attach_node.node = '' THEN
-        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(attach_node.node), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM sharding._check_node(attach_node.node);
     IF current_setting('wal_level') <> 'logical' THEN
         RAISE EXCEPTION 'attach_node needs wal_level = logical on the coordinator, got %', current_setting('wal_level')
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -660,12 +582,7 @@ BEGIN
         RAISE EXCEPTION 'this database follows a coordinator: attach node "%" there', attach_node.node
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    SELECT n.dsn INTO dsn FROM sharding.nodes AS n WHERE n.node = attach_node.node;
-    IF dsn IS NULL THEN
-        RAISE EXCEPTION 'node "%" has no connection string', attach_node.node
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = format('Call sharding.add_node(%L, ''<dsn>'') first.', attach_node.node);
-    END IF;
+    dsn := sharding._node_dsn(attach_node.node);
     -- The node's CREATE SUBSCRIPTION makes a replication slot here, which
     -- waits for every transaction holding a transaction id to end.
     IF txid_current_if_assigned() IS NOT NULL THEN
@@ -774,6 +691,7 @@ COMMENT ON FUNCTION sharding.attach_node(text) IS
     'makes a data node follow this coordinator''s configuration through logical replication (repeating is harmless)';
 -- @end
 
+-- @object sharding.detach_node
 -- detach_node(node text): the node stops following and keeps its copy.
 CREATE FUNCTION sharding.detach_node(node text) RETURNS void
     LANGUAGE plpgsql VOLATILE
@@ -786,16 +704,8 @@ DECLARE
     sub text;
     n integer;
 BEGIN
-    IF detach_node.node IS NULL OR detach_node.node = '' THEN
-        RAISE EXCEPTION 'node name must not be empty or NULL, got %', coalesce(quote_literal(detach_node.node), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    SELECT x.dsn INTO dsn FROM sharding.nodes AS x WHERE x.node = detach_node.node;
-    IF dsn IS NULL THEN
-        RAISE EXCEPTION 'node "%" has no connection string', detach_node.node
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = format('Call sharding.add_node(%L, ''<dsn>'') first.', detach_node.node);
-    END IF;
+    PERFORM sharding._check_node(detach_node.node);
+    dsn := sharding._node_dsn(detach_node.node);
     dl := sharding._dblink_schema('detach_node');
     sub := sharding._config_subscription(detach_node.node);
     BEGIN
@@ -819,6 +729,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.detach_node(text) IS
     'stops a data node following this coordinator; it keeps its copy of the configuration, editable again';
+-- @end
 
 -- Administrators only: these change which databases follow, guard and
 -- refuse writes.

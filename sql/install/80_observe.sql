@@ -22,37 +22,6 @@ CREATE FUNCTION sharding.imbalance(loads anyarray) RETURNS float8
 COMMENT ON FUNCTION sharding.imbalance(anyarray) IS
     'max / mean of a numeric array, NULL elements skipped; NULL when empty or all zero (1.0 = perfectly even)';
 
--- @object sharding._key_column_type
--- Internal: the type a shard key column is hashed as (sharding._key_type:
--- text for varchar, a domain's base type), or 42703 (no such column) or
--- 22023 (not a key type).
-CREATE FUNCTION sharding._key_column_type(tbl regclass, key_column name) RETURNS regtype
-    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    t regtype;
-BEGIN
-    SELECT a.atttypid INTO t
-      FROM pg_catalog.pg_attribute AS a
-     WHERE a.attrelid = tbl AND a.attname = key_column AND a.attnum > 0 AND NOT a.attisdropped;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'column "%" of relation % does not exist', key_column, tbl
-            USING ERRCODE = 'undefined_column';
-    END IF;
-    IF sharding._key_type(t) IS NULL THEN
-        RAISE EXCEPTION 'column "%" of relation % has type %, which is not a shard key type',
-                key_column, tbl, t
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Shard keys are text, varchar, bytea, smallint, integer, bigint or uuid.';
-    END IF;
-    RETURN sharding._key_type(t);
-END
-$$;
-COMMENT ON FUNCTION sharding._key_column_type(regclass, name) IS
-    'internal: type a shard key column is hashed as; 42703 if missing, 22023 if not a key type';
--- @end
-
 -- Internal: SQL for the text form of a key expression of type t, the form
 -- pins match on and whales reports: bytea always in hex (\x...), whatever
 -- bytea_output says; the other key types as their ::text.
@@ -336,10 +305,7 @@ CREATE FUNCTION sharding.rebalance_by_load(map text, nodes text[], loads float8[
     AS $$
 DECLARE
     l integer;
-    owners text[];
     bad integer;
-    mv record;
-    moved integer := 0;
 BEGIN
     PERFORM sharding._check_nodes(nodes);
     IF dry_run IS NULL THEN
@@ -370,31 +336,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'loads[i + 1] is the load of logical shard i.';
     END IF;
-    PERFORM sharding._check_database_nodes($1, nodes);
-    IF NOT dry_run THEN
-        PERFORM sharding._refuse_owner_switch($1, 'rebalance_by_load');
-        -- One map-wide lock: waits for fenced writers, keeps new ones out.
-        PERFORM sharding._lock_map($1);
-        PERFORM sharding._require_map($1, true);
-        INSERT INTO sharding.nodes (node) SELECT n FROM pg_catalog.unnest(nodes) AS n
-            ON CONFLICT DO NOTHING;
-    END IF;
-    SELECT pg_catalog.array_agg(s.node ORDER BY s.logical) INTO owners
-      FROM sharding.shards s WHERE s.map = $1;
-    FOR mv IN SELECT * FROM sharding._rebalance_by_load_plan(owners, nodes, loads, max_imbalance) LOOP
-        IF NOT dry_run THEN
-            UPDATE sharding.shards s SET node = mv.to_node, epoch = s.epoch + 1
-             WHERE s.map = $1 AND s.logical = mv.logical;
-        END IF;
-        moved := moved + 1;
-        logical := mv.logical;
-        from_node := mv.from_node;
-        to_node := mv.to_node;
-        RETURN NEXT;
-    END LOOP;
-    IF NOT dry_run AND moved > 0 THEN
-        PERFORM sharding._touch_map($1);
-    END IF;
+    RETURN QUERY SELECT * FROM sharding._rebalance_apply($1, nodes, dry_run, 'rebalance_by_load', loads, max_imbalance);
 END $$;
 COMMENT ON FUNCTION sharding.rebalance_by_load(text, text[], float8[], float8, boolean) IS
     'moves shards so the largest node load is at most max_imbalance x the mean (or as low as shards allow), fewest moves; each raises the shard''s epoch; dry_run only reports';

@@ -225,6 +225,21 @@ void append_order(Sql &s, const OrderedTable &q, const char *a) {
     s.addf("%s.created, %s.id", a, a);
 }
 
+// The claim-order key of rows aliased `a` as columns that compare
+// ascending in claim order: -priority, run_at, created, id.
+void append_order_key(Sql &s, const OrderedTable &q, const char *a) {
+    if (q.t.has_priority) s.addf("0 - %s.priority::pg_catalog.int8, ", a);
+    if (q.t.has_run_at) s.addf("%s.run_at, ", a);
+    s.addf("%s.created, %s.id", a, a);
+}
+
+// Claim order reversed, of rows aliased `a`.
+void append_reverse_order(Sql &s, const OrderedTable &q, const char *a) {
+    if (q.t.has_priority) s.addf("%s.priority, ", a);
+    if (q.t.has_run_at) s.addf("%s.run_at DESC, ", a);
+    s.addf("%s.created DESC, %s.id DESC", a, a);
+}
+
 // The filter every candidate row `c` passes: key not NULL, due, shard or
 // node filter with the handoff exclusions.
 void append_filter(Sql &s, const OrderedTable &q, uint32_t variant) {
@@ -275,12 +290,19 @@ void append_walk_arm(Sql &s, const OrderedTable &q, uint32_t variant, const char
 
 }  // namespace
 
-std::string pick(const OrderedTable &q, uint32_t variant) {
-    const char *cols = q.t.has_priority && q.t.has_run_at ? "c.id, c.created, c.priority, c.run_at"
-                       : q.t.has_priority                  ? "c.id, c.created, c.priority"
-                       : q.t.has_run_at                    ? "c.id, c.created, c.run_at"
-                                                           : "c.id, c.created";
-    Sql s;
+namespace {
+
+// The columns the ordered statements read of a candidate row `c`.
+const char *candidate_columns(const OrderedTable &q) {
+    return q.t.has_priority && q.t.has_run_at ? "c.id, c.created, c.priority, c.run_at"
+           : q.t.has_priority                  ? "c.id, c.created, c.priority"
+           : q.t.has_run_at                    ? "c.id, c.created, c.run_at"
+                                               : "c.id, c.created";
+}
+
+// The common table expressions every ordered statement starts with: the
+// reaper (Reap), the handoff exclusion (Handoff).
+void append_prelude(Sql &s, const OrderedTable &q, uint32_t variant) {
     s.add("WITH ");
     if (variant & Reap)
         s.addf("reaped AS (UPDATE %s AS sharding_reaped SET status = 'failed' "
@@ -289,17 +311,28 @@ std::string pick(const OrderedTable &q, uint32_t variant) {
                "FOR UPDATE SKIP LOCKED)), ",
                q.t.qname, q.t.qname);
     if (variant & Handoff) s.add(handoff_ctes(q.t.qname, q.key, "$6", "$7"));
-    s.addf("expired AS MATERIALIZED (SELECT %s, c.%s::pg_catalog.text AS k FROM %s c "
-           "WHERE $16 AND c.status = 'processing' AND c.claim_expires < pg_catalog.now()",
-           cols, q.key, q.t.qname);
+}
+
+// The expired leases a round may take, in claim order, at most $2, none
+// this claim holds already ($15): their columns, key `k`, table `r` and
+// tid `t`, as the walk's and the probes' rows.
+void append_expired(Sql &s, const OrderedTable &q, uint32_t variant) {
+    s.addf("expired AS MATERIALIZED (SELECT %s, c.%s::pg_catalog.text AS k, c.tableoid AS r, c.ctid AS t FROM %s c "
+           "WHERE c.status = 'processing' AND c.claim_expires < pg_catalog.now()",
+           candidate_columns(q), q.key, q.t.qname);
     if (variant & Reap) s.add(" AND (c.attempts IS NULL OR c.attempts < $8)");
     append_filter(s, q, variant);
-    append_head_check(s, q);
-    s.add(" ORDER BY ");
+    s.add(" AND c.id <> ALL ($15) ORDER BY ");
     append_order(s, q, "c");
-    s.add(" LIMIT $2 FOR UPDATE OF c SKIP LOCKED), ");
-    // The walk, from the start of the line or past the position: as ranges
-    // of the pending index (the higher priorities are behind the position).
+    s.add(" LIMIT $2)");
+}
+
+// The walk (from the start of the line or past the position: as ranges of
+// the pending index, the higher priorities being behind the position) and
+// the probes (each remembered key's oldest pending job), as the CTEs walk
+// and probes, each row with its key `k`, table `r` and tid `t`.
+void append_walk_and_probes(Sql &s, const OrderedTable &q, uint32_t variant) {
+    const char *cols = candidate_columns(q);
     s.add("walk AS MATERIALIZED (");
     if (!(variant & Resume)) {
         append_walk_arm(s, q, variant, cols, "");
@@ -317,62 +350,131 @@ std::string pick(const OrderedTable &q, uint32_t variant) {
         }
     }
     s.add("), ");
-    // The probes: each remembered key's oldest pending job.
     s.addf("probes AS MATERIALIZED (SELECT %s, p.k, c.r, c.t "
            "FROM pg_catalog.unnest($17) AS p(k) CROSS JOIN LATERAL (SELECT o.*, o.tableoid AS r, o.ctid AS t FROM %s o "
-           "WHERE o.%s = p.k::%s AND o.status = 'pending' ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) c), ",
+           "WHERE o.%s = p.k::%s AND o.status = 'pending' ORDER BY o.%s, o.status, o.created, o.id LIMIT 1) c)",
            cols, q.t.qname, q.key, q.key_type, q.key);
-    // Per key, its oldest candidate; then, in claim order, each is tested
-    // and locked until $2 are taken.
-    s.addf("fresh AS MATERIALIZED (SELECT %s, w.k FROM (SELECT * FROM (SELECT DISTINCT ON (x.k) x.* FROM "
-           "(SELECT * FROM walk UNION ALL SELECT * FROM probes) x ORDER BY x.k, x.created, x.id) d ORDER BY ",
+}
+
+// The 't' row: the tail of the line, the last pending row in claim order
+// (a backward descent of the pending index), when the walk reached it and
+// it is due (a job scheduled later sits behind the jobs inserted
+// meanwhile). `extra`: the NULL columns after the position.
+void append_tail(Sql &s, const OrderedTable &q, const char *extra) {
+    s.add(" UNION ALL SELECT 't', ");
+    append_position(s, q, "l");
+    s.addf("%s FROM (SELECT * FROM %s z WHERE z.status = 'pending' ORDER BY ", extra, q.t.qname);
+    append_reverse_order(s, q, "z");
+    s.add(" LIMIT 1) l WHERE (SELECT pg_catalog.count(*) FROM walk) < $9");
+    if (q.t.has_run_at) s.add(" AND NOT (l.run_at > pg_catalog.now())");
+}
+
+// What a round's candidates come from, every ordered statement's CTEs:
+// the prelude, walk, probes and expired.
+void append_sources(Sql &s, const OrderedTable &q, uint32_t variant) {
+    append_prelude(s, q, variant);
+    append_walk_and_probes(s, q, variant);
+    s.add(", ");
+    append_expired(s, q, variant);
+}
+
+}  // namespace
+
+std::string pick(const OrderedTable &q, uint32_t variant) {
+    const char *cols = candidate_columns(q);
+    Sql s;
+    append_sources(s, q, variant);
+    s.add(", ");
+    // Per key, its oldest candidate (an expired lease is its key's oldest
+    // job); of those, the ones up to where the walk got (or all, if it
+    // reached the end of the line: a candidate past it may be preceded by
+    // a head not walked yet); then, in claim order, each is tested and
+    // locked until $2 are taken.
+    s.addf("fresh AS MATERIALIZED (SELECT %s, c.status, w.k FROM (SELECT * FROM (SELECT DISTINCT ON (x.k) x.* FROM "
+           "(SELECT * FROM walk UNION ALL SELECT * FROM probes UNION ALL SELECT * FROM expired) x "
+           "ORDER BY x.k, x.created, x.id) d WHERE (SELECT pg_catalog.count(*) FROM walk) < $9 OR ROW(",
            cols);
+    append_order_key(s, q, "d");
+    s.add(") <= (SELECT ");
+    append_order_key(s, q, "z");
+    s.add(" FROM walk z ORDER BY ");
+    append_reverse_order(s, q, "z");
+    s.add(" LIMIT 1) ORDER BY ");
     append_order(s, q, "d");
-    // The lock first, then the head check: with several workers at the
-    // front of the line, most candidates another worker holds, and
-    // SKIP LOCKED passes them over for less than the two probes of the
-    // head check. A candidate that fails the check stays locked to the end
-    // of the transaction: it was no head, no claim wanted it.
-    s.addf(" OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM (SELECT c.* FROM %s c "
-           "WHERE c.tableoid = w.r AND c.ctid = w.t AND c.status = 'pending'", q.t.qname);
+    // The head check, then the lock: only heads are locked, and no more
+    // than are taken, so a claim never holds a row it did not take (a
+    // blocked key's head, locked by a claim that found it blocked, was
+    // passed over by the next claims until that claim's transaction ended,
+    // after the key was free).
+    s.addf(" OFFSET 0) AS w CROSS JOIN LATERAL (SELECT c.* FROM %s c "
+           "WHERE c.tableoid = w.r AND c.ctid = w.t AND (c.status = 'pending' OR (c.status = 'processing' "
+           "AND c.claim_expires < pg_catalog.now()%s))",
+           q.t.qname, (variant & Reap) ? " AND (c.attempts IS NULL OR c.attempts < $8)" : "");
     append_filter(s, q, variant);
-    s.add(" AND c.id <> ALL ($15) AND sharding._current_version(c.tableoid, c.ctid) "
-          "FOR UPDATE OF c SKIP LOCKED) AS c WHERE true");
+    s.add(" AND c.id <> ALL ($15) AND sharding._current_version(c.tableoid, c.ctid)");
     append_head_check(s, q);
-    s.add(") AS c LIMIT $2) ");
+    s.add(" FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2) ");
     s.add("SELECT 'e'::\"char\" AS kind, ");
     append_position(s, q, "e");
-    s.add(", e.k, NULL::pg_catalog.int8 AS n FROM expired e UNION ALL SELECT 'f', ");
+    s.add(", e.k, NULL::pg_catalog.int8 AS n FROM fresh e WHERE e.status = 'processing' UNION ALL SELECT 'f', ");
     append_position(s, q, "f");
-    s.add(", f.k, NULL FROM fresh f UNION ALL SELECT 'w', ");
+    s.add(", f.k, NULL FROM fresh f WHERE f.status = 'pending' UNION ALL SELECT 'w', ");
     append_position(s, q, "w");
+    // Per key walked and not taken. When the round took all it asked for,
+    // the next position is its last row taken, and only the rows before it
+    // can be listed: the others are left out here (most of a walk, with
+    // few heads blocked).
     s.add(", w.k, w.n FROM (SELECT DISTINCT ON (v.k) v.*, "
           "pg_catalog.count(*) OVER (PARTITION BY v.k) AS n FROM walk v "
           "WHERE v.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::pg_catalog.int8[]) "
-          "ORDER BY v.k, ");
+          "AND ((SELECT pg_catalog.count(*) FROM fresh f) < $2 OR ROW(");
+    append_order_key(s, q, "v");
+    s.add(") <= (SELECT ");
+    append_order_key(s, q, "f");
+    s.add(" FROM fresh f ORDER BY ");
+    append_reverse_order(s, q, "f");
+    s.add(" LIMIT 1)) ORDER BY v.k, ");
     append_order(s, q, "v");
     s.add(") w UNION ALL SELECT 'p', ");
     append_position(s, q, "p");
     s.add(", p.k, NULL FROM probes p UNION ALL SELECT 'l', ");
     append_position(s, q, "l");
     s.add(", l.k, (SELECT pg_catalog.count(*) FROM walk) FROM (SELECT * FROM walk z ORDER BY ");
-    {
-        // The walk's last row: claim order reversed.
-        if (q.t.has_priority) s.add("z.priority, ");
-        if (q.t.has_run_at) s.add("z.run_at DESC, ");
-        s.add("z.created DESC, z.id DESC");
-    }
+    append_reverse_order(s, q, "z");  // the walk's last row
     s.add(" LIMIT 1) l");
-    // The tail of the line: the last pending row in claim order (a
-    // backward descent of the pending index), if it is due (a job
-    // scheduled later sits behind the jobs inserted meanwhile).
-    s.add(" UNION ALL SELECT 't', ");
-    append_position(s, q, "l");
-    s.addf(", NULL, NULL FROM (SELECT * FROM %s z WHERE z.status = 'pending' ORDER BY ", q.t.qname);
-    if (q.t.has_priority) s.add("z.priority, ");
-    if (q.t.has_run_at) s.add("z.run_at DESC, ");
-    s.add("z.created DESC, z.id DESC LIMIT 1) l WHERE (SELECT pg_catalog.count(*) FROM walk) < $9");
-    if (q.t.has_run_at) s.add(" AND NOT (l.run_at > pg_catalog.now())");
+    append_tail(s, q, ", NULL, NULL");
+    return s.text;
+}
+
+std::string candidates(const OrderedTable &q, uint32_t variant) {
+    Sql s;
+    append_sources(s, q, variant);
+    // A probed key's oldest pending job may not pass the filter (not due,
+    // another shard or node): still a 'p' row (its key stays listed), but
+    // no candidate (ok false).
+    s.add(" SELECT 'e'::\"char\" AS kind, ");
+    append_position(s, q, "e");
+    s.add(", e.k, e.t, true AS ok FROM expired e UNION ALL SELECT 'w', ");
+    append_position(s, q, "w");
+    s.add(", w.k, w.t, true FROM walk w UNION ALL SELECT 'p', ");
+    append_position(s, q, "p");
+    s.addf(", p.k, p.t, EXISTS (SELECT FROM %s c WHERE c.tableoid = p.r AND c.ctid = p.t", q.t.qname);
+    append_filter(s, q, variant);
+    s.add(") FROM probes p");
+    append_tail(s, q, ", NULL, NULL::pg_catalog.tid, false");
+    return s.text;
+}
+
+std::string listed_job(const OrderedTable &q) {
+    Sql s;
+    s.add("SELECT ");
+    append_position(s, q, "o");
+    s.addf(" FROM %s o WHERE o.%s = $1::%s AND o.status = 'pending' AND ROW(", q.t.qname, q.key, q.key_type);
+    append_order_key(s, q, "o");
+    s.add(") <= ROW(");
+    if (q.t.has_priority) s.add("0 - $2, ");
+    if (q.t.has_run_at) s.add("$3, ");
+    s.addf("$4, $5) ORDER BY o.%s, o.status, o.created, o.id LIMIT 1", q.key);
     return s.text;
 }
 

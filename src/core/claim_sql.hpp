@@ -97,6 +97,9 @@ enum : uint32_t {
     Handoff = 16,  // ByNode, and a worker is registered with another node: the handoff exclusion
     Resume = 32,   // the pick's walk starts past a position
     Update = 64,   // not a pick: the claim's UPDATE of the picked ids
+    Candidates = 128,  // not a pick: the candidates of a round, tested and locked by the caller
+    // Update | Candidates, never a pick or UPDATE: the listed-job check
+    ListedJob = Update | Candidates,
 };
 
 // What the ordered statements are built from: the table, its quoted key
@@ -117,8 +120,22 @@ static_assert(PickParams == 17, "pick numbers its parameters $1 to $17");
 
 // The pick of one round of an ordered claim (variant without Update).
 std::string pick(const OrderedTable &q, uint32_t variant);
+// The candidates of one round (variant without Update and Candidates), for
+// a caller that tests and locks them itself: the pick's walk and probes,
+// its expired leases (untested, unlocked) and tail, one row
+// each: kind ('e' expired, 'w' walked, 'p' probed, 't' tail), the
+// claim-order key as pick() returns it, the key as text, the row's ctid
+// and whether it passes the claim's filter (a probed job may not: not
+// due, another shard or node). The pick's parameters; $1 and $3 are not
+// read.
+std::string candidates(const OrderedTable &q, uint32_t variant);
 // The claim's UPDATE: $1 worker, $2 the picked ids, $3 lease.
 std::string update(const OrderedTable &q);
+// One pending job of the key $1 (text) at or before the position $2-$5
+// (priority int8, run_at, created, id) in claim order, if any: its
+// claim-order key as pick() returns it.
+std::string listed_job(const OrderedTable &q);
+constexpr int ListedJobParams = 5;
 constexpr int UpdateParams = 3;
 
 }  // namespace claim_sql

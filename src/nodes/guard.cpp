@@ -117,6 +117,30 @@ char *copy_text(MemoryContext cxt, HeapTuple tup, TupleDesc desc, int col, int *
     return out;
 }
 
+// Runs a query of the local state under snap, at most limit rows (0: all);
+// its rows are in SPI_tuptable. May ereport.
+void run_local_query(const char *sql, Snapshot snap, long limit) {
+    SPIPlanPtr plan = SPI_prepare(sql, 0, nullptr);
+    if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+    int rc = SPI_execute_snapshot(plan, nullptr, nullptr, snap, InvalidSnapshot, true, false, limit);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+}
+
+// The (map, logical) rows of a query under snap, copied into cxt (one spare
+// element, so never an empty allocation); returns how many. May ereport.
+int read_shard_list(MemoryContext cxt, const char *sql, Snapshot snap, Frozen **out) {
+    run_local_query(sql, snap, 0);
+    int n = static_cast<int>(SPI_processed);
+    Frozen *list = static_cast<Frozen *>(MemoryContextAllocZero(cxt, sizeof(Frozen) * (n + 1)));
+    for (int i = 0; i < n; i++) {
+        bool isnull;
+        list[i].map = copy_text(cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &list[i].len);
+        list[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
+    }
+    *out = list;
+    return n;
+}
+
 // Rebuilds the local state with the latest committed snapshot. May
 // ereport; no C++ object is alive in any caller.
 void local_build() {
@@ -131,42 +155,18 @@ void local_build() {
     LocalState *fresh = static_cast<LocalState *>(MemoryContextAllocZero(cxt, sizeof(LocalState)));
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
     Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
-    SPIPlanPtr plan = SPI_prepare("SELECT node, following FROM sharding.local_node", 0, nullptr);
-    if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-    int rc = SPI_execute_snapshot(plan, nullptr, nullptr, snap, InvalidSnapshot, true, false, 1);
-    if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+    run_local_query("SELECT node, following FROM sharding.local_node", snap, 1);
     if (SPI_processed > 0) {
         bool isnull;
         fresh->node = copy_text(cxt, SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &fresh->node_len);
         Datum f = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
         fresh->following = !isnull && DatumGetBool(f) && fresh->node != nullptr;
     }
-    plan = SPI_prepare("SELECT map, logical FROM sharding.frozen_shards", 0, nullptr);
-    if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-    rc = SPI_execute_snapshot(plan, nullptr, nullptr, snap, InvalidSnapshot, true, false, 0);
-    if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-    fresh->nfrozen = static_cast<int>(SPI_processed);
-    fresh->frozen = static_cast<Frozen *>(MemoryContextAllocZero(cxt, sizeof(Frozen) * (fresh->nfrozen + 1)));
-    for (int i = 0; i < fresh->nfrozen; i++) {
-        bool isnull;
-        fresh->frozen[i].map = copy_text(cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &fresh->frozen[i].len);
-        fresh->frozen[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
-    }
+    fresh->nfrozen = read_shard_list(cxt, "SELECT map, logical FROM sharding.frozen_shards", snap, &fresh->frozen);
     // Shards being moved from this node (1.3; the table may not exist yet
     // in a database not updated).
-    if (OidIsValid(get_relname_relid("move_decoding", get_namespace_oid("sharding", false)))) {
-        plan = SPI_prepare("SELECT map, logical FROM sharding.move_decoding", 0, nullptr);
-        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-        rc = SPI_execute_snapshot(plan, nullptr, nullptr, snap, InvalidSnapshot, true, false, 0);
-        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-        fresh->nmoving = static_cast<int>(SPI_processed);
-        fresh->moving = static_cast<Frozen *>(MemoryContextAllocZero(cxt, sizeof(Frozen) * (fresh->nmoving + 1)));
-        for (int i = 0; i < fresh->nmoving; i++) {
-            bool isnull;
-            fresh->moving[i].map = copy_text(cxt, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &fresh->moving[i].len);
-            fresh->moving[i].logical = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2, &isnull));
-        }
-    }
+    if (OidIsValid(get_relname_relid("move_decoding", get_namespace_oid("sharding", false))))
+        fresh->nmoving = read_shard_list(cxt, "SELECT map, logical FROM sharding.move_decoding", snap, &fresh->moving);
     UnregisterSnapshot(snap);
     SPI_finish();
     fresh->valid = true;
@@ -183,20 +183,19 @@ inline const LocalState &local_state() {
     return *local;
 }
 
-bool is_moving(const LocalState &s, const char *map, size_t len, int32 logical) {
-    for (int i = 0; i < s.nmoving; i++)
-        if (s.moving[i].logical == logical && static_cast<size_t>(s.moving[i].len) == len &&
-            memcmp(s.moving[i].map, map, len) == 0)
+bool in_shard_list(const Frozen *list, int n, const char *map, size_t len, int32 logical) {
+    for (int i = 0; i < n; i++)
+        if (list[i].logical == logical && static_cast<size_t>(list[i].len) == len && memcmp(list[i].map, map, len) == 0)
             return true;
     return false;
 }
 
+bool is_moving(const LocalState &s, const char *map, size_t len, int32 logical) {
+    return in_shard_list(s.moving, s.nmoving, map, len, logical);
+}
+
 bool is_frozen(const LocalState &s, const char *map, size_t len, int32 logical) {
-    for (int i = 0; i < s.nfrozen; i++)
-        if (s.frozen[i].logical == logical && static_cast<size_t>(s.frozen[i].len) == len &&
-            memcmp(s.frozen[i].map, map, len) == 0)
-            return true;
-    return false;
+    return in_shard_list(s.frozen, s.nfrozen, map, len, logical);
 }
 
 // ------------------------------------------------------------ shard locks

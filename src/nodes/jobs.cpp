@@ -1,17 +1,26 @@
 // Rebalance jobs in background workers (docs/rebalance.md).
 //
 // A job is a row of sharding.move_jobs; each of its moves is a row of the
-// move engine's journal (sharding.move_journal). Everything a job decides is
-// SQL (sql/install/95_jobs.sql): which move to start next (_job_claim), how
-// to run it (_job_execute, over the engine's _move_execute), when the job is
-// over. This file only provides the processes that call those functions:
+// move engine's journal (sharding.move_journal). What a job decides is C++
+// behind SQL names (src/nodes/jobs_run.cpp): which move to start next
+// (_job_claim), how to run it (_job_execute, over the engine's
+// _move_execute), when the job is over. This file only provides the
+// processes that call those functions, as SQL in their own transactions
+// (so the privileges of the job's role apply):
 //
 // - a launcher (static background worker, registered here when the library
 //   is in shared_preload_libraries): at start, after a crash or a restart, it
 //   starts one short-lived scanner per database; the scanner recovers the
 //   moves whose executor died (_move_recover) and starts runners for every
 //   unfinished job (_job_pickup). Later it rescans when a job could not get
-//   a runner because all were busy (Shared::pending);
+//   a runner because all were busy (Shared::pending), and it scans a
+//   database again (Shared::recheck) when a move there was left
+//   interrupted while the server ran: its executor's rollback could not
+//   complete (a node out of reach), its executor ended without unwinding
+//   (FATAL), or a scan could not resolve it; then after 1 s, and every 2,
+//   4, 8, then 10 s for as long as a scan leaves moves it could not
+//   resolve, so that a move of a direct call is rolled back without a
+//   further call once its nodes answer again;
 // - runners (dynamic background workers, at most sharding.max_move_workers
 //   per server, counted in shared memory): each loops claim -> execute ->
 //   claim on one job until the job is over, then adopts another job of its
@@ -25,7 +34,7 @@
 // The code below is C-style (no owning C++ object): it runs in background
 // worker entry points and in an xact callback, where PostgreSQL errors are
 // caught with PG_TRY around each transaction.
-#include "pg/boundary.hpp"
+#include "nodes/move_engine.hpp"
 
 extern "C" {
 #include "access/genam.h"
@@ -35,6 +44,7 @@ extern "C" {
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -49,6 +59,7 @@ extern "C" {
 #include "storage/spin.h"
 #include "tcop/tcopprot.h"
 #include "utils/acl.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -68,12 +79,23 @@ struct Slot {
     TimestampTz reserved;
 };
 
+// A database to scan again (jobs_recheck).
+struct Recheck {
+    Oid db;         // InvalidOid: a free entry
+    int tries;      // scans that left moves unresolved so far
+    bool scanning;  // its scanner runs now
+    bool again;     // asked for again while it ran
+    TimestampTz due;
+};
+constexpr int kMaxRechecks = 16;
+
 struct Shared {
     slock_t mutex;
     bool pending;             // a job could not get all its runners
     Latch *launcher_latch;    // the launcher's, to wake it
     uint32 generation;
     Slot slots[kMaxWorkersLimit];
+    Recheck rechecks[kMaxRechecks];
 };
 
 Shared *shared = nullptr;
@@ -159,6 +181,19 @@ void wake_launcher() {
     if (latch) SetLatch(latch);
 }
 
+// A background worker of this library, connected to a database: its entry
+// point (exported, sharding_jobs_*_main), type (pg_stat_activity's
+// backend_type) and restart policy; the caller names it.
+void init_worker(BackgroundWorker *w, const char *function, const char *type, int restart_time) {
+    memset(w, 0, sizeof(*w));
+    w->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+    w->bgw_start_time = BgWorkerStart_RecoveryFinished;
+    w->bgw_restart_time = restart_time;
+    snprintf(w->bgw_library_name, BGW_MAXLEN, "%s", "sharding");
+    snprintf(w->bgw_function_name, BGW_MAXLEN, "%s", function);
+    snprintf(w->bgw_type, BGW_MAXLEN, "%s", type);
+}
+
 // Registers a runner for job (as user) in the current database; false when
 // no slot or no background worker slot is free (the job stays queued and
 // the launcher will retry).
@@ -167,14 +202,8 @@ bool start_runner(int64 job, Oid user) {
     int slot = reserve_slot(job, &generation);
     if (slot < 0) return false;
     BackgroundWorker w;
-    memset(&w, 0, sizeof(w));
-    w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-    w.bgw_start_time = BgWorkerStart_RecoveryFinished;
-    w.bgw_restart_time = BGW_NEVER_RESTART;
-    snprintf(w.bgw_library_name, BGW_MAXLEN, "%s", "sharding");
-    snprintf(w.bgw_function_name, BGW_MAXLEN, "%s", "sharding_jobs_runner_main");
+    init_worker(&w, "sharding_jobs_runner_main", "sharding move worker", BGW_NEVER_RESTART);
     snprintf(w.bgw_name, BGW_MAXLEN, "sharding move worker for job %lld", static_cast<long long>(job));
-    snprintf(w.bgw_type, BGW_MAXLEN, "%s", "sharding move worker");
     w.bgw_main_arg = Int32GetDatum(slot);
     RunnerArgs args{MyDatabaseId, user, job, slot, generation};
     memcpy(w.bgw_extra, &args, sizeof(args));
@@ -223,28 +252,24 @@ int runners_of(Oid db, int64 job) {
     return n;
 }
 
-// Runs one statement returning one int8 (or NULL) in its own transaction.
-// Any ERROR is reported to the server log and swallowed: false.
-bool run_int8(const char *sql, int nargs, Datum *args, int64 *out, bool *isnull) {
+// The message of the last ERROR in_own_transaction swallowed.
+char last_error[512];
+
+// Runs body in a transaction of its own, under SPI and an active snapshot.
+// body is C-style (it owns no C++ object: an ERROR skips its frames). Any
+// ERROR is reported to the server log and swallowed (its message in
+// last_error): false.
+template <typename F>
+bool in_own_transaction(F &&body) {
     volatile bool ok = true;
     MemoryContext cxt = CurrentMemoryContext;
-    Oid types[2] = {INT8OID, INT8OID};
-    *out = 0;
-    *isnull = true;
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
     PG_TRY();
     {
         SPI_connect();
         PushActiveSnapshot(GetTransactionSnapshot());
-        pgstat_report_activity(STATE_RUNNING, sql);
-        int rc = SPI_execute_with_args(sql, nargs, types, args, nullptr, false, 1);
-        if (rc != SPI_OK_SELECT || SPI_processed != 1)
-            elog(ERROR, "sharding move worker: \"%s\" returned %d", sql, rc);
-        bool null = true;
-        Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &null);
-        *isnull = null;
-        *out = null ? 0 : DatumGetInt64(d);
+        body();
         SPI_finish();
         PopActiveSnapshot();
         CommitTransactionCommand();
@@ -252,6 +277,9 @@ bool run_int8(const char *sql, int nargs, Datum *args, int64 *out, bool *isnull)
     PG_CATCH();
     {
         MemoryContextSwitchTo(cxt);
+        ErrorData *edata = CopyErrorData();
+        strlcpy(last_error, edata->message ? edata->message : "unknown error", sizeof(last_error));
+        FreeErrorData(edata);
         EmitErrorReport();
         AbortCurrentTransaction();
         FlushErrorState();
@@ -260,6 +288,71 @@ bool run_int8(const char *sql, int nargs, Datum *args, int64 *out, bool *isnull)
     PG_END_TRY();
     pgstat_report_activity(STATE_IDLE, nullptr);
     return ok;
+}
+
+// Runs one statement returning one int8 (or NULL) in its own transaction;
+// false on an ERROR (in_own_transaction).
+bool run_int8(const char *sql, int nargs, Datum *args, int64 *out, bool *isnull) {
+    Oid types[2] = {INT8OID, INT8OID};
+    *out = 0;
+    *isnull = true;
+    return in_own_transaction([&] {
+        pgstat_report_activity(STATE_RUNNING, sql);
+        int rc = SPI_execute_with_args(sql, nargs, types, args, nullptr, false, 1);
+        if (rc != SPI_OK_SELECT || SPI_processed != 1) elog(ERROR, "sharding move worker: \"%s\" returned %d", sql, rc);
+        bool null = true;
+        Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &null);
+        *isnull = null;
+        *out = null ? 0 : DatumGetInt64(d);
+    });
+}
+
+// A runner gives up on its job (its claims keep failing): the job fails
+// with `error` as a failed move makes it fail. Its moves not begun (nor
+// claimed) are cancelled; it ends 'failed' at once unless moves of it are
+// still live (in flight elsewhere, or interrupted), whose executors' next
+// claims see the recorded error and end it once they are over. Run as the
+// bootstrap superuser with search_path pinned: the claims may have failed
+// for want of the job role's privileges (an ERROR restores both). False if
+// that failed too.
+bool give_up(int64 job, const char *error) {
+    static const char *const kSql[] = {
+        "UPDATE sharding.move_journal m SET phase = 'cancelled', finished = now() "
+        "WHERE m.job = $1 AND m.phase = 'queued' AND m.pid IS NULL "
+        "AND EXISTS (SELECT FROM sharding.move_jobs t WHERE t.job = $1 AND t.state IN ('queued', 'running')) "
+        "AND NOT EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+        "AND l.classid = (hashtext('sharding.move_journal'))::oid AND l.objsubid = 2 "
+        "AND l.objid = ((m.move % 2147483647)::integer)::oid "
+        "AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))",
+        "UPDATE sharding.move_jobs t SET error = coalesce(t.error, $2), "
+        "state = CASE WHEN l.live THEN t.state ELSE 'failed' END, "
+        "finished = CASE WHEN l.live THEN t.finished ELSE now() END, "
+        "started = coalesce(t.started, now()), "
+        "waiting = CASE WHEN l.live THEN t.waiting END, waits = CASE WHEN l.live THEN t.waits ELSE '{}' END "
+        "FROM (SELECT EXISTS (SELECT FROM sharding.move_journal m WHERE m.job = $1 "
+        "AND m.phase NOT IN ('done', 'failed', 'cancelled')) AS live) l "
+        "WHERE t.job = $1 AND t.state IN ('queued', 'running')",
+    };
+    Oid types[2] = {INT8OID, TEXTOID};
+    Datum args[2] = {Int64GetDatum(job), 0};
+    return in_own_transaction([&] {
+        args[1] = CStringGetTextDatum(error);
+        Oid save_user;
+        int save_sec;
+        GetUserIdAndSecContext(&save_user, &save_sec);
+        SetUserIdAndSecContext(BOOTSTRAP_SUPERUSERID, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+        int nest = NewGUCNestLevel();
+        (void)set_config_option("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_SESSION, GUC_ACTION_SAVE, true,
+                                0, false);
+        for (const char *sql : kSql) {
+            pgstat_report_activity(STATE_RUNNING, sql);
+            int rc = SPI_execute_with_args(sql, 2, types, args, nullptr, false, 0);
+            if (rc != SPI_OK_UPDATE) elog(ERROR, "sharding move worker: \"%s\" returned %d", sql, rc);
+            CommandCounterIncrement();
+        }
+        AtEOXact_GUC(true, nest);
+        SetUserIdAndSecContext(save_user, save_sec);
+    });
 }
 
 void sleep_ms(long ms) {
@@ -314,8 +407,19 @@ void sharding_jobs_runner_main(Datum) {
         Datum a[2] = {Int64GetDatum(job), 0};
         if (!run_int8("SELECT sharding._job_claim($1)", 1, a, &move, &isnull)) {
             // The claim itself failed (catalog missing, extension dropped,
-            // ...): retry a little, then give up (the launcher retries).
-            if (++errors > 30) break;
+            // the job's role lost its privileges, ...): retry a little,
+            // then give up on the job, which fails saying why (else it
+            // would stay 'running' with nobody to run it, and
+            // rebalance_wait would wait for ever). If even that fails, the
+            // launcher is woken to give the job another runner.
+            if (++errors > 30) {
+                char why[sizeof(last_error) + 128];
+                snprintf(why, sizeof(why), "a move worker gave up on the job after %d failed claims, the last: %s",
+                         errors, last_error);
+                ereport(LOG, (errmsg("sharding move worker: %s", why)));
+                runner_done = give_up(job, why);
+                proc_exit(0);
+            }
             sleep_ms(1000);
             continue;
         }
@@ -362,12 +466,80 @@ void sharding_jobs_scanner_main(Datum arg) {
     Datum none[1] = {0};
     if (run_int8("SELECT (to_regprocedure('sharding._job_pickup()') IS NOT NULL)::int::int8", 0, none, &out,
                  &isnull) &&
-        !isnull && out == 1)
+        !isnull && out == 1) {
+        // (Moves it cannot roll back or finish yet, a node still out of
+        // reach, have this database scanned again a little later:
+        // _move_recover asks for it.)
         (void)run_int8("SELECT sharding._job_pickup()::int8", 0, none, &out, &isnull);
+    }
     proc_exit(0);
 }
 
 namespace {
+
+// Starts a scanner in each of the databases, one at a time (each is
+// short); false if no background worker slot was free (then the launcher
+// tries again at its next round).
+bool scan_list(const Oid *dbs, int n) {
+    for (int i = 0; i < n; i++) {
+        BackgroundWorker w;
+        init_worker(&w, "sharding_jobs_scanner_main", "sharding move scanner", BGW_NEVER_RESTART);
+        snprintf(w.bgw_name, BGW_MAXLEN, "sharding move scanner for database %u", dbs[i]);
+        w.bgw_main_arg = ObjectIdGetDatum(dbs[i]);
+        w.bgw_notify_pid = MyProcPid;
+        BackgroundWorkerHandle *handle = nullptr;
+        if (!RegisterDynamicBackgroundWorker(&w, &handle)) return false;
+        (void)WaitForBackgroundWorkerShutdown(handle);
+        pfree(handle);
+    }
+    return true;
+}
+
+// The wait before a database's next recheck, after `tries` scans that left
+// moves unresolved: 1, 2, 4, 8, then 10 s.
+long recheck_delay_ms(int tries) { return tries >= 4 ? 10000L : 1000L << tries; }
+
+// Takes the rechecks that are due (marked scanning) into dbs (when given);
+// returns how many, and in *next_ms the milliseconds until the next one not
+// due yet is (-1: none).
+int take_due_rechecks(Oid *dbs, long *next_ms) {
+    TimestampTz now = GetCurrentTimestamp();
+    int n = 0;
+    *next_ms = -1;
+    SpinLockAcquire(&shared->mutex);
+    for (Recheck &r : shared->rechecks) {
+        if (!OidIsValid(r.db) || r.scanning) continue;
+        long ms = r.due <= now ? 0 : (long)((r.due - now) / 1000) + 1;
+        if (ms == 0 && dbs != nullptr) {
+            r.scanning = true;
+            r.again = false;
+            dbs[n++] = r.db;
+        } else if (*next_ms < 0 || ms < *next_ms) {
+            *next_ms = ms;
+        }
+    }
+    SpinLockRelease(&shared->mutex);
+    return n;
+}
+
+// After a recheck's scan: asked for again meanwhile (moves left) -> due
+// after the next delay; else done.
+void end_recheck(Oid db, bool scanned) {
+    TimestampTz now = GetCurrentTimestamp();
+    SpinLockAcquire(&shared->mutex);
+    for (Recheck &r : shared->rechecks) {
+        if (r.db != db || !r.scanning) continue;
+        r.scanning = false;
+        if (r.again || !scanned) {
+            if (scanned) r.tries++;
+            r.again = false;
+            r.due = TimestampTzPlusMilliseconds(now, recheck_delay_ms(r.tries));
+        } else {
+            r = Recheck{};
+        }
+    }
+    SpinLockRelease(&shared->mutex);
+}
 
 // Starts a scanner in every database that accepts connections, one at a
 // time (each is short).
@@ -396,28 +568,20 @@ void scan_databases() {
     table_close(rel, AccessShareLock);
     CommitTransactionCommand();
 
-    for (int i = 0; i < n; i++) {
-        BackgroundWorker w;
-        memset(&w, 0, sizeof(w));
-        w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-        w.bgw_start_time = BgWorkerStart_RecoveryFinished;
-        w.bgw_restart_time = BGW_NEVER_RESTART;
-        snprintf(w.bgw_library_name, BGW_MAXLEN, "%s", "sharding");
-        snprintf(w.bgw_function_name, BGW_MAXLEN, "%s", "sharding_jobs_scanner_main");
-        snprintf(w.bgw_name, BGW_MAXLEN, "sharding move scanner for database %u", dbs[i]);
-        snprintf(w.bgw_type, BGW_MAXLEN, "%s", "sharding move scanner");
-        w.bgw_main_arg = ObjectIdGetDatum(dbs[i]);
-        w.bgw_notify_pid = MyProcPid;
-        BackgroundWorkerHandle *handle = nullptr;
-        if (!RegisterDynamicBackgroundWorker(&w, &handle)) {
-            // No background worker slot now: try again at the next round.
-            wake_launcher();
-            break;
-        }
-        (void)WaitForBackgroundWorkerShutdown(handle);
-        pfree(handle);
-    }
+    // No background worker slot now: try again at the next round.
+    if (!scan_list(dbs, n)) wake_launcher();
     if (dbs) pfree(dbs);
+}
+
+// Scans the databases whose recheck is due; the milliseconds until the
+// next one is (-1: none).
+long scan_rechecks() {
+    Oid dbs[kMaxRechecks];
+    long next_ms = -1;
+    int n = take_due_rechecks(dbs, &next_ms);
+    for (int i = 0; i < n; i++) end_recheck(dbs[i], scan_list(&dbs[i], 1));
+    if (n > 0) (void)take_due_rechecks(nullptr, &next_ms);
+    return next_ms;
 }
 
 }  // namespace
@@ -441,8 +605,10 @@ void sharding_jobs_launcher_main(Datum) {
         shared->pending = false;
         SpinLockRelease(&shared->mutex);
         if (scan) scan_databases();
-        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, scan ? 5000 : 30000,
-                        PG_WAIT_EXTENSION);
+        long timeout = scan ? 5000 : 30000;
+        long next = scan_rechecks();
+        if (next >= 0 && next < timeout) timeout = next;
+        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout, PG_WAIT_EXTENSION);
         ResetLatch(MyLatch);
     }
 }
@@ -480,6 +646,31 @@ SHARDING_FUNCTION(sharding__job_runners) {
 }
 
 namespace sharding {
+void jobs_recheck(Oid db) noexcept {
+    if (shared == nullptr || !OidIsValid(db)) return;
+    TimestampTz now = GetCurrentTimestamp();
+    bool placed = false;
+    SpinLockAcquire(&shared->mutex);
+    for (Recheck &r : shared->rechecks)
+        if (r.db == db) {
+            if (r.scanning) r.again = true;  // else it is due already
+            placed = true;
+            break;
+        }
+    if (!placed)
+        for (Recheck &r : shared->rechecks)
+            if (!OidIsValid(r.db)) {
+                r = Recheck{db, 0, false, false, TimestampTzPlusMilliseconds(now, recheck_delay_ms(0))};
+                placed = true;
+                break;
+            }
+    // No free entry: every database is scanned at the next round.
+    if (!placed) shared->pending = true;
+    Latch *latch = shared->launcher_latch;
+    SpinLockRelease(&shared->mutex);
+    if (latch) SetLatch(latch);
+}
+
 // Called from _PG_init: the setting, shared memory and the launcher, only
 // when preloaded (without, rebalance_run carries jobs out).
 void jobs_init() {
@@ -496,14 +687,8 @@ void jobs_init() {
     shmem_startup_hook = jobs_shmem_startup;
 
     BackgroundWorker w;
-    memset(&w, 0, sizeof(w));
-    w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-    w.bgw_start_time = BgWorkerStart_RecoveryFinished;
-    w.bgw_restart_time = 10;
-    snprintf(w.bgw_library_name, BGW_MAXLEN, "%s", "sharding");
-    snprintf(w.bgw_function_name, BGW_MAXLEN, "%s", "sharding_jobs_launcher_main");
+    init_worker(&w, "sharding_jobs_launcher_main", "sharding move launcher", 10);
     snprintf(w.bgw_name, BGW_MAXLEN, "%s", "sharding move launcher");
-    snprintf(w.bgw_type, BGW_MAXLEN, "%s", "sharding move launcher");
     RegisterBackgroundWorker(&w);
 }
 }  // namespace sharding

@@ -14,9 +14,20 @@
 //   source callback (as file_fdw feeds a file). Binary where every column's
 //   type is built in and has binary I/O, else text. No program, no shell:
 //   the source's connection string is read from this node's sharding.nodes,
-//   so it appears in no statement, command line or process title.
+//   so it appears in no statement, command line or process title. A table
+//   of at least 4 MB at the source goes in parts (sharding.move_parallel
+//   sessions of this database at once, each on a range of the source's
+//   blocks under the same snapshot; see "parts" below): the copy is bound
+//   by the destination's inserts and index maintenance, one core's work
+//   per session.
+#include "nodes/move_copy.hpp"
+#include "nodes/move_engine.hpp"
 #include "nodes/move_remote.hpp"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +39,9 @@ extern "C" {
 #include "commands/copy.h"
 #include "catalog/pg_trigger.h"
 #include "commands/trigger.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "utils/fmgroids.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -42,19 +56,20 @@ extern "C" {
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/syscache.h"
+#include "storage/latch.h"
+#include "utils/wait_event.h"
 }
 
 namespace sharding::move {
 
 namespace {
 
-std::string quote_literal(const std::string &v) {
-    std::string out = "'";
-    for (char c : v) {
-        if (c == '\'') out += '\'';
-        out += c;
-    }
-    return out + "'";
+// Glue: one interruptible wait for sock to be readable, at most 10 ms.
+void wait_for_any(pgsocket sock) {
+    int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sock, 10L,
+                               PG_WAIT_EXTENSION);
+    if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
+    CHECK_FOR_INTERRUPTS();
 }
 
 bool valid_slot_name(const std::string &s) {
@@ -79,9 +94,13 @@ struct PullState {
 PullState pull;
 
 char pull_error[512];
+// A PostgreSQL error raised while waiting (a cancel, 57014; a statement
+// timeout): raised again unchanged by the caller, with its own SQLSTATE,
+// never as a copy failure (XX000).
+ErrorData *pull_pg_error = nullptr;
 
 // 1: a chunk, 0: the end, 2: none has arrived yet (only when !may_wait),
-// negative: an error.
+// 3: a PostgreSQL error (pull_pg_error), negative: an error.
 int read_chunk(Remote *r, const char **data, int *len, bool may_wait) {
     // C++ (Remote::read_copy) inside the callback: exceptions must not
     // cross PostgreSQL's C frames, so they are turned into an ERROR by the
@@ -91,6 +110,9 @@ int read_chunk(Remote *r, const char **data, int *len, bool may_wait) {
     try {
         int rc = r->next_copy(data, len, may_wait);
         return rc < 0 ? 2 : rc;
+    } catch (const PgError &e) {
+        pull_pg_error = e.data();
+        return 3;
     } catch (const Error &e) {
         code = e.sqlstate();
         strlcpy(msg, e.what(), sizeof pull_error);
@@ -117,6 +139,11 @@ int pull_source(void *outbuf, int minread, int maxread) {
             const char *d = nullptr;
             int l = 0;
             int rc = read_chunk(pull.remote, &d, &l, copied == 0);
+            if (rc == 3) {
+                ErrorData *e = pull_pg_error;
+                pull_pg_error = nullptr;
+                ReThrowError(e);
+            }
             if (rc < 0) ereport(ERROR, (errcode(-rc - 1), errmsg("copying from the source failed: %s", pull_error)));
             if (rc == 2) break;  // nothing more yet: give CopyFrom what it has
             CHECK_FOR_INTERRUPTS();
@@ -138,17 +165,25 @@ int pull_source(void *outbuf, int minread, int maxread) {
     return copied;
 }
 
+// The elements of a text[] of column names as C strings (NULL for a NULL
+// element), *n of them.
+char **column_names(ArrayType *cols, int *n) {
+    Datum *names;
+    bool *nulls;
+    deconstruct_array(cols, TEXTOID, -1, false, TYPALIGN_INT, &names, &nulls, n);
+    char **out = static_cast<char **>(palloc0(sizeof(char *) * (*n + 1)));
+    for (int i = 0; i < *n; i++) out[i] = nulls[i] ? nullptr : TextDatumGetCString(names[i]);
+    return out;
+}
+
 // Whether every column named can travel in binary: built-in types with
 // binary input and output (the same at both ends of one major version).
 bool binary_ok(Relation rel, ArrayType *cols) {
-    Datum *names;
-    bool *nulls;
     int n;
-    deconstruct_array(cols, TEXTOID, -1, false, TYPALIGN_INT, &names, &nulls, &n);
+    char **names = column_names(cols, &n);
     for (int i = 0; i < n; i++) {
-        if (nulls[i]) return false;
-        char *name = TextDatumGetCString(names[i]);
-        AttrNumber a = get_attnum(RelationGetRelid(rel), name);
+        if (names[i] == nullptr) return false;
+        AttrNumber a = get_attnum(RelationGetRelid(rel), names[i]);
         if (a == InvalidAttrNumber) return false;
         Oid t = TupleDescAttr(RelationGetDescr(rel), a - 1)->atttypid;
         Oid elem = get_element_type(t);
@@ -176,19 +211,176 @@ Opened open_target(Oid relid, ArrayType *cols) {
     return Opened{rel, binary_ok(rel, cols)};
 }
 
-// COPY FROM inserts one row at a time (no multi-insert batching) into a
-// table with any BEFORE ROW INSERT trigger, even one that cannot fire: the
-// guard's trigger zz_sharding_guard is one during the copy, which runs
-// under session_replication_role = replica (set by the orchestration), where
-// triggers enabled 'O' (the default) or 'D' never fire. For the time of
-// CopyFrom, this backend's relcache entry of the target carries a copy of
-// its triggers without those (TriggerEnabled in trigger.c decides the same
-// way per row), so CopyFrom batches as into a table without triggers. Only
-// this backend, only this statement, only triggers that would not have run:
-// the guard still refuses every other session's writes, and every trigger
-// that fires in replica mode (ENABLE REPLICA / ALWAYS) is kept and runs.
+uint64 copy_from(Relation rel, ParseState *pstate, List *attnames, List *options) {
+    CopyFromState cstate = BeginCopyFrom(pstate, rel, NULL, NULL, false, pull_source, attnames, options);
+    uint64 rows = CopyFrom(cstate);
+    EndCopyFrom(cstate);
+    return rows;
+}
+
+struct CopyCall {
+    Relation rel;
+    ParseState *pstate;
+    List *attnames;
+    List *options;
+};
+
+uint64 copy_call(void *arg) {
+    CopyCall *c = static_cast<CopyCall *>(arg);
+    return copy_from(c->rel, c->pstate, c->attnames, c->options);
+}
+
+uint64 copy_into(Relation rel, ArrayType *cols, bool binary) {
+    List *attnames = NIL;
+    int n;
+    char **names = column_names(cols, &n);
+    for (int i = 0; i < n; i++) {
+        if (names[i] == nullptr) ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("a column name is NULL")));
+        attnames = lappend(attnames, makeString(names[i]));
+    }
+    List *options = list_make1(makeDefElem(pstrdup("format"), (Node *)makeString(pstrdup(binary ? "binary" : "text")), -1));
+    if (!binary)
+        options = lappend(options, makeDefElem(pstrdup("encoding"),
+                                               (Node *)makeString(pstrdup(GetDatabaseEncodingName())), -1));
+    // CopyFrom's executor state inserts through range table entry 1.
+    ParseState *pstate = make_parsestate(NULL);
+    (void)addRangeTableEntryForRelation(pstate, rel, RowExclusiveLock, NULL, false, false);
+    // CopyFrom batches only into a table without BEFORE ROW INSERT triggers
+    // (move_copy.hpp).
+    CopyCall call{rel, pstate, attnames, options};
+    uint64 rows = without_idle_triggers(rel, TRIGGER_TYPE_INSERT, copy_call, &call);
+    free_parsestate(pstate);
+    return rows;
+}
+
+void close_target(Relation rel) { table_close(rel, NoLock); }
+
+// ------------------------------------------------------------ parts
+// A copy in parts: each part is a session of this database (a loopback
+// connection, named as this one, so that a move's undo ends it with the
+// rest), running _move_pull itself on a range of the source table's blocks
+// under the same exported snapshot, and committing on its own (the undo
+// deletes whatever a failed move left here, as it does for the tables
+// already copied). This session only waits for them and never locks rel,
+// so that DDL queued on rel cannot wait on it while a part waits on the DDL.
+
+struct Parts {
+    std::vector<std::string> queries;  // empty: one session, this one
+    std::string rel;                   // qualified, quoted
+};
+
+struct PartsCopied {
+    uint64 rows;
+    uint64 bytes;
+};
+
+// Glue: the caller may insert into rel (42501 otherwise). The parts run as
+// the node's DSN user, so the caller's right is checked here, as
+// open_target checks it for a copy in this session.
+void check_insert(Oid relid) {
+    AclResult acl = pg_class_aclcheck(relid, GetUserId(), ACL_INSERT);
+    if (acl != ACLCHECK_OK) aclcheck_error(acl, OBJECT_TABLE, get_rel_name(relid));
+}
+
+// Glue: "SELECT <cols> FROM <rel> WHERE " as the orchestration writes it
+// (format's %I, which is quote_identifier); *qualified: the rel part.
+char *query_prefix(Oid relid, ArrayType *cols, char **qualified) {
+    StringInfoData buf;
+    initStringInfo(&buf);
+    appendStringInfoString(&buf, "SELECT ");
+    int n;
+    char **names = column_names(cols, &n);
+    for (int i = 0; i < n; i++) {
+        if (names[i] == nullptr) return nullptr;
+        appendStringInfo(&buf, "%s%s", i > 0 ? ", " : "", quote_identifier(names[i]));
+    }
+    char *nsp = get_namespace_name(get_rel_namespace(relid));
+    char *relname = get_rel_name(relid);
+    if (nsp == nullptr || relname == nullptr) return nullptr;
+    *qualified = psprintf("%s.%s", quote_identifier(nsp), quote_identifier(relname));
+    appendStringInfo(&buf, " FROM %s WHERE ", *qualified);
+    return buf.data;
+}
+
+// The parts of a copy: only under a snapshot (every part must read the same
+// state), only for the query the orchestration writes (its condition is
+// then put in parentheses, ANDed with a block range), only for a table
+// large enough at the source (pg_relation_size there).
+Parts plan_parts(Remote &remote, Oid relid, ArrayType *cols, const std::string &query, const std::string &snapshot) {
+    Parts parts;
+    if (move_parallel < 2 || snapshot.empty()) return parts;
+    char *qualified = nullptr;
+    const char *prefix = glue(query_prefix, relid, cols, &qualified);
+    if (prefix == nullptr || query.compare(0, strlen(prefix), prefix) != 0) return parts;
+    std::string condition = query.substr(strlen(prefix));
+    std::string rel = qualified;
+    int64 blocks = std::strtoll(remote.run(blocks_query(rel)).c_str(), nullptr, 10);
+    int n = parts_for(blocks);
+    if (n < 2) return parts;
+    glue(check_insert, relid);
+    parts.rel = rel;
+    for (int i = 0; i < n; i++) parts.queries.push_back(prefix + part_condition(condition, blocks, i, n));
+    return parts;
+}
+
+// Glue: this node's name (sharding.this_node()), or NULL.
+char *own_node() {
+    char *out = nullptr;
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    if (SPI_execute("SELECT sharding.this_node()", true, 1) == SPI_OK_SELECT && SPI_processed == 1) {
+        char *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+        if (v != nullptr) out = MemoryContextStrdup(TopTransactionContext, v);
+    }
+    SPI_finish();
+    return out;
+}
+
+// Glue: the array as text[]'s input reads it.
+char *array_text(ArrayType *a) { return OidOutputFunctionCall(F_ARRAY_OUT, PointerGetDatum(a)); }
+
+PartsCopied pull_parts(const std::string &name, const std::string &source, const std::string &snapshot,
+                       ArrayType *cols, const Parts &parts) {
+    const char *self = glue(own_node);
+    if (self == nullptr)
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "a copy in parts needs this node attached (sharding.this_node())");
+    std::string dsn = node_dsn(self);
+    std::string columns = glue(array_text, cols);
+    // Each part as this session copies: the guard's idle trigger left out
+    // (replica role), ending by itself when this session is gone, in one
+    // session (no parts within parts).
+    std::string options = "-c client_connection_check_interval=1000 -c sharding.move_parallel=1";
+    if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA) options += " -c session_replication_role=replica";
+    std::vector<std::unique_ptr<Remote>> running;
+    for (const std::string &q : parts.queries) {
+        running.push_back(std::make_unique<Remote>(dsn, false, name, options));
+        std::string sql = "SELECT sharding._move_pull(" + lit(source) + ", " + lit(snapshot) +
+                          ", " + lit(parts.rel) + "::pg_catalog.regclass, " + lit(columns) +
+                          "::text[], " + lit(q) + ")::text";
+        if (PQsendQuery(running.back()->conn(), sql.c_str()) == 0)
+            fail(ERRCODE_CONNECTION_FAILURE, "could not start a part of the copy: %s",
+                 PQerrorMessage(running.back()->conn()));
+    }
+    std::vector<PGconn *> conns;
+    for (auto &r : running) conns.push_back(r->conn());
+    PartsCopied got{0, 0};
+    for (const std::string &v : collect_all(conns, "copying a part: ")) {
+        unsigned long long pr = 0, pb = 0;
+        if (std::sscanf(v.c_str(), "{%llu,%llu}", &pr, &pb) != 2)
+            fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected answer from a part of the copy: %s", v.c_str());
+        got.rows += pr;
+        got.bytes += pb;
+    }
+    return got;
+}
+
+// ------------------------------------------------------------ idle triggers
+// (move_copy.hpp)
 bool fires_in_replica(const Trigger *t) {
     return t->tgenabled == TRIGGER_FIRES_ALWAYS || t->tgenabled == TRIGGER_FIRES_ON_REPLICA;
+}
+
+bool before_row(const Trigger *t, int16 event) {
+    return TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) && (t->tgtype & event) != 0;
 }
 
 void free_trigger_fields(Trigger *t) {
@@ -203,20 +395,24 @@ void free_trigger_fields(Trigger *t) {
     if (t->tgnewtable) pfree(t->tgnewtable);
 }
 
-// The triggers of rel that can run during the copy (in CacheMemoryContext,
-// as relcache owns it while it is installed), or NULL when none is left
-// out (nothing to gain). *none: no trigger is left at all.
-TriggerDesc *copy_triggers(Relation rel, bool *none) {
+// The triggers of rel without its BEFORE ROW triggers for `event` that
+// cannot fire here (in CacheMemoryContext, as relcache owns it while it
+// is installed), or NULL when none is left out (nothing to gain). *none:
+// no trigger is left at all.
+TriggerDesc *idle_left_out(Relation rel, int16 event, bool *none) {
     *none = false;
     TriggerDesc *orig = rel->trigdesc;
     if (SessionReplicationRole != SESSION_REPLICATION_ROLE_REPLICA || orig == nullptr ||
-        rel->rd_rel->relkind != RELKIND_RELATION || !orig->trig_insert_before_row)
+        rel->rd_rel->relkind != RELKIND_RELATION)
+        return nullptr;
+    if (!(event == TRIGGER_TYPE_INSERT ? orig->trig_insert_before_row : orig->trig_delete_before_row))
         return nullptr;
     bool drop_any = false;
     for (int i = 0; i < orig->numtriggers; i++) {
         const Trigger *t = &orig->triggers[i];
-        if (TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) && TRIGGER_FOR_INSERT(t->tgtype)) {
-            if (fires_in_replica(t)) return nullptr;  // a BEFORE ROW trigger runs: CopyFrom cannot batch anyway
+        if (before_row(t, event)) {
+            // One runs: the statement pays for BEFORE ROW triggers anyway.
+            if (fires_in_replica(t)) return nullptr;
             drop_any = true;
         }
     }
@@ -227,7 +423,7 @@ TriggerDesc *copy_triggers(Relation rel, bool *none) {
     int kept = 0;
     for (int i = 0; i < td->numtriggers; i++) {
         Trigger *t = &td->triggers[i];
-        if (TRIGGER_FOR_ROW(t->tgtype) && TRIGGER_FOR_BEFORE(t->tgtype) && TRIGGER_FOR_INSERT(t->tgtype)) {
+        if (before_row(t, event)) {
             free_trigger_fields(t);
             continue;
         }
@@ -235,7 +431,11 @@ TriggerDesc *copy_triggers(Relation rel, bool *none) {
         kept++;
     }
     td->numtriggers = kept;
-    td->trig_insert_before_row = false;  // every one left out; the other flags only say where to look
+    // Every one left out; the other flags only say where to look.
+    if (event == TRIGGER_TYPE_INSERT)
+        td->trig_insert_before_row = false;
+    else
+        td->trig_delete_before_row = false;
     if (kept == 0) {
         pfree(td->triggers);
         pfree(td);
@@ -245,75 +445,114 @@ TriggerDesc *copy_triggers(Relation rel, bool *none) {
     return td;
 }
 
-uint64 copy_from(Relation rel, ParseState *pstate, List *attnames, List *options) {
-    CopyFromState cstate = BeginCopyFrom(pstate, rel, NULL, NULL, false, pull_source, attnames, options);
-    uint64 rows = CopyFrom(cstate);
-    EndCopyFrom(cstate);
-    return rows;
-}
-
-// Installed for CopyFrom only (its executor state copies the triggers when
-// it starts), put back on every exit. A relcache rebuild of rel meanwhile
-// (an invalidation) replaces and frees the copy: then the entry holds the
-// catalog's triggers again and the saved original is this function's to free.
-void put_back(Relation rel, TriggerDesc *orig, TriggerDesc *batched) {
-    if (rel->trigdesc == batched) {
+// A relcache rebuild of rel meanwhile (an invalidation) replaces and frees
+// the installed copy: then the entry holds the catalog's triggers again and
+// the saved original is this function's to free.
+void put_back(Relation rel, TriggerDesc *orig, TriggerDesc *installed) {
+    if (rel->trigdesc == installed) {
         rel->trigdesc = orig;
-        if (batched != nullptr) FreeTriggerDesc(batched);
+        if (installed != nullptr) FreeTriggerDesc(installed);
     } else {
         FreeTriggerDesc(orig);
     }
 }
 
-uint64 copy_batched(Relation rel, ParseState *pstate, List *attnames, List *options, TriggerDesc *batched) {
+}  // namespace
+
+uint64 without_idle_triggers(Relation rel, int16 event, uint64 (*fn)(void *), void *arg) {
+    bool none = false;
+    TriggerDesc *quiet = idle_left_out(rel, event, &none);
+    if (quiet == nullptr && !none) return fn(arg);
     TriggerDesc *orig = rel->trigdesc;
     uint64 rows = 0;
-    rel->trigdesc = batched;
+    rel->trigdesc = quiet;
     PG_TRY();
     {
-        rows = copy_from(rel, pstate, attnames, options);
+        rows = fn(arg);
     }
     PG_CATCH();
     {
-        put_back(rel, orig, batched);
+        put_back(rel, orig, quiet);
         PG_RE_THROW();
     }
     PG_END_TRY();
-    put_back(rel, orig, batched);
+    put_back(rel, orig, quiet);
     return rows;
 }
 
-uint64 copy_into(Relation rel, ArrayType *cols, bool binary) {
-    List *attnames = NIL;
-    Datum *names;
-    bool *nulls;
-    int n;
-    deconstruct_array(cols, TEXTOID, -1, false, TYPALIGN_INT, &names, &nulls, &n);
-    for (int i = 0; i < n; i++) attnames = lappend(attnames, makeString(TextDatumGetCString(names[i])));
-    List *options = list_make1(makeDefElem(pstrdup("format"), (Node *)makeString(pstrdup(binary ? "binary" : "text")), -1));
-    if (!binary)
-        options = lappend(options, makeDefElem(pstrdup("encoding"),
-                                               (Node *)makeString(pstrdup(GetDatabaseEncodingName())), -1));
-    // CopyFrom's executor state inserts through range table entry 1.
-    ParseState *pstate = make_parsestate(NULL);
-    (void)addRangeTableEntryForRelation(pstate, rel, RowExclusiveLock, NULL, false, false);
-    bool none = false;
-    TriggerDesc *batched = copy_triggers(rel, &none);
-    if (batched == nullptr && !none) {
-        uint64 rows = copy_from(rel, pstate, attnames, options);
-        free_parsestate(pstate);
-        return rows;
+int move_parallel = 2;
+
+int parts_for(int64 blocks) {
+    int64 n = std::min<int64>(move_parallel, blocks / kPartPages);
+    return n < 1 ? 1 : (int)n;
+}
+
+std::string part_condition(const std::string &condition, int64 blocks, int i, int n) {
+    auto tid = [](int64 block) { return "'(" + std::to_string(block) + ",0)'::pg_catalog.tid"; };
+    std::string q = "(" + condition + ")";
+    // Rows written after a snapshot may lie beyond the size read: the last
+    // part has no end.
+    if (i > 0) q += " AND ctid OPERATOR(pg_catalog.>=) " + tid(blocks * i / n);
+    if (i < n - 1) q += " AND ctid OPERATOR(pg_catalog.<) " + tid(blocks * (i + 1) / n);
+    return q;
+}
+
+std::string blocks_query(const std::string &rel) {
+    return "SELECT pg_catalog.pg_relation_size(" + lit(rel) +
+           "::pg_catalog.regclass) / pg_catalog.current_setting('block_size')::pg_catalog.int8";
+}
+
+std::string answer(PGresult *res) {
+    std::string out;
+    if (res == nullptr) return out;
+    if (PQresultStatus(res) != PGRES_TUPLES_OK)
+        out = PQcmdStatus(res);
+    else if (PQntuples(res) > 0 && PQnfields(res) > 0 && !PQgetisnull(res, 0, 0))
+        out = PQgetvalue(res, 0, 0);
+    PQclear(res);
+    return out;
+}
+
+std::vector<std::string> collect_all(const std::vector<PGconn *> &conns, const char *prefix) {
+    std::vector<std::string> out(conns.size());
+    std::vector<PGconn *> left(conns);
+    for (;;) {
+        PGconn *busy = nullptr;
+        bool any = false;
+        for (size_t i = 0; i < left.size(); i++) {
+            PGconn *c = left[i];
+            if (c == nullptr) continue;
+            if (PQflush(c) < 0 || PQconsumeInput(c) == 0)
+                fail(ERRCODE_CONNECTION_FAILURE, "lost a connection: %s", PQerrorMessage(c));
+            if (PQisBusy(c)) {
+                busy = busy ? busy : c;
+                any = true;
+                continue;
+            }
+            // Its answer has arrived: read it (a remote error is thrown here).
+            out[i] = answer(collect_statement(c, prefix, true));
+            left[i] = nullptr;
+        }
+        if (!any) return out;
+        // Wakes as soon as the first busy one has data, or after 10 ms to
+        // look at the others (or at once on a cancel).
+        glue(wait_for_any, PQsocket(busy));
     }
-    uint64 rows = copy_batched(rel, pstate, attnames, options, batched);
-    free_parsestate(pstate);
-    return rows;
 }
-
-void close_target(Relation rel) { table_close(rel, NoLock); }
-
-}  // namespace
 
 }  // namespace sharding::move
+
+namespace sharding {
+// Called from _PG_init: sharding.move_parallel.
+void copy_init() {
+    DefineCustomIntVariable("sharding.move_parallel",
+                            "Sessions that copy or delete one table of an online move at once.",
+                            "Read where the copy runs (the destination) and where the move runs (the coordinator, "
+                            "for the deletes). Each session takes a range of the table's blocks; tables under 4 MB "
+                            "go in one session.",
+                            &move::move_parallel, 2, 1, 16, PGC_USERSET, 0, nullptr, nullptr, nullptr);
+}
+}  // namespace sharding
 
 using namespace sharding;
 using namespace sharding::move;
@@ -332,27 +571,39 @@ SHARDING_FUNCTION(sharding__move_pull) {
 
     std::string dsn = node_dsn(source);
     const char *appname = pg_call([]() -> const char * { return GetConfigOption("application_name", true, false); });
-    Remote remote(dsn, false, std::string(appname ? appname : "sharding") + "_copy");
-    Opened target = pg_call([&]() -> Opened { return open_target(relid, cols); });
+    std::string name = appname ? appname : "sharding";
+    Remote remote(dsn, false, name + "_copy");
     uint64 rows = 0;
+    uint64 bytes = 0;
     try {
         remote.run("SET search_path = pg_catalog, pg_temp");
         remote.run(std::string("SET client_encoding = ") +
-                   quote_literal(pg_call([]() -> const char * { return GetDatabaseEncodingName(); })));
+                   lit(pg_call([]() -> const char * { return GetDatabaseEncodingName(); })));
         remote.run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
-        if (!snapshot.empty()) remote.run("SET TRANSACTION SNAPSHOT " + quote_literal(snapshot));
-        remote.start_copy_out("COPY (" + query + ") TO STDOUT" + (target.binary ? " (FORMAT binary)" : ""));
-        pull = PullState{&remote, nullptr, 0, 0, false, 0};
-        rows = pg_call([&]() -> uint64 { return copy_into(target.rel, cols, target.binary); });
-        pull.remote = nullptr;
-        remote.run("COMMIT");
+        if (!snapshot.empty()) remote.run("SET TRANSACTION SNAPSHOT " + lit(snapshot));
+        // A large table under a snapshot goes in parts, each in a session
+        // of its own (this one only waits for them: it holds no lock on rel).
+        Parts parts = plan_parts(remote, relid, cols, query, snapshot);
+        if (!parts.queries.empty()) {
+            remote.run("COMMIT");
+            PartsCopied got = pull_parts(name, source, snapshot, cols, parts);
+            rows = got.rows;
+            bytes = got.bytes;
+        } else {
+            Opened target = pg_call([&]() -> Opened { return open_target(relid, cols); });
+            remote.start_copy_out("COPY (" + query + ") TO STDOUT" + (target.binary ? " (FORMAT binary)" : ""));
+            pull = PullState{&remote, nullptr, 0, 0, false, 0};
+            rows = pg_call([&]() -> uint64 { return copy_into(target.rel, cols, target.binary); });
+            pull.remote = nullptr;
+            remote.run("COMMIT");
+            bytes = pull.bytes;
+            glue(close_target, target.rel);
+        }
     } catch (...) {
         pull.remote = nullptr;
         remote.cancel();
         throw;  // the relation is closed by the abort
     }
-    uint64 bytes = pull.bytes;
-    glue(close_target, target.rel);
     Datum out[2] = {Int64GetDatum((int64)rows), Int64GetDatum((int64)bytes)};
     ArrayType *arr = pg_call([&]() -> ArrayType * { return construct_array(out, 2, INT8OID, 8, true, TYPALIGN_DOUBLE); });
     PG_RETURN_ARRAYTYPE_P(arr);

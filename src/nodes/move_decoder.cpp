@@ -27,16 +27,27 @@
 // unique across the map's shards). Changes with a replication origin are
 // never sent (filter_by_origin): the engine's own deletes run under one.
 //
+// Large transactions streamed before they commit (a subscription with
+// streaming on; the engine's is off) go through the same filter.
+//
+// The stream lives only as long as the move's controller: before a change
+// is sent (at most every kControllerCheckMs) the decoder checks that the
+// coordinator's connection to this node still holds the controller lock
+// (move_controller.hpp), and ends the stream with an error otherwise.
+//
 // Callbacks are called by PostgreSQL directly (not through guarded()): this
 // file is C-style code, no C++ object owns anything, ereport is allowed.
 #include "pg/pg.hpp"
 #include "core/hash_core.hpp"
+#include "nodes/move_controller.hpp"
+#include "pg/catalog.hpp"
 
 extern "C" {
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "replication/logical.h"
@@ -44,11 +55,13 @@ extern "C" {
 #include "replication/output_plugin.h"
 #include "replication/reorderbuffer.h"
 #include "replication/slot.h"
+#include "storage/lock.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/timestamp.h"
 #include "utils/uuid.h"
 }
 
@@ -61,6 +74,7 @@ struct MoveTable {
     char *key_column;
     AttrNumber key_att;  // resolved on first use (0: not yet)
     Oid key_type;        // base type
+    FmgrInfo key_out;    // the key type's output function (pins, isolate)
 };
 
 struct MoveConfig {
@@ -69,13 +83,16 @@ struct MoveConfig {
     int32 logical;
     char *key;  // isolate: the one key; NULL for a shard move
     int npins;
-    char **pins;
+    char **pins;  // sorted (strcmp), no NULL
     int ntables;
     MoveTable *tables;
+    int32 controller_key;  // hashtext(slot name): the controller lock's key
 };
 
 MoveConfig config;
+TimestampTz controller_seen = 0;  // when the controller was last seen
 LogicalDecodeChangeCB pgoutput_change = nullptr;
+LogicalDecodeStreamChangeCB pgoutput_stream_change = nullptr;
 LogicalDecodeShutdownCB pgoutput_shutdown = nullptr;
 MemoryContext config_cxt = nullptr;
 
@@ -86,6 +103,10 @@ char *text_copy(Datum d) {
     memcpy(out, VARDATA_ANY(t), len);
     out[len] = '\0';
     return out;
+}
+
+int compare_pins(const void *a, const void *b) {
+    return strcmp(*static_cast<char *const *>(a), *static_cast<char *const *>(b));
 }
 
 char **text_array(Datum d, int *n) {
@@ -99,9 +120,9 @@ char **text_array(Datum d, int *n) {
 }
 
 // Reads the slot's row of sharding.move_decoding under the historic
-// (catalog) snapshot. Columns: slot, map, shards, logical, key, pins,
-// tables (oid[]), key_columns (text[]).
+// (catalog) snapshot; its columns are numbered in src/pg/catalog.hpp.
 void load_config(LogicalDecodingContext *ctx) {
+    using namespace sharding::catalog;
     if (config.loaded) return;
     if (config_cxt == nullptr) config_cxt = AllocSetContextCreate(ctx->context, "sharding move decoder", ALLOCSET_SMALL_SIZES);
     const char *slot = NameStr(ctx->slot->data.name);
@@ -114,21 +135,27 @@ void load_config(LogicalDecodingContext *ctx) {
     bool found = false;
     for (HeapTuple tup; (tup = systable_getnext(scan)) != NULL;) {
         bool isnull;
-        Datum s = heap_getattr(tup, 1, desc, &isnull);
+        Datum s = heap_getattr(tup, Anum_move_decoding_slot, desc, &isnull);
         if (isnull) continue;
         char *name = TextDatumGetCString(s);
         bool match = strcmp(name, slot) == 0;
         pfree(name);
         if (!match) continue;
-        config.shards = DatumGetInt32(heap_getattr(tup, 3, desc, &isnull));
-        config.logical = DatumGetInt32(heap_getattr(tup, 4, desc, &isnull));
-        Datum k = heap_getattr(tup, 5, desc, &isnull);
+        config.shards = DatumGetInt32(heap_getattr(tup, Anum_move_decoding_shards, desc, &isnull));
+        config.logical = DatumGetInt32(heap_getattr(tup, Anum_move_decoding_logical, desc, &isnull));
+        Datum k = heap_getattr(tup, Anum_move_decoding_key, desc, &isnull);
         config.key = isnull ? nullptr : text_copy(k);
-        Datum p = heap_getattr(tup, 6, desc, &isnull);
+        Datum p = heap_getattr(tup, Anum_move_decoding_pins, desc, &isnull);
         config.pins = isnull ? nullptr : text_array(p, &config.npins);
         if (isnull) config.npins = 0;
-        Datum t = heap_getattr(tup, 7, desc, &isnull);
-        Datum c = heap_getattr(tup, 8, desc, &isnull);
+        // Sorted, without NULLs, for a binary search per change.
+        int kept = 0;
+        for (int i = 0; i < config.npins; i++)
+            if (config.pins[i] != nullptr) config.pins[kept++] = config.pins[i];
+        config.npins = kept;
+        if (kept > 1) qsort(config.pins, kept, sizeof(char *), compare_pins);
+        Datum t = heap_getattr(tup, Anum_move_decoding_tables, desc, &isnull);
+        Datum c = heap_getattr(tup, Anum_move_decoding_key_columns, desc, &isnull);
         ArrayType *ta = DatumGetArrayTypeP(t);
         Datum *oids;
         bool *onulls;
@@ -148,11 +175,42 @@ void load_config(LogicalDecodingContext *ctx) {
     }
     systable_endscan(scan);
     table_close(rel, AccessShareLock);
+    config.controller_key =
+        DatumGetInt32(DirectFunctionCall1Coll(hashtext, DEFAULT_COLLATION_OID, CStringGetTextDatum(slot)));
     if (!found)
         ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
                         errmsg("slot \"%s\" has no row in sharding.move_decoding", slot),
                         errdetail("Plugin \"sharding\" decodes for an online move only.")));
     config.loaded = true;
+}
+
+// Ends the stream (ERROR) unless the move's controller still holds its
+// lock here: (kControllerLockClass, hashtext(slot)), taken over the
+// coordinator's connection before the slot was made. Taken and let go at
+// once if free: nobody holds it (or only this session, which then goes on).
+void check_controller(LogicalDecodingContext *ctx) {
+    TimestampTz now = GetCurrentTimestamp();
+    if (controller_seen != 0 && !TimestampDifferenceExceeds(controller_seen, now, sharding::move::kControllerCheckMs))
+        return;
+    const char *slot = NameStr(ctx->slot->data.name);
+    LOCKTAG tag;
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32)sharding::move::kControllerLockClass, (uint32)config.controller_key, 2);
+    LockAcquireResult held = LockAcquire(&tag, ExclusiveLock, true, true);
+    if (held == LOCKACQUIRE_NOT_AVAIL) {
+        controller_seen = now;
+        return;
+    }
+    LockRelease(&tag, ExclusiveLock, true);
+    // Held already by this very session (one that decodes with SQL, as a
+    // test does): the controller is here.
+    if (held != LOCKACQUIRE_OK) {
+        controller_seen = now;
+        return;
+    }
+    ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                    errmsg("the online move of slot \"%s\" has lost its coordinator", slot),
+                    errdetail("The coordinator's session that carries the move out is gone; nothing more is sent."),
+                    errhint("The coordinator rolls the move back, or finishes it, when it is up again.")));
 }
 
 MoveTable *table_of(Relation rel) {
@@ -165,6 +223,10 @@ MoveTable *table_of(Relation rel) {
                 if (t->key_att == InvalidAttrNumber)
                     ereport(ERROR, (errmsg("key column \"%s\" of table %u is missing", t->key_column, relid)));
                 t->key_type = getBaseType(TupleDescAttr(RelationGetDescr(rel), t->key_att - 1)->atttypid);
+                Oid out;
+                bool varlena;
+                getTypeOutputInfo(t->key_type, &out, &varlena);
+                fmgr_info_cxt(out, &t->key_out, config_cxt);
             }
             return t;
         }
@@ -172,12 +234,7 @@ MoveTable *table_of(Relation rel) {
 }
 
 // The key's canonical text (its type's output), for pins and isolate.
-char *key_text(MoveTable *t, Datum key) {
-    Oid out;
-    bool varlena;
-    getTypeOutputInfo(t->key_type, &out, &varlena);
-    return OidOutputFunctionCall(out, key);
-}
+char *key_text(MoveTable *t, Datum key) { return OutputFunctionCall(&t->key_out, key); }
 
 // Whether a key belongs to what the move carries (docs/hashing.md:
 // XXH3-64 of the canonical bytes, then modulo the shard count).
@@ -211,8 +268,7 @@ bool key_moves(MoveTable *t, Datum key) {
     if (sharding::shard_from_hash(h, config.shards) != config.logical) return false;
     if (config.npins == 0) return true;
     char *k = key_text(t, key);
-    bool pinned = false;
-    for (int i = 0; i < config.npins && !pinned; i++) pinned = config.pins[i] && strcmp(config.pins[i], k) == 0;
+    bool pinned = bsearch(&k, config.pins, config.npins, sizeof(char *), compare_pins) != nullptr;
     pfree(k);
     return !pinned;
 }
@@ -226,21 +282,16 @@ int tuple_moves(MoveTable *t, Relation rel, HeapTuple tup) {
     return key_moves(t, key) ? 1 : 0;
 }
 
-#if PG_VERSION_NUM >= 170000
-inline HeapTuple tuple_of(HeapTuple t) { return t; }
-#else
-inline HeapTuple tuple_of(ReorderBufferTupleBuf *t) { return t ? &t->tuple : nullptr; }
-#endif
-
-void filtered_change(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, Relation rel, ReorderBufferChange *change) {
+// Whether the change travels (possibly turned into an INSERT or a DELETE).
+bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChange *change) {
     load_config(ctx);
     MoveTable *t = table_of(rel);
-    if (t == nullptr) return;  // not a table of the map
-    HeapTuple newtup = tuple_of(change->data.tp.newtuple);
-    HeapTuple oldtup = tuple_of(change->data.tp.oldtuple);
+    if (t == nullptr) return false;  // not a table of the map
+    HeapTuple newtup = SHARDING_CHANGE_TUPLE(change->data.tp.newtuple);
+    HeapTuple oldtup = SHARDING_CHANGE_TUPLE(change->data.tp.oldtuple);
     switch (change->action) {
     case REORDER_BUFFER_CHANGE_INSERT:
-        if (tuple_moves(t, rel, newtup) != 1) return;
+        if (tuple_moves(t, rel, newtup) != 1) return false;
         break;
     case REORDER_BUFFER_CHANGE_UPDATE: {
         int now = tuple_moves(t, rel, newtup);
@@ -252,17 +303,29 @@ void filtered_change(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, Relatio
             // The key left the shard: the destination's row goes.
             change->action = REORDER_BUFFER_CHANGE_DELETE;
         } else if (now != 1) {
-            return;
+            return false;
         }
         break;
     }
     case REORDER_BUFFER_CHANGE_DELETE:
-        if (tuple_moves(t, rel, oldtup) == 0) return;
+        if (tuple_moves(t, rel, oldtup) == 0) return false;
         break;
     default:
         break;
     }
-    pgoutput_change(ctx, txn, rel, change);
+    check_controller(ctx);
+    return true;
+}
+
+void filtered_change(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, Relation rel, ReorderBufferChange *change) {
+    if (change_travels(ctx, rel, change)) pgoutput_change(ctx, txn, rel, change);
+}
+
+// A large transaction streamed before it commits (a subscription with
+// streaming on) goes through the same filter.
+void filtered_stream_change(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, Relation rel,
+                            ReorderBufferChange *change) {
+    if (change_travels(ctx, rel, change)) pgoutput_stream_change(ctx, txn, rel, change);
 }
 
 // Changes that carry a replication origin are not the shard's writers':
@@ -274,6 +337,7 @@ void filtered_shutdown(LogicalDecodingContext *ctx) {
     if (pgoutput_shutdown) pgoutput_shutdown(ctx);
     config = MoveConfig{};
     config_cxt = nullptr;  // a child of ctx->context, freed with it
+    controller_seen = 0;
 }
 
 }  // namespace
@@ -286,10 +350,16 @@ void _PG_output_plugin_init(OutputPluginCallbacks *cb) {
         load_external_function("pgoutput", "_PG_output_plugin_init", true, NULL));
     init(cb);
     pgoutput_change = cb->change_cb;
+    pgoutput_stream_change = cb->stream_change_cb;
     pgoutput_shutdown = cb->shutdown_cb;
     cb->change_cb = filtered_change;
+    if (cb->stream_change_cb != nullptr) cb->stream_change_cb = filtered_stream_change;
     cb->shutdown_cb = filtered_shutdown;
     cb->filter_by_origin_cb = filtered_origin;
+    // A decoding that ended in an ERROR (through SQL) never reached the
+    // shutdown callback: its context, and config_cxt with it, are gone.
     config = MoveConfig{};
+    config_cxt = nullptr;
+    controller_seen = 0;
 }
 }

@@ -1,18 +1,22 @@
 // The orchestration of an online move, in C++ (docs/moves.md; no PL/pgSQL
 // on the move's path): sharding._move_online, the engine of
-// move_shard_online and isolate, and the small steps only it used to call
-// through PL/pgSQL: _move_finish, _move_undo (also called by _move_resolve,
-// through their SQL names), _move_drop_replication, _move_drop_triggers,
-// _move_stop_backends, _move_sees_switch, _move_journal, _move_phase,
-// _move_call, each kept under its SQL name as a thin LANGUAGE C wrapper.
+// move_shard_online and isolate, and its steps: _move_finish, _move_undo,
+// _move_drop_replication, _move_drop_triggers, _move_stop_backends,
+// _move_sees_switch, _move_journal, _move_phase, _move_call,
+// _move_connect, _move_disconnect, _move_wait_flush, _move_refuse_written,
+// and the helpers that name and describe what a move carries: _move_name,
+// _move_tables, _move_filter_sql. Each keeps its SQL name as a thin
+// LANGUAGE C wrapper (the journal interface and the public calls are in
+// move_journal.cpp; what both share, in move_engine.hpp).
 //
 // Local steps run through SPI (every value a parameter, the SQL function
-// runs with search_path = pg_catalog, pg_temp and every name qualified);
-// remote steps over the session's named connections of remote_exec.cpp
-// (sharding_move_src, _dst, _self): interruptible, the remote statement
-// cancelled (PQcancel) when the caller is cancelled or fails. Identifiers
-// and literals in remote SQL are quoted as pg_catalog.format's %I and %L
-// quote them (quote_identifier, quote_literal_cstr).
+// runs with search_path = pg_catalog, pg_temp and every name qualified) or
+// read the catalogs directly (_move_tables); remote steps run over the
+// session's named connections of remote_exec.cpp (sharding_move_src, _dst,
+// _self): interruptible, the remote statement cancelled (PQcancel) when the
+// caller is cancelled or fails. Identifiers and literals in remote SQL are
+// quoted as pg_catalog.format's %I and %L quote them (quote_identifier,
+// quote_literal_cstr).
 //
 // Transactions, exactly as the PL/pgSQL version had them: the journal is
 // written over sharding_move_self, a connection of this session to this
@@ -25,157 +29,55 @@
 // original error raised with its SQLSTATE, message, detail and hint.
 //
 // Boundary (src/pg/boundary.hpp): every PostgreSQL call that may ereport
-// while a C++ object is alive goes through glue/pg_call; the SPI glue is
-// C-style code with plain C parameters.
-#include "nodes/move_remote.hpp"
+// while a C++ object is alive goes through glue/pg_call; the glue functions
+// are C-style code with plain C parameters.
+#include "nodes/move_controller.hpp"
+#include "nodes/move_engine.hpp"
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
-#include <initializer_list>
-#include <new>
-#include <optional>
-#include <stdexcept>
+#include <cstring>
 #include <string>
 #include <vector>
 
 extern "C" {
+#include "access/genam.h"
 #include "access/htup_details.h"
-#include "access/xact.h"
+#include "access/table.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_attribute.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_index.h"
+#include "catalog/pg_subscription.h"
 #include "catalog/pg_type.h"
-#include "executor/spi.h"
 #include "funcapi.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "nodes/pg_list.h"
+#include "parser/parse_func.h"
+#include "replication/worker_internal.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "utils/acl.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/memutils.h"
-#include "utils/resowner.h"
-#include "storage/latch.h"
+#include "utils/fmgroids.h"
+#include "utils/float.h"
+#include "utils/formatting.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
-#include "utils/wait_event.h"
 }
 
 namespace sharding::move {
 namespace {
-
-using Text = std::optional<std::string>;
-
-// ------------------------------------------------------------------ SPI
-
-struct SpiRows {
-    int nrows;
-    int ncols;
-    char **cells;  // row-major; NULL for SQL NULL
-};
-
-// Glue: runs sql with text parameters (NULL pointer: SQL NULL) through SPI,
-// read-write (a fresh snapshot, as PL/pgSQL runs a volatile function's
-// statements); copies every cell as text into `into`.
-SpiRows *spi_glue(const char *sql, int nargs, const char *const *args, MemoryContext into) {
-    Oid types[16];
-    Datum vals[16];
-    char nulls[16];
-    if (nargs > 16) elog(ERROR, "too many SPI parameters");
-    for (int i = 0; i < nargs; i++) {
-        types[i] = TEXTOID;
-        vals[i] = args[i] != NULL ? CStringGetTextDatum(args[i]) : (Datum)0;
-        nulls[i] = args[i] != NULL ? ' ' : 'n';
-    }
-    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-    int rc = SPI_execute_with_args(sql, nargs, types, vals, nulls, false, 0);
-    if (rc < 0) elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
-    MemoryContext old = MemoryContextSwitchTo(into);
-    SpiRows *out = (SpiRows *)palloc0(sizeof(SpiRows));
-    if (SPI_tuptable != NULL) {
-        out->nrows = (int)SPI_processed;
-        out->ncols = SPI_tuptable->tupdesc->natts;
-        out->cells = (char **)palloc0(sizeof(char *) * Max(1, out->nrows * out->ncols));
-        for (int r = 0; r < out->nrows; r++)
-            for (int c = 0; c < out->ncols; c++)
-                out->cells[r * out->ncols + c] = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, c + 1);
-    }
-    MemoryContextSwitchTo(old);
-    SPI_finish();
-    return out;
-}
-
-using Row = std::vector<Text>;
-
-std::vector<Row> spi_rows(const char *sql, std::initializer_list<const char *> args) {
-    std::vector<const char *> a(args);
-    SpiRows *res = glue(spi_glue, sql, (int)a.size(), (const char *const *)a.data(), CurrentMemoryContext);
-    std::vector<Row> rows;
-    for (int r = 0; r < res->nrows; r++) {
-        Row row;
-        for (int c = 0; c < res->ncols; c++) {
-            char *v = res->cells[r * res->ncols + c];
-            row.push_back(v != nullptr ? Text(v) : std::nullopt);
-        }
-        rows.push_back(std::move(row));
-    }
-    return rows;
-}
-
-// The first value of the first row (nullopt: NULL or no row).
-Text spi_value(const char *sql, std::initializer_list<const char *> args) {
-    std::vector<Row> rows = spi_rows(sql, args);
-    if (rows.empty() || rows[0].empty()) return std::nullopt;
-    return rows[0][0];
-}
-
-const char *c(const Text &t) { return t ? t->c_str() : nullptr; }
-
-// ------------------------------------------------------------------ quoting
-
-// As pg_catalog.format's %I.
-std::string ident(const std::string &s) {
-    const char *q = glue(quote_identifier, s.c_str());
-    std::string r(q);
-    if (q != s.c_str()) pfree((void *)q);
-    return r;
-}
-
-// As pg_catalog.format's %L (NULL unquoted).
-std::string lit(const Text &s) {
-    if (!s) return "NULL";
-    char *q = glue(quote_literal_cstr, s->c_str());
-    std::string r(q);
-    pfree(q);
-    return r;
-}
-
-// ------------------------------------------------------------------ remote
-
-const char *const kSrc = "sharding_move_src";
-const char *const kDst = "sharding_move_dst";
-const char *const kSelf = "sharding_move_self";
-const char *const kLive = "phase NOT IN ('done', 'failed', 'cancelled')";
-
-Text dbl(const char *conn, const std::string &sql) {
-    std::string v;
-    if (named_run(conn, sql.c_str(), &v)) return v;
-    return std::nullopt;
-}
-
-// _move_journal: a statement on the journal over sharding_move_self
-// (committed at once); its first value.
-Text journal(const std::string &sql) {
-    if (!named_open(kSelf)) {
-        Text dsn = spi_value("SELECT sharding._coordinator_dsn()", {});
-        named_connect(kSelf, c(dsn));
-    }
-    return dbl(kSelf, sql);
-}
-
-void phase(const std::string &map, int32 logical, const char *ph) {
-    journal("UPDATE sharding.move_journal SET phase = " + lit(std::string(ph)) +
-            ", phase_started = pg_catalog.now() WHERE map = " + lit(map) + " AND logical = " +
-            std::to_string(logical) + " AND " + kLive);
-}
-
-// _move_call: sharding.<fn>(map, logical) there.
-void call_fn(const char *conn, const std::string &fn, const std::string &map, int32 logical) {
-    dbl(conn, "SELECT sharding." + ident(fn) + "(" + lit(map) + ", " + std::to_string(logical) + ")");
-}
-
-void disconnect() { spi_value("SELECT sharding._move_disconnect()", {}); }
 
 // clock_timestamp() as text (glue).
 char *clock_text() {
@@ -189,17 +91,185 @@ void debug_at(const std::string &what) {
     pfree(ts);
 }
 
-// An interruptible sleep (glue), as pg_sleep.
-void sleep_glue(long ms) {
-    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, PG_WAIT_EXTENSION);
-    ResetLatch(MyLatch);
-    CHECK_FOR_INTERRUPTS();
+// The live move of the shard enters a phase (committed before it acts).
+void phase(const std::string &map, int32 logical, const char *ph) {
+    journal("UPDATE sharding.move_journal SET phase = " + lit(std::string(ph)) +
+            ", phase_started = pg_catalog.now() WHERE map = " + lit(map) + " AND logical = " +
+            std::to_string(logical) + " AND " + kLive);
 }
-void sleep_ms(long ms) { glue(sleep_glue, ms); }
 
-std::string move_name(const std::string &map, int32 logical) {
-    const std::string l = std::to_string(logical);
-    return spi_value("SELECT sharding._move_name($1, $2::integer)", {map.c_str(), l.c_str()}).value_or(std::string());
+// ------------------------------------------------------------------ names
+
+// Glue: a map name that is not a plain slot name, folded: lower(map) with
+// every character outside [a-z0-9_] made '_', its first 16 characters (as
+// the SQL of 1.2 did; md5 is appended by move_name).
+char *fold_glue(const char *map, size_t len) {
+    char *lower = str_tolower(map, len, DEFAULT_COLLATION_OID);
+    StringInfoData out;
+    initStringInfo(&out);
+    int chars = 0;
+    for (const char *p = lower; *p != '\0' && chars < 16; chars++) {
+        int l = pg_mblen(p);
+        char ch = *p;
+        bool plain = l == 1 && ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_');
+        appendStringInfoChar(&out, plain ? ch : '_');
+        p += l;
+    }
+    pfree(lower);
+    return out.data;
+}
+
+// A map name usable as it is in slot names: ^[a-z0-9_]{1,24}$.
+bool plain_name(const std::string &map) {
+    if (map.empty() || map.size() > 24) return false;
+    return std::all_of(map.begin(), map.end(),
+                       [](char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_'; });
+}
+
+// ------------------------------------------------------------------ tables
+
+// What a move needs of one distributed table (palloc'd; NULL strings for
+// SQL NULL).
+struct RawTable {
+    char *rel;
+    char *key_column;
+    Oid key_type;
+    char *cols, *coldefs, *vals, *pk_match;
+    int natts;
+    char **attnames;
+};
+
+void append_sep(StringInfo s, const char *sep) {
+    if (s->len > 0) appendStringInfoString(s, sep);
+}
+
+// The table schema.table as this database has it, or NULL when it does
+// not exist here. Read from the catalogs without locking the table, as a
+// query of pg_attribute would.
+RawTable *describe_in(const char *schema, const char *table, const char *key_column) {
+    if (schema == NULL || table == NULL) return NULL;
+    Oid nsp = get_namespace_oid(schema, true);
+    if (!OidIsValid(nsp)) return NULL;
+    Oid relid = get_relname_relid(table, nsp);
+    if (!OidIsValid(relid)) return NULL;
+    RawTable *t = (RawTable *)palloc0(sizeof(RawTable));
+    t->rel = psprintf("%s.%s", quote_identifier(schema), quote_identifier(table));
+    t->key_column = key_column != NULL ? pstrdup(key_column) : NULL;
+    t->key_type = InvalidOid;
+    AttrNumber key = key_column != NULL ? get_attnum(relid, key_column) : InvalidAttrNumber;
+    if (key != InvalidAttrNumber) {
+        // The column's type, or a domain's base type (one level).
+        Oid typ = get_atttype(relid, key);
+        HeapTuple tt = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typ));
+        if (HeapTupleIsValid(tt)) {
+            Form_pg_type f = (Form_pg_type)GETSTRUCT(tt);
+            t->key_type = f->typtype == TYPTYPE_DOMAIN ? f->typbasetype : typ;
+            ReleaseSysCache(tt);
+        }
+    }
+    StringInfoData cols, coldefs, vals;
+    initStringInfo(&cols);
+    initStringInfo(&coldefs);
+    initStringInfo(&vals);
+    HeapTuple ct = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+    int natts = 0;
+    if (HeapTupleIsValid(ct)) {
+        natts = ((Form_pg_class)GETSTRUCT(ct))->relnatts;
+        ReleaseSysCache(ct);
+    }
+    t->attnames = (char **)palloc0(sizeof(char *) * Max(natts, 1));
+    for (AttrNumber a = 1; a <= natts; a++) {
+        HeapTuple at = SearchSysCache2(ATTNUM, ObjectIdGetDatum(relid), Int16GetDatum(a));
+        if (!HeapTupleIsValid(at)) continue;
+        Form_pg_attribute f = (Form_pg_attribute)GETSTRUCT(at);
+        if (!f->attisdropped && f->attgenerated == '\0') {
+            const char *n = quote_identifier(NameStr(f->attname));
+            append_sep(&cols, ", ");
+            appendStringInfoString(&cols, n);
+            append_sep(&coldefs, ", ");
+            appendStringInfo(&coldefs, "%s %s", n,
+                             format_type_extended(f->atttypid, f->atttypmod,
+                                                  FORMAT_TYPE_TYPEMOD_GIVEN | FORMAT_TYPE_ALLOW_INVALID));
+            append_sep(&vals, ", ");
+            appendStringInfo(&vals, "($1).%s", n);
+            t->attnames[t->natts++] = pstrdup(NameStr(f->attname));
+        }
+        ReleaseSysCache(at);
+    }
+    t->cols = cols.len > 0 ? cols.data : NULL;
+    t->coldefs = coldefs.len > 0 ? coldefs.data : NULL;
+    t->vals = vals.len > 0 ? vals.data : NULL;
+    // The primary key's columns, in column order.
+    StringInfoData pk;
+    initStringInfo(&pk);
+    Relation ir = table_open(IndexRelationId, AccessShareLock);
+    ScanKeyData k;
+    ScanKeyInit(&k, Anum_pg_index_indrelid, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(relid));
+    SysScanDesc scan = systable_beginscan(ir, IndexIndrelidIndexId, true, NULL, 1, &k);
+    HeapTuple tup;
+    while (HeapTupleIsValid(tup = systable_getnext(scan))) {
+        Form_pg_index ix = (Form_pg_index)GETSTRUCT(tup);
+        if (!ix->indisprimary) continue;
+        for (AttrNumber a = 1; a <= natts; a++) {
+            bool in_key = false;
+            for (int i = 0; i < ix->indnatts; i++) in_key = in_key || ix->indkey.values[i] == a;
+            char *n = in_key ? get_attname(relid, a, true) : NULL;
+            if (n == NULL) continue;
+            append_sep(&pk, " AND ");
+            appendStringInfo(&pk, "t.%s OPERATOR(pg_catalog.=) ($1).%s", quote_identifier(n), quote_identifier(n));
+        }
+    }
+    systable_endscan(scan);
+    table_close(ir, AccessShareLock);
+    t->pk_match = pk.len > 0 ? pk.data : NULL;
+    return t;
+}
+// Glue: describe_in, allocated in `into` (which the caller resets).
+RawTable *describe_glue(const char *schema, const char *table, const char *key_column, MemoryContext into) {
+    MemoryContext old = MemoryContextSwitchTo(into);
+    RawTable *t = describe_in(schema, table, key_column);
+    MemoryContextSwitchTo(old);
+    return t;
+}
+
+// Glue: a context for what describe_glue allocates, a child of the current one.
+MemoryContext scratch_context_glue() {
+    return AllocSetContextCreate(CurrentMemoryContext, "sharding move tables", ALLOCSET_SMALL_SIZES);
+}
+
+// Glue: a regtype as regtypeout writes it ("" for NULL, as format's %s).
+char *type_text_glue(Oid type) { return OidIsValid(type) ? format_type_be(type) : pstrdup(""); }
+
+std::string from_palloc(char *s) {
+    std::string r(s);
+    pfree(s);
+    return r;
+}
+
+// What a node answered, as a number: the values it gives are parsed, never
+// spliced into this database's SQL. An answer that is not what was asked
+// (not an LSN, not an integer) is 08P01, naming what and who answered.
+[[noreturn]] void bad_answer(const char *who, const char *what, const Text &answer) {
+    fail(ERRCODE_PROTOCOL_VIOLATION, "the %s answered %s for %s", who, literal_or_null(answer).c_str(), what);
+}
+// A pg_lsn's text (X/Y, each 1 to 8 hex digits).
+uint64 lsn_value(const Text &t, const char *who, const char *what) {
+    const std::string s = t.value_or(std::string());
+    const size_t slash = s.find('/');
+    const size_t lo_len = slash == std::string::npos ? 0 : s.size() - slash - 1;
+    if (!t || slash < 1 || slash > 8 || lo_len < 1 || lo_len > 8 ||
+        s.find_first_not_of("0123456789ABCDEFabcdef/") != std::string::npos || s.find('/', slash + 1) != std::string::npos)
+        bad_answer(who, what, t);
+    return (std::strtoull(s.substr(0, slash).c_str(), nullptr, 16) << 32) | std::strtoull(s.c_str() + slash + 1, nullptr, 16);
+}
+// A bigint's text.
+int64 int64_value(const std::string &s, const char *who, const char *what) {
+    char *end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || end != s.c_str() + s.size() || errno != 0 || !(std::isdigit((unsigned char)s[0]) || s[0] == '-'))
+        bad_answer(who, what, Text(s));
+    return v;
 }
 
 // _move_drop_replication: the subscription at the destination (without
@@ -208,6 +278,7 @@ std::string move_name(const std::string &map, int32 logical) {
 // source.
 void drop_replication(const std::string &name) {
     if (dbl(kDst, "SELECT count(*) FROM pg_catalog.pg_subscription WHERE subname = " + lit(name)) != Text("0")) {
+        dbl(kDst, "SELECT sharding._move_watch(NULL)");
         dbl(kDst, "ALTER SUBSCRIPTION " + ident(name) + " DISABLE");
         dbl(kDst, "ALTER SUBSCRIPTION " + ident(name) + " SET (slot_name = NONE)");
         dbl(kDst, "DROP SUBSCRIPTION " + ident(name));
@@ -231,8 +302,8 @@ void drop_replication(const std::string &name) {
 // _move_drop_triggers: a 1.2 move's filter trigger on the map's tables at
 // the destination.
 void drop_triggers(const std::string &map, const std::string &name) {
-    for (Row &r : spi_rows("SELECT m.rel FROM sharding._move_tables($1) m", {map.c_str()})) {
-        const std::string rel = r[0].value_or(std::string());
+    for (const MoveTable &t : move_tables(map)) {
+        const std::string &rel = t.rel;
         if (dbl(kDst, "SELECT count(*) FROM pg_catalog.pg_trigger WHERE tgname = " + lit(name) +
                           " AND tgrelid = pg_catalog.to_regclass(" + lit(rel) + ")") != Text("0"))
             dbl(kDst, "DROP TRIGGER " + ident(name) + " ON " + rel);
@@ -267,6 +338,210 @@ bool sees_switch(const char *conn, const std::string &map, int32 logical, const 
     if (!new_epoch) return !v;  // IS NOT DISTINCT FROM NULL
     return v == Text(node + "/" + *new_epoch);
 }
+
+// The tables a move copies, with their filter.
+struct CopyTable {
+    std::string rel, filter, cols;
+    std::vector<std::string> attnames;
+};
+
+// ARRAY['a', 'b']::text[] (an empty array for none).
+std::string text_array(const std::vector<std::string> &items) {
+    std::string out = "ARRAY[";
+    for (size_t i = 0; i < items.size(); i++) out += (i ? ", " : "") + lit(items[i]);
+    return out + "]::text[]";
+}
+
+// Rows and bytes copied.
+struct Copied {
+    int64 rows = 0;
+    int64 bytes = 0;
+};
+
+// _move_pull's {rows,bytes}, parsed strictly (08P01 otherwise).
+Copied pulled_pair(const Text &pulled) {
+    const std::string p = pulled.value_or(std::string());
+    const size_t comma = p.find(',');
+    if (p.size() < 5 || p.front() != '{' || p.back() != '}' || comma == std::string::npos)
+        bad_answer("destination", "the rows and bytes it copied", pulled);
+    Copied c;
+    c.rows = int64_value(p.substr(1, comma - 1), "destination", "the rows it copied");
+    c.bytes = int64_value(p.substr(comma + 1, p.size() - comma - 2), "destination", "the bytes it copied");
+    return c;
+}
+
+// What the pull of move `name` has sent so far, read at the source over
+// sharding_move_src: its COPY ... TO STDOUT runs in sessions named
+// <name>_copy there (move_copy.cpp), each in pg_stat_progress_copy.
+Copied copy_progress(const std::string &name) {
+    Text v = dbl(kSrc, "SELECT coalesce(pg_catalog.sum(p.tuples_processed), 0) || ' ' || "
+                       "coalesce(pg_catalog.sum(p.bytes_processed), 0) "
+                       "FROM pg_catalog.pg_stat_progress_copy p JOIN pg_catalog.pg_stat_activity a ON a.pid = p.pid "
+                       "WHERE a.application_name = " + lit(name + "_copy") +
+                       " AND p.datname = pg_catalog.current_database()");
+    Copied c;
+    if (v) {
+        char *end = nullptr;
+        c.rows = std::strtoll(v->c_str(), &end, 10);
+        if (end != nullptr && *end == ' ') c.bytes = std::strtoll(end + 1, nullptr, 10);
+    }
+    return c;
+}
+
+// The journal's rows_copied and bytes_copied of the live move.
+void note_copied(const std::string &live_where, int64 rows, int64 bytes) {
+    journal("UPDATE sharding.move_journal SET rows_copied = " + std::to_string(rows) +
+            ", bytes_copied = " + std::to_string(bytes) + " " + live_where);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ names and tables
+
+std::string move_name(const std::string &map, int32 logical) {
+    std::string base = plain_name(map) ? map
+                                       : from_palloc(glue(fold_glue, map.c_str(), map.size())) + "_" +
+                                             md5_hex(map).substr(0, 8);
+    return "sharding_move_" + base + "_" + std::to_string(logical);
+}
+
+std::vector<MoveTable> move_tables(const std::string &map) {
+    std::vector<MoveTable> out;
+    std::vector<Row> rows = spi_rows("SELECT d.schema_name, d.table_name, d.key_column FROM sharding.distributed_tables d "
+                                     "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name",
+                                     {map.c_str()});
+    // What describe_glue allocates lives in a context of its own, reset
+    // after each table and deleted at the end (a procedure that loops,
+    // rebalance_run, would otherwise keep it until it returns). On an
+    // error it stays in the caller's context, freed with it.
+    MemoryContext scratch = glue(scratch_context_glue);
+    for (Row &r : rows) {
+        RawTable *t = glue(describe_glue, c(r[0]), c(r[1]), c(r[2]), scratch);
+        if (t == nullptr) continue;
+        MoveTable m;
+        m.rel = t->rel;
+        m.key_column = t->key_column ? t->key_column : "";
+        m.key_type = t->key_type;
+        m.cols = t->cols ? t->cols : "";
+        m.coldefs = t->coldefs ? t->coldefs : "";
+        m.vals = t->vals ? t->vals : "";
+        m.pk_match = t->pk_match ? t->pk_match : "";
+        for (int i = 0; i < t->natts; i++) m.attnames.emplace_back(t->attnames[i]);
+        glue(MemoryContextReset, scratch);
+        out.push_back(std::move(m));
+    }
+    glue(MemoryContextDelete, scratch);
+    return out;
+}
+
+std::string filter_sql(const Text &key_column, Oid key_type, const Text &shards, const Text &logical, const Text &key,
+                       const Text &pins, int npins) {
+    if (!key_column) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "null values cannot be formatted as an SQL identifier");
+    const std::string column = ident(*key_column);
+    if (key) return column + " OPERATOR(pg_catalog.=) " + lit(key) + "::" + from_palloc(glue(type_text_glue, key_type));
+    std::string sql = "sharding.shard_of(" + column + ", " + shards.value_or("") + ") OPERATOR(pg_catalog.=) " +
+                      logical.value_or("");
+    if (npins > 0) {
+        // The key's text form (sharding._key_text_sql, 80_observe), asked
+        // through SPI: the SQL function's memory (its SET clause keeps a
+        // context per call site) goes with SPI_finish, not with the caller.
+        const std::string type_oid = std::to_string(key_type);
+        std::string text_form = OidIsValid(key_type)
+                                    ? must(spi_value("SELECT sharding._key_text_sql($1, $2::pg_catalog.oid::pg_catalog.regtype)",
+                                                     {column.c_str(), type_oid.c_str()}))
+                                    : std::string();
+        sql += " AND NOT (" + text_form + " OPERATOR(pg_catalog.=) ANY (" + lit(pins) + "::text[]))";
+    }
+    return sql;
+}
+
+// ------------------------------------------------------------------ connections
+
+void check_dsns(const Text &destination, const Text &source) {
+    for (const Text &n : {destination, source}) {  // the argument first
+        Text dsn = n ? spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {c(n)}) : std::nullopt;
+        if (!dsn)
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"Moving a shard online connects to its source and its destination.",
+                         "Call sharding.add_node(" + literal_or_null(n) + ", '<dsn>') first."},
+                 "node \"%s\" has no connection string", shown(n).c_str());
+    }
+}
+
+void connect(const Text &source, const Text &destination) {
+    check_dsns(destination, source);
+    Text self = coordinator_dsn();
+    named_connect(kSelf, c(self));
+    Text src = spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {c(source)});
+    named_connect(kSrc, c(src));
+    Text dst = spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {c(destination)});
+    named_connect(kDst, c(dst));
+}
+
+void disconnect() {
+    named_disconnect(kSrc);
+    named_disconnect(kDst);
+    named_disconnect(kSelf);
+}
+
+void refuse_written() {
+    // The source's slot waits for every transaction holding a transaction
+    // id to end, this one included when the source shares its instance.
+    if (FullTransactionIdIsValid(GetTopFullTransactionIdIfAny()))
+        fail(ERRCODE_ACTIVE_SQL_TRANSACTION, Explain{"", "Call it in its own transaction."},
+             "moving a shard online must run in a transaction that has not written yet");
+}
+
+// _move_wait_flush: waits until the move's slot at the source has
+// confirmed the source's flushed WAL position (walsenders send no further,
+// and everything the move must carry is there once the freeze has
+// committed, synchronously); the seconds waited. 55000 after `seconds`.
+// While it waits, the live move's lag_bytes (as move_progress reads it:
+// the source's WAL now, less what the destination confirmed; 0 once caught
+// up) is committed at least every quarter of a second.
+double wait_flush(const std::string &name, double seconds, const std::string &journal_where) {
+    // No position (or not one) is an error: as 0/0 it would be reached at once.
+    const Text target_a = dbl(kSrc, "SELECT pg_catalog.pg_current_wal_flush_lsn()");
+    const uint64 target = lsn_value(target_a, "source", "its WAL flush position");
+    const std::string target_t = *target_a;
+    const double started = clock_seconds();
+    double noted = -1;
+    long sleep = 1;
+    for (;;) {
+        Text flushed = dbl(kSrc, "SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = " +
+                                     lit(name));
+        const bool reached = flushed && lsn_value(flushed, "source", "the slot's confirmed position") >= target;
+        if (noted < 0 || reached || clock_seconds() - noted >= 0.25) {
+            int64 lag = 0;
+            if (!reached) {
+                Text l = dbl(kSrc, "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), "
+                                   "s.confirmed_flush_lsn)::bigint FROM pg_catalog.pg_replication_slots s "
+                                   "WHERE s.slot_name = " + lit(name));
+                if (l) lag = std::max<int64>(0, int64_value(*l, "source", "the slot's lag"));
+            }
+            journal("UPDATE sharding.move_journal SET lag_bytes = " + std::to_string(lag) + " " + journal_where +
+                    " AND phase IN ('catching_up', 'cutover')");
+            noted = clock_seconds();
+        }
+        if (reached) break;
+        if (clock_seconds() - started > seconds)
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"Slot " + name + " confirmed " + flushed.value_or("") + ", the source is at " + target_t + ".",
+                         "Look for logical replication apply errors in the destination's log."},
+                 "the destination of move %s did not catch up with the source within %s s", name.c_str(),
+                 float_text(seconds).c_str());
+        sleep_ms(sleep);
+        sleep = std::min(sleep * 2, 10L);
+    }
+    return clock_seconds() - started;
+}
+
+// _move_call: sharding.<fn>(map, logical) there.
+void call_fn(const char *conn, const std::string &fn, const std::string &map, int32 logical) {
+    dbl(conn, "SELECT sharding." + ident(fn) + "(" + lit(map) + ", " + std::to_string(logical) + ")");
+}
+
+// ------------------------------------------------------------------ the move
 
 // _move_finish: the end of a move whose switch has committed (also run
 // after a crash): waits until the source and the destination show it,
@@ -316,7 +591,17 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
 void undo(const std::string &map, int32 logical, const Text &key) {
     const std::string name = move_name(map, logical);
     const std::string logical_s = std::to_string(logical);
-    spi_value("SELECT sharding._move_slot_close($1)", {name.c_str()});
+    // A move whose switch has committed is the destination's now: undoing
+    // it would delete the rows of their only owner. Read over the journal's
+    // own connection, not this transaction's snapshot, which may predate
+    // the switch.
+    if (journal("SELECT m.phase FROM sharding.move_journal m WHERE m.map = " + lit(map) + " AND m.logical = " +
+                logical_s + " AND m." + kLive) == Text("cleanup"))
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"Its owner switch has committed: the destination owns the shard.",
+                     "Call sharding.move_shard_online or sharding._move_recover to finish it."},
+             "the move of logical shard %d of map \"%s\" cannot be undone", logical, map.c_str());
+    close_held(name);
     drop_replication(name);
     drop_triggers(map, name);
     // A copy still running at the destination (its caller was cancelled or
@@ -329,91 +614,11 @@ void undo(const std::string &map, int32 logical, const Text &key) {
             " AND " + kLive);
 }
 
-// ------------------------------------------------------------------ errors
-
-// An error caught by a block, as GET STACKED DIAGNOSTICS reads it.
-struct Caught {
-    int code = ERRCODE_INTERNAL_ERROR;
-    std::string message, detail, hint, context;
-};
-
-// Inside a catch block: what is being handled.
-void catch_current(Caught *out) {
-    try {
-        throw;
-    } catch (const Error &e) {
-        out->code = e.sqlstate();
-        out->message = e.what();
-        out->detail = e.detail();
-        out->hint = e.hint();
-    } catch (const PgError &e) {
-        ErrorData *d = e.data();
-        out->code = d->sqlerrcode;
-        out->message = d->message ? d->message : "";
-        out->detail = d->detail ? d->detail : "";
-        out->hint = d->hint ? d->hint : "";
-        out->context = d->context ? d->context : "";
-    } catch (const std::bad_alloc &) {
-        out->code = ERRCODE_OUT_OF_MEMORY;
-        out->message = "out of memory";
-    } catch (const std::invalid_argument &e) {
-        out->code = ERRCODE_INVALID_PARAMETER_VALUE;
-        out->message = e.what();
-    } catch (const std::exception &e) {
-        out->message = e.what();
-    } catch (...) {
-        out->message = "unknown C++ exception";
-    }
-}
-
-// What PL/pgSQL's WHEN OTHERS does not catch.
-bool not_others(int code) { return code == ERRCODE_QUERY_CANCELED || code == ERRCODE_ASSERT_FAILURE; }
-
-[[noreturn]] void reraise(const Caught &e) { throw Error(e.code, e.message, e.detail, e.hint); }
-
-// Runs body in a subtransaction (a PL/pgSQL block with an EXCEPTION
-// clause): released if it returns, rolled back if it throws, the error in
-// *caught. The caller's memory context and resource owner are restored.
-template <typename F>
-bool subxact(F &&body, Caught *caught) {
-    MemoryContext cxt = CurrentMemoryContext;
-    ResourceOwner owner = CurrentResourceOwner;
-    glue(BeginInternalSubTransaction, (const char *)nullptr);
-    MemoryContextSwitchTo(cxt);
-    bool ok = true;
-    try {
-        body();
-    } catch (...) {
-        ok = false;
-        catch_current(caught);
-    }
-    if (ok)
-        glue(ReleaseCurrentSubTransaction);
-    else
-        glue(RollbackAndReleaseCurrentSubTransaction);
-    MemoryContextSwitchTo(cxt);
-    CurrentResourceOwner = owner;
-    return ok;
-}
-
-// ------------------------------------------------------------------ the move
-
-struct Table {
-    std::string rel;
-    Text filter, cols, attnames;
-};
-
-struct MoveResult {
-    Text new_epoch;
-    int64 moved = 0;
-};
-
 MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, const std::string &node) {
     const std::string logical_s = std::to_string(logical);
-    Text name_t = spi_value("SELECT sharding._move_name($1, $2::integer)", {c(map_arg), logical_s.c_str()});
-    Text shards_t = spi_value("SELECT sharding._require_map($1)::text", {c(map_arg)});
+    Text shards_t = require_map(map_arg, false);
     const std::string map = *map_arg;  // _require_map refused NULL
-    const std::string name = name_t.value_or(std::string());
+    const std::string name = move_name(map, logical);
     const std::string shards = shards_t.value_or(std::string());
     MoveResult out;
 
@@ -445,12 +650,8 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
         return out;
     }
 
-    // The source's slot waits for every transaction holding a transaction
-    // id to end, this one included when the source shares its instance.
-    if (spi_value("SELECT pg_catalog.txid_current_if_assigned() IS NOT NULL", {}) == Text("t"))
-        fail(ERRCODE_ACTIVE_SQL_TRANSACTION, Explain{"", "Call it in its own transaction."},
-             "moving a shard online must run in a transaction that has not written yet");
-    spi_value("SELECT sharding._move_connect($1, $2)", {c(source), node.c_str()});
+    refuse_written();
+    connect(source, Text(node));
     // Prerequisites, before anything changes anywhere. Both ends follow this
     // coordinator: their guards refuse the shard's keys wherever the
     // followed map says they are not the owner, which makes the cutover hold
@@ -477,19 +678,19 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
                      "Set wal_level = logical on the source (postgresql.conf) and restart it."},
              "wal_level of node \"%s\" is not logical", c(source) ? c(source) : "<NULL>");
     }
-    Text pins = spi_value("SELECT coalesce(pg_catalog.array_agg(p.key), '{}')::text FROM sharding.pins p WHERE p.map = $1",
-                          {map.c_str()});
-    std::vector<Table> tables;
-    for (Row &r : spi_rows("SELECT m.rel, sharding._move_filter_sql(m.key_column, m.key_type, $2::integer, $3::integer, "
-                           "$4, $5::text[]), m.cols, "
-                           "(SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a "
-                           "WHERE a.attrelid = m.rel::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped "
-                           "AND a.attgenerated = '')::text "
-                           "FROM sharding._move_tables($1) m",
-                           {map.c_str(), shards.c_str(), logical_s.c_str(), c(key), c(pins)}))
-        tables.push_back(Table{r[0].value_or(std::string()), r[1], r[2], r[3]});
+    std::vector<Row> p = spi_rows("SELECT coalesce(pg_catalog.array_agg(p.key), '{}')::text, pg_catalog.count(*)::text "
+                                  "FROM sharding.pins p WHERE p.map = $1",
+                                  {map.c_str()});
+    const Text pins = p[0][0];
+    const int npins = std::atoi(must(p[0][1]).c_str());
+    const std::vector<MoveTable> described = move_tables(map);
+    std::vector<CopyTable> tables;
+    for (const MoveTable &m : described)
+        tables.push_back(CopyTable{m.rel,
+                                   filter_sql(m.key_column, m.key_type, Text(shards), Text(logical_s), key, pins, npins),
+                                   m.cols, m.attnames});
     std::string table_list;
-    for (const Table &t : tables) {
+    for (const CopyTable &t : tables) {
         if (dbl(kSrc, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t") ||
             dbl(kDst, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t")) {
             disconnect();
@@ -504,8 +705,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
         // No distributed table: nothing to carry, the switch is the move.
         disconnect();
         if (!key)
-            out.new_epoch = spi_value("SELECT sharding._switch_owner($1, $2::integer, $3)::text",
-                                      {map.c_str(), logical_s.c_str(), node.c_str()});
+            out.new_epoch = switch_owner(Text(map), Text(logical_s), Text(node));
         else
             spi_value("SELECT sharding.pin($1, $2, $3)", {map.c_str(), c(key), node.c_str()});
         return out;
@@ -520,6 +720,10 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     // ... and ends by itself if this session goes away (a crash, kill -9):
     // its copy is then rolled back there, never committed later.
     dbl(kDst, "SET client_connection_check_interval = 1000");
+    // The same for this session's connection to the source, which holds
+    // the controller lock there (below): a statement it runs when this
+    // session is gone ends within a second, and the lock with it.
+    dbl(kSrc, "SET client_connection_check_interval = 1000");
 
     const char *step = "setup";
     Caught err;
@@ -527,22 +731,30 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     bool ok = subxact(
         [&] {
             debug_at("move " + name + ": publication and slot");
+            // The controller lock, held over this connection until the move
+            // ends: the slot's decoder sends nothing once it is free
+            // (move_controller.hpp).
+            if (dbl(kSrc, "SELECT pg_catalog.pg_try_advisory_lock(" + std::to_string(kControllerLockClass) +
+                              ", pg_catalog.hashtext(" + lit(name) + "))") != Text("t"))
+                fail(ERRCODE_OBJECT_IN_USE,
+                     Explain{"Another session at the source holds the controller lock of move " + name + ".", ""},
+                     "logical shard %d of map \"%s\" is already being moved", logical, map.c_str());
             // 2. Publication, then the slot: changes from here on are kept.
             dbl(kSrc, "CREATE PUBLICATION " + ident(name) + " FOR TABLE " + table_list +
                           " WITH (publish = 'insert, update, delete')");
             // The decoder's instructions first (committed before the slot, so
             // its historic snapshot sees them).
-            std::vector<Row> d = spi_rows(
-                "SELECT (SELECT pg_catalog.string_agg(pg_catalog.format('%L::pg_catalog.regclass', m.rel), ', ' "
-                "ORDER BY m.rel) FROM sharding._move_tables($1) m), "
-                "(SELECT pg_catalog.array_agg(m.key_column ORDER BY m.rel) FROM sharding._move_tables($1) m)::text",
-                {map.c_str()});
+            std::string oids, key_columns;
+            for (const MoveTable &m : described) {
+                oids += (oids.empty() ? "" : ", ") + lit(m.rel) + "::pg_catalog.regclass";
+                key_columns += (key_columns.empty() ? "" : ", ") + lit(m.key_column);
+            }
             dbl(kSrc, "DELETE FROM sharding.move_decoding WHERE slot = " + lit(name) +
                           "; INSERT INTO sharding.move_decoding (slot, map, shards, logical, key, pins, tables, "
                           "key_columns) VALUES (" +
                           lit(name) + ", " + lit(map) + ", " + shards + ", " + logical_s + ", " + lit(key) + ", " +
-                          lit(key ? Text("{}") : pins) + "::text[], ARRAY[" + d[0][0].value_or(std::string()) +
-                          "]::pg_catalog.oid[], " + lit(d[0][1]) + "::text[])");
+                          lit(key ? Text("{}") : pins) + "::text[], ARRAY[" + oids + "]::pg_catalog.oid[], ARRAY[" +
+                          key_columns + "]::text[])");
             // The source lets its sessions name plugin "sharding"
             // (output_plugin_libraries, where the server has the setting).
             Text plugin_opts = dbl(
@@ -563,29 +775,53 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             spi_value("SELECT sharding._move_delete_rows('sharding_move_dst', $1, $2::integer, $3)",
                       {map.c_str(), logical_s.c_str(), c(key)});
             dbl(kDst, "SET session_replication_role = replica");
-            for (const Table &t : tables) {
+            // move_progress is kept current while the destination copies:
+            // every quarter of a second, the rows and bytes the source's
+            // side of the pull has sent so far (copy_progress) on top of the
+            // tables already copied, committed in the journal.
+            // The tick only reports: what it fails with (a journal update
+            // refused, the source's progress view unreadable) is logged, a
+            // WARNING the first time, and the copy goes on. A cancel (a
+            // PostgreSQL error, not a sharding::Error) ends the wait.
+            int64 copied_rows = 0, copied_bytes = 0;
+            bool tick_warned = false;
+            for (const CopyTable &t : tables) {
                 // The destination pulls COPY (SELECT ... WHERE filter) TO
                 // STDOUT from the source under the slot's exported snapshot,
                 // straight into the table (move_copy.cpp).
-                std::string query = "SELECT " + t.cols.value_or(std::string()) + " FROM " + t.rel + " WHERE " +
-                                    t.filter.value_or(std::string());
-                Text pulled = dbl(kDst, "SELECT sharding._move_pull(" + lit(source) + ", " + lit(snapshot) + ", " +
-                                            lit(t.rel) + ", " + lit(t.attnames) + ", " + lit(query) + ")::text");
-                // {rows,bytes}
-                std::string p = pulled.value_or(std::string());
-                std::string rows, bytes;
-                if (p.size() >= 2 && p.front() == '{' && p.back() == '}') {
-                    std::string inner = p.substr(1, p.size() - 2);
-                    size_t comma = inner.find(',');
-                    rows = inner.substr(0, comma);
-                    if (comma != std::string::npos) bytes = inner.substr(comma + 1, inner.find(',', comma + 1) - comma - 1);
+                std::string query = "SELECT " + t.cols + " FROM " + t.rel + " WHERE " + t.filter;
+                Copied seen;
+                Text pulled;
+                {
+                    WaitTick progress(
+                        [&] {
+                            try {
+                                Copied now = copy_progress(name);
+                                seen.rows = std::max(seen.rows, now.rows);
+                                seen.bytes = std::max(seen.bytes, now.bytes);
+                                note_copied(live_where, copied_rows + seen.rows, copied_bytes + seen.bytes);
+                            } catch (const Error &e) {
+                                const std::string what = "could not note the progress of the copy of move " + name +
+                                                         ": " + e.what();
+                                if (!tick_warned)
+                                    warn(what);
+                                else
+                                    debug_at(what);
+                                tick_warned = true;
+                            }
+                        },
+                        250);
+                    pulled = dbl(kDst, "SELECT sharding._move_pull(" + lit(source) + ", " + lit(snapshot) + ", " +
+                                           lit(t.rel) + ", " + text_array(t.attnames) + ", " + lit(query) + ")::text");
                 }
-                journal("UPDATE sharding.move_journal SET rows_copied = rows_copied + " + rows +
-                        ", bytes_copied = bytes_copied + " + bytes + " " + live_where);
+                Copied done = pulled_pair(pulled);
+                copied_rows += done.rows;
+                copied_bytes += done.bytes;
+                note_copied(live_where, copied_rows, copied_bytes);
             }
             dbl(kDst, "SET session_replication_role = origin");
             // The snapshot is no longer needed: let go of the replication connection.
-            spi_value("SELECT sharding._move_slot_close($1)", {name.c_str()});
+            close_held(name);
 
             // 4. No filter at the destination: the slot's decoder (plugin
             // "sharding", pgoutput inside) sends only the shard's changes.
@@ -598,19 +834,38 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             if (src_dsn)
                 conninfo = *src_dsn + (plugin_opts && !plugin_opts->empty() ? " options='" + *plugin_opts + "'"
                                                                              : std::string());
-            dbl(kDst, "CREATE SUBSCRIPTION " + ident(name) + " CONNECTION " + lit(conninfo) + " PUBLICATION " +
-                          ident(name) + " WITH (create_slot = false, slot_name = " + lit(name) +
-                          ", copy_data = false, synchronous_commit = 'on')");
+            // It connects to the source over a replication connection. Right
+            // after another move's stream from there ended, that stream's WAL
+            // sender may not have exited yet, and a source at its
+            // max_wal_senders refuses the connection for that moment (a job
+            // waits for a free sender before it starts a move, not for one
+            // that is ending): retried for up to 10 s.
+            const std::string subscribe = "CREATE SUBSCRIPTION " + ident(name) + " CONNECTION " + lit(conninfo) +
+                                          " PUBLICATION " + ident(name) + " WITH (create_slot = false, slot_name = " +
+                                          lit(name) + ", copy_data = false, synchronous_commit = 'on', streaming = off)";
+            for (long waited = 0, nap = 50;; waited += nap, nap = std::min(nap * 2, 1000L)) {
+                try {
+                    dbl(kDst, subscribe);
+                    break;
+                } catch (const Error &e) {
+                    if (e.sqlstate() != ERRCODE_CONNECTION_FAILURE || std::strstr(e.what(), "max_wal_senders") == nullptr ||
+                        waited >= 10000)
+                        throw;
+                }
+                debug_at("move " + name + ": the source has no free WAL sender yet");
+                sleep_ms(nap);
+            }
+            // The destination stops the subscription's worker by itself if
+            // this session goes away (move_controller.hpp).
+            dbl(kDst, "SELECT sharding._move_watch(" + lit(name) + ")");
 
             // 6. Catch up until a round is short: the backlog left for the
             // frozen phase is then a fraction of a second of writes.
             step = "catchup";
             debug_at("move " + name + ": catchup");
             phase(map, logical, "catching_up");
-            for (int i = 1; i <= 100; i++) {
-                Text waited = spi_value("SELECT sharding._move_wait_flush($1, 600)", {name.c_str()});
-                if (waited && std::strtod(waited->c_str(), nullptr) < 0.2) break;
-            }
+            for (int i = 1; i <= 100; i++)
+                if (wait_flush(name, 600, live_where) < 0.2) break;
 
             // 7. Cutover: freeze the source (waits for its in-flight writers),
             // let the destination apply the source's last change, switch.
@@ -619,13 +874,13 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             phase(map, logical, "cutover");
             call_fn(kSrc, "_freeze_shard", map, logical);
             debug_at("move " + name + ": frozen");
-            spi_value("SELECT sharding._move_wait_flush($1, 60)", {name.c_str()});
+            wait_flush(name, 60, live_where);
             debug_at("move " + name + ": caught up");
             // The switch and the journal's 'cleanup' commit together, over
             // this database's own connection.
             if (!key)
                 out.new_epoch =
-                    dbl(kSelf, "WITH m AS (SELECT sharding._move_switch(" + lit(map) + ", " + logical_s + ", " +
+                    dbl(kSelf, "WITH m AS (SELECT sharding._switch_owner(" + lit(map) + ", " + logical_s + ", " +
                                    lit(node) +
                                    ") AS e), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
                                    "phase_started = pg_catalog.now(), new_epoch = (SELECT e FROM m) " +
@@ -648,8 +903,42 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     }
 
     elog(DEBUG1, "move %s failed at step %s: %s (%s)", name.c_str(), step, err.message.c_str(), err.context.c_str());
-    const bool switched = std::string(step) == "switched";
+    bool switched = std::string(step) == "switched";
     Caught inner;
+    if (std::string(step) == "cutover") {
+        // The switch may have committed even though its statement failed
+        // here: a cancel (statement_timeout, rebalance_cancel) that lands
+        // while the remote commit is under way is ignored there, yet this
+        // side raises it. The statement has ended by now (a failed wait
+        // drains it), so the journal tells: 'cleanup' is committed with the
+        // switch, never without it. Read over a fresh connection, not this
+        // transaction's snapshot. Undoing a switched move would delete the
+        // rows at their new owner; it is finished instead.
+        Text committed;
+        if (!subxact(
+                [&] {
+                    named_disconnect(kSelf);
+                    const std::string self = coordinator_dsn();
+                    named_connect(kSelf, self.c_str());
+                    committed = dbl(kSelf, "SELECT COALESCE(new_epoch::text, '') FROM sharding.move_journal " +
+                                               live_where + " AND phase = 'cleanup'");
+                },
+                &inner)) {
+            // Unknown: neither thaw nor undo; the journal row stays for
+            // _move_recover, which finishes or rolls back by its phase.
+            if (not_others(inner.code)) reraise(inner);
+            warn(format("could not tell whether the move of logical shard %d of map \"%s\" switched: %s", logical,
+                        map.c_str(), inner.message.c_str()),
+                 "The next sharding.move_shard_online or sharding._move_recover of this shard finishes or rolls it back.");
+            disconnect();
+            reraise(err);
+        }
+        if (committed) {
+            switched = true;
+            if (!key && !committed->empty()) out.new_epoch = committed;
+            debug_at("move " + name + ": switched, though its statement failed");
+        }
+    }
     if (!switched) {
         // First of all the source writes again, even if the destination
         // is out of reach for the rest of the undo.
@@ -663,19 +952,29 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             reraise(inner);
     }
     // Connections may be in any state: start from fresh ones.
-    if (!subxact(
-            [&] {
-                spi_value("SELECT sharding._move_connect($1, $2)", {c(source), node.c_str()});
-                if (switched)
-                    finish(map, logical, key, node, out.new_epoch);
-                else
-                    undo(map, logical, key);
-            },
-            &inner))
-        ereport(WARNING, (errmsg("could not clean up after the failed move of logical shard %d of map \"%s\": %s",
-                                 logical, map.c_str(), inner.message.c_str()),
-                          errhint("The next sharding.move_shard_online or sharding.isolate of this shard cleans up first.")));
-    if (!subxact([&] { disconnect(); }, &inner) && not_others(inner.code)) reraise(inner);
+    const bool tidied = subxact(
+        [&] {
+            connect(source, Text(node));
+            if (switched)
+                finish(map, logical, key, node, out.new_epoch);
+            else
+                undo(map, logical, key);
+        },
+        &inner);
+    if (!tidied)
+        warn(format("could not clean up after the failed move of logical shard %d of map \"%s\": %s", logical,
+                    map.c_str(), inner.message.c_str()),
+             "The next sharding.move_shard_online or sharding.isolate of this shard cleans up first.");
+    disconnect();
+    if (switched && tidied)
+        // The move happened and is finished; only the call was interrupted
+        // (a cancel that landed while the switch committed).
+        throw Error(err.code,
+                    format("logical shard %d of map \"%s\" moved to \"%s\" (epoch %s) and was finished, but the call "
+                           "failed: %s",
+                           logical, map.c_str(), node.c_str(), out.new_epoch.value_or("<NULL>").c_str(),
+                           err.message.c_str()),
+                    std::string(), "Nothing is left to do: the destination owns the shard.");
     if (switched)
         // The move itself happened; only its tidying failed.
         throw Error(err.code,
@@ -685,16 +984,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     reraise(err);
 }
 
-// Glue: argument i as a C string (detoasted).
-char *arg_cstring(FunctionCallInfo fcinfo, int i) { return text_to_cstring(PG_GETARG_TEXT_PP(i)); }
-
-Text text_arg(FunctionCallInfo fcinfo, int i) {
-    if (PG_ARGISNULL(i)) return std::nullopt;
-    char *s = glue(arg_cstring, fcinfo, i);
-    std::string r(s);
-    pfree(s);
-    return r;
-}
+namespace {
 
 // The result row (glue).
 Datum move_result(FunctionCallInfo fcinfo, const char *epoch, int64 moved) {
@@ -706,6 +996,69 @@ Datum move_result(FunctionCallInfo fcinfo, const char *epoch, int64 moved) {
     values[0] = epoch != NULL ? Int64GetDatum(pg_strtoint64(epoch)) : (Datum)0;
     values[1] = Int64GetDatum(moved);
     return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
+// Glue: the text form of a text[] and how many elements it has.
+char *array_text_glue(ArrayType *a, int *n) {
+    *n = ArrayGetNItems(ARR_NDIM(a), ARR_DIMS(a));
+    return OidOutputFunctionCall(F_ARRAY_OUT, PointerGetDatum(a));
+}
+
+ArrayType *array_arg_glue(FunctionCallInfo fcinfo, int i) { return PG_GETARG_ARRAYTYPE_P(i); }
+
+// Glue: one row of _move_tables into the call's tuplestore.
+void put_table_glue(FunctionCallInfo fcinfo, const char *rel, const char *key_column, Oid key_type, const char *cols,
+                    const char *coldefs, const char *vals, const char *pk_match) {
+    ReturnSetInfo *rsinfo = (ReturnSetInfo *)fcinfo->resultinfo;
+    const char *texts[7] = {rel, key_column, NULL, cols, coldefs, vals, pk_match};
+    Datum values[7];
+    bool nulls[7];
+    for (int i = 0; i < 7; i++) {
+        nulls[i] = i == 2 ? !OidIsValid(key_type) : (texts[i] == NULL || texts[i][0] == '\0');
+        values[i] = i == 2 ? ObjectIdGetDatum(key_type) : (nulls[i] ? (Datum)0 : CStringGetTextDatum(texts[i]));
+    }
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
+void init_srf_glue(FunctionCallInfo fcinfo) { InitMaterializedSRF(fcinfo, 0); }
+
+// The subscription this session watches as a move's controller at its
+// destination (_move_watch; move_controller.hpp), InvalidOid for none.
+Oid watched = InvalidOid;
+bool watch_installed = false;
+
+// At the end of the session: the watched subscription's apply worker, if
+// it has one, is stopped (SIGTERM; what it had received but not applied
+// goes with it, and the subscription's next worker gets nothing from the
+// source's decoder once the controller is gone there too).
+void stop_watched(int, Datum) {
+    if (!OidIsValid(watched)) return;
+    Oid sub = watched;
+    watched = InvalidOid;
+    LWLockAcquire(LogicalRepWorkerLock, LW_SHARED);
+    LogicalRepWorker *w = logicalrep_worker_find(sub, InvalidOid, true);
+    pid_t pid = (w != NULL && w->proc != NULL) ? w->proc->pid : 0;
+    LWLockRelease(LogicalRepWorkerLock);
+    if (pid != 0) (void)kill(pid, SIGTERM);
+}
+
+// Glue: watch the subscription so named (NULL: none), which the caller's
+// role must own (or be a member of its owner).
+void watch_glue(const char *subscription) {
+    if (subscription == NULL) {
+        watched = InvalidOid;
+        return;
+    }
+    Oid sub = get_subscription_oid(subscription, false);
+    Subscription *s = GetSubscription(sub, false);
+    if (!has_privs_of_role(GetUserId(), s->owner))
+        ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+                        errmsg("must be the owner of subscription \"%s\" to watch it", subscription)));
+    if (!watch_installed) {
+        before_shmem_exit(stop_watched, 0);
+        watch_installed = true;
+    }
+    watched = sub;
 }
 
 }  // namespace
@@ -797,6 +1150,16 @@ SHARDING_FUNCTION(sharding__move_stop_backends) {
     PG_RETURN_VOID();
 }
 
+// _move_watch(subscription): at a move's destination, this session (the
+// coordinator's connection) watches the move's subscription until it ends
+// or calls _move_watch(NULL): if it ends first, the subscription's apply
+// worker is stopped (move_controller.hpp). Not STRICT: NULL stops watching.
+SHARDING_FUNCTION(sharding__move_watch) {
+    Text sub = text_arg(fcinfo, 0);
+    glue(watch_glue, c(sub));
+    PG_RETURN_VOID();
+}
+
 // _move_sees_switch(conn, map, logical, key, node, new_epoch).
 SHARDING_FUNCTION(sharding__move_sees_switch) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(4))
@@ -809,4 +1172,79 @@ SHARDING_FUNCTION(sharding__move_sees_switch) {
     if (!PG_ARGISNULL(5)) epoch = std::to_string(PG_GETARG_INT64(5));
     bool seen = sees_switch(conn->c_str(), *map, PG_GETARG_INT32(2), key, *node, epoch);
     PG_RETURN_BOOL(seen);
+}
+
+// _move_name(map, logical): STRICT.
+SHARDING_FUNCTION(sharding__move_name) {
+    Text map = text_arg(fcinfo, 0);
+    std::string name = move_name(*map, PG_GETARG_INT32(1));
+    PG_RETURN_DATUM(text_datum(name));
+}
+
+// _move_tables(map): rel, key_column, key_type, cols, coldefs, vals, pk_match.
+SHARDING_FUNCTION(sharding__move_tables) {
+    Text map = text_arg(fcinfo, 0);
+    glue(init_srf_glue, fcinfo);
+    if (map)
+        for (const MoveTable &t : move_tables(*map))
+            glue(put_table_glue, fcinfo, t.rel.c_str(), t.key_column.c_str(), t.key_type, t.cols.c_str(),
+                 t.coldefs.c_str(), t.vals.c_str(), t.pk_match.c_str());
+    return (Datum)0;
+}
+
+// _move_filter_sql(key_column, key_type, shards, logical, key, pins): not
+// STRICT (a NULL key selects the shard, NULL pins none).
+SHARDING_FUNCTION(sharding__move_filter_sql) {
+    Text column = text_arg(fcinfo, 0);
+    Oid type = PG_ARGISNULL(1) ? InvalidOid : PG_GETARG_OID(1);
+    Text shards, logical, pins;
+    if (!PG_ARGISNULL(2)) shards = std::to_string(PG_GETARG_INT32(2));
+    if (!PG_ARGISNULL(3)) logical = std::to_string(PG_GETARG_INT32(3));
+    Text key = text_arg(fcinfo, 4);
+    int npins = 0;
+    if (!PG_ARGISNULL(5)) pins = from_palloc(glue(array_text_glue, glue(array_arg_glue, fcinfo, 5), &npins));
+    std::string sql = filter_sql(column, type, shards, logical, key, pins, npins);
+    PG_RETURN_DATUM(text_datum(sql));
+}
+
+// _move_connect(source, destination): sharding_move_src, _dst and _self;
+// 55000 for a node without a connection string (the destination first).
+SHARDING_FUNCTION(sharding__move_connect) {
+    Text source = text_arg(fcinfo, 0);
+    Text destination = text_arg(fcinfo, 1);
+    connect(source, destination);
+    PG_RETURN_VOID();
+}
+
+// _move_disconnect(): closes them.
+SHARDING_FUNCTION(sharding__move_disconnect) {
+    (void)fcinfo;
+    disconnect();
+    PG_RETURN_VOID();
+}
+
+// _move_wait_flush(name, seconds): the seconds waited (seconds NULL: no limit).
+SHARDING_FUNCTION(sharding__move_wait_flush) {
+    if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the move's name must not be NULL");
+    Text name = text_arg(fcinfo, 0);
+    double seconds = PG_ARGISNULL(1) ? get_float8_infinity() : PG_GETARG_FLOAT8(1);
+    // The journal row of the move so named, found once (its name is made
+    // here, not by calling _move_name on every row at every poll).
+    std::string where = "WHERE false";
+    for (const Row &r : spi_rows("SELECT m.move::text, m.map, m.logical::text FROM sharding.move_journal m "
+                                 "WHERE m.phase IN ('catching_up', 'cutover')",
+                                 {}))
+        if (move_name(must(r[1]), std::atoi(must(r[2]).c_str())) == *name) {
+            where = "WHERE move = " + must(r[0]);
+            break;
+        }
+    double waited = wait_flush(*name, seconds, where);
+    PG_RETURN_FLOAT8(waited);
+}
+
+// _move_refuse_written(): 25001 in a transaction that has written.
+SHARDING_FUNCTION(sharding__move_refuse_written) {
+    (void)fcinfo;
+    refuse_written();
+    PG_RETURN_VOID();
 }

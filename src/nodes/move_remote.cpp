@@ -2,9 +2,11 @@
 #include "nodes/move_remote.hpp"
 
 #include <cstring>
+#include <utility>
 
 extern "C" {
 #include "access/xact.h"
+#include "portability/instr_time.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -76,6 +78,18 @@ void unregister_conn(PGconn *conn) noexcept {
         if (slot == conn) slot = nullptr;
 }
 
+// Whether a connection string gives a non-empty password itself (not a
+// password file, nor the environment of the server's OS user).
+bool dsn_has_password(const char *dsn) {
+    PQconninfoOption *opts = PQconninfoParse(dsn, nullptr);
+    if (opts == nullptr) return false;
+    bool found = false;
+    for (PQconninfoOption *o = opts; o->keyword != nullptr; o++)
+        if (std::strcmp(o->keyword, "password") == 0 && o->val != nullptr && o->val[0] != '\0') found = true;
+    PQconninfoFree(opts);
+    return found;
+}
+
 int sqlstate_of(const char *s) {
     if (s == nullptr || std::strlen(s) != 5) return ERRCODE_CONNECTION_FAILURE;
     return MAKE_SQLSTATE(s[0], s[1], s[2], s[3], s[4]);
@@ -107,7 +121,57 @@ int wait_socket(int events, pgsocket sock) {
     return rc;
 }
 
+// The same, waking after timeout_ms at the latest (-1: no limit).
+int wait_socket_timeout(int events, pgsocket sock, long timeout_ms) {
+    if (timeout_ms >= 0) events |= WL_TIMEOUT;
+    int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | events, sock, timeout_ms, PG_WAIT_EXTENSION);
+    if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
+    CHECK_FOR_INTERRUPTS();
+    return rc;
+}
+
+// The tick of the live WaitTick (plain C storage).
+const std::function<void()> *tick_fn = nullptr;
+long tick_ms = 0;
+instr_time tick_last;
+bool tick_running = false;
+
+// Milliseconds until the tick is due: -1 none (or it is running), 0 now.
+long tick_due() {
+    if (tick_fn == nullptr || tick_running) return -1;
+    instr_time now;
+    INSTR_TIME_SET_CURRENT(now);
+    INSTR_TIME_SUBTRACT(now, tick_last);
+    long left = tick_ms - (long)INSTR_TIME_GET_MILLISEC(now);
+    return left > 0 ? left : 0;
+}
+
+void run_tick() {
+    tick_running = true;
+    try {
+        (*tick_fn)();
+    } catch (...) {
+        tick_running = false;
+        INSTR_TIME_SET_CURRENT(tick_last);
+        throw;
+    }
+    tick_running = false;
+    INSTR_TIME_SET_CURRENT(tick_last);
+}
+
 }  // namespace
+
+WaitTick::WaitTick(std::function<void()> tick, long ms)
+    : tick_(std::move(tick)), prev_tick_(tick_fn), prev_ms_(tick_ms) {
+    tick_fn = &tick_;
+    tick_ms = ms;
+    INSTR_TIME_SET_CURRENT(tick_last);
+}
+
+WaitTick::~WaitTick() {
+    tick_fn = prev_tick_;
+    tick_ms = prev_ms_;
+}
 
 void close_all_connections() noexcept {
     for (auto &slot : registry)
@@ -196,13 +260,22 @@ PGresult *next_result(PGconn *conn) {
         }
         pgsocket sock = PQsocket(conn);
         if (sock == PGINVALID_SOCKET) fail(ERRCODE_CONNECTION_FAILURE, "the connection has no socket");
-        glue(wait_socket, flushed == 1 ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock);
+        long due = tick_due();
+        if (due == 0) {
+            run_tick();
+            continue;
+        }
+        glue(wait_socket_timeout, flushed == 1 ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock, due);
     }
 }
 
 PGresult *run_statement(PGconn *conn, const char *sql, const char *prefix, bool drain) {
     if (PQsendQuery(conn, sql) == 0)
         fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", chomp(PQerrorMessage(conn)).c_str());
+    return collect_statement(conn, prefix, drain);
+}
+
+PGresult *collect_statement(PGconn *conn, const char *prefix, bool drain) {
     PGresult *last = nullptr;
     PGresult *failed = nullptr;
     try {
@@ -238,6 +311,17 @@ PGresult *run_statement(PGconn *conn, const char *sql, const char *prefix, bool 
 Remote::Remote(const std::string &dsn, bool replication, const std::string &application_name,
                const std::string &options) {
     glue(install_callbacks);
+    // dblink's rule, for every connection the engine, the jobs and follow
+    // make, checked before connecting: a role that is not a superuser must
+    // give the password in the connection string itself. libpq would
+    // otherwise take one from the server OS user's password file (or
+    // environment) and log in on that user's behalf; establish() then
+    // checks that the server did ask for it.
+    if (!glue(superuser) && !dsn_has_password(dsn.c_str()))
+        fail(ERRCODE_S_R_E_PROHIBITED_SQL_STATEMENT_ATTEMPTED,
+             Explain{"Non-superusers must provide a password in the connection string.",
+                     "Give the node's connection string a password, or run the operation as a superuser."},
+             "password is required");
     const char *keys[6];
     const char *vals[6];
     int n = 0;
@@ -289,10 +373,9 @@ void Remote::establish() {
     }
     if (PQsetnonblocking(conn_, 1) != 0)
         fail(ERRCODE_CONNECTION_FAILURE, "could not make the connection non-blocking");
-    // dblink's rule, for every connection the engine and follow make: a
-    // role that is not a superuser may only use a connection that
-    // authenticated with a password, never the server's own identity (peer,
-    // trust, the server OS user's .pgpass).
+    // dblink's rule, the second half: a role that is not a superuser may
+    // only use a connection that authenticated with a password, never the
+    // server's own identity (peer, trust).
     if (!PQconnectionUsedPassword(conn_) && !glue(superuser))
         fail(ERRCODE_S_R_E_PROHIBITED_SQL_STATEMENT_ATTEMPTED,
              Explain{"Non-superusers may connect only where the server asks for a password.",

@@ -15,6 +15,7 @@
 
 #include "pg/boundary.hpp"
 
+#include <functional>
 #include <string>
 
 extern "C" {
@@ -81,8 +82,28 @@ class Remote {
 // statement is cancelled (PQcancel) and its results consumed, so the
 // connection is ready for the next statement.
 PGresult *run_statement(PGconn *conn, const char *sql, const char *prefix, bool drain);
+// Its second half, for a statement already sent (PQsendQuery): several
+// connections can run one each at once, collected in turn.
+PGresult *collect_statement(PGconn *conn, const char *prefix, bool drain);
 // The next result of the running command, waiting interruptibly.
 PGresult *next_result(PGconn *conn);
+// While a WaitTick lives, every wait for a remote answer (next_result)
+// wakes at least every `ms` milliseconds and calls `tick` there, never
+// nested (the statements the tick runs wait plainly); what the tick throws
+// ends the wait as a failed statement would. The orchestration keeps
+// move_progress current this way while it waits for the destination's copy.
+class WaitTick {
+  public:
+    WaitTick(std::function<void()> tick, long ms);
+    ~WaitTick();
+    WaitTick(const WaitTick &) = delete;
+    WaitTick &operator=(const WaitTick &) = delete;
+
+  private:
+    std::function<void()> tick_;
+    const std::function<void()> *prev_tick_;
+    long prev_ms_;
+};
 // Cancels what runs there and consumes its results (no throw).
 void cancel_and_drain(PGconn *conn) noexcept;
 
@@ -97,6 +118,9 @@ void named_connect(const char *name, const char *dsn);
 bool named_open(const char *name);
 void named_disconnect(const char *name) noexcept;
 bool named_run(const char *name, const char *sql, std::string *out);
+// The libpq connection behind a name (as named_run finds it), for a caller
+// that runs statements on several connections at once (move_delete.cpp).
+PGconn *named_connection(const char *name);
 
 void hold_connection(const std::string &slot, PGconn *conn);
 bool close_held(const std::string &slot) noexcept;

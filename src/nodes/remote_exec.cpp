@@ -38,7 +38,8 @@ extern "C" {
 namespace sharding::move {
 namespace {
 
-constexpr int kMaxNamed = 16;
+// The move's three, and one per node a job runner asks about capacity.
+constexpr int kMaxNamed = 64;
 struct Named {
     char name[NAMEDATALEN];
     PGconn *conn;
@@ -173,6 +174,8 @@ void named_disconnect(const char *name) noexcept {
 }
 
 bool named_run(const char *name, const char *sql, std::string *out) { return run(named_conn(name), sql, out); }
+
+PGconn *named_connection(const char *name) { return named_conn(name); }
 
 }  // namespace sharding::move
 

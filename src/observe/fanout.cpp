@@ -30,6 +30,7 @@
 //
 // This file holds no owning C++ object: the hooks run inside PostgreSQL's
 // executor, where any catalog access may longjmp.
+#include "pg/arrays.hpp"
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
 #include "pg/catalog.hpp"
@@ -549,18 +550,10 @@ Shards value_shard(Walk &w, Node *n) {
 
 // key = ANY(array): the union of the shards of the array's elements.
 Shards array_shards(Walk &w, Datum arr, Oid elemtype) {
-    ArrayType *a = DatumGetArrayTypeP(arr);
-    int16 typlen;
-    bool typbyval;
-    char typalign;
-    get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
-    Datum *elems;
-    bool *nulls;
-    int n;
-    deconstruct_array(a, elemtype, typlen, typbyval, typalign, &elems, &nulls, &n);
+    sharding::ArrayElements e = sharding::array_elements(DatumGetArrayTypeP(arr));
     Shards out = kNone;
-    for (int i = 0; i < n && out.reach != Reach::Many; i++)
-        if (!nulls[i]) out = either(w.cur, out, value_of(elems[i], elemtype));
+    for (int i = 0; i < e.count && out.reach != Reach::Many; i++)
+        if (!e.nulls[i]) out = either(w.cur, out, value_of(e.values[i], elemtype));
     return out;
 }
 
@@ -743,6 +736,19 @@ void walk_list(Walk &w, List *plans) {
     foreach (lc, plans) walk_plan(w, static_cast<Plan *>(lfirst(lc)));
 }
 
+// The children a plan node keeps in a list rather than in lefttree and
+// righttree (the nodes of this kind that can run under a counted statement).
+List *child_plans(Plan *plan) {
+    switch (nodeTag(plan)) {
+    case T_Append: return reinterpret_cast<Append *>(plan)->appendplans;
+    case T_MergeAppend: return reinterpret_cast<MergeAppend *>(plan)->mergeplans;
+    case T_BitmapAnd: return reinterpret_cast<BitmapAnd *>(plan)->bitmapplans;
+    case T_BitmapOr: return reinterpret_cast<BitmapOr *>(plan)->bitmapplans;
+    case T_CustomScan: return reinterpret_cast<CustomScan *>(plan)->custom_plans;
+    default: return NIL;
+    }
+}
+
 void walk_plan(Walk &w, Plan *plan) {
     if (plan == nullptr) return;
     check_stack_depth();
@@ -770,31 +776,19 @@ void walk_plan(Walk &w, Plan *plan) {
     case T_CustomScan:
         if (reinterpret_cast<Scan *>(plan)->scanrelid > 0)
             scan_node(w, reinterpret_cast<Scan *>(plan), plan->qual, NIL, NIL);
-        if (IsA(plan, CustomScan)) walk_list(w, reinterpret_cast<CustomScan *>(plan)->custom_plans);
         break;
     case T_ModifyTable: {
         ModifyTable *mt = reinterpret_cast<ModifyTable *>(plan);
         if (mt->operation == CMD_INSERT) insert_node(w, mt);
         break;
     }
-    case T_Append:
-        walk_list(w, reinterpret_cast<Append *>(plan)->appendplans);
-        break;
-    case T_MergeAppend:
-        walk_list(w, reinterpret_cast<MergeAppend *>(plan)->mergeplans);
-        break;
-    case T_BitmapAnd:
-        walk_list(w, reinterpret_cast<BitmapAnd *>(plan)->bitmapplans);
-        break;
-    case T_BitmapOr:
-        walk_list(w, reinterpret_cast<BitmapOr *>(plan)->bitmapplans);
-        break;
     case T_SubqueryScan:
         walk_plan(w, reinterpret_cast<SubqueryScan *>(plan)->subplan);
         break;
     default:
         break;
     }
+    walk_list(w, child_plans(plan));
     walk_plan(w, plan->lefttree);
     walk_plan(w, plan->righttree);
 }
@@ -921,6 +915,23 @@ void notice_off() {
                      errhint("Add 'sharding' to shared_preload_libraries in postgresql.conf and restart "
                              "the server.")));
 }
+
+// The result set of _fanout_counts and fanout_info, or nullptr (after the
+// NOTICE) when the counters are off.
+ReturnSetInfo *counters_result(FunctionCallInfo fcinfo) {
+    InitMaterializedSRF(fcinfo, 0);
+    if (shared == nullptr) {
+        notice_off();
+        return nullptr;
+    }
+    return reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
+}
+
+// One row of four non-NULL columns.
+void put_row(ReturnSetInfo *rsinfo, Datum (&values)[4]) {
+    bool nulls[4] = {false, false, false, false};
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
 }  // namespace
 
 /*
@@ -931,20 +942,15 @@ void notice_off() {
  * start). Without preload: a NOTICE and no row.
  */
 SHARDING_FUNCTION(sharding__fanout_counts) {
-    InitMaterializedSRF(fcinfo, 0);
-    ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
-    if (shared == nullptr) {
-        notice_off();
-        return (Datum)0;
-    }
+    ReturnSetInfo *rsinfo = counters_result(fcinfo);
+    if (rsinfo == nullptr) return (Datum)0;
     LWLockAcquire(shared->lock, LW_SHARED);
     Entry *marker = lookup(MyDatabaseId, InvalidOid);
     TimestampTz db_since = marker && marker->since != 0 ? marker->since : shared->started;
     {
         Datum values[4] = {ObjectIdGetDatum(InvalidOid), Int64GetDatum(0), Int64GetDatum(0),
                            TimestampTzGetDatum(db_since)};
-        bool nulls[4] = {false, false, false, false};
-        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+        put_row(rsinfo, values);
     }
     HASH_SEQ_STATUS scan;
     hash_seq_init(&scan, entries);
@@ -955,8 +961,7 @@ SHARDING_FUNCTION(sharding__fanout_counts) {
                            Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&e->single_shard))),
                            Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&e->fan_out))),
                            TimestampTzGetDatum(e->since != 0 ? e->since : shared->started)};
-        bool nulls[4] = {false, false, false, false};
-        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+        put_row(rsinfo, values);
     }
     LWLockRelease(shared->lock);
     return (Datum)0;
@@ -971,20 +976,15 @@ SHARDING_FUNCTION(sharding__fanout_counts) {
  * since the server started. Without preload: a NOTICE and no row.
  */
 SHARDING_FUNCTION(sharding_fanout_info) {
-    InitMaterializedSRF(fcinfo, 0);
-    ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
-    if (shared == nullptr) {
-        notice_off();
-        return (Datum)0;
-    }
+    ReturnSetInfo *rsinfo = counters_result(fcinfo);
+    if (rsinfo == nullptr) return (Datum)0;
     LWLockAcquire(shared->lock, LW_SHARED);
     Entry *marker = lookup(MyDatabaseId, InvalidOid);
     Datum values[4] = {Int32GetDatum(fanout_max), Int32GetDatum(shared->tables),
                        Int64GetDatum(static_cast<int64>(marker ? marker->evicted : 0)),
                        Int64GetDatum(static_cast<int64>(shared->evicted_all))};
     LWLockRelease(shared->lock);
-    bool nulls[4] = {false, false, false, false};
-    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+    put_row(rsinfo, values);
     return (Datum)0;
 }
 

@@ -2,6 +2,7 @@
 // shared by every observing function, and imbalance(anyarray). The
 // table-scanning functions (distribution, whales, map_load) are SQL in
 // sql/install/80_observe.sql: each is one aggregate query over the table.
+#include "pg/arrays.hpp"
 #include "pg/boundary.hpp"
 #include "core/observe_core.hpp"
 
@@ -76,19 +77,12 @@ SHARDING_FUNCTION(sharding_imbalance) {
         sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
                        "imbalance needs an array of numbers, got %s[]", name);
     }
-    int16 typlen;
-    bool byval;
-    char align;
-    get_typlenbyvalalign(elem, &typlen, &byval, &align);
-    Datum *values;
-    bool *nulls;
-    int count;
-    deconstruct_array(arr, elem, typlen, byval, align, &values, &nulls, &count);
+    sharding::ArrayElements e = sharding::array_elements(arr);
 
     sharding::Imbalance acc;  // owns nothing: PostgreSQL calls below are safe
-    for (int i = 0; i < count; i++) {
-        if (nulls[i]) continue;
-        double load = element_as_double(values[i], elem);
+    for (int i = 0; i < e.count; i++) {
+        if (e.nulls[i]) continue;
+        double load = element_as_double(e.values[i], elem);
         if (!std::isfinite(load) || load < 0)
             sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE,
                            "loads must be finite and non-negative, got %g at position %d", load, i + 1);

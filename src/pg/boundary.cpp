@@ -166,7 +166,9 @@ void rethrow_as_pg_error(MemoryContext cxt) {
  * Exercises the boundary for the regression test: throws each kind of C++
  * exception, or raises a PostgreSQL ERROR through pg_call while C++ objects
  * that own memory are alive. Returns how many such objects have been
- * destroyed so far in this backend, which proves unwinding ran.
+ * destroyed so far in this backend, which proves unwinding ran; 'call_depth'
+ * returns how many calls of this extension are running, this one included
+ * (the count the cache's retirement waits on, cache.hpp).
  */
 namespace {
 int64 destroyed = 0;
@@ -183,6 +185,8 @@ SHARDING_FUNCTION(sharding__boundary_selftest) {
     std::vector<int> owned(1000, 7);
     if (kind == "count") {
         return Int64GetDatum(destroyed);
+    } else if (kind == "call_depth") {
+        return Int64GetDatum(sharding::detail::call_depth);
     } else if (kind == "runtime_error") {
         throw std::runtime_error("boom from C++");
     } else if (kind == "bad_alloc") {

@@ -10,20 +10,14 @@
 extern "C" {
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/transam.h"
 #include "catalog/pg_collation_d.h"
-#include "catalog/pg_namespace_d.h"
-#include "catalog/pg_proc_d.h"
 #include "executor/executor.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/rel.h"
 #include "utils/relcache.h"
-#if PG_VERSION_NUM >= 170000
-#include "storage/procnumber.h"
-#else
-#include "storage/backendid.h"
-#endif
 }
 
 #if PG_VERSION_NUM < 150000
@@ -66,7 +60,24 @@ extern "C" {
 #define SHARDING_EXECUTOR_RUN_ARGS queryDesc, direction, count, execute_once
 #endif
 
+// 17: a decoded change's tuples (ReorderBufferChange.data.tp.newtuple,
+// oldtuple) are HeapTuples; before, ReorderBufferTupleBuf * holding one.
+#if PG_VERSION_NUM >= 170000
+#define SHARDING_CHANGE_TUPLE(t) (t)
+#else
+#define SHARDING_CHANGE_TUPLE(t) ((t) != nullptr ? &(t)->tuple : nullptr)
+#endif
+
 namespace sharding::compat {
+
+// 18: index_beginscan takes the scan's instrumentation (NULL: none).
+inline IndexScanDesc index_beginscan(Relation heap, Relation index, Snapshot snapshot, int nkeys, int norderbys) {
+#if PG_VERSION_NUM >= 180000
+    return ::index_beginscan(heap, index, snapshot, nullptr, nkeys, norderbys);
+#else
+    return ::index_beginscan(heap, index, snapshot, nkeys, norderbys);
+#endif
+}
 
 // 18: RelationGetPrimaryKeyIndex(rel, deferrable_ok). Earlier versions never
 // returned a deferrable primary key, so false keeps their meaning.
@@ -75,35 +86,6 @@ inline Oid primary_key_index(Relation rel) {
     return RelationGetPrimaryKeyIndex(rel, false);
 #else
     return RelationGetPrimaryKeyIndex(rel);
-#endif
-}
-
-// 16: pg_namespace_aclcheck, pg_proc_aclcheck, pg_database_aclcheck ... were
-// folded into object_aclcheck(classid, objectid, roleid, mode).
-// (pg_class_aclcheck and pg_attribute_aclcheck_all are unchanged.)
-inline AclResult namespace_aclcheck(Oid nspid, Oid roleid, AclMode mode) {
-#if PG_VERSION_NUM >= 160000
-    return object_aclcheck(NamespaceRelationId, nspid, roleid, mode);
-#else
-    return pg_namespace_aclcheck(nspid, roleid, mode);
-#endif
-}
-inline AclResult proc_aclcheck(Oid procid, Oid roleid, AclMode mode) {
-#if PG_VERSION_NUM >= 160000
-    return object_aclcheck(ProcedureRelationId, procid, roleid, mode);
-#else
-    return pg_proc_aclcheck(procid, roleid, mode);
-#endif
-}
-
-// 17: BackendId/MyBackendId (1-based) became ProcNumber/MyProcNumber
-// (0-based). This backend's slot in a per-backend shared array of
-// MaxBackends entries, 0-based on every version.
-inline int my_backend_slot() {
-#if PG_VERSION_NUM >= 170000
-    return MyProcNumber;
-#else
-    return MyBackendId - 1;
 #endif
 }
 

@@ -11,43 +11,30 @@ extern "C" {
 
 namespace sharding {
 
+namespace {
+// Each KeyType and the PostgreSQL type it is (both directions read this).
+struct KeyTypeOid {
+    KeyType key;
+    Oid oid;
+};
+constexpr KeyTypeOid kKeyTypeOids[] = {{KeyType::Text, TEXTOID}, {KeyType::Bytea, BYTEAOID},
+                                        {KeyType::Int2, INT2OID}, {KeyType::Int4, INT4OID},
+                                        {KeyType::Int8, INT8OID}, {KeyType::Uuid, UUIDOID}};
+}  // namespace
+
 std::optional<KeyType> key_type_of(Oid type) {
-    switch (type) {
-    case TEXTOID:
-    case VARCHAROID:  // varchar is text with a length limit: hashed as the text it casts to
-        return KeyType::Text;
-    case BYTEAOID:
-        return KeyType::Bytea;
-    case INT2OID:
-        return KeyType::Int2;
-    case INT4OID:
-        return KeyType::Int4;
-    case INT8OID:
-        return KeyType::Int8;
-    case UUIDOID:
-        return KeyType::Uuid;
-    default:
-        // A domain is hashed as its base type; any other type is no key.
-        if (get_typtype(type) != TYPTYPE_DOMAIN) return std::nullopt;
-        return key_type_of(getBaseType(type));
-    }
+    // varchar is text with a length limit: hashed as the text it casts to.
+    if (type == VARCHAROID) return KeyType::Text;
+    for (const KeyTypeOid &k : kKeyTypeOids)
+        if (k.oid == type) return k.key;
+    // A domain is hashed as its base type; any other type is no key.
+    if (get_typtype(type) != TYPTYPE_DOMAIN) return std::nullopt;
+    return key_type_of(getBaseType(type));
 }
 
-Oid key_type_oid(KeyType k) {
-    switch (k) {
-    case KeyType::Text:
-        return TEXTOID;
-    case KeyType::Bytea:
-        return BYTEAOID;
-    case KeyType::Int2:
-        return INT2OID;
-    case KeyType::Int4:
-        return INT4OID;
-    case KeyType::Int8:
-        return INT8OID;
-    case KeyType::Uuid:
-        return UUIDOID;
-    }
+Oid key_type_oid(KeyType key) {
+    for (const KeyTypeOid &k : kKeyTypeOids)
+        if (k.key == key) return k.oid;
     return InvalidOid;
 }
 

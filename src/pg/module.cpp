@@ -22,6 +22,7 @@ void rank_init();   // rank.cpp: rank lists of guarded columns
 void fanout_init();  // fanout.cpp: shared counters and hooks (preload only)
 void guard_init();  // guard.cpp: local state of a data node (this_node, frozen shards)
 void jobs_init();   // jobs.cpp: sharding.max_move_workers, move workers (preload only)
+void copy_init();   // move_copy.cpp: sharding.move_parallel
 }  // namespace sharding
 
 /*
@@ -35,4 +36,5 @@ void _PG_init(void) {
     sharding::fanout_init();
     sharding::guard_init();
     sharding::jobs_init();
+    sharding::copy_init();
 }

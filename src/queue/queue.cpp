@@ -983,6 +983,7 @@ namespace sharding {
 // Called once from _PG_init.
 void queue_init() {
     sharding::cache::register_kind(&queue_kind);
+    sharding::queue::ordered_init();
 }
 }  // namespace sharding
 

@@ -254,6 +254,9 @@ bool rolled_back(TransactionId xid);
 // queue_ordered.cpp: forgets the ordered claims' remembered positions of a
 // queue (fail with retry sent a job back to pending, behind them).
 void forget_ordered_positions(Oid relid);
+// queue_ordered.cpp, from queue_init: the shared positions of the ordered
+// claims (preload only) and their transaction callbacks.
+void ordered_init();
 
 // claim_node with ordered => false, in queue.cpp: the claim of
 // claim_shards (resumable, see queue.cpp) filtered by node_for.

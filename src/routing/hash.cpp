@@ -50,6 +50,14 @@ void check_workers(int32 workers, int32 shards) {
                        "worker count must be between 1 and 2147483647, got %d", workers);
     sharding::check_shard_count(shards);
 }
+
+// The first argument of worker_shards (a worker of `workers`) and worker_of
+// (a shard of `shards`): between 0 and count - 1.
+void check_index(const char *what, int32 index, int32 count) {
+    if (index < 0 || index >= count)
+        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s must be between 0 and %d, got %d", what, count - 1,
+                       index);
+}
 }  // namespace
 
 SHARDING_KEY_FUNCTIONS(sharding_hash64, hash64_body)
@@ -65,9 +73,7 @@ SHARDING_KEY_FUNCTIONS(sharding_jump_shard, jump_shard_body)
 SHARDING_FUNCTION(sharding_worker_shards) {
     int32 worker = PG_GETARG_INT32(0), workers = PG_GETARG_INT32(1), shards = PG_GETARG_INT32(2);
     check_workers(workers, shards);
-    if (worker < 0 || worker >= workers)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "worker must be between 0 and %d, got %d",
-                       workers - 1, worker);
+    check_index("worker", worker, workers);
     sharding::Range r = sharding::dealt_range(worker, workers, shards);
     // No C++ object owns anything from here on: palloc may raise.
     Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * (r.count > 0 ? r.count : 1)));
@@ -84,8 +90,6 @@ SHARDING_FUNCTION(sharding_worker_shards) {
 SHARDING_FUNCTION(sharding_worker_of) {
     int32 shard = PG_GETARG_INT32(0), workers = PG_GETARG_INT32(1), shards = PG_GETARG_INT32(2);
     check_workers(workers, shards);
-    if (shard < 0 || shard >= shards)
-        sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "shard must be between 0 and %d, got %d",
-                       shards - 1, shard);
+    check_index("shard", shard, shards);
     PG_RETURN_INT32(sharding::dealt_owner(shard, workers, shards));
 }

@@ -36,7 +36,6 @@
 #include "pg/cache.hpp"
 #include "pg/keys.hpp"
 #include "pg/shard_lock.hpp"
-#include "core/rebalance.hpp"
 #include "core/route_cache.hpp"
 
 #include <iterator>
@@ -167,21 +166,28 @@ Oid lookup_maps_relid() {
     return get_relname_relid("maps", get_namespace_oid("sharding", false));
 }
 
-// The config of one map, read by SPI and copied out of SPI's memory. Plain
-// C data, palloc'd in the caller's context.
+// Rows of the config tables, read by SPI and copied out of SPI's memory.
+// Plain C data, palloc'd in the caller's context.
+struct ShardRows {  // logical, node, epoch of sharding.shards
+    uint64 n;
+    int32 *logical;
+    int64 *epoch;
+    char **node;
+    int *node_len;
+};
+struct PinRows {  // key, node of sharding.pins
+    uint64 n;
+    char **key;
+    int *key_len;
+    char **node;
+    int *node_len;
+};
+// The config of one map.
 struct RawMap {
     bool found;
     int32 logical_shards;
-    uint64 nshards;
-    int32 *logical;
-    int64 *epoch;
-    char **shard_node;
-    int *shard_node_len;
-    uint64 npins;
-    char **pin_key;
-    int *pin_key_len;
-    char **pin_node;
-    int *pin_node_len;
+    ShardRows shards;
+    PinRows pins;
 };
 
 char *spi_text(HeapTuple tup, TupleDesc desc, int col, int *len) {
@@ -199,6 +205,52 @@ char *spi_text(HeapTuple tup, TupleDesc desc, int col, int *len) {
     return out;
 }
 
+// Runs a read-only query (operators qualified: these run under the caller's
+// search_path) with the snapshot `snap`; its rows are SPI_tuptable's, their
+// number the result. May ereport.
+uint64 run_read(const char *sql, int nargs, Oid *argtypes, Datum *args, Snapshot snap, long limit) {
+    SPIPlanPtr plan = SPI_prepare(sql, nargs, argtypes);
+    if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+    int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, limit);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+    return SPI_processed;
+}
+
+// Copies the n rows (logical, node, epoch) of SPI_tuptable. May ereport.
+void copy_shards(uint64 n, ShardRows *out) {
+    SPITupleTable *tt = SPI_tuptable;
+    out->n = n;
+    out->logical = static_cast<int32 *>(SPI_palloc(sizeof(int32) * (n + 1)));
+    out->epoch = static_cast<int64 *>(SPI_palloc(sizeof(int64) * (n + 1)));
+    out->node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+    out->node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+    for (uint64 i = 0; i < n; i++) {
+        bool isnull;
+        out->logical[i] = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
+        out->node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &out->node_len[i]);
+        Datum e = SPI_getbinval(tt->vals[i], tt->tupdesc, 3, &isnull);
+        out->epoch[i] = isnull ? 0 : DatumGetInt64(e);
+    }
+    SPI_freetuptable(tt);
+}
+
+// Copies the n rows (key, node) of SPI_tuptable. May ereport.
+void copy_pins(uint64 n, PinRows *out) {
+    SPITupleTable *tt = SPI_tuptable;
+    out->n = n;
+    out->key = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+    out->key_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+    out->node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
+    out->node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
+    for (uint64 i = 0; i < n; i++) {
+        out->key[i] = spi_text(tt->vals[i], tt->tupdesc, 1, &out->key_len[i]);
+        out->node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &out->node_len[i]);
+    }
+    SPI_freetuptable(tt);
+}
+
+const char shards_sql[] = "SELECT logical, node, epoch FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1";
+
 // Reads one map's config with the latest committed snapshot (not the
 // transaction's: a REPEATABLE READ transaction must not cache, as valid, a
 // config older than an invalidation it has already received). May ereport:
@@ -210,49 +262,16 @@ void load_raw(text *map, RawMap *raw) {
     Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
     Oid argtypes[1] = {TEXTOID};
     Datum args[1] = {PointerGetDatum(map)};
-    // Operators qualified: these run under the caller's search_path.
-    const char *queries[3] = {
-        "SELECT logical_shards FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1",
-        "SELECT logical, node, epoch FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1",
-        "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1",
-    };
-    for (int q = 0; q < 3; q++) {
-        SPIPlanPtr plan = SPI_prepare(queries[q], 1, argtypes);
-        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 0);
-        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-        SPITupleTable *tt = SPI_tuptable;
-        uint64 n = SPI_processed;
-        if (q == 0) {
-            if (n == 0) break;
-            bool isnull;
-            raw->found = true;
-            raw->logical_shards = DatumGetInt32(SPI_getbinval(tt->vals[0], tt->tupdesc, 1, &isnull));
-        } else if (q == 1) {
-            raw->nshards = n;
-            raw->logical = static_cast<int32 *>(SPI_palloc(sizeof(int32) * (n + 1)));
-            raw->epoch = static_cast<int64 *>(SPI_palloc(sizeof(int64) * (n + 1)));
-            raw->shard_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
-            raw->shard_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
-            for (uint64 i = 0; i < n; i++) {
-                bool isnull;
-                raw->logical[i] = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
-                raw->shard_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &raw->shard_node_len[i]);
-                Datum e = SPI_getbinval(tt->vals[i], tt->tupdesc, 3, &isnull);
-                raw->epoch[i] = isnull ? 0 : DatumGetInt64(e);
-            }
-        } else {
-            raw->npins = n;
-            raw->pin_key = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
-            raw->pin_key_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
-            raw->pin_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
-            raw->pin_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
-            for (uint64 i = 0; i < n; i++) {
-                raw->pin_key[i] = spi_text(tt->vals[i], tt->tupdesc, 1, &raw->pin_key_len[i]);
-                raw->pin_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &raw->pin_node_len[i]);
-            }
-        }
-        SPI_freetuptable(tt);
+    if (run_read("SELECT logical_shards FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes, args,
+                 snap, 0) > 0) {
+        bool isnull;
+        raw->found = true;
+        raw->logical_shards = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+        SPI_freetuptable(SPI_tuptable);
+        copy_shards(run_read(shards_sql, 1, argtypes, args, snap, 0), &raw->shards);
+        copy_pins(run_read("SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes, args,
+                           snap, 0),
+                  &raw->pins);
     }
     UnregisterSnapshot(snap);
     SPI_finish();
@@ -296,37 +315,40 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     fresh->shard_mod.set(static_cast<uint64_t>(raw.logical_shards));
     // The shard rows bound the allocation: a logical_shards value edited by
     // hand (say 2^31 - 1) must give a clean ERROR, not an 8 GB vector.
-    if (raw.nshards != static_cast<uint64>(raw.logical_shards))
+    if (raw.shards.n != static_cast<uint64>(raw.logical_shards))
         sharding::fail(ERRCODE_DATA_CORRUPTED, "map \"%s\" has %d logical shards but %llu shard rows", key.c_str(),
-                       raw.logical_shards, static_cast<unsigned long long>(raw.nshards));
+                       raw.logical_shards, static_cast<unsigned long long>(raw.shards.n));
     fresh->owner.assign(static_cast<size_t>(raw.logical_shards), -1);
     fresh->epoch.assign(static_cast<size_t>(raw.logical_shards), 0);
-    for (uint64 i = 0; i < raw.nshards; i++) {
-        int32 l = raw.logical[i];
-        if (l < 0 || l >= raw.logical_shards || raw.shard_node[i] == nullptr)
+    for (uint64 i = 0; i < raw.shards.n; i++) {
+        int32 l = raw.shards.logical[i];
+        if (l < 0 || l >= raw.logical_shards || raw.shards.node[i] == nullptr)
             sharding::fail(ERRCODE_DATA_CORRUPTED, "map \"%s\" has an invalid shard row for logical shard %d",
                            key.c_str(), l);
-        fresh->owner[static_cast<size_t>(l)] = fresh->node_index(raw.shard_node[i], raw.shard_node_len[i]);
-        fresh->epoch[static_cast<size_t>(l)] = raw.epoch[i];
+        fresh->owner[static_cast<size_t>(l)] = fresh->node_index(raw.shards.node[i], raw.shards.node_len[i]);
+        fresh->epoch[static_cast<size_t>(l)] = raw.shards.epoch[i];
     }
     for (int32 l = 0; l < raw.logical_shards; l++)
         if (fresh->owner[static_cast<size_t>(l)] < 0)
             sharding::fail(ERRCODE_DATA_CORRUPTED, "logical shard %d of map \"%s\" has no owner", l,
                            key.c_str());
     {
-        std::vector<std::string> keys;
+        // The keys' bytes stay where load_raw copied them (raw outlives the
+        // build): no copy of a million keys.
+        std::vector<sharding::PinTable::KeyRef> keys;
         std::vector<uint64_t> hashes;
         std::vector<int32_t> nodes;
-        keys.reserve(raw.npins);
-        hashes.reserve(raw.npins);
-        nodes.reserve(raw.npins);
-        for (uint64 i = 0; i < raw.npins; i++) {
-            if (raw.pin_key[i] == nullptr || raw.pin_node[i] == nullptr) continue;
-            keys.emplace_back(raw.pin_key[i], raw.pin_key_len[i]);
-            hashes.push_back(sharding::hash_bytes(raw.pin_key[i], raw.pin_key_len[i]));
-            nodes.push_back(fresh->node_index(raw.pin_node[i], raw.pin_node_len[i]));
+        keys.reserve(raw.pins.n);
+        hashes.reserve(raw.pins.n);
+        nodes.reserve(raw.pins.n);
+        for (uint64 i = 0; i < raw.pins.n; i++) {
+            if (raw.pins.key[i] == nullptr || raw.pins.node[i] == nullptr) continue;
+            const size_t key_len = static_cast<size_t>(raw.pins.key_len[i]);
+            keys.push_back({raw.pins.key[i], key_len});
+            hashes.push_back(sharding::hash_bytes(raw.pins.key[i], key_len));
+            nodes.push_back(fresh->node_index(raw.pins.node[i], raw.pins.node_len[i]));
         }
-        fresh->pins.build(keys, hashes, nodes);
+        fresh->pins.build(keys.data(), hashes.data(), nodes.data(), keys.size());
         fresh->node_pins.assign(fresh->nodes.size(), 0);
         for (int32_t n : nodes) fresh->node_pins[static_cast<size_t>(n)]++;
     }
@@ -350,20 +372,11 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
 }
 
 // ---- incremental changes (docs/directory.md)
-// What refresh reads: the shard rows and/or the current pins of some keys,
-// copied out of SPI's memory (plain C, palloc'd in the caller's context).
+// What refresh reads: the shard rows and/or the current pins of some keys.
 struct RawDelta {
     bool map_found;
-    uint64 nshards;
-    int32 *logical;
-    int64 *epoch;
-    char **shard_node;
-    int *shard_node_len;
-    uint64 npins;
-    char **pin_key;
-    int *pin_key_len;
-    char **pin_node;
-    int *pin_node_len;
+    ShardRows shards;
+    PinRows pins;
 };
 
 // Reads, with the latest committed snapshot, the shard rows of the map (when
@@ -375,57 +388,17 @@ void load_delta(const char *name, size_t len, bool shards, char **keys, int *key
     Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
     Oid argtypes[2] = {TEXTOID, TEXTARRAYOID};
     Datum args[2] = {PointerGetDatum(map), (Datum)0};
-    {
-        SPIPlanPtr plan = SPI_prepare("SELECT 1 FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes);
-        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 1);
-        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-        d->map_found = SPI_processed > 0;
-    }
-    if (d->map_found && shards) {
-        SPIPlanPtr plan = SPI_prepare(
-            "SELECT logical, node, epoch FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes);
-        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 0);
-        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-        uint64 n = SPI_processed;
-        SPITupleTable *tt = SPI_tuptable;
-        d->nshards = n;
-        d->logical = static_cast<int32 *>(SPI_palloc(sizeof(int32) * (n + 1)));
-        d->epoch = static_cast<int64 *>(SPI_palloc(sizeof(int64) * (n + 1)));
-        d->shard_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
-        d->shard_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
-        for (uint64 i = 0; i < n; i++) {
-            bool isnull;
-            d->logical[i] = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
-            d->shard_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &d->shard_node_len[i]);
-            Datum e = SPI_getbinval(tt->vals[i], tt->tupdesc, 3, &isnull);
-            d->epoch[i] = isnull ? 0 : DatumGetInt64(e);
-        }
-        SPI_freetuptable(tt);
-    }
+    d->map_found = run_read("SELECT 1 FROM sharding.maps WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes, args, snap,
+                            1) > 0;
+    if (d->map_found && shards) copy_shards(run_read(shards_sql, 1, argtypes, args, snap, 0), &d->shards);
     if (d->map_found && nkeys > 0) {
         Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * nkeys));
         for (int i = 0; i < nkeys; i++) elems[i] = PointerGetDatum(cstring_to_text_with_len(keys[i], key_lens[i]));
         args[1] = PointerGetDatum(construct_array(elems, nkeys, TEXTOID, -1, false, TYPALIGN_INT));
-        SPIPlanPtr plan = SPI_prepare(
-            "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1 "
-            "AND key OPERATOR(pg_catalog.=) ANY ($2)", 2, argtypes);
-        if (plan == nullptr) elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-        int rc = SPI_execute_snapshot(plan, args, nullptr, snap, InvalidSnapshot, true, false, 0);
-        if (rc != SPI_OK_SELECT) elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-        uint64 n = SPI_processed;
-        SPITupleTable *tt = SPI_tuptable;
-        d->npins = n;
-        d->pin_key = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
-        d->pin_key_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
-        d->pin_node = static_cast<char **>(SPI_palloc(sizeof(char *) * (n + 1)));
-        d->pin_node_len = static_cast<int *>(SPI_palloc(sizeof(int) * (n + 1)));
-        for (uint64 i = 0; i < n; i++) {
-            d->pin_key[i] = spi_text(tt->vals[i], tt->tupdesc, 1, &d->pin_key_len[i]);
-            d->pin_node[i] = spi_text(tt->vals[i], tt->tupdesc, 2, &d->pin_node_len[i]);
-        }
-        SPI_freetuptable(tt);
+        copy_pins(run_read("SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1 "
+                           "AND key OPERATOR(pg_catalog.=) ANY ($2)",
+                           2, argtypes, args, snap, 0),
+                  &d->pins);
     }
     UnregisterSnapshot(snap);
     SPI_finish();
@@ -480,19 +453,19 @@ bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
     });
     if (!complete || !d.map_found) return false;
     if (shards) {
-        if (d.nshards != static_cast<uint64>(m->logical_shards)) return false;
-        for (uint64 i = 0; i < d.nshards; i++)
-            if (d.logical[i] < 0 || d.logical[i] >= m->logical_shards || d.shard_node[i] == nullptr) return false;
+        if (d.shards.n != static_cast<uint64>(m->logical_shards)) return false;
+        for (uint64 i = 0; i < d.shards.n; i++)
+            if (d.shards.logical[i] < 0 || d.shards.logical[i] >= m->logical_shards || d.shards.node[i] == nullptr) return false;
     }
     // From here C++ only (no PostgreSQL call that may ereport); an exception
     // leaves the entry half-changed, so the caller drops it.
     size_t nodes_before = m->nodes.size();
     bool added;
     if (shards)
-        for (uint64 i = 0; i < d.nshards; i++) {
-            const size_t l = static_cast<size_t>(d.logical[i]);
-            m->owner[l] = m->find_or_add_node(d.shard_node[i], d.shard_node_len[i], &added);
-            m->epoch[l] = d.epoch[i];
+        for (uint64 i = 0; i < d.shards.n; i++) {
+            const size_t l = static_cast<size_t>(d.shards.logical[i]);
+            m->owner[l] = m->find_or_add_node(d.shards.node[i], d.shards.node_len[i], &added);
+            m->epoch[l] = d.shards.epoch[i];
         }
     m->node_pins.resize(m->nodes.size(), 0);
     for (int k = 0; k < keys.n; k++) {
@@ -500,13 +473,13 @@ bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
         const size_t len = static_cast<size_t>(keys.lens[k]);
         const uint64_t h = sharding::hash_bytes(key, len);
         int64 row = -1;
-        for (uint64 i = 0; i < d.npins && row < 0; i++)
-            if (static_cast<size_t>(d.pin_key_len[i]) == len && memcmp(d.pin_key[i], key, len) == 0 &&
-                d.pin_node[i] != nullptr)
+        for (uint64 i = 0; i < d.pins.n && row < 0; i++)
+            if (static_cast<size_t>(d.pins.key_len[i]) == len && memcmp(d.pins.key[i], key, len) == 0 &&
+                d.pins.node[i] != nullptr)
                 row = static_cast<int64>(i);
         int32_t before;
         if (row >= 0) {
-            int32_t node = m->find_or_add_node(d.pin_node[row], d.pin_node_len[row], &added);
+            int32_t node = m->find_or_add_node(d.pins.node[row], d.pins.node_len[row], &added);
             m->node_pins.resize(m->nodes.size(), 0);
             before = m->pins.upsert(h, key, len, node);
             m->node_pins[static_cast<size_t>(node)]++;
@@ -835,53 +808,6 @@ SHARDING_FUNCTION(sharding__lock_shard) {
 SHARDING_FUNCTION(sharding__lock_map) {
     lock_shard_tag(PG_GETARG_TEXT_PP(0), sharding::map_level, ExclusiveLock);
     PG_RETURN_VOID();
-}
-
-/*
- * _rebalance_plan(owners text[], targets text[])
- *     RETURNS TABLE(logical integer, from_node text, to_node text)
- *
- * Internal: the pure C++ planner (rebalance.cpp) seen from SQL. owners[i]
- * is the owner of logical shard i; the caller validated targets.
- */
-SHARDING_FUNCTION(sharding__rebalance_plan) {
-    ArrayType *owners_arr = PG_GETARG_ARRAYTYPE_P(0), *targets_arr = PG_GETARG_ARRAYTYPE_P(1);
-    Datum *owner_d, *target_d;
-    bool *owner_n, *target_n;
-    int n_owners, n_targets;
-    deconstruct_array(owners_arr, TEXTOID, -1, false, TYPALIGN_INT, &owner_d, &owner_n, &n_owners);
-    deconstruct_array(targets_arr, TEXTOID, -1, false, TYPALIGN_INT, &target_d, &target_n, &n_targets);
-    for (int i = 0; i < n_owners; i++)
-        if (owner_n[i]) sharding::fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "owner of logical shard %d is NULL", i);
-    for (int i = 0; i < n_targets; i++)
-        if (target_n[i]) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "nodes must not contain NULL");
-    // The arrays' elements are plain text (deconstruct_array does not detoast
-    // elements, but array elements are never toasted themselves).
-    std::vector<std::string> owners, targets;
-    owners.reserve(n_owners);
-    targets.reserve(n_targets);
-    for (int i = 0; i < n_owners; i++) {
-        text *t = reinterpret_cast<text *>(DatumGetPointer(owner_d[i]));
-        owners.emplace_back(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
-    }
-    for (int i = 0; i < n_targets; i++) {
-        text *t = reinterpret_cast<text *>(DatumGetPointer(target_d[i]));
-        targets.emplace_back(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t));
-    }
-    std::vector<sharding::Move> moves = sharding::plan_rebalance(owners, targets);
-
-    ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
-    sharding::pg_call([&] { InitMaterializedSRF(fcinfo, 0); });
-    for (const sharding::Move &mv : moves) {
-        sharding::pg_call([&] {
-            Datum values[3] = {Int32GetDatum(mv.logical),
-                               PointerGetDatum(cstring_to_text_with_len(mv.from.data(), mv.from.size())),
-                               PointerGetDatum(cstring_to_text_with_len(mv.to.data(), mv.to.size()))};
-            bool nulls[3] = {false, false, false};
-            tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-        });
-    }
-    return (Datum)0;
 }
 
 /*

@@ -77,7 +77,10 @@ ensure_packages() {
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++')
     log "installing: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null ||
+    # Another apt (unattended upgrades on a fresh machine) may hold dpkg's
+    # lock for a while: wait for it rather than fail.
+    local wait=(-o DPkg::Lock::Timeout=600)
+    apt-get "${wait[@]}" update -qq >/dev/null && apt-get "${wait[@]}" install -y -qq "${missing[@]}" >/dev/null ||
         { log "apt-get install failed"; return 1; }
 }
 
@@ -94,9 +97,22 @@ build_and_install() {
         dest=(DESTDIR="$SHARDING_PGROOT")
     fi
     log "building and installing sharding"
+    # `install` rewrites an existing file in place, and a server that has
+    # the library mapped then crashes: the installed library is renamed
+    # first, so running servers keep the old file and new backends load the
+    # new one (the demo harness reinstalls while the test cluster runs).
+    local lib
+    lib=${SHARDING_PGROOT:-}$($PG_CONFIG --pkglibdir)/sharding.so
     # shellcheck disable=SC2086
-    make -s $flags PG_CONFIG=$PG_CONFIG >/dev/null &&
-        make -s $flags PG_CONFIG=$PG_CONFIG "${dest[@]}" install >/dev/null
+    make -s $flags PG_CONFIG=$PG_CONFIG >/dev/null || return 1
+    if [ -f "$lib" ]; then mv -f "$lib" "$lib.replaced" || return 1; fi
+    # shellcheck disable=SC2086
+    if make -s $flags PG_CONFIG=$PG_CONFIG "${dest[@]}" install >/dev/null; then
+        rm -f "$lib.replaced"
+    else
+        [ -f "$lib.replaced" ] && [ ! -f "$lib" ] && mv -f "$lib.replaced" "$lib"
+        return 1
+    fi
 }
 
 # Runs a command as the server's OS user.

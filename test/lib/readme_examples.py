@@ -153,39 +153,61 @@ def _parse_readme(path):
     return sections
 
 
+def skip_token(sql, i):
+    """Where the comment or quoted text starting at sql[i] ends (the index
+    after it), or None if none starts there: -- and (nested) /* */ comments,
+    'strings' (E'' with backslash escapes), "identifiers" and $tag$ dollar
+    quotes. Unterminated ones run to the end."""
+    n = len(sql)
+    c = sql[i]
+    if sql.startswith('--', i):
+        j = sql.find('\n', i)
+        return n if j < 0 else j
+    if sql.startswith('/*', i):
+        depth, j = 1, i + 2
+        while j < n and depth:
+            if sql.startswith('/*', j):
+                depth, j = depth + 1, j + 2
+            elif sql.startswith('*/', j):
+                depth, j = depth - 1, j + 2
+            else:
+                j += 1
+        return j
+    if c in ("'", '"'):
+        escapes = c == "'" and i > 0 and sql[i - 1] in 'eE' and (i < 2 or not (sql[i - 2].isalnum() or sql[i - 2] == '_'))
+        j = i + 1
+        while j < n:
+            if escapes and sql[j] == '\\':
+                j += 2
+                continue
+            if sql[j] == c:
+                if j + 1 < n and sql[j + 1] == c:
+                    j += 2
+                    continue
+                break
+            j += 1
+        return min(j + 1, n)
+    if c == '$' and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == '_')):
+        m = re.match(r'\$([A-Za-z_][A-Za-z_0-9]*)?\$', sql[i:])
+        if m:
+            tag = m.group(0)
+            j = sql.find(tag, i + len(tag))
+            return n if j < 0 else j + len(tag)
+    return None
+
+
 def strip_comments(sql):
     """The statement without -- and /* */ comments (for display and detection)."""
     out, i, n = [], 0, len(sql)
     while i < n:
-        c = sql[i]
-        if sql.startswith('--', i):
-            j = sql.find('\n', i)
-            i = n if j < 0 else j
-        elif sql.startswith('/*', i):
-            j = sql.find('*/', i + 2)
-            i = n if j < 0 else j + 2
-        elif c in ("'", '"'):
-            j = i + 1
-            while j < n:
-                if sql[j] == c:
-                    if j + 1 < n and sql[j + 1] == c:
-                        j += 2
-                        continue
-                    break
-                j += 1
-            out.append(sql[i:j + 1])
-            i = j + 1
-        else:
-            m = re.match(r'\$([A-Za-z_][A-Za-z_0-9]*)?\$', sql[i:]) if c == '$' else None
-            if m and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == '_')):
-                tag = m.group(0)
-                j = sql.find(tag, i + len(tag))
-                j = n if j < 0 else j + len(tag)
-                out.append(sql[i:j])
-                i = j
-            else:
-                out.append(c)
-                i += 1
+        j = skip_token(sql, i)
+        if j is None:
+            out.append(sql[i])
+            i += 1
+            continue
+        if not sql.startswith(('--', '/*'), i):
+            out.append(sql[i:j])
+        i = j
     return ''.join(out)
 
 
@@ -225,43 +247,10 @@ def split_statements(block):
             stmts.append(Statement(sql[i:j].strip(), line_at(i), meta=True))
             i = buf_start = j
             continue
-        if sql.startswith('--', i):
-            j = sql.find('\n', i)
-            i = n if j < 0 else j
-            continue
-        if sql.startswith('/*', i):
-            depth, j = 1, i + 2
-            while j < n and depth:
-                if sql.startswith('/*', j):
-                    depth, j = depth + 1, j + 2
-                elif sql.startswith('*/', j):
-                    depth, j = depth - 1, j + 2
-                else:
-                    j += 1
+        j = skip_token(sql, i)
+        if j is not None:
             i = j
             continue
-        if c in ("'", '"'):
-            escapes = c == "'" and i > 0 and sql[i - 1] in 'eE' and (i < 2 or not (sql[i - 2].isalnum() or sql[i - 2] == '_'))
-            j = i + 1
-            while j < n:
-                if escapes and sql[j] == '\\':
-                    j += 2
-                    continue
-                if sql[j] == c:
-                    if j + 1 < n and sql[j + 1] == c:
-                        j += 2
-                        continue
-                    break
-                j += 1
-            i = j + 1
-            continue
-        if c == '$' and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == '_')):
-            m = re.match(r'\$([A-Za-z_][A-Za-z_0-9]*)?\$', sql[i:])
-            if m:
-                tag = m.group(0)
-                j = sql.find(tag, i + len(tag))
-                i = n if j < 0 else j + len(tag)
-                continue
         if c == ';':
             text = sql[buf_start:i + 1]
             # where the statement really starts (skip blank lines and comments)

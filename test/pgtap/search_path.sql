@@ -13,64 +13,57 @@ GRANT ALL ON evil.calls TO PUBLIC;
 CREATE FUNCTION evil.log(fn text) RETURNS void LANGUAGE sql
     SET search_path = pg_catalog AS $$ INSERT INTO evil.calls VALUES (fn) $$;
 
--- Shadowing functions: same name and argument types as the builtins.
-CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('now'); RETURN pg_catalog.now(); END $$;
-CREATE FUNCTION evil.quote_ident(text) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('quote_ident'); RETURN pg_catalog.quote_ident($1); END $$;
-CREATE FUNCTION evil.quote_literal(text) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('quote_literal'); RETURN pg_catalog.quote_literal($1); END $$;
-CREATE FUNCTION evil.format(text) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('format'); RETURN $1; END $$;
-CREATE FUNCTION evil.lower(text) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('lower'); RETURN pg_catalog.lower($1); END $$;
-CREATE FUNCTION evil.upper(text) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('upper'); RETURN pg_catalog.upper($1); END $$;
-CREATE FUNCTION evil.length(text) RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('length'); RETURN pg_catalog.length($1); END $$;
-CREATE FUNCTION evil.nextval(regclass) RETURNS bigint LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('nextval'); RETURN pg_catalog.nextval($1); END $$;
-CREATE FUNCTION evil.array_length(anyarray, integer) RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('array_length'); RETURN pg_catalog.array_length($1, $2); END $$;
-CREATE FUNCTION evil.cardinality(anyarray) RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('cardinality'); RETURN pg_catalog.cardinality($1); END $$;
-CREATE FUNCTION evil.array_position(anycompatiblearray, anycompatible) RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('array_position'); RETURN pg_catalog.array_position($1, $2); END $$;
-CREATE FUNCTION evil.abs(integer) RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('abs'); RETURN pg_catalog.abs($1); END $$;
-CREATE FUNCTION evil.hashtext(text) RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('hashtext'); RETURN pg_catalog.hashtext($1); END $$;
-CREATE FUNCTION evil.repeat(text, integer) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('repeat'); RETURN pg_catalog.repeat($1, $2); END $$;
-CREATE FUNCTION evil.lpad(text, integer, text) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('lpad'); RETURN pg_catalog.lpad($1, $2, $3); END $$;
+-- Shadowing functions: same name and argument types as the builtins. Each
+-- logs its call, then returns what the builtin would.
+DO $do$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT * FROM (VALUES
+            ('now', '', 'timestamptz'),
+            ('quote_ident', 'text', 'text'),
+            ('quote_literal', 'text', 'text'),
+            ('format', 'text', 'text'),
+            ('lower', 'text', 'text'),
+            ('upper', 'text', 'text'),
+            ('length', 'text', 'integer'),
+            ('nextval', 'regclass', 'bigint'),
+            ('array_length', 'anyarray, integer', 'integer'),
+            ('cardinality', 'anyarray', 'integer'),
+            ('array_position', 'anycompatiblearray, anycompatible', 'integer'),
+            ('abs', 'integer', 'integer'),
+            ('hashtext', 'text', 'integer'),
+            ('repeat', 'text, integer', 'text'),
+            ('lpad', 'text, integer, text', 'text')) AS v(name, args, returns) LOOP
+        EXECUTE format('CREATE FUNCTION evil.%I(%s) RETURNS %s LANGUAGE plpgsql SET search_path = pg_catalog AS '
+                       '$$ BEGIN PERFORM evil.log(%L); RETURN pg_catalog.%I(%s); END $$',
+                       f.name, f.args, f.returns, f.name, f.name,
+                       (SELECT string_agg('$' || i, ', ') FROM generate_series(1, cardinality(string_to_array(f.args, ','))) i));
+    END LOOP;
+END $do$;
 CREATE FUNCTION evil.greatest_(integer) RETURNS integer LANGUAGE sql AS $$ SELECT 1 $$;
 
--- Shadowing operators for the types the extension compares.
-CREATE FUNCTION evil.texteq(text, text) RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('= text'); RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
-CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.texteq);
-CREATE FUNCTION evil.int4eq(integer, integer) RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('= int4'); RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
-CREATE OPERATOR evil.= (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.int4eq);
-CREATE FUNCTION evil.int8eq(bigint, bigint) RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('= int8'); RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
-CREATE OPERATOR evil.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.int8eq);
-CREATE FUNCTION evil.int4lt(integer, integer) RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('< int4'); RETURN $1 OPERATOR(pg_catalog.<) $2; END $$;
-CREATE OPERATOR evil.< (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.int4lt);
-CREATE FUNCTION evil.tstzlt(timestamptz, timestamptz) RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('< timestamptz'); RETURN $1 OPERATOR(pg_catalog.<) $2; END $$;
-CREATE OPERATOR evil.< (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = evil.tstzlt);
-CREATE FUNCTION evil.textcat(text, text) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('|| text'); RETURN $1 OPERATOR(pg_catalog.||) $2; END $$;
-CREATE OPERATOR evil.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.textcat);
-CREATE FUNCTION evil.tstzpl(timestamptz, interval) RETURNS timestamptz LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('+ interval'); RETURN $1 OPERATOR(pg_catalog.+) $2; END $$;
-CREATE OPERATOR evil.+ (LEFTARG = timestamptz, RIGHTARG = interval, FUNCTION = evil.tstzpl);
-CREATE FUNCTION evil.int4pl(integer, integer) RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog AS
-    $$ BEGIN PERFORM evil.log('+ int4'); RETURN $1 OPERATOR(pg_catalog.+) $2; END $$;
-CREATE OPERATOR evil.+ (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.int4pl);
+-- Shadowing operators for the types the extension compares, each logging
+-- its call.
+DO $do$
+DECLARE
+    o record;
+BEGIN
+    FOR o IN SELECT * FROM (VALUES
+            ('texteq', '=', 'text', 'text', 'boolean', '= text'),
+            ('int4eq', '=', 'integer', 'integer', 'boolean', '= int4'),
+            ('int8eq', '=', 'bigint', 'bigint', 'boolean', '= int8'),
+            ('int4lt', '<', 'integer', 'integer', 'boolean', '< int4'),
+            ('tstzlt', '<', 'timestamptz', 'timestamptz', 'boolean', '< timestamptz'),
+            ('textcat', '||', 'text', 'text', 'text', '|| text'),
+            ('tstzpl', '+', 'timestamptz', 'interval', 'timestamptz', '+ interval'),
+            ('int4pl', '+', 'integer', 'integer', 'integer', '+ int4')) AS v(fn, op, l, r, returns, label) LOOP
+        EXECUTE format('CREATE FUNCTION evil.%I(%s, %s) RETURNS %s LANGUAGE plpgsql SET search_path = pg_catalog AS '
+                       '$$ BEGIN PERFORM evil.log(%L); RETURN $1 OPERATOR(pg_catalog.%s) $2; END $$',
+                       o.fn, o.l, o.r, o.returns, o.label, o.op);
+        EXECUTE format('CREATE OPERATOR evil.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = evil.%I)', o.op, o.l, o.r, o.fn);
+    END LOOP;
+END $do$;
 
 -- Shadowing tables: an unqualified reference would read these.
 CREATE TABLE evil.maps (map text, logical_shards integer);

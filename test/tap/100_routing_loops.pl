@@ -1,11 +1,12 @@
-# Issue 23, the minimal reproduction: node_for, logical_shard, partition_for,
-# epoch and the guard, each called in a PL/pgSQL loop inside ONE transaction
-# while another session commits a change (a move, a re-created map, a pin, a
-# replicated owner switch), also under REPEATABLE READ. Every loop must see the change at its next call,
-# within a second of the commit. Version 1.2 kept the map of the
-# transaction's first call until the transaction ended: every loop ran to
-# its limit with the old answer. Run once with the library preloaded (shared
-# change counters) and once without (the per-backend fallback).
+# When a change is seen (docs/directory.md), the minimal reproduction:
+# node_for, logical_shard, partition_for, epoch and the guard, each called in
+# a PL/pgSQL loop inside ONE transaction while another session commits a
+# change (a move, a re-created map, a pin, a replicated owner switch), also
+# under REPEATABLE READ. Every loop must see the change at its next call,
+# within a second of the commit. Version 1.2 kept the map of the transaction's
+# first call until the transaction ended: every loop ran to its limit with the
+# old answer. Run once with the library preloaded (shared change counters) and
+# once without (the per-backend fallback).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;

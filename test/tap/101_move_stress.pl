@@ -1,4 +1,5 @@
-# Issue 23, the stress test: 20 moves under 6 writers on a busy machine.
+# When a change is seen (docs/directory.md), the stress test: 20 moves under 6
+# writers on a busy machine.
 #
 # One cluster: a coordinator database (map 'acc', 8 logical shards over n1,
 # n2, n3) and three data databases n1, n2, n3, each a guarded follower

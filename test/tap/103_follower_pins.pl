@@ -1,9 +1,10 @@
-# Issue 26 on a follower: pins changed on the coordinator reach a follower
-# through the configuration publication, and a follower backend that keeps
-# the map cached sees them at its next call (logical-replication apply fires
-# the row triggers; its commit bumps the follower's shared counters and
-# fills its ring). 100,000 pins by pin_many, then one pin and one unpin;
-# reports how long each took to reach the follower's routing.
+# Pins at scale (docs/directory.md) on a follower: pins changed on the
+# coordinator reach a follower through the configuration publication, and a
+# follower backend that keeps the map cached sees them at its next call
+# (logical-replication apply fires the row triggers; its commit bumps the
+# follower's shared counters and fills its ring). 100,000 pins by pin_many,
+# then one pin and one unpin; reports how long each took to reach the
+# follower's routing.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;

@@ -1,11 +1,11 @@
-# claim_ordered and claim_node(..., ordered => true): keys take turns,
-# oldest head first, whatever the queue looks like (contract sections 9 and
-# 14, issue 27): a batch of b holds the b first heads in claim order among
-# the keys that have a claimable head, also when the oldest jobs of the
-# queue all belong to one key (a whale). Then several workers, each its own
-# backend (with its own remembered position), claim and complete in turns,
-# and every claim is checked against an oracle computed in SQL right before
-# it; and workers whose claims interleave inside open transactions.
+# claim_ordered and claim_node(..., ordered => true): keys take turns, oldest
+# head first, whatever the queue looks like (docs/ordered.md): a batch of b
+# holds the b first heads in claim order among the keys that have a claimable
+# head, also when the oldest jobs of the queue all belong to one key (a
+# whale). Then several workers, each its own backend (the queue's position
+# shared by them), claim and complete in turns, and every claim is checked
+# against an oracle computed in SQL right before it; and workers whose claims
+# interleave inside open transactions.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -68,7 +68,7 @@ $b->quit;
 # before each claim, the first b heads in claim order among the keys that
 # have a claimable head (oldest pending job of its key, no job of the key
 # processing under a live lease), computed in SQL. A bigger whale in front
-# makes the walk past it cost, so the workers resume from their positions
+# makes the walk past it cost, so the workers resume from the position
 # between sweeps. Completions are random; new jobs arrive at the end.
 sql(q{
 TRUNCATE turns;
@@ -126,7 +126,10 @@ my $log = slurp_file($node->logfile, $log_offset);
 my $resumed = () = $log =~ /ordered claim on turns: resume/g;
 my $swept = () = $log =~ /ordered claim on turns: sweep/g;
 cmp_ok($resumed, '>', 40, "resumed claims were among them ($resumed resumed, $swept swept)");
-cmp_ok($swept, '>=', 4, 'and sweeps (each worker\'s first claims)');
+# (The four workers share the queue's position: a worker's first claim
+# resumes from it, and claims sweep on the position's budget, or when its
+# first claim finds none.)
+cmp_ok($swept, '>=', 1, 'and sweeps');
 # Per key, the jobs were claimed in order, one at a time.
 is(sql("SELECT count(*) FROM turns t WHERE t.status IN ('processing', 'done')
         AND EXISTS (SELECT FROM turns o WHERE o.key = t.key AND o.status = 'pending'

@@ -32,44 +32,24 @@ CREATE TABLE ready (worker text);
 INSERT INTO jobs (key, payload) SELECT 'job-' || g, jsonb_build_object('n', g) FROM generate_series(1, $jobs) g;
 });
 
-# One worker: claim (commit), complete the batch (commit), until the queue
-# stays empty three times in a row.
+# One worker: claim (commit), complete the batch and log it (commit), until
+# the queue stays empty three times in a row (draining_worker).
 sub worker
 {
 	my ($name, $batch) = @_;
 	my $n = scalar @batches;
-	return qq{
-DO \$\$
-DECLARE
-    ids bigint[];
-    claimed integer;
-    completed integer;
-    empty integer := 0;
-BEGIN
-    -- Start together: the queue drains in about a second.
-    INSERT INTO ready VALUES ('$name');
+	return draining_worker(
+		declare => 'completed integer;',
+		# Start together: the queue drains in about a second.
+		start => qq{INSERT INTO ready VALUES ('$name');
     COMMIT;
     WHILE (SELECT count(*) FROM ready) < $n LOOP
         PERFORM pg_sleep(0.01);
         COMMIT;
-    END LOOP;
-    LOOP
-        SELECT array_agg(id) INTO ids FROM sharding.claim(NULL::jobs, '$name', $batch);
-        claimed := coalesce(cardinality(ids), 0);
-        COMMIT;
-        IF claimed = 0 THEN
-            empty := empty + 1;
-            EXIT WHEN empty >= 3;
-            PERFORM pg_sleep(0.05);
-            CONTINUE;
-        END IF;
-        empty := 0;
-        completed := sharding.complete('jobs', ids, '$name');
-        INSERT INTO claim_log VALUES ('$name', $batch, claimed, completed);
-        COMMIT;
-    END LOOP;
-END \$\$;
-};
+    END LOOP;},
+		claim => qq{SELECT array_agg(id) INTO ids FROM sharding.claim(NULL::jobs, '$name', $batch);},
+		complete => qq{completed := sharding.complete('jobs', ids, '$name');
+        INSERT INTO claim_log VALUES ('$name', $batch, cardinality(ids), completed);});
 }
 
 my ($failed, $seconds, @results) = run_workers($node, 'postgres', map { worker("w$_", $batches[$_]) } 0 .. $#batches);

@@ -22,34 +22,17 @@ INSERT INTO jobs (key) SELECT 'tenant-' || (g % 500) * (g % 7) FROM generate_ser
 });
 
 # Worker i (0-based): its shards, claim_shards in batches of 20, record
-# what it received, complete; stop after three empty claims in a row.
+# what it received, complete; stop after three empty claims in a row
+# (draining_worker).
 sub worker
 {
 	my ($i) = @_;
-	return qq{
-DO \$\$
-DECLARE
-    mine integer[] := sharding.worker_shards($i, 4, 64);
-    ids bigint[];
-    empty integer := 0;
-BEGIN
-    LOOP
-        WITH c AS (SELECT id, key FROM sharding.claim_shards(NULL::jobs, 'w$i', mine, 64, 20)),
+	return draining_worker(
+		declare => "mine integer[] := sharding.worker_shards($i, 4, 64);",
+		claim => qq{WITH c AS (SELECT id, key FROM sharding.claim_shards(NULL::jobs, 'w$i', mine, 64, 20)),
              r AS (INSERT INTO public.received SELECT $i, id, key FROM c)
-        SELECT array_agg(id) INTO ids FROM c;
-        COMMIT;
-        IF ids IS NULL THEN
-            empty := empty + 1;
-            EXIT WHEN empty >= 3;
-            PERFORM pg_sleep(0.05);
-            CONTINUE;
-        END IF;
-        empty := 0;
-        PERFORM sharding.complete('jobs', ids, 'w$i');
-        COMMIT;
-    END LOOP;
-END \$\$;
-};
+        SELECT array_agg(id) INTO ids FROM c;},
+		complete => "PERFORM sharding.complete('jobs', ids, 'w$i');");
 }
 
 my ($failed, $seconds, @results) = run_workers($node, 'postgres', map { worker($_) } 0 .. 3);

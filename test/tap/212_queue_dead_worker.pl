@@ -22,16 +22,8 @@ sql("INSERT INTO jobs (key, created) SELECT 'job-' || g, now() - (100 - g) * int
 my $d_ids = sql("SELECT array_agg(id ORDER BY id) FROM sharding.claim(NULL::jobs, 'D', 10, '1 hour')");
 
 # A: claims 10 with a 1-second lease (committed), prints them, then hangs.
-my ($a) = start_workers($node, 'postgres', q{
-SET application_name = 'worker_a';
-SELECT array_agg(id ORDER BY id) FROM sharding.claim(NULL::jobs, 'A', 10, '1 second');
-\o /dev/null
-SELECT pg_sleep(120);
-});
-defined sharding_wait($node, 'postgres',
-	"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'worker_a' AND wait_event = 'PgSleep'", '1', 10)
-  or diag("worker A never reached its sleep ($ShardingNode::last_wait)");
-my ($a_ids) = split /\n/, slurp_file("$a->{base}.out");
+my ($a, $a_ids) = start_stuck_worker($node, 'worker_a',
+	"SELECT array_agg(id ORDER BY id) FROM sharding.claim(NULL::jobs, 'A', 10, '1 second')", 120);
 $a_ids //= '';
 is(sql("SELECT count(*) = 10 AND bool_and(owner = 'A' AND status = 'processing') FROM jobs WHERE id = ANY ('$a_ids')"), 't',
 	"worker A holds a batch of 10 ($a_ids)");

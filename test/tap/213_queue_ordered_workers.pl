@@ -58,41 +58,17 @@ BEGIN
     RETURN NEW;
 END $$;
 CREATE TRIGGER audit AFTER UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION audit_jobs();
-
--- A worker: claims a batch (commit), then completes it and claims the next
--- batch in one transaction (commit), until nothing is left or the time is up.
-CREATE PROCEDURE work(w text, seconds integer) LANGUAGE plpgsql AS $$
-DECLARE
-    ids bigint[];
-    t0 timestamptz := clock_timestamp();
-BEGIN
-    LOOP
-        IF ids IS NOT NULL THEN
-            PERFORM sharding.complete('jobs', ids, w);
-        END IF;
-        SELECT array_agg(c.id) INTO ids FROM sharding.claim_ordered(NULL::jobs, w, 50, '60 seconds') c;
-        COMMIT;
-        EXIT WHEN clock_timestamp() - t0 > seconds * interval '1 second';
-        IF ids IS NULL THEN
-            EXIT WHEN NOT EXISTS (SELECT FROM jobs WHERE status IN ('pending', 'processing'));
-            PERFORM pg_sleep(0.02);
-        END IF;
-    END LOOP;
-END $$;
 });
+
+# A worker: claims a batch (commit), then completes it and claims the next
+# batch in one transaction (commit), until nothing is left or the time is up.
+sql(timed_worker(worker => 'w text', idle => 0.02,
+	batches => [ [ 'ids', 'jobs', "sharding.claim_ordered(NULL::jobs, w, 50, '60 seconds')" ] ]));
 
 # The victim claims first (so it holds the oldest heads, the whale's among
 # them) under a 2-second lease, then hangs until killed.
-my ($victim) = start_workers($node, 'postgres', q{
-SET application_name = 'ordered_victim';
-SELECT array_agg(id ORDER BY id) FROM sharding.claim_ordered(NULL::jobs, 'victim', 50, '2 seconds');
-\o /dev/null
-SELECT pg_sleep(300);
-});
-defined sharding_wait($node, 'postgres',
-	"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ordered_victim' AND wait_event = 'PgSleep'", '1', 10)
-  or diag("the victim never reached its sleep ($ShardingNode::last_wait)");
-my ($victim_ids) = split /\n/, slurp_file("$victim->{base}.out");
+my ($victim, $victim_ids) = start_stuck_worker($node, 'ordered_victim',
+	"SELECT array_agg(id ORDER BY id) FROM sharding.claim_ordered(NULL::jobs, 'victim', 50, '2 seconds')", 300);
 $victim_ids //= '{}';
 
 my $t0 = time;

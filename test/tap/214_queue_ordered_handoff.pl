@@ -70,40 +70,17 @@ CREATE TRIGGER audit AFTER UPDATE ON loose FOR EACH ROW EXECUTE FUNCTION audit_j
 -- it around the move.
 CREATE TABLE ctl (hold float8 NOT NULL);
 INSERT INTO ctl VALUES (0.03);
-
--- A node's worker: claim a batch of each queue through claim_node
--- (commit), work on them under a live lease for the hold, complete them
--- and claim the next batches in one transaction (commit).
-CREATE PROCEDURE work(node text, seconds integer) LANGUAGE plpgsql AS $$
-DECLARE
-    ids bigint[];
-    lids bigint[];
-    t0 timestamptz := clock_timestamp();
-BEGIN
-    LOOP
-        IF ids IS NOT NULL THEN
-            PERFORM sharding.complete('jobs', ids, node);
-        END IF;
-        IF lids IS NOT NULL THEN
-            PERFORM sharding.complete('loose', lids, node);
-        END IF;
-        SELECT array_agg(c.id) INTO ids
-          FROM sharding.claim_node(NULL::jobs, 'hm', node, node, 20, '60 seconds', ordered => true) c;
-        SELECT array_agg(c.id) INTO lids
-          FROM sharding.claim_node(NULL::loose, 'hm', node, node, 20, '60 seconds') c;
-        COMMIT;
-        EXIT WHEN clock_timestamp() - t0 > seconds * interval '1 second';
-        IF ids IS NULL AND lids IS NULL THEN
-            EXIT WHEN NOT EXISTS (SELECT FROM jobs WHERE status IN ('pending', 'processing'))
-                  AND NOT EXISTS (SELECT FROM loose WHERE status IN ('pending', 'processing'));
-            PERFORM pg_sleep(0.005);
-        ELSE
-            -- n5, the new owner, keeps the short hold: it claims eagerly.
-            PERFORM pg_sleep(CASE WHEN node = 'n5' THEN 0.03 ELSE (SELECT hold FROM ctl) END);
-        END IF;
-    END LOOP;
-END $$;
 });
+
+# A node's worker: claim a batch of each queue through claim_node
+# (commit), work on them under a live lease for the hold, complete them
+# and claim the next batches in one transaction (commit). n5, the new
+# owner, keeps the short hold: it claims eagerly.
+sql(timed_worker(worker => 'node text', idle => 0.005,
+	batches => [
+		[ 'ids', 'jobs', "sharding.claim_node(NULL::jobs, 'hm', node, node, 20, '60 seconds', ordered => true)" ],
+		[ 'lids', 'loose', "sharding.claim_node(NULL::loose, 'hm', node, node, 20, '60 seconds')" ] ],
+	busy => "PERFORM pg_sleep(CASE WHEN node = 'n5' THEN 0.03 ELSE (SELECT hold FROM ctl) END);"));
 
 my $t0 = time;
 # n5's worker runs from the start: it owns nothing until the rebalance, and

@@ -1,5 +1,5 @@
 # CREATE EXTENSION sharding run at the same moment in four databases of one
-# cluster succeeds in all four (docs: install; issue 27). The install script
+# cluster succeeds in all four (README.md, install). The install script
 # creates the cluster-wide role sharding_admin when it is missing: four
 # scripts that all found it missing used to race on pg_authid's unique index,
 # and three failed with "duplicate key value violates unique constraint".

@@ -1,10 +1,10 @@
-# attach_node accepts a clone of the coordinator's cluster (docs: followers;
-# issue 27). A cluster made by pg_basebackup has the coordinator's system
-# identifier and the same database names, which attach_node used to take
-# for "this database". The clone here is started as a primary of its own
-# (no standby.signal: it ends recovery and takes its own timeline), attached,
-# and follows a change; attaching the coordinator to itself, by another
-# connection string that leads back to it, is still refused.
+# attach_node accepts a clone of the coordinator's cluster (docs/nodes.md). A
+# cluster made by pg_basebackup has the coordinator's system identifier and
+# the same database names, which attach_node used to take for "this database".
+# The clone here is started as a primary of its own (no standby.signal: it
+# ends recovery and takes its own timeline), attached, and follows a change;
+# attaching the coordinator to itself, by another connection string that leads
+# back to it, is still refused.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;

@@ -1,4 +1,4 @@
-# Fan-out counters beyond their capacity (docs: observe; issue 27). They
+# Fan-out counters beyond their capacity (docs/observe.md). They
 # used to have 4,096 fixed slots, never freed: tables seen later were
 # silently not counted. Now sharding.fanout_max (here 16) sizes them, the
 # least-used tables are evicted as pg_stat_statements evicts statements, and

@@ -1,11 +1,11 @@
-# Online moves under writers that log every commit (issue 24): a shard move,
-# three concurrent moves (two in the same direction, one the opposite way
-# between the same two nodes), isolate; after each the nodes hold exactly
-# what the log implies, every row on the node node_for names, and nothing
-# of the moves is left. Also: the decoder sends only the moving shard's
-# changes (an UPDATE bringing a key in as an INSERT, one taking it out as a
-# DELETE), the guard refuses key changes into a moving shard, and owner
-# switches alone are refused on a map with a distributed table.
+# Online moves under writers that log every commit (docs/moves.md): a shard
+# move, three concurrent moves (two in the same direction, one the opposite
+# way between the same two nodes), isolate; after each the nodes hold exactly
+# what the log implies, every row on the node node_for names, and nothing of
+# the moves is left. Also: the decoder sends only the moving shard's changes
+# (an UPDATE bringing a key in as an INSERT, one taking it out as a DELETE),
+# the guard refuses key changes into a moving shard, and owner switches alone
+# are refused on a map with a distributed table.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -27,13 +27,7 @@ sleep 1;
 is($coord->safe_psql('coord', "SELECT sharding.move_shard_online('bank', 0, 'n2')"), '2',
 	'move_shard_online of shard 0 under writers returns epoch 2');
 sleep 1;
-my ($stats) = stop_writers($coord, $ws);
-my ($committed, $refused, $anomalies, $errors) = split /\|/, $stats;
-ok($committed > 50, "writers committed $committed operations ($refused refusals retried)");
-is("$anomalies|$errors", '0|0', 'every update and delete found its row, no writer failed');
-my ($exp, $got, $misplaced) = expected_vs_actual($coord, $a, $b);
-is($got, $exp, 'the nodes hold exactly what the log implies, row for row');
-is($misplaced, 0, 'every row is on the node node_for names');
+writers_kept($coord, $a, $b, $ws, '');
 is(shard_rows($a, 'n1', 0), '0', 'the source holds none of shard 0');
 is(leftovers($coord, $a, $b), $clean, 'no publication, subscription, slot, freeze, decoding row or live journal row is left');
 my $j = $coord->safe_psql('coord', "SELECT phase || '|' || (rows_copied > 0)::int || '|' || (bytes_copied > 0)::int || '|' || (finished >= started)::int FROM sharding.move_journal WHERE logical = 0 AND job IS NULL ORDER BY move DESC LIMIT 1");
@@ -49,10 +43,10 @@ $_->{h}->finish for @mv;
 is(join(' ', map { ${ $_->{out} } =~ s/\s+$//r } @mv), '2 2 2', 'three concurrent moves (both directions) each return epoch 2');
 is(join(' ', map { ${ $_->{err} } eq '' ? 'ok' : ${ $_->{err} } } @mv), 'ok ok ok', 'none of them raised');
 sleep 1;
-($stats) = stop_writers($coord, $ws);
-($committed, $refused, $anomalies, $errors) = split /\|/, $stats;
+my ($stats) = stop_writers($coord, $ws);
+my ($committed, $refused, $anomalies, $errors) = split /\|/, $stats;
 is("$anomalies|$errors", '0|0', "writers: $committed commits, no anomaly, no failure");
-($exp, $got, $misplaced) = expected_vs_actual($coord, $a, $b);
+my ($exp, $got, $misplaced) = expected_vs_actual($coord, $a, $b);
 is($got, $exp, 'after the concurrent moves the nodes hold exactly what the log implies');
 diag('per shard, expected / n1 / n2: ' . join(' ', map {
 	my $l = $_;
@@ -120,18 +114,45 @@ $d->safe_psql('coord', qq{
 	DELETE FROM dt WHERE id = 1;
 	DELETE FROM dt WHERE id = 2;
 });
-my $msgs = $d->safe_psql('coord', q{
+my $peek = q{
 	SELECT string_agg(chr(get_byte(data, 0)), '' ORDER BY lsn)
 	  FROM pg_logical_slot_peek_binary_changes('sharding_move_dtest', NULL, NULL, 'proto_version', '1', 'publication_names', 'dp')
-	 WHERE chr(get_byte(data, 0)) IN ('I', 'U', 'D')});
+	 WHERE chr(get_byte(data, 0)) IN ('I', 'U', 'D')};
+# The decoder sends only while the move's controller holds its lock at the
+# source (src/nodes/move_controller.hpp): here the peeking session itself.
+my $msgs = $d->safe_psql('coord',
+	"SELECT pg_advisory_lock(1936220515, hashtext('sharding_move_dtest'));" . $peek);
 # in: insert, update; out: nothing; out->in: insert; in->out: delete; delete of
 # the row now in the shard; the other delete not sent.
-is($msgs, 'IUIDD', 'decoder: the shard\'s insert and update; a key brought in as I, taken out as D; other keys not sent');
+like($msgs, qr/^\s*IUIDD$/, 'decoder: the shard\'s insert and update; a key brought in as I, taken out as D; other keys not sent');
+my (undef, undef, $gone) = $d->psql('coord', $peek);
+like($gone, qr/the online move of slot "sharding_move_dtest" has lost its coordinator/,
+	'decoder: nothing is sent when nobody holds the controller lock');
+# A large transaction streamed before it commits (streaming on, past
+# logical_decoding_work_mem) passes the same filter. The first decoding
+# of this session ends in an ERROR (no controller): the next one in the
+# same session starts afresh.
+my $ins = $d->safe_psql('coord', "SELECT pg_current_wal_insert_lsn()");
+$d->safe_psql('coord', "SELECT pg_replication_slot_advance('sharding_move_dtest', '$ins')");
+$d->safe_psql('coord', "INSERT INTO dt SELECT 'k' || i, 1000 + i, repeat('x', 200) FROM generate_series(1, 3000) i");
+my $want_in = $d->safe_psql('coord', "SELECT count(*) FROM dt WHERE id > 1000 AND sharding.shard_of(k, 8) = 2 AND k <> 'k_pinned'");
+my $stream = q{
+	SELECT string_agg(DISTINCT chr(get_byte(data, 0)), '') || ' ' || count(*) FILTER (WHERE chr(get_byte(data, 0)) = 'I')
+	  FROM pg_logical_slot_peek_binary_changes('sharding_move_dtest', NULL, NULL, 'proto_version', '2',
+	       'streaming', 'on', 'publication_names', 'dp')};
+my (undef, $streamed, $stream_err) = $d->psql('coord',
+	"SET logical_decoding_work_mem = '64kB';\n$stream;\nSELECT pg_advisory_lock(1936220515, hashtext('sharding_move_dtest'));\n$stream;",
+	on_error_stop => 0);
+like($stream_err, qr/has lost its coordinator/, 'decoder, streamed: the first decoding (no controller) ends in an error');
+my ($kinds, $inserts) = split / /, (split /\n/, $streamed)[-1];
+like($kinds, qr/S/, "decoder, streamed: the transaction was streamed before its commit (messages $kinds)");
+is($inserts, $want_in, "decoder, streamed: only the shard's $want_in of 3000 inserts are sent");
 $d->safe_psql('coord', "SELECT pg_drop_replication_slot('sharding_move_dtest')");
 
 # 6. Owner switches alone are refused on a map with a distributed table.
 my $before = $coord->safe_psql('coord', "SELECT string_agg(node || epoch, ',' ORDER BY logical) FROM sharding.shards WHERE map = 'bank'");
-for my $sql ("SELECT sharding.move_shard('bank', 3, 'n1')", "SELECT * FROM sharding.rebalance('bank', ARRAY['n1'])",
+my $n2_shard = $coord->safe_psql('coord', "SELECT min(logical) FROM sharding.shards WHERE map = 'bank' AND node = 'n2'");
+for my $sql ("SELECT sharding.move_shard('bank', $n2_shard, 'n1')", "SELECT * FROM sharding.rebalance('bank', ARRAY['n1'])",
 	"SELECT * FROM sharding.rebalance_by_load('bank', ARRAY['n1'], array_fill(1::float8, ARRAY[8]))")
 {
 	my ($r, $o, $e) = $coord->psql('coord', "\\set VERBOSITY verbose\n$sql");

@@ -1,4 +1,4 @@
-# Live progress of an online move (issue 24): while the move catches up,
+# Live progress of an online move (docs/moves.md): while the move catches up,
 # the journal's lag_bytes (and so move_progress) is current, not NULL until
 # done. The destination applies slowly (a replica trigger sleeps for the
 # apply worker only) while writers keep a backlog; once the trigger is gone

@@ -1,4 +1,4 @@
-# Online moves (contract section 8: move_shard_online, isolate): the cases
+# Online moves (docs/moves.md: move_shard_online, isolate): the cases
 # the other move tests lack. (Was test/multinode/move.sh.)
 #
 # Topology (JobsCluster.pm): instance `coord` holds the coordinator

@@ -1,11 +1,11 @@
-# Rebalance jobs (issue 25): a third node joins a two-node map of 8 shards
-# with two distributed tables under 4 writers. rebalance_start(...,
+# Rebalance jobs (docs/rebalance.md): a third node joins a two-node map of 8
+# shards with two distributed tables under 4 writers. rebalance_start(...,
 # max_parallel => 2) returns at once; sampled move_progress never shows more
 # than 2 moves in flight nor two of one shard; rebalance_wait returns done;
-# the moves are rebalance(..., dry_run => true)'s plan; every row matches
-# the writers' log on its owner only; epochs rose by one per moved shard;
-# followers agree; no replication object is left. Then a second job of the
-# map is refused (55006) while one runs, changing nothing.
+# the moves are rebalance(..., dry_run => true)'s plan; every row matches the
+# writers' log on its owner only; epochs rose by one per moved shard;
+# followers agree; no replication object is left. Then a second job of the map
+# is refused (55006) while one runs, changing nothing.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -24,24 +24,6 @@ my $plan = $q->("SELECT string_agg(logical || ':' || from_node || '>' || to_node
 my $epochs0 = $q->("SELECT string_agg(logical || '\@' || epoch, ' ' ORDER BY logical) FROM sharding.shards WHERE map = 'bank'");
 note "plan: $plan";
 
-# A sampler: move_progress every 50 ms, while the job runs.
-$q->(<<'SQL');
-CREATE TABLE samples (at timestamptz DEFAULT clock_timestamp(), in_flight integer, shards integer, rows integer);
-CREATE PROCEDURE sampler(j bigint) LANGUAGE plpgsql AS $$
-BEGIN
-    LOOP
-        INSERT INTO samples (in_flight, shards, rows)
-        SELECT count(*) FILTER (WHERE phase IN ('copying', 'catching_up', 'cutover', 'cleanup')),
-               count(DISTINCT logical) FILTER (WHERE phase IN ('copying', 'catching_up', 'cutover', 'cleanup')),
-               count(*)
-          FROM sharding.move_progress WHERE job = j;
-        COMMIT;
-        EXIT WHEN (SELECT state FROM sharding.rebalance_jobs WHERE job = j) NOT IN ('queued', 'running');
-        PERFORM pg_sleep(0.05);
-    END LOOP;
-END $$;
-SQL
-
 my $writers = start_writers(4);
 sleep 2;
 my $t0 = time;
@@ -51,9 +33,11 @@ my $state0 = $q->("SELECT state FROM sharding.rebalance_jobs WHERE job = $job");
 ok($start_s < 3 && $state0 =~ /^(queued|running)$/,
 	sprintf('rebalance_start returned job %s at once (%.2f s), state %s', $job, $start_s, $state0));
 
-my ($sout, $serr) = ('', '');
-my $sampler = IPC::Run::start([ 'psql', '-XAtq', '-d', $c->connstr('coord'), '-c', "CALL sampler($job)" ],
-	'>', \$sout, '2>', \$serr);
+# A sampler: move_progress every 50 ms, while the job runs.
+my $sampler = start_sampler($job,
+	'in_flight integer' => "count(*) FILTER (WHERE $IN_FLIGHT)",
+	'shards integer' => "count(DISTINCT logical) FILTER (WHERE $IN_FLIGHT)",
+	'rows integer' => 'count(*)');
 
 # 55006: a second job of the map while this one runs; nothing changes.
 my ($rc, $out, $err) = $c->psql('coord', "SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2'])");
@@ -77,8 +61,7 @@ for my $i (1, 2)
 my $final = $q->("SELECT sharding.rebalance_wait($job, '180 s')");
 my $job_s = time - $t0;
 is($final, 'done', sprintf('rebalance_wait returns done (%.1f s)', $job_s));
-$sampler->finish;
-is($serr, '', 'the sampler ran without error');
+is(finish_sampler($sampler), '', 'the sampler ran without error');
 sleep 1;
 my $werr = stop_writers($writers);
 is($werr, '', 'four writers ran to the end without error');

@@ -1,10 +1,10 @@
-# Rebalance jobs (issue 25): a job respects the replication limits of its
-# nodes. The data nodes' instance allows two WAL senders (max_wal_senders = 2),
-# one move's worth (its slot's set-up connection, then its stream), so one
-# move can set up at a time from it: a drain whose moves go to two
-# destinations (and could run two at once with max_parallel => 2) makes a
-# move wait while another is in flight, says why in move_progress.waiting,
-# and does not fail.
+# Rebalance jobs (docs/rebalance.md, Parallelism and limits): a job respects
+# the replication limits of its nodes. The data nodes' instance allows two WAL
+# senders (max_wal_senders = 2), one move's worth (its slot's set-up
+# connection, then its stream), so one move can set up at a time from it: a
+# drain whose moves go to two destinations (and could run two at once with
+# max_parallel => 2) makes a move wait while another is in flight, says why in
+# move_progress.waiting (each queued move its own reason), and does not fail.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -21,33 +21,23 @@ is($d->safe_psql('postgres', 'SHOW max_wal_senders'), '2', 'the data nodes allow
 my $j0 = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2', 'n3'])");
 is($q->("SELECT sharding.rebalance_wait($j0, '120 s')"), 'done', 'the map spreads over n1, n2, n3 (one move at a time)');
 
-$q->(<<'SQL');
-CREATE TABLE samples (in_flight integer, waiting text);
-CREATE PROCEDURE sampler(j bigint) LANGUAGE plpgsql AS $$
-BEGIN
-    LOOP
-        INSERT INTO samples
-        SELECT count(*) FILTER (WHERE phase IN ('copying', 'catching_up', 'cutover', 'cleanup')),
-               string_agg(waiting, '; ')
-          FROM sharding.move_progress WHERE job = j;
-        COMMIT;
-        EXIT WHEN (SELECT state FROM sharding.rebalance_jobs WHERE job = j) NOT IN ('queued', 'running');
-        PERFORM pg_sleep(0.05);
-    END LOOP;
-END $$;
-SQL
 my $plan = $q->("SELECT string_agg(DISTINCT to_node, ',' ORDER BY to_node) FROM sharding.rebalance('bank', ARRAY['n2', 'n3'], dry_run => true)");
 is($plan, 'n2,n3', 'draining n1 moves shards into two destinations');
 my $job = $q->("SELECT sharding.drain_node('bank', 'n1', max_parallel => 2)");
-my ($sout, $serr) = ('', '');
-my $sampler = IPC::Run::start([ 'psql', '-XAtq', '-d', $c->connstr('coord'), '-c', "CALL sampler($job)" ],
-	'>', \$sout, '2>', \$serr);
+my $sampler = start_sampler($job,
+	'in_flight integer' => "count(*) FILTER (WHERE $IN_FLIGHT)",
+	'waiting text' => "string_agg(waiting, '; ')",
+	'own boolean' => "bool_and(waiting IS NULL OR waiting LIKE '%moves in flight%' "
+	  . "OR waiting LIKE '%source ' || source || ' %' OR waiting LIKE '%destination ' || destination || ' %')");
 is($q->("SELECT sharding.rebalance_wait($job, '180 s')"), 'done', 'the job does not fail: it ends done');
-$sampler->finish;
+finish_sampler($sampler);
 is($q->("SELECT count(*) > 0 FROM samples WHERE in_flight >= 1 AND waiting ~ 'no free WAL sender'"), 't',
 	'a move waited for WAL senders while another was in flight');
 like($q->("SELECT string_agg(DISTINCT waiting, ' | ') FROM samples WHERE waiting IS NOT NULL"),
 	qr/no free WAL sender \(max_wal_senders/, 'a waiting move says the source has no free WAL sender');
+is($q->("SELECT count(*) FILTER (WHERE NOT own) || '/' || count(*) FROM samples WHERE waiting IS NOT NULL"), '0/'
+	  . $q->("SELECT count(*) FROM samples WHERE waiting IS NOT NULL"),
+	'each waiting move gives its own reason (about its own source or destination)');
 is($q->("SELECT count(*) FROM sharding.shards WHERE map = 'bank' AND node = 'n1'"), '0', 'n1 owns nothing');
 check_data('after the drain');
 is(leftovers(), 'n1:0/0/0/0/0 n2:0/0/0/0/0 n3:0/0/0/0/0 coord:0', 'nothing of the moves is left');

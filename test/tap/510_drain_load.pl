@@ -1,7 +1,8 @@
-# Rebalance jobs (issue 25): drain_node under 4 writers empties a node of its
-# shards and its pinned keys (pins go to the owner of their shard), after
-# which drop_node succeeds; then a job with strategy 'load' carries out
-# rebalance_by_load's plan. Data exact against the writers' log throughout.
+# Rebalance jobs (docs/rebalance.md): drain_node under 4 writers empties a
+# node of its shards and its pinned keys (pins go to the owner of their
+# shard), after which drop_node succeeds; then a job with strategy 'load'
+# carries out rebalance_by_load's plan. Data exact against the writers' log
+# throughout.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;

@@ -1,6 +1,6 @@
-# Rebalance jobs (issue 25): rebalance_cancel mid-job. The move in flight
-# rolls back (its shard's rows are not at the destination, not even 10 s
-# later; the old owner keeps them all), the moves after it are dropped,
+# Rebalance jobs (docs/rebalance.md): rebalance_cancel mid-job. The move in
+# flight rolls back (its shard's rows are not at the destination, not even 10
+# s later; the old owner keeps them all), the moves after it are dropped,
 # moves already done stay done, and the job ends 'cancelled'.
 use strict;
 use warnings;

@@ -1,10 +1,10 @@
-# Rebalance jobs (issue 25): the coordinator's server restarts with
-# -m immediate while a job runs, the library preloaded. After the restart
-# the launcher finds the job by itself: the move in flight is resumed or
-# rolled back from its journal, the job goes on and ends done, and every
-# row is exactly where the map says, nothing lost or left behind. Then the
-# move worker of a second job is terminated (pg_terminate_backend) mid-move:
-# another worker takes the job over and it ends done.
+# Rebalance jobs (docs/rebalance.md, Where jobs run): the coordinator's server
+# restarts with -m immediate while a job runs, the library preloaded. After
+# the restart the launcher finds the job by itself: the move in flight is
+# resumed or rolled back from its journal, the job goes on and ends done, and
+# every row is exactly where the map says, nothing lost or left behind. Then
+# the move worker of a second job is terminated (pg_terminate_backend)
+# mid-move: another worker takes the job over and it ends done.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;

@@ -1,6 +1,7 @@
-# Rebalance jobs (issue 25) without shared_preload_libraries: rebalance_start
-# still returns a job, nothing runs it in the background, and
-# CALL sharding.rebalance_run(job) carries it out in the session.
+# Rebalance jobs (docs/rebalance.md, Where jobs run) without
+# shared_preload_libraries: rebalance_start still returns a job, nothing runs
+# it in the background, and CALL sharding.rebalance_run(job) carries it out in
+# the session.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;

@@ -19,7 +19,7 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
-use Test::More tests => 35;
+use Test::More tests => 36;
 use Time::HiRes qw(time usleep);
 use lib 'lib';
 use ShardingNode;
@@ -230,26 +230,34 @@ SQL
 usleep(300_000);
 
 # A writer in flight on n1: its guarded insert holds shard 0's share lock
-# until it commits, a second later.
+# until it commits, which it does only once the test lets it (it waits for
+# an advisory lock that a session of the test holds), so the check below
+# does not depend on how fast a loaded machine gets to the freeze.
+my $gate = $n1->background_psql('data');
+$gate->query_safe('SELECT pg_advisory_lock(600017)');
 my $inflight = sharding_start($n1, 'data', <<"SQL");
 BEGIN;
 SELECT insert_document('$first_ws', 40000, 'in flight during the move');
-SELECT pg_sleep(1);
+SELECT pg_advisory_lock_shared(600017);
 COMMIT;
 SQL
-# Until it holds the lock (it is sleeping inside its transaction).
-sharding_wait($n1, 'data', "SELECT count(*) FROM pg_stat_activity WHERE datname = 'data' AND wait_event = 'PgSleep'", '1', 5);
+# Until it holds the shard's lock (it waits for the gate inside its transaction).
+sharding_wait($n1, 'data', "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 600017 AND NOT granted", '1', 30);
 
 # This test moves the shard by hand, the way move_shard_online cuts over
 # (without its online copy): freeze at the source, copy, switch the owner on
 # the coordinator, thaw.
 # 1. Freeze shard 0 on n1: waits for the in-flight writer; from then on n1
 #    refuses every write of the shard, whoever writes.
-my $t0 = time;
-d('n1', "SELECT sharding._freeze_shard('docs', $shard)");
-my $waited_ms = int((time - $t0) * 1000);
-cmp_ok($waited_ms, '>=', 400,
-	"_freeze_shard on the source waited for the writer holding the shard's share lock (${waited_ms} ms)");
+my $freeze = sharding_start($n1, 'data', "SELECT sharding._freeze_shard('docs', $shard)");
+my $blocked = sharding_wait($n1, 'data', "SELECT count(*) FROM pg_stat_activity
+    WHERE query LIKE '%_freeze_shard(%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()", '1', 30);
+ok(defined $blocked, "_freeze_shard on the source waits for the writer holding the shard's share lock");
+# Open the gate: the writer commits, then the freeze goes through.
+$gate->query_safe('SELECT pg_advisory_unlock(600017)');
+$gate->quit;
+my ($freeze_rc, undef, $freeze_err) = sharding_finish($freeze);
+is($freeze_rc, 0, '_freeze_shard went through once the writer committed') or diag($freeze_err);
 my ($inflight_rc, undef, $inflight_err) = sharding_finish($inflight);
 is($inflight_rc, 0, 'the in-flight writer committed') or diag($inflight_err);
 is(d('n1', "SELECT sqlstate_of(\$\$SELECT insert_document('$first_ws', 50001, 'frozen')\$\$)"), '55000',

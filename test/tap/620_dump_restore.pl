@@ -10,11 +10,8 @@ use Test::More tests => 14;
 use lib 'lib';
 use ShardingNode;
 
-my $node = sharding_node('dump');
-$node->safe_psql('postgres', 'CREATE DATABASE src');
-$node->safe_psql('postgres', 'CREATE DATABASE dst');
+my $node = sharding_node('dump', db => 'src');
 $node->safe_psql('src', <<'SQL');
-CREATE EXTENSION sharding;
 SELECT sharding.create_map('docs', 64, ARRAY['n1', 'n2', 'n3', 'n4']);
 SELECT count(*) FROM sharding.rebalance('docs', ARRAY['n1', 'n2', 'n3', 'n4', 'n5']);
 SELECT sharding.move_shard('docs', 3, 'n9');
@@ -40,18 +37,12 @@ SELECT sharding.create_partitions('events', 8);
 INSERT INTO events SELECT 'ws-' || i, 'b' FROM generate_series(1, 500) AS i;
 SQL
 
-my $dumpfile = PostgreSQL::Test::Utils::tempdir() . '/src.sql';
-$node->run_log([ 'pg_dump', '-f', $dumpfile, '-d', 'src' ]) or BAIL_OUT('pg_dump failed');
-my (undef, undef, $restore_err) = $node->psql('dst', PostgreSQL::Test::Utils::slurp_file($dumpfile), on_error_stop => 0);
-my $restore_errors = () = $restore_err =~ /ERROR/g;
-is($restore_errors, 0, 'the dump restores without errors') or diag($restore_err);
+my ($rc, $err) = sharding_dump_restore($node, 'src', 'dst');
+is($rc, 0, 'the dump restores without errors') or diag($err);
 
+sharding_same_config($node, 'src', 'dst');
 # same(DESCRIPTION, QUERY): identical, non-empty output in both databases.
 sub same { sharding_same($node, 'src', 'dst', @_) }
-same('maps', 'SELECT map, logical_shards FROM sharding.maps ORDER BY 1');
-same('shard owners and epochs', 'SELECT map, logical, node, epoch FROM sharding.shards ORDER BY 1, 2');
-same('pins', 'SELECT map, key, node FROM sharding.pins ORDER BY 1, 2');
-same('node DSNs', 'SELECT node, dsn FROM sharding.nodes ORDER BY 1');
 same('cluster_version and partitions',
 	"SELECT sharding.cluster_version('docs'), (SELECT string_agg(p, ',') FROM sharding.cluster_partitions('docs') p)");
 same('routing of 2,000 keys, pins included',

@@ -9,11 +9,8 @@ use Test::More tests => 7;
 use lib 'lib';
 use ShardingNode;
 
-my $node = sharding_node('maps_dump');
-$node->safe_psql('postgres', 'CREATE DATABASE src');
-$node->safe_psql('postgres', 'CREATE DATABASE dst');
+my $node = sharding_node('maps_dump', db => 'src');
 $node->safe_psql('src', <<'SQL');
-CREATE EXTENSION sharding;
 SELECT sharding.create_map('orders', 64, ARRAY['n1', 'n2', 'n3', 'n4']);
 SELECT sharding.create_map('users', 10, ARRAY['u1', 'u2']);
 SELECT sharding.move_shard('orders', 7, 'n9');
@@ -24,21 +21,11 @@ SELECT sharding.pin('users', '42', 'vip');
 UPDATE sharding.nodes SET dsn = 'host=10.0.0.1 dbname=orders' WHERE node = 'n1';
 SQL
 
-my $dumpfile = PostgreSQL::Test::Utils::tempdir() . '/src.sql';
-my ($rc, $err) = (1, 'pg_dump failed');
-if ($node->run_log([ 'pg_dump', '-f', $dumpfile, '-d', 'src' ]))
-{
-	($rc, undef, $err) = $node->psql('dst', PostgreSQL::Test::Utils::slurp_file($dumpfile), on_error_stop => 1);
-}
+my ($rc, $err) = sharding_dump_restore($node, 'src', 'dst');
 is($rc, 0, 'pg_dump | psql restores without error') or diag($err);
 
-# same(DESCRIPTION, QUERY): identical, non-empty output in both databases.
-sub same { sharding_same($node, 'src', 'dst', @_) }
-same('maps are kept', 'SELECT map, logical_shards, created FROM sharding.maps ORDER BY map');
-same('shards, owners and epochs are kept', 'SELECT map, logical, node, epoch FROM sharding.shards ORDER BY map, logical');
-same('pins are kept', 'SELECT map, key, node FROM sharding.pins ORDER BY map, key');
-same('nodes and DSNs are kept', 'SELECT node, dsn FROM sharding.nodes ORDER BY node');
-same('routing agrees for 3000 keys and every pin',
+sharding_same_config($node, 'src', 'dst');
+sharding_same($node, 'src', 'dst', 'routing agrees for 3000 keys and every pin',
 	"SELECT string_agg(sharding.node_for('orders', 'whale-' || i) || sharding.node_for('users', i), ',' ORDER BY i)
 	   FROM generate_series(1, 3000) AS i");
 

@@ -98,7 +98,7 @@ int main() {
 
     // The ordered pick and UPDATE.
     bool pick_bounded = true, shard_params = true, node_params = true, resume_params = true, reap_params = true,
-         handoff_parts = true, pick_quoted = true;
+         handoff_parts = true, pick_quoted = true, candidates_same = true, candidates_unlocked = true;
     for (int cols = 0; cols < 8; cols++) {
         OrderedTable q{{qname, (cols & 1) != 0, (cols & 2) != 0, (cols & 4) != 0}, key, "pg_catalog.text"};
         for (uint32_t v = 0; v < Update; v++) {
@@ -113,6 +113,14 @@ int main() {
             if (has_param(text, 8) != ((variant & Reap) != 0)) reap_params = false;
             if (has(text, "foreign_leases") != ((variant & Handoff) != 0)) handoff_parts = false;
             if (!has(text, "\"Key\"::pg_catalog.text") || !has(text, "FROM \"S 1\".\"Jobs\" c")) pick_quoted = false;
+            // The candidates statement: the pick's filter parameters and
+            // walk, no lock and no head check (the caller's), no
+            // parameter the caller leaves out.
+            std::string cand = candidates(q, variant);
+            for (int n = 2; n <= PickParams; n++)
+                if (n != 3 && has_param(cand, n) != has_param(text, n)) candidates_same = false;
+            if (has_param(cand, 1) || has_param(cand, 3) || max_param(cand) > PickParams) candidates_same = false;
+            if (has(cand, "FOR UPDATE OF c") || has(cand, "CASE WHEN EXISTS")) candidates_unlocked = false;
         }
         std::string up = update(q);
         if (max_param(up) != UpdateParams) pick_bounded = false;
@@ -124,6 +132,20 @@ int main() {
     tap::check(reap_params, "ordered: $8 (max_attempts) exactly in the Reap variants");
     tap::check(handoff_parts, "ordered: the handoff CTEs exactly in the Handoff variants");
     tap::check(pick_quoted, "ordered: table and key column as the caller quoted them");
+    tap::check(candidates_same, "ordered: the candidates statement reads the pick's parameters but $1 and $3");
+    tap::check(candidates_unlocked, "ordered: the candidates statement neither locks nor tests heads");
+    {
+        bool listed_ok = true;
+        for (int cols = 0; cols < 8; cols++) {
+            OrderedTable q{{qname, (cols & 1) != 0, (cols & 2) != 0, (cols & 4) != 0}, key, "pg_catalog.text"};
+            std::string l = listed_job(q);
+            if (max_param(l) != ListedJobParams || !has_param(l, 1) || !has_param(l, 4) ||
+                has_param(l, 2) != q.t.has_priority || has_param(l, 3) != q.t.has_run_at ||
+                !has(l, "\"Key\" = $1::pg_catalog.text"))
+                listed_ok = false;
+        }
+        tap::check(listed_ok, "ordered: the listed-job check reads the key $1 and the position's columns the table has");
+    }
     tap::check(has(foreign_jobs("q", "k", "$1", "$2", true), "f.claim_expires OPERATOR(pg_catalog.>=) pg_catalog.now()") &&
                    !has(foreign_jobs("q", "k", "$1", "$2", false), "claim_expires"),
                "foreign_jobs: live_only adds the live-lease test");

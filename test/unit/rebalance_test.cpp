@@ -107,21 +107,38 @@ static double largest_load(const std::vector<std::string> &owners, const std::ve
     return m;
 }
 
+// A random map for the property tests: 1..max_shards logical shards, each
+// owned by one of a pool of 1..max_pool nodes (n0, n1, ...); the targets a
+// shuffled 1..max_targets of the pool, and, while fewer than fresh_below,
+// one time in three also a node that owns nothing yet ("fresh").
+struct RandomMap {
+    std::vector<std::string> owners, targets;
+};
+
+static RandomMap random_map(std::mt19937 &rng, size_t max_shards, size_t max_pool, size_t max_targets,
+                            size_t fresh_below) {
+    const size_t L = 1 + rng() % max_shards, pool = 1 + rng() % max_pool;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < pool; i++) names.push_back("n" + std::to_string(i));
+    RandomMap m;
+    m.owners.resize(L);
+    for (auto &o : m.owners) o = names[rng() % pool];
+    m.targets = names;
+    std::shuffle(m.targets.begin(), m.targets.end(), rng);
+    m.targets.resize(1 + rng() % std::min<size_t>(pool, max_targets));
+    if (m.targets.size() < fresh_below && rng() % 3 == 0) m.targets.push_back("fresh");
+    return m;
+}
+
 static void load_tests(std::mt19937 &rng) {
     const double imbalances[] = {1.0, 1.05, 1.1, 1.25, 1.5, 2.0};
     int invalid = 0, over_cap = 0, not_fewest = 0, not_exact = 0, target_wrong = 0, moved_within = 0,
         nondeterministic = 0, within_cases = 0, impossible_cases = 0;
     const int cases = 300;
     for (int c = 0; c < cases; c++) {
-        const size_t L = 1 + rng() % 12, pool = 1 + rng() % 4;
-        std::vector<std::string> names;
-        for (size_t i = 0; i < pool; i++) names.push_back("n" + std::to_string(i));
-        std::vector<std::string> owners(L);
-        for (auto &o : owners) o = names[rng() % pool];
-        std::vector<std::string> targets = names;
-        std::shuffle(targets.begin(), targets.end(), rng);
-        targets.resize(1 + rng() % std::min<size_t>(pool, 3));
-        if (targets.size() < 3 && rng() % 3 == 0) targets.push_back("fresh");
+        const RandomMap m = random_map(rng, 12, 4, 3, 3);
+        const std::vector<std::string> &owners = m.owners, &targets = m.targets;
+        const size_t L = owners.size();
         std::vector<double> loads(L);
         for (auto &x : loads) x = rng() % 4 == 0 ? 0 : static_cast<double>(rng() % 20);
         if (rng() % 4 == 0) loads[rng() % L] = static_cast<double>(30 + rng() % 100);  // a whale
@@ -204,15 +221,9 @@ int main() {
     const int cases = 400;
     int unbalanced = 0, not_minimal = 0, bad_moves = 0, nondeterministic = 0, unordered = 0;
     for (int c = 0; c < cases; c++) {
-        const size_t L = 1 + rng() % 70, pool = 1 + rng() % 9;
-        std::vector<std::string> names;
-        for (size_t i = 0; i < pool; i++) names.push_back("n" + std::to_string(i));
-        std::vector<std::string> owners(L);
-        for (auto &o : owners) o = names[rng() % pool];
-        std::vector<std::string> targets = names;
-        std::shuffle(targets.begin(), targets.end(), rng);
-        targets.resize(1 + rng() % std::min<size_t>(pool, 8));
-        if (rng() % 3 == 0) targets.push_back("fresh");
+        const RandomMap m = random_map(rng, 70, 9, 8, SIZE_MAX);
+        const std::vector<std::string> &owners = m.owners, &targets = m.targets;
+        const size_t L = owners.size();
 
         std::vector<Move> plan = plan_rebalance(owners, targets);
         std::vector<std::string> after = owners;

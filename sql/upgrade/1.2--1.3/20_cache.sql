@@ -1,11 +1,12 @@
--- Caches follow one rule (issue 23): every call sees every configuration
--- change committed before it began (src/pg/cache.hpp, "changes").
+-- Caches follow one rule (docs/directory.md): every call sees every
+-- configuration change committed before it began (src/pg/cache.hpp,
+-- "changes").
 -- epoch reads the routing cache, like node_for.
 -- @replace sharding.epoch
 
--- Issue 26: per-map changes. The statement triggers see the changed rows
--- (transition tables), so only the maps and pin keys that changed are
--- rebuilt or re-read.
+-- Per-map changes (docs/directory.md). The statement triggers see the
+-- changed rows (transition tables), so only the maps and pin keys that
+-- changed are rebuilt or re-read.
 DROP TRIGGER routing_changed ON sharding.maps;
 DROP TRIGGER routing_changed ON sharding.shards;
 DROP TRIGGER routing_changed ON sharding.pins;
@@ -18,5 +19,5 @@ ALTER TABLE sharding.pins ENABLE ALWAYS TRIGGER routing_changed;
 -- longer builds the routing cache of the map it changes.
 -- @replace sharding._lock_pin
 
--- Section 14: pin_many.
+-- pin_many (docs/directory.md, Pins at scale).
 -- @include sharding.pin_many

@@ -1,5 +1,5 @@
 
--- Queue (issue 27, contract section 14): enqueue_many writes status
+-- Queue (docs/queue.md): enqueue_many writes status
 -- 'pending' and checks the columns it writes (22023); wake-ups cut a key
 -- too long for NOTIFY (sharding._notify_payload, new) instead of failing
 -- the insert.

@@ -1,5 +1,5 @@
--- Fixes of issue 27 (docs: install, followers, observe) and one source for
--- the exported symbols (issue 22).
+-- Fixes (docs/nodes.md, docs/observe.md) and one source for the exported
+-- symbols (docs/architecture.md).
 
 -- attach_node tells this database from a node by a probe connection seen in
 -- pg_stat_activity, not by system identifier and database name, which

@@ -1,8 +1,8 @@
 
 
--- Owner switches alone refused on maps with distributed tables (contract
--- section 13): move_shard's switch is _switch_owner, also the cutover of
--- an online move.
+-- Owner switches alone refused on maps with distributed tables
+-- (docs/moves.md, Owner switches alone): move_shard's switch is
+-- _switch_owner, also the cutover of an online move.
 -- @replace sharding._refuse_owner_switch
 
 -- @replace sharding._switch_owner
@@ -16,7 +16,7 @@ GRANT EXECUTE ON FUNCTION sharding._switch_owner(text, integer, text) TO shardin
 -- @replace sharding.rebalance_by_load
 
 
--- Move journal (issue 24): sharding.move_journal replaces 1.2's
+-- Move journal (docs/moves.md): sharding.move_journal replaces 1.2's
 -- sharding.moves (now a view of the live rows); moves are journaled
 -- through _move_enqueue / _move_execute / _move_cancel / _move_recover.
 -- @include sharding.move_journal
@@ -31,40 +31,9 @@ SELECT m.map, m.logical, m.key, m.source, m.destination,
 ALTER EXTENSION sharding DROP TABLE sharding.moves;
 DROP TABLE sharding.moves;
 
--- 1.2's journal, as a view of the moves in progress (or interrupted).
-CREATE VIEW sharding.moves AS
-    SELECT j.map, j.logical, j.key, j.source, j.destination,
-           CASE j.phase WHEN 'queued' THEN 'setup' WHEN 'catching_up' THEN 'catchup'
-                        WHEN 'cleanup' THEN 'switched' ELSE j.phase END AS state,
-           coalesce(j.started, j.created) AS started
-      FROM sharding.move_journal j
-     WHERE j.phase NOT IN ('done', 'failed', 'cancelled');
-COMMENT ON VIEW sharding.moves IS
-    'online moves in progress (or interrupted: the next move of the shard cleans them up); see move_journal';
-GRANT SELECT ON sharding.moves TO PUBLIC;
+-- @include sharding.moves
 
--- What a move's decoder carries (src/nodes/move_decoder.cpp), one row per
--- slot, on the source: written before the slot is created, deleted with it.
--- A user_catalog_table: logical decoding reads it under its historic
--- snapshot. The guard refuses key changes into or out of these shards
--- while a row is here.
-CREATE TABLE sharding.move_decoding (
-    slot        text PRIMARY KEY,
-    map         text NOT NULL,
-    shards      integer NOT NULL,
-    logical     integer NOT NULL,
-    key         text,                       -- isolate: the one key
-    pins        text[] NOT NULL DEFAULT '{}',  -- a shard move leaves these keys behind
-    tables      oid[] NOT NULL,             -- the map's distributed tables here
-    key_columns text[] NOT NULL             -- their key columns, in the same order
-) WITH (user_catalog_table = true);
-COMMENT ON TABLE sharding.move_decoding IS
-    'internal: what the decoder of an online move''s slot carries (source side; one row per slot)';
-GRANT SELECT ON sharding.move_decoding TO PUBLIC;
-GRANT INSERT, UPDATE, DELETE ON sharding.move_decoding TO sharding_admin;
-CREATE TRIGGER local_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.move_decoding
-    FOR EACH STATEMENT EXECUTE FUNCTION sharding._local_changed();
-ALTER TABLE sharding.move_decoding ENABLE ALWAYS TRIGGER local_changed;
+-- @include sharding.move_decoding
 
 -- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
 -- created over a replication connection with an exported snapshot (held
@@ -75,10 +44,7 @@ ALTER TABLE sharding.move_decoding ENABLE ALWAYS TRIGGER local_changed;
 -- @include sharding._move_slot_create
 -- @include sharding._move_slot_close
 -- @include sharding._move_pull
-REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
-    sharding._move_pull(text, text, regclass, text[], text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
-    sharding._move_pull(text, text, regclass, text[], text) TO sharding_admin;
+-- @include sharding._move_copy_grants
 
 -- @replace sharding._move_drop_replication
 
@@ -107,9 +73,6 @@ DROP FUNCTION sharding._shell_quote(text);
 -- running by a cancelled or dead caller) and waits until they are gone.
 -- @replace sharding._move_stop_backends
 
--- _move_switch(map, logical, node): the owner switch of an online move.
--- @replace sharding._move_switch
-
 -- _move_resolve(move): rolls back (or, if its switch had committed,
 -- finishes) a move whose executor is gone, from its journal row; returns
 -- the final phase. The caller holds the move's advisory lock.
@@ -134,16 +97,7 @@ DROP FUNCTION sharding._shell_quote(text);
 -- (crash, kill -9, restart); returns how many.
 -- @replace sharding._move_recover
 
-REVOKE ALL ON FUNCTION sharding._move_journal(text), sharding._move_phase(text, integer, text),
-    sharding._move_stop_backends(text, text), sharding._move_switch(text, integer, text),
-    sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
-    sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()
-    FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_journal(text), sharding._move_phase(text, integer, text),
-    sharding._move_stop_backends(text, text), sharding._move_switch(text, integer, text),
-    sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
-    sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()
-    TO sharding_admin;
+-- @include sharding._move_journal_grants
 
 -- _move_raise(move): raises the recorded error of a move that did not end
 -- 'done' (move_shard_online and isolate raise what the engine recorded).
@@ -154,14 +108,13 @@ GRANT EXECUTE ON FUNCTION sharding._move_journal(text), sharding._move_phase(tex
 -- shares its instance: refused before anything happens.
 -- @replace sharding._move_refuse_written
 
--- move_shard_online(map text, logical integer, node text): contract
--- section 8. Not STRICT: NULL arguments raise 22023. A journaled move:
+-- move_shard_online(map text, logical integer, node text): docs/moves.md.
+-- Not STRICT: NULL arguments raise 22023. A journaled move:
 -- _move_execute(_move_enqueue(NULL, map, logical, NULL, node)).
 -- @replace sharding.move_shard_online
 
--- isolate(map text, key text, node text): contract section 8. Not STRICT.
+-- isolate(map text, key text, node text): docs/moves.md. Not STRICT.
 -- @replace sharding.isolate
 
-REVOKE ALL ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() TO sharding_admin;
+-- @include sharding._move_raise_grants
 

@@ -1,6 +1,7 @@
--- Issue 26: pin_many at scale. The references of sharding.pins to maps and
--- nodes are checked once per statement (sharding._pins_integrity) instead
--- of by declared foreign keys, which checked them row by row.
+-- pin_many at scale (docs/directory.md, Pins at scale). The references of
+-- sharding.pins to maps and nodes are checked once per statement
+-- (sharding._pins_integrity) instead of by declared foreign keys, which
+-- checked them row by row.
 ALTER TABLE sharding.pins DROP CONSTRAINT pins_map_fkey, DROP CONSTRAINT pins_node_fkey;
 -- @include sharding._pins_integrity
 

@@ -23,11 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 . test/bench/lib.sh
-SECONDS_PER_RUN=${1:-8}
-RUNS=${2:-3}
-CLIENTS=8
+bench_args test/bench/claim 8 3 "$@"
 DONE_ROWS=200000
-HERE=test/bench/claim
 
 bench_cluster
 bench_queues
@@ -56,20 +53,10 @@ SQL
 
 # measure TABLE SCRIPT BATCH PENDING IN_FLIGHT -> jobs/s
 measure() {
-    local table=$1 script=$2 batch=$3 pending=$4 in_flight=$5 out tps txns done_jobs
+    local table=$1 script=$2 batch=$3 pending=$4 in_flight=$5
     fill "$table" "$pending" "$in_flight"
-    out=$(pgbench -n -M prepared -c $CLIENTS -j $CLIENTS -T "$SECONDS_PER_RUN" -D batch="$batch" \
-        -f "$HERE/$script" 2>&1) || { echo "$out" >&2; return 1; }
-    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' <<<"$out")
-    txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
-    done_jobs=$(psql -XqAtc "SELECT count(*) FROM $table WHERE status = 'done' AND owner NOT IN ('old', 'slow')")
-    left=$(psql -XqAtc "SELECT count(*) FROM $table WHERE status = 'pending'")
-    [ "$left" -gt 0 ] || echo "warning: $table ran dry; raise the pending rows" >&2
-    python3 -c "import sys; print(round(float(sys.argv[1]) * float(sys.argv[2]) / float(sys.argv[3])))" \
-        "$done_jobs" "$tps" "$txns"
+    pgbench_jobs "$table" "$script" "$batch" "owner NOT IN ('old', 'slow')" true
 }
-
-median() { python3 -c "import statistics, sys; print(round(statistics.median(map(float, sys.argv[1:]))))" "$@"; }
 
 echo "# claim-then-complete, $CLIENTS clients, $SECONDS_PER_RUN s per run, median of $RUNS runs, $DONE_ROWS done rows"
 echo "# $(nproc) cores; $(psql -XqAtc 'SELECT version()' | cut -d, -f1)"
@@ -81,8 +68,8 @@ for in_flight in 0 2000; do
             ours+=("$(measure ours ours.sql "$batch" "$pending" "$in_flight")")
             hand+=("$(measure hand hand.sql "$batch" "$pending" "$in_flight")")
         done
-        mo=$(median "${ours[@]}")
-        mh=$(median "${hand[@]}")
+        mo=$(jobs_median "${ours[@]}")
+        mh=$(jobs_median "${hand[@]}")
         ratio=$(python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$mo" "$mh")
         echo "batch $batch, $in_flight in flight: sharding.claim ${mo} jobs/s (runs: ${ours[*]}), hand-written ${mh} jobs/s (runs: ${hand[*]}), ratio ${ratio}x"
     done

@@ -17,10 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 . test/bench/lib.sh
-SECONDS_PER_RUN=${1:-8}
-RUNS=${2:-5}
-CLIENTS=8
-HERE=test/bench/guard
+bench_args test/bench/guard 8 5 "$@"
 
 bench_cluster -c wal_level=logical -c max_replication_slots=4 -c max_wal_senders=4
 psql -XqAt -v ON_ERROR_STOP=1 -c 'CREATE DATABASE coord' -c 'CREATE DATABASE data' >/dev/null

@@ -80,7 +80,6 @@ print(round(sum(last) / max(len(last), 1)), round((done - before) / total))
 PY
 }
 
-median() { python3 -c "import statistics, sys; print(round(statistics.median(map(float, sys.argv[1:]))))" "$@"; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / max(float(sys.argv[2]), 1):.2f}')" "$1" "$2"; }
 
 echo "# pinned horizon: $INSERT_RATE inserts/s, $CLIENTS clients claim+complete batch $BATCH, $SECONDS_PER_RUN s per run,"
@@ -91,7 +90,7 @@ for table in ours hand; do
         read -r c j < <(run "$table" 0); free+=("$c"); free_jobs+=("$j")
         read -r c j < <(run "$table" 1); pin+=("$c"); pin_jobs+=("$j")
     done
-    mf=$(median "${free[@]}"); mp=$(median "${pin[@]}")
+    mf=$(jobs_median "${free[@]}"); mp=$(jobs_median "${pin[@]}")
     name=$([ "$table" = ours ] && echo "sharding.claim" || echo "hand-written")
     echo "$name: unpinned ${mf} claims/s (runs: ${free[*]}; jobs done/s: ${free_jobs[*]}), pinned ${mp} claims/s (runs: ${pin[*]}; jobs done/s: ${pin_jobs[*]}), pinned/unpinned $(ratio "$mp" "$mf")"
 done

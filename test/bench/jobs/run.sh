@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark of rebalance jobs (contract section 13, issue 25), ratios
+# Benchmark of rebalance jobs (docs/rebalance.md), ratios
 # measured in one run:
 #
 #   1. parallel moves: a job of 4 moves with max_parallel => 2, against the
@@ -36,12 +36,8 @@ cd "$(dirname "$0")/../../.."
 
 RUNS=${BENCH_RUNS:-3}
 ROWS=${BENCH_ROWS:-400000}
-ensure_packages || exit 1
-build_and_install || exit 1
-mn_start i0 i1 i2 || { echo "instances did not start"; exit 1; }
+bench_nodes i0 i1 i2
 declare -A HOST=([coord]=i0 [n1]=i1 [n3]=i1 [n2]=i2 [n4]=i2)
-ndsn() { echo "host=127.0.0.1 port=${PORT[${HOST[$1]}]} dbname=$1 user=postgres"; }
-qn() { local n=$1; shift; q "${HOST[$n]}" "$n" "$@"; }
 
 for n in coord n1 n2 n3 n4; do
     q "${HOST[$n]}" postgres -c "CREATE DATABASE $n" >/dev/null

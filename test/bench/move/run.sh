@@ -3,12 +3,16 @@
 # run on three live instances (coordinator, n1, n2; wal_level = logical):
 #
 #   1. move time: a BIG-row (1,000,000) move / the plain pipe
-#      COPY ... TO STDOUT | COPY ... FROM STDIN of the same rows between the
-#      same two instances into a table with the same primary key (target:
-#      at most 1.2). Also against the same pipe into a table with a BEFORE
-#      ROW trigger that does not fire (session_replication_role = replica,
-#      as in the move): PostgreSQL's COPY does not batch inserts into such a
-#      table, and the guard's trigger is one.
+#      COPY (SELECT ... WHERE shard_of(key, n) = s) TO STDOUT | COPY ... FROM
+#      STDIN of the same rows between the same two instances into a table
+#      with the same primary key (target: at most 1.2). Also against the
+#      same pipe into a table with a BEFORE ROW trigger that does not fire
+#      (session_replication_role = replica, as in the move), and against
+#      the floor of what the move must do that the pipe does not: the
+#      engine's copy alone (_move_pull into the pipe's table) plus a plain
+#      DELETE of the same rows there (the move deletes them at the source
+#      after the switch). The move's phases are printed too: set-up (to
+#      the copy), copy, catch-up and cutover, clean-up (mostly the delete).
 #   2. refusal window, measured from a writer (paced, one write per ms): a PL/pgSQL procedure on the
 #      coordinator writes the moving shard's key in a loop through dblink to
 #      the node node_for names, retrying on 55000; the window is its longest
@@ -16,19 +20,30 @@
 #      freeze included) during the move. BIG-row shard / SMALL-row shard
 #      (target: at most 2). The engine's own view (DEBUG: frozen -> the
 #      destination follows) is printed too.
-#   3. other shards: a second writer, on a key of another shard that stays
-#      at the move's source, writes during the BIG move and during an
-#      interval of the same writers without a move; rate with / without
-#      (target: at least 0.9). After each move the destination must hold no
-#      row of that other shard (only the shard's changes are decoded into
-#      the move's stream; the bench fails otherwise).
+#   3. other shards (CPUs kept from idling by lowest-priority loops while
+#      writers run, see spin_start): a second writer, on a key of another shard that stays
+#      at the move's source, writes during the BIG move back, and during an
+#      interval of the same writers without a move, about as long as the
+#      move, just before it and again just after it; rate during / the
+#      mean of the two without (target: at least 0.9). After / before is
+#      printed as the noise of the measure. After each move the destination
+#      must hold no row of that other shard (only the shard's changes are
+#      decoded into the move's stream; the bench fails otherwise).
 #   4. rows per second of the BIG move (whole call, and its copy phase).
 #
-# Median of BENCH_RUNS runs (default 3), each run measuring pipe, moves
-# and baseline writers interleaved: the pipe n1 -> n2, the small shard's move
-# under writers, the big move n1 -> n2 without writers (the pipe has none),
-# the writers without a move, the big move back n2 -> n1 under them. BENCH_VERBOSE=1 prints each move's phases. Not part of the test
-# command (minutes, not seconds):
+# Every timed step starts from the same state: VACUUM of the tables and a
+# CHECKPOINT on both data nodes first (settle). Without it a step paid for
+# the one before it: a move into a table that still held the same keys as
+# dead rows from the previous run's move (the pipe's table is truncated)
+# took up to twice as long, and the writers' interval without a move came
+# right after the big move, with its 2,000,000 dead rows, vacuum and WAL.
+#
+# Median of BENCH_RUNS runs (default 3), each run measuring pipes, moves
+# and baseline writers interleaved: the pipes n1 -> n2, the small shard's
+# move under writers, the big move n1 -> n2 without writers (the pipe has
+# none), the writers without a move, the big move back n2 -> n1 under
+# them, the writers without a move again. BENCH_VERBOSE=1 prints each
+# move's phases. Not part of the test command (minutes, not seconds):
 #
 #   SHARDING_PGROOT=/work/pgroot/you BENCH_RUNS=5 bash test/bench/move/run.sh
 set -uo pipefail
@@ -39,14 +54,10 @@ cd "$(dirname "$0")/../../.."
 RUNS=${BENCH_RUNS:-3}
 BIG=${BENCH_BIG_ROWS:-1000000}
 SMALL=${BENCH_SMALL_ROWS:-10000}
-ensure_packages || exit 1
-build_and_install || exit 1
 # The coordinator on an instance of its own, as in production: the
 # followers' slots live there, and their WAL senders decode only its WAL.
-mn_start i0 i1 i2 || { echo "instances did not start"; exit 1; }
+bench_nodes i0 i1 i2
 declare -A HOST=([coord]=i0 [n1]=i1 [n2]=i2)
-ndsn() { echo "host=127.0.0.1 port=${PORT[${HOST[$1]}]} dbname=$1 user=postgres"; }
-qn() { local n=$1; shift; q "${HOST[$n]}" "$n" "$@"; }
 
 for n in coord n1 n2; do
     q "${HOST[$n]}" postgres -c "CREATE DATABASE $n" >/dev/null
@@ -136,7 +147,29 @@ echo "# shard 0: $(qn n1 -c "SELECT count(*) FROM accounts WHERE sharding.logica
 owner() { qn coord -c "SELECT node FROM sharding.shards WHERE map = 'bench' AND logical = $1"; }
 # writers_start SHARD OTHER BASE: the moving-shard writer on SHARD's tenant
 # and the other-shard writer on OTHER's, ids from BASE.
+# While writers run, one busy loop per CPU at the lowest priority (nice
+# 19) keeps the CPUs from going idle, as a move keeps them busy: on this
+# (virtual) machine a writer that waits for each answer runs about a third
+# faster when the CPUs do not idle between its round trips (median of 10
+# pairs of 3-second samples, loops on and off), so a baseline taken with
+# idle CPUs made a move look like a gain for the other shards (1.65, 1.14
+# at load 1.5-1.8). The loops yield to any other process.
+spin_start() {
+    local i
+    SPIN=()
+    for i in $(seq "$(nproc)"); do
+        nice -n 19 sh -c 'while :; do :; done' &
+        SPIN+=($!)
+        MN_BACKGROUND+=($!)
+    done
+}
+spin_stop() {
+    kill "${SPIN[@]}" 2>/dev/null
+    wait "${SPIN[@]}" 2>/dev/null
+    SPIN=()
+}
 writers_start() {
+    spin_start
     qn coord -c 'TRUNCATE bench_writes' -c 'UPDATE bench_ctl SET stop = false'
     qn coord -c "CALL bench_writer('mover', '${TENANT[$1]}', $3, true)" &
     W1=$!
@@ -148,24 +181,30 @@ writers_start() {
 writers_stop() {
     qn coord -c 'UPDATE bench_ctl SET stop = true'
     wait "$W1" "$W2"
+    spin_stop
     [ -n "${BENCH_VERBOSE:-}" ] && qn coord -F ' ' -c "SELECT '#   writer', who, writes, 'writes, worst', round(worst_ms::numeric, 1), 'ms from', worst_at FROM bench_writes" >&2
     qn coord -F ' ' -c "SELECT round(max(worst_ms) FILTER (WHERE who = 'mover')::numeric, 1),
                                max(refused) FILTER (WHERE who = 'mover'),
                                round(max(writes / secs) FILTER (WHERE who = 'other')::numeric, 1) FROM bench_writes"
 }
 ts() { date -d "$1" +%s.%N; }
-# move SHARD TO: prints "total_ms engine_window_ms copy_ms"; phases with BENCH_VERBOSE.
+ms_between() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", (b - a) * 1000 }'; }
+# move SHARD TO: prints "total_ms engine_window_ms copy_ms setup_ms cleanup_ms"
+# (set-up: call to copy; clean-up: replication dropped to return, mostly
+# the source-side delete); phases with BENCH_VERBOSE.
 move() {
-    local t0 t1 out total f d c k
+    local t0 t1 out total f d c k x
     t0=$(date +%s.%N)
-    out=$(PGOPTIONS='-c client_min_messages=debug1' qn coord -c "SELECT sharding.move_shard_online('bench', $1, '$2')" 2>&1)
+    # The caller's PGOPTIONS (e.g. -c sharding.move_parallel=1) are kept.
+    out=$(PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=debug1" qn coord -c "SELECT sharding.move_shard_online('bench', $1, '$2')" 2>&1)
     t1=$(date +%s.%N)
-    total=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", (b - a) * 1000 }')
+    total=$(ms_between "$t0" "$t1")
     f=$(echo "$out" | sed -n 's/.*: frozen at \(.*\)$/\1/p')
     d=$(echo "$out" | sed -n 's/.*: destination follows at \(.*\)$/\1/p')
     c=$(echo "$out" | sed -n 's/.*: copying at \(.*\)$/\1/p')
     k=$(echo "$out" | sed -n 's/.*: catchup at \(.*\)$/\1/p')
-    if [ -z "$f" ] || [ -z "$d" ] || [ -z "$c" ] || [ -z "$k" ]; then echo "move failed: $out" >&2; echo "0 0 0"; return 1; fi
+    x=$(echo "$out" | sed -n 's/.*: replication dropped at \(.*\)$/\1/p')
+    if [ -z "$f" ] || [ -z "$d" ] || [ -z "$c" ] || [ -z "$k" ] || [ -z "$x" ]; then echo "move failed: $out" >&2; echo "0 0 0 0 0"; return 1; fi
     if [ -n "${BENCH_VERBOSE:-}" ]; then
         echo "$out" | sed -n 's/^DEBUG:  move [^:]*: \(.*\) at \(.*\)$/\2|\1/p' |
             while IFS='|' read -r when what; do
@@ -173,22 +212,46 @@ move() {
             done
         printf '#     %8s ms  returned\n' "$total" >&2
     fi
-    echo "$total $(awk -v a="$(ts "$f")" -v b="$(ts "$d")" 'BEGIN { printf "%.1f", (b - a) * 1000 }') $(awk -v a="$(ts "$c")" -v b="$(ts "$k")" 'BEGIN { printf "%.0f", (b - a) * 1000 }')"
+    echo "$total $(awk -v a="$(ts "$f")" -v b="$(ts "$d")" 'BEGIN { printf "%.1f", (b - a) * 1000 }') $(ms_between "$(ts "$c")" "$(ts "$k")") $(ms_between "$t0" "$(ts "$c")") $(ms_between "$(ts "$x")" "$t1")"
 }
+# The shard's rows, as the move selects them.
+shard_query() { echo "SELECT tenant, id, val FROM public.accounts WHERE sharding.shard_of(tenant, 4) = $1"; }
 # copy SHARD FROM TO TABLE: COPY pipe of the shard's rows into TABLE; prints ms.
 copy() {
     local t0
     qn "$3" -c "TRUNCATE $4"
     t0=$(date +%s%N)
-    qn "$2" -c "\\copy (SELECT tenant, id, val FROM accounts WHERE sharding.logical_shard('bench', tenant) = $1) TO STDOUT" |
+    qn "$2" -c "\\copy ($(shard_query "$1")) TO STDOUT" |
         qn "$3" -c 'SET session_replication_role = replica' -c "\\copy $4 FROM STDIN"
     echo $((($(date +%s%N) - t0) / 1000000))
+}
+# floor SHARD FROM TO: the engine's copy alone (_move_pull into the pipe's
+# table, in one session: without a snapshot it copies in no parts) and a
+# plain DELETE of those rows there (what the move's clean-up does at the
+# source, in one session); prints "copy_ms delete_ms".
+floor() {
+    local t0 t1 t2
+    qn "$3" -c 'TRUNCATE copy_target'
+    t0=$(date +%s%N)
+    qn "$3" -c 'SET session_replication_role = replica' \
+        -c "SELECT sharding._move_pull('$2', NULL, 'copy_target', '{tenant,id,val}', \$q\$$(shard_query "$1")\$q\$)" >/dev/null
+    t1=$(date +%s%N)
+    qn "$3" -c "DELETE FROM copy_target WHERE sharding.shard_of(tenant, 4) = $1"
+    t2=$(date +%s%N)
+    echo "$(((t1 - t0) / 1000000)) $(((t2 - t1) / 1000000))"
+}
+# settle: the data nodes' tables vacuumed and their WAL checkpointed, so that
+# the next timed step does not pay for the last one.
+settle() {
+    local n
+    for n in n1 n2; do qn "$n" -c 'VACUUM accounts, copy_target, copy_guarded' -c 'CHECKPOINT'; done
 }
 # stray OTHER NODE: rows of shard OTHER on NODE (must be 0 where it is not owned).
 stray() { qn "$2" -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard('bench', tenant) = $1"; }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); big_c=()
+small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); rate_aa=(); big_c=()
+big_s=(); big_x=(); pull_t=(); del_t=(); move_r=()
 bad=0
 for r in $(seq "$RUNS"); do
     # The big shard goes src -> dst without writers (timed), then back
@@ -199,36 +262,53 @@ for r in $(seq "$RUNS"); do
     # The other shard: 2 or 3, whichever the small shard's source owns.
     if [ "$(owner 2)" != "$sdst" ]; then other=2; else other=3; fi
     base=$((r * 100000000))
+    settle
     c=$(copy 0 "$src" "$dst" copy_target)
     cg=$(copy 0 "$src" "$dst" copy_guarded)
+    read -r pl dl < <(floor 0 "$src" "$dst")
     qn "$dst" -c 'TRUNCATE copy_target, copy_guarded'
+    settle
     writers_start 1 "$other" "$base"
-    read -r ts ws cs < <(move 1 "$sdst")
+    read -r ts ws cs _ _ < <(move 1 "$sdst")
     read -r sw_s _ _ < <(writers_stop)
-    # The big move's time without writers (as the pipe is measured), then
-    # the same writers without a move, about as long as that move took,
-    # then the big move back under them (window and other-shard rate).
-    read -r tb _ cb < <(move 0 "$dst")
+    # The big move's time without writers (as the pipe is measured).
+    settle
+    read -r tb _ cb sb xb < <(move 0 "$dst")
+    # The same writers without a move, about as long as that move took,
+    # the big move back under them (window and other-shard rate), and the
+    # writers without a move again.
     if [ "$(owner 2)" = "$dst" ]; then back_other=2; else back_other=3; fi
+    secs=$(awk -v t="$tb" 'BEGIN { printf "%.1f", t / 1000 }')
+    settle
     writers_start 0 "$back_other" $((base + 20000000))
-    sleep "$(awk -v t="$tb" 'BEGIN { printf "%.1f", t / 1000 }')"
+    sleep "$secs"
     read -r _ _ rate0 < <(writers_stop)
+    settle
     writers_start 0 "$back_other" $((base + 40000000))
-    read -r tw wb _ < <(move 0 "$src")
+    read -r tw wb _ _ _ < <(move 0 "$src")
     read -r sw_b refused_b rate1 < <(writers_stop)
+    settle
+    writers_start 0 "$back_other" $((base + 60000000))
+    sleep "$secs"
+    read -r _ _ rate2 < <(writers_stop)
     n=$(stray "$back_other" "$src")
     [ "$n" = 0 ] || { echo "# run $r: $n rows of shard $back_other reached $src" >&2; bad=1; }
-    echo "# run $r ($src -> $dst): pipe ${c} ms (into a table with a trigger ${cg} ms); ${SMALL}-row move ${ts} ms (writer's window ${sw_s} ms, engine's ${ws} ms); ${BIG}-row move ${tb} ms, copy phase ${cb} ms; back under writers ${tw} ms (writer's window ${sw_b} ms after ${refused_b} refusals, engine's ${wb} ms; other shard ${rate1} writes/s during, ${rate0} without); load $(cut -d' ' -f1 /proc/loadavg)"
+    echo "# run $r ($src -> $dst): pipe ${c} ms (into a table with a trigger ${cg} ms; the engine's copy alone ${pl} ms, a DELETE of those rows ${dl} ms); ${SMALL}-row move ${ts} ms (writer's window ${sw_s} ms, engine's ${ws} ms); ${BIG}-row move ${tb} ms: set-up ${sb} ms, copy ${cb} ms, clean-up ${xb} ms; back under writers ${tw} ms (writer's window ${sw_b} ms after ${refused_b} refusals, engine's ${wb} ms; other shard ${rate1} writes/s during, ${rate0} before and ${rate2} after without); load $(cut -d' ' -f1 /proc/loadavg)"
     small_w+=("$sw_s"); big_w+=("$sw_b"); small_e+=("$ws"); big_e+=("$wb"); big_t+=("$tb"); copy_t+=("$c"); small_t+=("$ts"); copyg_t+=("$cg")
-    rate_r+=("$(ratio "$rate1" "$rate0")"); big_c+=("$cb")
+    rate_r+=("$(awk -v d="$rate1" -v a="$rate0" -v b="$rate2" 'BEGIN { if (a + b > 0) printf "%.3f", 2 * d / (a + b); else print 0 }')")
+    rate_aa+=("$(ratio "$rate2" "$rate0")")
+    big_c+=("$cb"); big_s+=("$sb"); big_x+=("$xb"); pull_t+=("$pl"); del_t+=("$dl"); move_r+=("$(ratio "$tb" "$c")")
 done
 med() { printf '%s\n' "$@" | median; }
 mw_s=$(med "${small_w[@]}"); mw_b=$(med "${big_w[@]}"); me_s=$(med "${small_e[@]}"); me_b=$(med "${big_e[@]}")
 mt_b=$(med "${big_t[@]}"); mt_s=$(med "${small_t[@]}"); mc=$(med "${copy_t[@]}"); mcg=$(med "${copyg_t[@]}")
-mr=$(med "${rate_r[@]}"); mcb=$(med "${big_c[@]}")
-echo "move time: ${BIG}-row move ${mt_b} ms, COPY pipe ${mc} ms, ratio $(ratio "$mt_b" "$mc") (target <= 1.2); against the pipe into a table with a BEFORE ROW trigger ${mcg} ms: $(ratio "$mt_b" "$mcg"); ${SMALL}-row move ${mt_s} ms"
+mr=$(med "${rate_r[@]}"); maa=$(med "${rate_aa[@]}"); mcb=$(med "${big_c[@]}"); msb=$(med "${big_s[@]}"); mxb=$(med "${big_x[@]}")
+mpl=$(med "${pull_t[@]}"); mdl=$(med "${del_t[@]}"); mmr=$(med "${move_r[@]}")
+echo "move time: ${BIG}-row move ${mt_b} ms, COPY pipe ${mc} ms, ratio $(ratio "$mt_b" "$mc") (target <= 1.2; median of the per-run ratios $(ratio "$mmr" 1)); against the pipe into a table with a BEFORE ROW trigger ${mcg} ms: $(ratio "$mt_b" "$mcg"); ${SMALL}-row move ${mt_s} ms"
+echo "where the move's time goes: set-up ${msb} ms, copy ${mcb} ms ($(ratio "$mcb" "$mc") of the pipe), clean-up ${mxb} ms, the rest (catch-up, cutover) $((mt_b - msb - mcb - mxb)) ms (medians of each)"
+echo "floor in one session: the engine's copy alone (_move_pull, one session: no snapshot, so no parts) ${mpl} ms ($(ratio "$mpl" "$mc") of the pipe) + a plain DELETE of the same rows ${mdl} ms = $(ratio $((mpl + mdl)) "$mc") of the pipe"
 echo "refusal window (writer's longest write): ${SMALL}-row shard ${mw_s} ms, ${BIG}-row shard ${mw_b} ms, ratio $(ratio "$mw_b" "$mw_s") (target <= 2); engine's freeze-to-follow ${me_s} ms and ${me_b} ms, ratio $(ratio "$me_b" "$me_s")"
-echo "other shards: write rate during the move / without, median of per-run ratios $(ratio "${mr}" 1) (target >= 0.9)"
+echo "other shards: write rate during the move / without (mean of just before and just after), median of per-run ratios $(ratio "${mr}" 1) (target >= 0.9); after / before without a move: $(ratio "$maa" 1)"
 echo "rows/s: $(awk -v n="$BIG" -v t="$mt_b" 'BEGIN { printf "%.0f", n / t * 1000 }') over the whole move, $(awk -v n="$BIG" -v t="$mcb" 'BEGIN { printf "%.0f", n / t * 1000 }') in its copy phase (${mcb} ms); the pipe $(awk -v n="$BIG" -v t="$mc" 'BEGIN { printf "%.0f", n / t * 1000 }') (Citus quotes ~2.6 M rows/s)"
 echo "medians of $RUNS runs; load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
 exit "$bad"

@@ -3,8 +3,9 @@
 # baseline measured in the same run on identical data (pgbench, 8 clients,
 # batch 50, claim then batch complete, -M prepared, jit off):
 #
-#   1. ordered:   claim_ordered vs claim, 100,000 keys, one whale key with
-#                 50% of the jobs (keys interleaved); jobs/s. Target >= 0.7.
+#   1. ordered:   claim_ordered vs claim, 1,000,000 jobs over 100,000 keys
+#                 and one whale key with 50% of the jobs (keys
+#                 interleaved); jobs/s. Target >= 0.7.
 #   2. burst:     claim_ordered with a whale burst (1,000,000 jobs of one
 #                 key, all older than every other job) vs without it; jobs/s
 #                 of the other keys. Target >= 0.5.
@@ -16,7 +17,9 @@
 #
 #   SHARDING_PGROOT=/tmp/pgroot-mine bash test/bench/ordered/run.sh [seconds] [runs]
 #
-# BENCH_ONLY="ordered burst node node_handoff" (any of them) runs those comparisons only; BENCH_WAITS=1 samples
+# BENCH_ONLY="ordered burst node node_handoff" (any of them) runs those comparisons only;
+# BENCH_NO_PRELOAD=1 starts the cluster without shared_preload_libraries
+# (claim_ordered then keeps a position per backend); BENCH_WAITS=1 samples
 # pg_stat_activity's wait events every 0.1 s during each pgbench run and
 # prints their counts (diagnosis of contention).
 #
@@ -27,18 +30,11 @@
 # of `runs` runs and the ratio of the medians.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-. test/lib/cluster.sh
-SECONDS_PER_RUN=${1:-5}
-RUNS=${2:-3}
-CLIENTS=8
+. test/bench/lib.sh
+bench_args test/bench/ordered 5 3 "$@"
 BATCH=50
-HERE=test/bench/ordered
 
-build_and_install
-DIR=$(make_cluster_dir bench)
-trap 'stop_cluster "$DIR"; rm -rf "$DIR"' EXIT
-start_cluster "$DIR" -c jit=off -c shared_buffers=512MB -c max_wal_size=4GB
-export PGDATABASE=postgres
+bench_cluster -c shared_buffers=512MB ${BENCH_NO_PRELOAD:+-c shared_preload_libraries=}
 psql -XqAt -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
 CREATE EXTENSION sharding;
 SELECT sharding.create_queue('ours');
@@ -48,16 +44,18 @@ SELECT sharding.create_ordered_indexes('base');
 ALTER TABLE ours SET (autovacuum_enabled = false);
 ALTER TABLE base SET (autovacuum_enabled = false);
 SELECT sharding.create_map('bm', 16, ARRAY['n1', 'n2', 'n3', 'n4']);
--- Templates. mixed: 400,000 jobs, every other one the whale's, the rest
--- over 100,000 keys. others: 200,000 jobs over 100,000 keys. burst: a
--- million whale jobs older than all of others'.
+-- Templates. mixed: 1,000,000 jobs, every other one the whale's, the rest
+-- over 100,000 keys. others: 600,000 jobs over 100,000 keys. burst: a
+-- million whale jobs older than all of others'. (400,000 and 200,000 until
+-- claim_ordered took 40,000 jobs/s here: a 5 s run then emptied the other
+-- keys before it ended.)
 CREATE UNLOGGED TABLE t_mixed AS
 SELECT CASE WHEN g % 2 = 0 THEN 'whale' ELSE 'k' || (g / 2 % 100000) END AS key,
        '2026-01-01'::timestamptz + g * interval '1 millisecond' AS created
-  FROM generate_series(1, 400000) g;
+  FROM generate_series(1, 1000000) g;
 CREATE UNLOGGED TABLE t_others AS
 SELECT 'k' || (g % 100000) AS key, '2026-01-02'::timestamptz + g * interval '1 millisecond' AS created
-  FROM generate_series(1, 200000) g;
+  FROM generate_series(1, 600000) g;
 CREATE UNLOGGED TABLE t_burst AS
 SELECT 'whale' AS key, '2026-01-01'::timestamptz + g * interval '1 microsecond' AS created
   FROM generate_series(1, 1000000) g;
@@ -84,7 +82,7 @@ foreign_leases() {
 # run TABLE SCRIPT COUNT_FILTER [keep] -> jobs/s of the done rows matching
 # COUNT_FILTER; "keep" leaves sharding.claim_node_workers as it is.
 run() {
-    local table=$1 script=$2 filter=$3 out tps txns done_jobs
+    local table=$1 script=$2 filter=$3
     [ "${4:-}" = keep ] || psql -XqAt -c "DELETE FROM sharding.claim_node_workers" >/dev/null
     local sampler=
     if [ -n "${BENCH_WAITS:-}" ]; then
@@ -96,70 +94,54 @@ run() {
           done | sort | uniq -c | sort -rn | sed "s/^/# waits $script: /" >&2 ) &
         sampler=$!
     fi
-    out=$(pgbench -n -M prepared -c $CLIENTS -j $CLIENTS -T "$SECONDS_PER_RUN" -D batch=$BATCH \
-        -f "$HERE/$script" 2>&1) || { echo "$out" >&2; return 1; }
+    # (The whale's jobs do not count as left: claim_ordered takes one at a time.)
+    pgbench_jobs "$table" "$script" "$BATCH" "$filter" "key <> 'whale' AND $filter"
     [ -z "$sampler" ] || wait "$sampler"
-    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' <<<"$out")
-    txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
-    done_jobs=$(psql -XqAtc "SELECT count(*) FROM $table WHERE status = 'done' AND $filter")
-    left=$(psql -XqAtc "SELECT count(*) FROM $table WHERE status = 'pending' AND $filter")
-    [ "$left" -gt 0 ] || echo "warning: $table ran dry; raise the pending rows" >&2
-    python3 -c "import sys; print(round(float(sys.argv[1]) * float(sys.argv[2]) / float(sys.argv[3])))" \
-        "$done_jobs" "$tps" "$txns"
 }
-
-median() { python3 -c "import statistics, sys; print(round(statistics.median(map(float, sys.argv[1:]))))" "$@"; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$1" "$2"; }
 
 echo "# $CLIENTS clients, batch $BATCH, $SECONDS_PER_RUN s per run, median of $RUNS runs"
-echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(psql -XqAtc 'SELECT version()' | cut -d, -f1)"
+echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(psql -XqAtc 'SELECT version()' | cut -d, -f1); shared_preload_libraries '$(psql -XqAtc 'SHOW shared_preload_libraries')'"
 
-if [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" ordered "* ]]; then
-ours=() base=()
-for _ in $(seq 1 "$RUNS"); do
-    fill ours t_mixed
-    ours+=("$(run ours claim_ordered.sql true)")
-    fill base t_mixed
-    base+=("$(run base claim.sql true)")
-done
-mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
-echo "ordered: claim_ordered ${mo} jobs/s (runs: ${ours[*]}), claim ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.7)"
+# measure OURS BASE: RUNS alternating runs of the functions OURS and BASE,
+# each of which fills its table and appends its jobs/s to the array ours or
+# base; sets mo and mb to their medians.
+measure() {
+    ours=() base=()
+    for _ in $(seq 1 "$RUNS"); do "$1"; "$2"; done
+    mo=$(jobs_median "${ours[@]}") mb=$(jobs_median "${base[@]}")
+}
+# wanted NAME: whether the scenario NAME runs (BENCH_ONLY unset or naming it).
+wanted() { [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]]; }
+
+ordered_ours() { fill ours t_mixed; ours+=("$(run ours claim_ordered.sql true)"); }
+ordered_base() { fill base t_mixed; base+=("$(run base claim.sql true)"); }
+if wanted ordered; then
+    measure ordered_ours ordered_base
+    echo "ordered: claim_ordered ${mo} jobs/s (runs: ${ours[*]}), claim ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.7)"
 fi
 
-if [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" burst "* ]]; then
-ours=() base=()
-for _ in $(seq 1 "$RUNS"); do
-    fill ours t_burst t_others
-    ours+=("$(run ours claim_ordered.sql "key <> 'whale'")")
-    fill ours t_others
-    base+=("$(run ours claim_ordered.sql "key <> 'whale'")")
-done
-mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
-echo "burst: other keys' jobs/s with a 1,000,000-job whale burst ${mo} (runs: ${ours[*]}), without ${mb} (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.5)"
+burst_ours() { fill ours t_burst t_others; ours+=("$(run ours claim_ordered.sql "key <> 'whale'")"); }
+burst_base() { fill ours t_others; base+=("$(run ours claim_ordered.sql "key <> 'whale'")"); }
+if wanted burst; then
+    measure burst_ours burst_base
+    echo "burst: other keys' jobs/s with a 1,000,000-job whale burst ${mo} (runs: ${ours[*]}), without ${mb} (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.5)"
 fi
 
-if [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" node "* ]]; then
-ours=() base=()
-for _ in $(seq 1 "$RUNS"); do
-    fill ours t_random
-    ours+=("$(run ours claim_node.sql true)")
-    fill base t_random
-    base+=("$(run base claim_shards.sql true)")
-done
-mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
-echo "node: claim_node ${mo} jobs/s (runs: ${ours[*]}), claim_shards same shards ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.9)"
+node_ours() { fill ours t_random; ours+=("$(run ours claim_node.sql true)"); }
+node_base() { fill base t_random; base+=("$(run base claim_shards.sql true)"); }
+if wanted node; then
+    measure node_ours node_base
+    echo "node: claim_node ${mo} jobs/s (runs: ${ours[*]}), claim_shards same shards ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x (target 0.9)"
 fi
 
-if [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" node_handoff "* ]]; then
-ours=() base=()
-for _ in $(seq 1 "$RUNS"); do
+node_handoff_ours() {
     fill ours t_random
     psql -XqAt -c "DELETE FROM sharding.claim_node_workers" >/dev/null
     foreign_leases ours
     ours+=("$(run ours claim_node.sql "coalesce(owner, '') NOT LIKE 'far-%'" keep)")
-    fill base t_random
-    base+=("$(run base claim_shards.sql true)")
-done
-mo=$(median "${ours[@]}") mb=$(median "${base[@]}")
-echo "node_handoff: claim_node with 1,200 live leases of other nodes' workers ${mo} jobs/s (runs: ${ours[*]}), claim_shards same shards ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x"
+}
+if wanted node_handoff; then
+    measure node_handoff_ours node_base
+    echo "node_handoff: claim_node with 1,200 live leases of other nodes' workers ${mo} jobs/s (runs: ${ours[*]}), claim_shards same shards ${mb} jobs/s (runs: ${base[*]}), ratio $(ratio "$mo" "$mb")x"
 fi

@@ -1,4 +1,4 @@
-# Helpers for the rebalance job tests (test/tap/5xx_*.pl, issue 25).
+# Helpers for the rebalance job tests (test/tap/5xx_*.pl, docs/rebalance.md).
 #
 # Topology: instance `coord` holds the coordinator (database coord, the
 # library preloaded unless preload => 0); instance `data` holds data nodes
@@ -25,7 +25,7 @@ use ShardingNode;
 use Exporter 'import';
 
 our @EXPORT = qw(jobs_cluster start_writers stop_writers check_data leftovers wait_for
-  node_of_db digest expected_digest followers_agree);
+  node_of_db digest expected_digest followers_agree start_sampler finish_sampler $IN_FLIGHT);
 
 my %HOST;    # database -> cluster object
 
@@ -89,12 +89,13 @@ CREATE VIEW expected AS
 SELECT tbl, id, tenant, val FROM (
     SELECT DISTINCT ON (tbl, id) tbl, id, tenant, op, val FROM oplog ORDER BY tbl, id, seq DESC) AS last
  WHERE op <> 'delete';
+$NODE_EXEC
 -- Writer w owns the ids congruent to w - 1 mod 4, so its log is in commit
 -- order for every row it touches. hot: tenants that get 60% of the
 -- operations (none by default: every tenant alike).
 CREATE PROCEDURE writer(w integer, max_ops integer, hot text[] DEFAULT '{}') LANGUAGE plpgsql AS \$\$
 DECLARE
-    t_name text; op text; r record; dest text; conn text; sql text; tag text; v text;
+    t_name text; op text; r record; dest text; sql text; tag text; v text;
     next_id bigint := w * 10000000;
     committed integer := 0; refused integer := 0; anomalies text[] := '{}';
     done boolean;
@@ -125,12 +126,8 @@ BEGIN
             ELSE format('DELETE FROM %I WHERE id = %s', r.f1, r.f2) END;
         LOOP
             dest := sharding.node_for('bank', r.f3::text);
-            conn := format('w%s_%s', w, dest);
-            IF NOT conn = ANY (coalesce(public.dblink_get_connections(), '{}')) THEN
-                PERFORM public.dblink_connect(conn, (SELECT n.dsn FROM sharding.nodes n WHERE n.node = dest));
-            END IF;
             BEGIN
-                tag := public.dblink_exec(conn, sql);
+                tag := node_exec(w, dest, sql);
                 done := true;
             EXCEPTION WHEN object_not_in_prerequisite_state THEN
                 done := false;
@@ -175,6 +172,52 @@ sub wait_for
 		usleep(100_000);
 	}
 	return 0;
+}
+
+# The phases of a move in flight (for move_progress.phase).
+our $IN_FLIGHT = "phase IN ('copying', 'catching_up', 'cutover', 'cleanup')";
+
+# start_sampler(job, column => aggregate, ...): a session on the
+# coordinator that, every 50 ms while the job is queued or running, adds a
+# row to table samples (at, then each column) with each aggregate over the
+# job's rows of sharding.move_progress. finish_sampler(handle) waits for it
+# to end with the job and returns what it printed on stderr ('' if nothing).
+sub start_sampler
+{
+	my ($job, @columns) = @_;
+	my (@defs, @names, @aggs);
+	while (my ($def, $agg) = splice(@columns, 0, 2))
+	{
+		push @defs, $def;
+		push @names, (split ' ', $def)[0];
+		push @aggs, $agg;
+	}
+	my $c = $HOST{coord};
+	$c->safe_psql('coord', sprintf(<<'SQL', join(', ', @defs), join(', ', @names), join(', ', @aggs)));
+CREATE TABLE samples (at timestamptz DEFAULT clock_timestamp(), %s);
+CREATE PROCEDURE sampler(j bigint) LANGUAGE plpgsql AS $$
+BEGIN
+    LOOP
+        INSERT INTO samples (%s)
+        SELECT %s
+          FROM sharding.move_progress WHERE job = j;
+        COMMIT;
+        EXIT WHEN (SELECT state FROM sharding.rebalance_jobs WHERE job = j) NOT IN ('queued', 'running');
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+END $$;
+SQL
+	my ($out, $err) = ('', '');
+	my $h = IPC::Run::start([ 'psql', '-XAtq', '-d', $c->connstr('coord'), '-c', "CALL sampler($job)" ],
+		'>', \$out, '2>', \$err);
+	return { h => $h, err => \$err };
+}
+
+sub finish_sampler
+{
+	my ($sampler) = @_;
+	$sampler->{h}->finish;
+	return ${ $sampler->{err} };
 }
 
 # start_writers(n[, hot => [tenants]]): n writer processes on the

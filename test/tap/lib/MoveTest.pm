@@ -14,7 +14,7 @@ use ShardingNode;
 use Exporter 'import';
 
 our @EXPORT = qw(move_cluster load_rows start_writers stop_writers leftovers expected_vs_actual shard_rows
-  wait_for_sql psql_bg usleep slow_apply shard_tenants);
+  wait_for_sql psql_bg usleep slow_apply shard_tenants shard_sum writers_kept mover_pid wait_for_restart deleting);
 
 # move_cluster(): ($coord, $n1, $n2) clusters, databases coord, n1, n2.
 sub move_cluster
@@ -59,6 +59,33 @@ sub wait_for_sql
 
 sub usleep { select(undef, undef, undef, $_[0] / 1_000_000); }
 
+# mover_pid(coord): the pid of the session carrying out the move in
+# progress (its journal row's), to cancel or kill it.
+sub mover_pid
+{
+	my $coord = shift;
+	return $coord->safe_psql('coord', "SELECT pid FROM sharding.move_journal WHERE phase NOT IN ('done', 'failed', 'cancelled')");
+}
+
+# deleting(): the condition on pg_stat_activity naming a session of a
+# move's delete at a node (_move_delete_rows runs one _move_delete_local
+# call per table there, each a statement of its own).
+sub deleting { return "query LIKE 'SELECT sharding._move_delete_local(%'"; }
+
+# wait_for_restart(coord): until the coordinator answers again after the
+# crash restart a kill -9 of one of its backends causes (60 s).
+sub wait_for_restart
+{
+	my $coord = shift;
+	for (1 .. 600)
+	{
+		my ($rc) = $coord->psql('coord', 'SELECT 1');
+		return if $rc == 0;
+		usleep(100_000);
+	}
+	die 'the coordinator did not come back';
+}
+
 # load_rows(coord, n1, n2, rows per tenant): tenants t00..t63, each node
 # inserts the rows it owns; the coordinator logs them (writer 0).
 sub load_rows
@@ -75,13 +102,13 @@ sub load_rows
 	});
 }
 
-my $writer_sql = q{
+my $writer_sql = $NODE_EXEC . q{
 CREATE TABLE IF NOT EXISTS stop_flag (stop boolean NOT NULL);
 CREATE TABLE IF NOT EXISTS wstats (w integer, committed integer, refused integer, anomalies integer);
 CREATE TABLE IF NOT EXISTS anomaly (w integer, id bigint, op text, tenant text, dest text, tag text, at timestamptz);
 CREATE OR REPLACE PROCEDURE writer(w integer, tenants text[], max_ops integer) LANGUAGE plpgsql AS $$
 DECLARE
-    r record; op text; t_ text; nt text; id_ bigint; dest text; conn text; cmd text; v text; tag text;
+    r record; op text; t_ text; nt text; id_ bigint; dest text; cmd text; v text; tag text;
     nid bigint := w * 10000000; c integer := 0; refused integer := 0; anomalies integer := 0; done boolean;
 BEGIN
     CREATE TEMP TABLE IF NOT EXISTS live (id bigint PRIMARY KEY, tenant text);
@@ -107,12 +134,8 @@ BEGIN
             dest := sharding.node_for('bank', t_);
             -- a key change across nodes is no single statement: not tried
             EXIT WHEN op = 'rekey' AND sharding.node_for('bank', nt) <> dest;
-            conn := 'w' || w || '_' || dest;
-            IF NOT conn = ANY (coalesce(public.dblink_get_connections(), '{}')) THEN
-                PERFORM public.dblink_connect(conn, (SELECT n.dsn FROM sharding.nodes n WHERE n.node = dest));
-            END IF;
             BEGIN
-                tag := public.dblink_exec(conn, cmd);
+                tag := node_exec(w, dest, cmd);
                 done := true;
                 IF op <> 'insert' AND tag NOT LIKE '% 1' THEN
                     -- the row was not where node_for said: counted, not logged
@@ -213,6 +236,23 @@ sub expected_vs_actual
 		scalar(@sorted) . " rows, " . scalar(grep { !$g{$_} } keys %e) . " missing, " . scalar(@extra) . " extra", scalar(@misplaced));
 }
 
+# writers_kept(coord, n1, n2, writers, label): stops the writers, then four
+# tests (their names prefixed with label): they committed more than 50
+# operations, every update and delete found its row and none failed, the
+# nodes hold exactly what the log implies, and every row is on the node
+# node_for names.
+sub writers_kept
+{
+	my ($coord, $a, $b, $ws, $label) = @_;
+	my ($stats) = stop_writers($coord, $ws);
+	my ($committed, $refused, $anomalies, $errors) = split /\|/, $stats;
+	Test::More::ok($committed > 50, "${label}writers committed $committed operations ($refused refusals retried)");
+	Test::More::is("$anomalies|$errors", '0|0', "${label}every update and delete found its row, no writer failed");
+	my ($exp, $got, $misplaced) = expected_vs_actual($coord, $a, $b);
+	Test::More::is($got, $exp, "${label}the nodes hold exactly what the log implies, row for row");
+	Test::More::is($misplaced, 0, "${label}every row is on the node node_for names");
+}
+
 # leftovers(coord, n1, n2): publications/subscriptions/slots of moves,
 # frozen shards and decoding rows per node, live journal rows.
 sub leftovers
@@ -225,6 +265,14 @@ sub leftovers
 		|| '/' || (SELECT count(*) FROM sharding.move_decoding)};
 	return 'n1:' . $a->safe_psql('n1', $q) . ' n2:' . $b->safe_psql('n2', $q) . ' coord:'
 	  . $coord->safe_psql('coord', "SELECT count(*) FROM sharding.move_journal WHERE phase NOT IN ('done', 'failed', 'cancelled')");
+}
+
+# shard_sum(node, db, logical): "rows/checksum" of one logical shard of
+# accounts there (sharding.shard_checksum).
+sub shard_sum
+{
+	my ($node, $db, $l) = @_;
+	return $node->safe_psql($db, "SELECT rows || '/' || checksum FROM sharding.shard_checksum('bank', $l, 'accounts')");
 }
 
 # shard_rows(node, db, logical): rows of one logical shard there.

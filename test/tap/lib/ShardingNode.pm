@@ -85,19 +85,23 @@ sub sharding_wait
 	}
 }
 
-# sharding_start(NODE, DB, SQL): starts psql -XAtq (ON_ERROR_STOP) on SQL in
-# the background (SQL, output and messages go through files, so that the
-# session runs on its own without being pumped); sharding_finish(HANDLE)
-# waits for it and returns its exit status, its output and its messages.
+# sharding_start(NODE, DB, SQL[, on_error_stop => 0]): starts psql -XAtq on
+# SQL in the background (SQL, output and messages go through files, so that
+# the session runs on its own without being pumped), with ON_ERROR_STOP
+# unless on_error_stop => 0 (then every statement runs, and those that fail
+# leave their "psql:FILE:LINE: ERROR: ..." lines among the messages);
+# sharding_finish(HANDLE) waits for it and returns its exit status, its
+# output and its messages.
 my $background = 0;
 sub sharding_start
 {
-	my ($node, $db, $sql) = @_;
+	my ($node, $db, $sql, %opts) = @_;
+	my @stop = ($opts{on_error_stop} // 1) ? ('-v', 'ON_ERROR_STOP=1') : ();
 	my $base = PostgreSQL::Test::Utils::tempdir() . '/background' . ++$background;
 	PostgreSQL::Test::Utils::append_to_file("$base.sql", $sql);
 	local %ENV = $node->_get_env();
 	my $h = IPC::Run::start(
-		[ $node->installed_command('psql'), '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr($db), '-f', "$base.sql" ],
+		[ $node->installed_command('psql'), '-XAtq', @stop, '-d', $node->connstr($db), '-f', "$base.sql" ],
 		'<', '/dev/null', '>', "$base.out", '2>', "$base.err");
 	return { h => $h, base => $base };
 }
@@ -136,6 +140,24 @@ END $$;
 SQL
 push @EXPORT, qw($SQLSTATE_OF);
 
+# $NODE_EXEC: SQL that creates node_exec(w, node, cmd) in the current
+# schema, for routed writers on a coordinator: runs cmd on the node (its DSN
+# in sharding.nodes) over the calling session's dblink connection w<w>_<node>,
+# opened on first use, and returns the command tag. Errors there (55000: a
+# guard's refusal) are raised in the caller.
+our $NODE_EXEC = <<'SQL';
+CREATE OR REPLACE FUNCTION node_exec(w integer, node text, cmd text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    conn text := format('w%s_%s', w, node);
+BEGIN
+    IF NOT conn = ANY (coalesce(public.dblink_get_connections(), '{}')) THEN
+        PERFORM public.dblink_connect(conn, (SELECT n.dsn FROM sharding.nodes n WHERE n.node = node_exec.node));
+    END IF;
+    RETURN public.dblink_exec(conn, cmd);
+END $$;
+SQL
+push @EXPORT, qw($NODE_EXEC);
+
 # sharding_same(node, db1, db2, description, query): one test that the query
 # gives identical, non-empty output in both databases (a dump and its
 # restore).
@@ -147,6 +169,35 @@ sub sharding_same
 	my $a = sharding_q($node, $db1, $sql);
 	my $b = sharding_q($node, $db2, $sql);
 	Test::More::ok($a ne '' && $a eq $b, $what) or Test::More::diag("$db1: $a\n$db2: $b");
+}
+
+# sharding_same_config(node, db1, db2): four sharding_same tests, one per
+# configuration table: maps, shards (owners and epochs), pins, nodes (DSNs).
+push @EXPORT, qw(sharding_same_config);
+
+sub sharding_same_config
+{
+	my ($node, $db1, $db2) = @_;
+	sharding_same($node, $db1, $db2, 'maps are kept', 'SELECT map, logical_shards, created FROM sharding.maps ORDER BY map');
+	sharding_same($node, $db1, $db2, 'shards, owners and epochs are kept',
+		'SELECT map, logical, node, epoch FROM sharding.shards ORDER BY map, logical');
+	sharding_same($node, $db1, $db2, 'pins are kept', 'SELECT map, key, node FROM sharding.pins ORDER BY map, key');
+	sharding_same($node, $db1, $db2, 'nodes and DSNs are kept', 'SELECT node, dsn FROM sharding.nodes ORDER BY node');
+}
+
+# sharding_dump_restore(node, src, dst): pg_dump of database src restored
+# with psql (ON_ERROR_STOP) into dst, a new database; returns psql's exit
+# status (1 if pg_dump failed) and its messages.
+push @EXPORT, qw(sharding_dump_restore);
+
+sub sharding_dump_restore
+{
+	my ($node, $src, $dst) = @_;
+	$node->safe_psql('postgres', "CREATE DATABASE $dst");
+	my $dumpfile = PostgreSQL::Test::Utils::tempdir() . "/$src.sql";
+	return (1, 'pg_dump failed') unless $node->run_log([ 'pg_dump', '-f', $dumpfile, '-d', $src ]);
+	my ($rc, undef, $err) = $node->psql($dst, PostgreSQL::Test::Utils::slurp_file($dumpfile), on_error_stop => 1);
+	return ($rc, $err);
 }
 
 1;

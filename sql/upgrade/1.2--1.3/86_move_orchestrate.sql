@@ -1,7 +1,7 @@
--- orch (issue 24, "no PL/pgSQL on the move's path"): the orchestration of
+-- No PL/pgSQL on the move's path (docs/moves.md): the orchestration of
 -- an online move is C++ (src/nodes/move_orchestrate.cpp). _move_online,
 -- _move_journal and _move_phase are replaced by the deltas that brought
--- them (70_move, 75_orch: their definitions come from the install
+-- them (70_move, 75_move_remote: their definitions come from the install
 -- fragment, now LANGUAGE C); _move_call, unchanged since 1.2 until now,
 -- is replaced here.
 -- @replace sharding._move_call

@@ -1,4 +1,4 @@
--- orch (issue 24, "no PL/pgSQL on the move's path"): the move's remote
+-- No PL/pgSQL on the move's path (docs/moves.md): the move's remote
 -- connections are C++ over libpq (src/nodes/remote_exec.cpp) instead of
 -- PL/pgSQL over contrib's dblink; _move_journal asks _dbl_open instead of
 -- dblink_get_connections. The 1.2 destination filter (_move_filter,
@@ -30,7 +30,6 @@ DROP FUNCTION sharding._move_key_in(jsonb, text, text, integer, integer, text, t
 DROP FUNCTION sharding._move_dblink_schema();
 
 -- @replace sharding._move_connect
-COMMENT ON FUNCTION sharding._move_disconnect() IS 'internal: closes the remote connections of an online move';
 
 -- @replace sharding._move_journal
 

@@ -1,3 +1,3 @@
--- queue3 (issue 27): sharding.enqueue writes status = 'pending', as
+-- sharding.enqueue (docs/queue.md) writes status = 'pending', as
 -- enqueue_many does (a status column without a default got NULL).
 -- @replace sharding.enqueue

@@ -1,4 +1,4 @@
--- movespeed (issue 24, "Speed"): sharding._move_delete_rows deletes with
+-- What a move costs (docs/moves.md): sharding._move_delete_rows deletes with
 -- one plain DELETE per table in one remote transaction (its count read from
 -- the command tag) instead of a data-modifying CTE with RETURNING. Its new
 -- definition reaches the upgrade through 70_move.sql's

@@ -1,0 +1,11 @@
+-- No PL/pgSQL on the move's path (docs/moves.md): the helpers
+-- that name and describe what a move carries and the move's connections
+-- are C++ (src/nodes/move_orchestrate.cpp). Unchanged since 1.2 until now,
+-- they are replaced here; _move_connect, _move_wait_flush and
+-- _move_refuse_written come from the deltas that changed them before
+-- (70_move, 75_move_remote), their definitions from the install fragment.
+-- The SQL wrapper _move_switch is gone: the cutover calls _switch_owner.
+-- @replace sharding._move_name
+-- @replace sharding._move_tables
+-- @replace sharding._move_filter_sql
+-- @replace sharding._move_disconnect

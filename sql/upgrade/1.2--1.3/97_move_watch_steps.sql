@@ -1,0 +1,18 @@
+-- A move's stream stops by itself when its controller (the coordinator's
+-- session carrying it out) is gone (docs/moves.md, While the coordinator is
+-- down); at the destination the controller's connection watches the
+-- subscription (_move_watch).
+-- @include sharding._move_watch
+-- "No PL/pgSQL on the move's path": the checks and steps a move runs at the
+-- coordinator and at its nodes are C++ (src/nodes/owner_switch.cpp,
+-- node_steps.cpp), unchanged since 1.2 until now and replaced here;
+-- _switch_owner and _check_database_nodes come from the deltas that
+-- changed them before (70_move, 84_dir), their definitions taken from the
+-- install fragment.
+-- @replace sharding._require_map
+-- @replace sharding._check_logical
+-- @replace sharding._coordinator_dsn
+-- @replace sharding._install_guard
+-- @replace sharding._install_guards
+-- @replace sharding._freeze_shard
+-- @replace sharding._thaw_shard

@@ -1,0 +1,64 @@
+// The data path of an online move (docs/moves.md): what the copy
+// (move_copy.cpp) and the deletes of the moved rows (move_delete.cpp)
+// share.
+//
+// Triggers that cannot fire still cost: PostgreSQL's COPY FROM does not
+// batch inserts into a table with any BEFORE ROW INSERT trigger, and a
+// DELETE locks every row (heap_lock_tuple, one more WAL record per row)
+// before it looks at the BEFORE ROW DELETE triggers it would call. The
+// move's sessions run under session_replication_role = replica, where
+// triggers enabled 'O' (the default, the guard's) or 'D' never fire. For
+// the time of one statement, this backend's relcache entry of the table
+// carries a copy of its triggers without those (TriggerEnabled in
+// trigger.c decides the same way per row): only this backend, only this
+// statement, only triggers that would not have run. The guard still
+// refuses every other session's writes, and a trigger that fires in
+// replica mode (ENABLE REPLICA / ALWAYS) is kept and runs.
+//
+// C-style code (it may ereport): call it through glue/pg_call from C++.
+#pragma once
+
+#include "nodes/move_remote.hpp"
+
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "utils/rel.h"
+}
+
+namespace sharding::move {
+
+// Runs fn(arg) with rel's BEFORE ROW triggers for `event`
+// (TRIGGER_TYPE_INSERT or TRIGGER_TYPE_DELETE) that cannot fire in this
+// session left out of rel's relcache entry, put back on every exit; as
+// fn(arg) where none can be left out. rel is open (and locked) by the
+// caller for the whole call; fn's executor copies the triggers when it
+// starts.
+uint64 without_idle_triggers(Relation rel, int16 event, uint64 (*fn)(void *), void *arg);
+
+// Parts. A large table is copied (at the destination) and deleted (from the
+// coordinator, at the node) by up to sharding.move_parallel sessions at
+// once, each on a range of the table's blocks: the source's idle cores
+// work too. Tables under 2 * kPartPages blocks go in one session.
+extern int move_parallel;
+constexpr int64 kPartPages = 256;  // 2 MB of heap per part at least
+// How many parts for a table of `blocks` blocks (at least 1).
+int parts_for(int64 blocks);
+// The condition of part i of n of such a table: "(condition)" and its
+// block range (the first from block 0, the last to the end of the table).
+std::string part_condition(const std::string &condition, int64 blocks, int i, int n);
+// SELECT of a table's size in blocks, for a session with search_path
+// pg_catalog; rel qualified and quoted.
+std::string blocks_query(const std::string &rel);
+
+// A result's answer: a query's first value ("" if none or NULL), a
+// command's tag; the result is cleared.
+std::string answer(PGresult *res);
+// Waits for the statement sent (PQsendQuery) on each connection given
+// (nullptr: none sent there), whichever answers first, interruptibly;
+// throws the first remote error as collect_statement does (the caller
+// cancels the others). The answers, in order.
+std::vector<std::string> collect_all(const std::vector<PGconn *> &conns, const char *prefix);
+
+}  // namespace sharding::move

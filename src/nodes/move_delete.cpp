@@ -1,0 +1,295 @@
+// The deletes of an online move's rows (docs/moves.md): at the source after
+// the switch (the rows are gone from it when the move returns), at the
+// destination after a failed or cancelled move, and of leftovers there
+// before a copy.
+//
+// _move_delete_rows(conn, map, logical, key): on the coordinator; deletes
+//   what the move of (map, logical, key) carries from the map's tables over
+//   one of the move's named connections, in one remote transaction (all of
+//   it or nothing), under a replication origin of the move's own (the
+//   decoders of other moves from that node drop changes that carry one, so
+//   these deletes never travel; a DELETE's old key is not in the WAL where
+//   the key is not in the replica identity, so they could not be filtered).
+//   Each table's delete is one call of _move_delete_local there, each a
+//   statement of its own: the COMMIT is a statement of its own too, so a
+//   session whose caller is gone (kill -9) never commits by itself
+//   (test/tap/470_move_cleanup_faults.pl). A table of at least 4 MB there
+//   is deleted in parts (move_copy.hpp): up to sharding.move_parallel
+//   sessions at once, each on a range of its blocks and under an origin of
+//   its own, all committing together once every part has deleted.
+//
+// _move_delete_local(rel, filter): there; DELETE FROM rel WHERE filter,
+//   with the BEFORE ROW DELETE triggers that cannot fire under the move's
+//   session_replication_role = replica (the guard's) left out for the
+//   statement (move_copy.hpp): otherwise PostgreSQL locks every row before
+//   it finds that no trigger fires, one more WAL record per row; about a
+//   third of a 1,000,000-row delete.
+#include "nodes/move_copy.hpp"
+#include "nodes/move_engine.hpp"
+#include "nodes/move_remote.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "access/table.h"
+#include "catalog/pg_type.h"
+#include "catalog/pg_trigger.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "nodes/parsenodes.h"
+#include "parser/parser.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+}
+
+namespace sharding::move {
+namespace {
+
+// ------------------------------------------------------------ there
+
+uint64 spi_delete(void *arg) {
+    const char *sql = static_cast<const char *>(arg);
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    int rc = SPI_execute(sql, false, 0);
+    if (rc != SPI_OK_DELETE) elog(ERROR, "a move's delete returned %s", SPI_result_code_string(rc));
+    uint64 rows = SPI_processed;
+    SPI_finish();
+    return rows;
+}
+
+// Glue: DELETE FROM rel WHERE filter (one statement, checked), with rel's
+// idle BEFORE ROW DELETE triggers left out; the rows deleted.
+uint64 delete_local(Oid relid, const char *filter) {
+    Relation rel = table_open(relid, RowExclusiveLock);
+    const char *name =
+        quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)), RelationGetRelationName(rel));
+    char *sql = psprintf("DELETE FROM %s WHERE %s", name, filter);
+    List *stmts = raw_parser(sql, RAW_PARSE_DEFAULT);
+    Node *stmt = list_length(stmts) == 1 ? linitial_node(RawStmt, stmts)->stmt : nullptr;
+    if (stmt == nullptr || !IsA(stmt, DeleteStmt) || ((DeleteStmt *)stmt)->returningList != NIL)
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("the filter of a move's delete must be one condition")));
+    uint64 rows = without_idle_triggers(rel, TRIGGER_TYPE_DELETE, spi_delete, sql);
+    table_close(rel, NoLock);
+    return rows;
+}
+
+// ------------------------------------------------------------ the coordinator
+
+// What a move deletes: its origin's name, and per table the qualified name
+// and the condition (_move_filter_sql with this coordinator's pins).
+struct DeletePlan {
+    char *origin;
+    int ntables;
+    char **rels;
+    char **filters;
+};
+
+// Glue: reads the plan through SPI into the caller's memory context.
+// _require_map first: an unknown map is 42704 even without tables.
+DeletePlan *read_plan(const char *map, int32 logical, const char *key) {
+    MemoryContext caller = CurrentMemoryContext;
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    Oid types[3] = {TEXTOID, INT4OID, TEXTOID};
+    Datum vals[3] = {CStringGetTextDatum(map), Int32GetDatum(logical), key ? CStringGetTextDatum(key) : (Datum)0};
+    char nulls[3] = {' ', ' ', key ? ' ' : 'n'};
+    if (SPI_execute_with_args("SELECT sharding._require_map($1), sharding._move_name($1, $2)", 2, types, vals, nulls,
+                              false, 0) != SPI_OK_SELECT ||
+        SPI_processed != 1)
+        elog(ERROR, "could not read the map of a move");
+    DeletePlan *plan = static_cast<DeletePlan *>(MemoryContextAllocZero(caller, sizeof(DeletePlan)));
+    plan->origin = MemoryContextStrdup(caller, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2));
+    if (SPI_execute_with_args(
+            "SELECT m.rel, sharding._move_filter_sql(m.key_column, m.key_type, sharding._require_map($1), $2, $3, "
+            "(SELECT coalesce(pg_catalog.array_agg(p.key), '{}') FROM sharding.pins p WHERE p.map = $1)) "
+            "FROM sharding._move_tables($1) m",
+            3, types, vals, nulls, false, 0) != SPI_OK_SELECT)
+        elog(ERROR, "could not read the tables of a move");
+    plan->ntables = (int)SPI_processed;
+    plan->rels = static_cast<char **>(MemoryContextAllocZero(caller, sizeof(char *) * (plan->ntables + 1)));
+    plan->filters = static_cast<char **>(MemoryContextAllocZero(caller, sizeof(char *) * (plan->ntables + 1)));
+    for (int i = 0; i < plan->ntables; i++) {
+        char *rel = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+        char *filter = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+        if (rel == nullptr || filter == nullptr) elog(ERROR, "a table of a move has no name or filter");
+        plan->rels[i] = MemoryContextStrdup(caller, rel);
+        plan->filters[i] = MemoryContextStrdup(caller, filter);
+    }
+    SPI_finish();
+    return plan;
+}
+
+// One statement on a connection: its first value or tag ("" if none).
+std::string run_on(PGconn *conn, const std::string &sql) { return answer(run_statement(conn, sql.c_str(), "", true)); }
+
+// A session deleting: the named connection (part 0) or one of its own,
+// opened with the same connection options; each under an origin of its
+// own (an origin is active in one session at a time).
+struct Part {
+    PGconn *conn;
+    std::unique_ptr<Remote> own;
+    std::string origin;  // quoted
+    bool begun = false;
+};
+
+// The connection options of a live connection, as a conninfo string.
+std::string conninfo_of(PGconn *conn) {
+    std::string out;
+    PQconninfoOption *opts = PQconninfo(conn);
+    if (opts == nullptr) fail(ERRCODE_OUT_OF_MEMORY, "out of memory");
+    for (PQconninfoOption *o = opts; o->keyword != nullptr; o++) {
+        if (o->val == nullptr || *o->val == '\0' || std::strcmp(o->keyword, "replication") == 0) continue;
+        out += std::string(o->keyword) + "='";
+        for (const char *c = o->val; *c; c++) {
+            if (*c == '\'' || *c == '\\') out += '\\';
+            out += *c;
+        }
+        out += "' ";
+    }
+    PQconninfoFree(opts);
+    return out;
+}
+
+// Sends sql[i] on part i (none where empty), then waits for them all: they
+// run at once. The answers, in order.
+std::vector<std::string> on_parts(std::vector<Part> &parts, const std::vector<std::string> &sql) {
+    std::vector<PGconn *> sent(parts.size(), nullptr);
+    for (size_t i = 0; i < parts.size(); i++) {
+        if (sql[i].empty()) continue;
+        if (PQsendQuery(parts[i].conn, sql[i].c_str()) == 0)
+            fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", PQerrorMessage(parts[i].conn));
+        sent[i] = parts[i].conn;
+    }
+    return collect_all(sent, "");
+}
+
+int64 count_of(const std::string &n, const char *conn) {
+    char *end = nullptr;
+    long long v = std::strtoll(n.c_str(), &end, 10);
+    if (n.empty() || *end != '\0' || v < 0)
+        fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected answer to a delete on connection %s: %s", conn, n.c_str());
+    return v;
+}
+
+std::string begin_sql(const std::string &origin) {
+    return "BEGIN; SET LOCAL session_replication_role = replica; "
+           "SELECT pg_catalog.pg_replication_origin_session_reset() "
+           "WHERE pg_catalog.pg_replication_origin_session_is_setup(); "
+           "SELECT pg_catalog.pg_replication_origin_create(" + origin + ") "
+           "WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_origin WHERE roname = " + origin + "); "
+           "SELECT pg_catalog.pg_replication_origin_session_setup(" + origin + ")";
+}
+
+// The deletes, in one transaction per session: all in the named
+// connection's for small tables; for large ones also in sessions of their
+// own, each on a range of blocks (move_copy.hpp). The sessions commit
+// together: the COMMITs are sent to all before any answer is read, once
+// every delete has succeeded, so a failure or cancel before them rolls
+// every session back (the next call deletes everything again, and its
+// count is the move's), and none commits by itself when the caller is gone.
+int64 delete_rows(const char *conn, const DeletePlan *plan) {
+    PGconn *named = named_connection(conn);
+    std::vector<int64> blocks(plan->ntables);
+    int nparts = 1;
+    for (int t = 0; t < plan->ntables; t++) {
+        blocks[t] = move_parallel < 2 ? 0 : std::strtoll(run_on(named, blocks_query(plan->rels[t])).c_str(), nullptr, 10);
+        nparts = std::max(nparts, parts_for(blocks[t]));
+    }
+    std::vector<Part> parts(nparts);
+    int64 total = 0;
+    try {
+        std::string info = nparts > 1 ? conninfo_of(named) : std::string();
+        for (int i = 0; i < nparts; i++) {
+            std::string origin = i == 0 ? plan->origin : std::string(plan->origin) + "_" + std::to_string(i);
+            parts[i].origin = lit(origin);
+            if (i == 0) {
+                parts[i].conn = named;
+            } else {
+                parts[i].own = std::make_unique<Remote>(info, false, plan->origin);
+                parts[i].conn = parts[i].own->conn();
+                run_on(parts[i].conn, "SET search_path = pg_catalog, pg_temp");
+            }
+        }
+        std::vector<std::string> sql(nparts);
+        for (int i = 0; i < nparts; i++) {
+            sql[i] = begin_sql(parts[i].origin);
+            parts[i].begun = true;
+        }
+        on_parts(parts, sql);
+        for (int t = 0; t < plan->ntables; t++) {
+            int n = parts_for(blocks[t]);
+            for (int i = 0; i < nparts; i++)
+                sql[i] = i >= n ? std::string()
+                                : "SELECT sharding._move_delete_local(" + lit(std::string(plan->rels[t])) +
+                                      "::pg_catalog.regclass, " +
+                                      lit(n == 1 ? std::string(plan->filters[t])
+                                                 : part_condition(plan->filters[t], blocks[t], i, n)) +
+                                      ")";
+            for (const std::string &v : on_parts(parts, sql))
+                if (!v.empty()) total += count_of(v, conn);
+        }
+        for (int i = 0; i < nparts; i++) sql[i] = "COMMIT";
+        on_parts(parts, sql);
+        for (Part &p : parts) p.begun = false;
+    } catch (...) {
+        for (Part &p : parts) {
+            if (p.conn == nullptr || !p.begun) continue;
+            try {
+                cancel_and_drain(p.conn);
+                run_on(p.conn, "ROLLBACK; SELECT pg_catalog.pg_replication_origin_session_reset() "
+                               "WHERE pg_catalog.pg_replication_origin_session_is_setup()");
+            } catch (...) {
+                // The connection is gone or unusable: the caller starts from a fresh one.
+            }
+        }
+        throw;
+    }
+    for (Part &p : parts) {
+        run_on(p.conn, "SELECT pg_catalog.pg_replication_origin_session_reset()");
+        try {
+            run_on(p.conn, "SELECT pg_catalog.pg_replication_origin_drop(" + p.origin + ")");
+        } catch (const Error &) {
+            // In use by a session not yet gone: dropped by the next move of the shard.
+        }
+    }
+    return total;
+}
+
+}  // namespace
+}  // namespace sharding::move
+
+using namespace sharding;
+using namespace sharding::move;
+
+// _move_delete_local(rel regclass, filter text) RETURNS bigint: the rows
+// deleted (DELETE FROM rel WHERE filter, idle BEFORE ROW DELETE triggers
+// left out).
+SHARDING_FUNCTION(sharding__move_delete_local) {
+    Oid relid = PG_GETARG_OID(0);
+    char *filter = text_to_cstring(PG_GETARG_TEXT_PP(1));
+    uint64 rows = glue(delete_local, relid, (const char *)filter);
+    PG_RETURN_INT64((int64)rows);
+}
+
+// _move_delete_rows(conn text, map text, logical integer, key text) RETURNS
+// bigint: the rows deleted there (NULL key: a shard move's, unpinned keys
+// of the shard; else isolate's one key).
+SHARDING_FUNCTION(sharding__move_delete_rows) {
+    if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+        fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the connection, the map and the shard of a delete must not be NULL");
+    char *conn = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    char *map = text_to_cstring(PG_GETARG_TEXT_PP(1));
+    int32 logical = PG_GETARG_INT32(2);
+    char *key = PG_ARGISNULL(3) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(3));
+    DeletePlan *plan = glue(read_plan, (const char *)map, logical, (const char *)key);
+    if (plan->ntables == 0) PG_RETURN_INT64(0);
+    int64 rows = delete_rows(conn, plan);
+    PG_RETURN_INT64(rows);
+}

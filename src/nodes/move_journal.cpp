@@ -1,0 +1,528 @@
+// The move journal's interface and the public calls of online moves, in
+// C++ (docs/moves.md; no PL/pgSQL on the move's path):
+//
+//   move_shard_online(map, logical, node), isolate(map, key, node): a
+//     journaled move carried out in this session, whatever an
+//     interrupted move of the shard left cleaned up first;
+//   _move_enqueue(job, map, logical, key, destination): a 'queued' journal
+//     row, committed at once;
+//   _move_execute(move): carries it out (or resumes / rolls back an
+//     interrupted one) and returns its final phase;
+//   _move_resolve(move, final): rolls back or finishes an interrupted move
+//     from its journal row;
+//   _move_cancel(move), _move_recover(), _move_raise(move);
+//   _refuse_owner_switch(map, fn): 55000 for move_shard, rebalance and
+//     rebalance_by_load on a map with distributed tables.
+//
+// Each keeps its SQL name, signature, SQLSTATEs and messages as a thin
+// LANGUAGE C wrapper. The journal is written over sharding_move_self
+// (move_support.cpp), committed at once whatever this transaction does.
+// Where the PL/pgSQL had an EXCEPTION block there is a subtransaction
+// (subxact): a failed step is rolled back there before anything else runs.
+//
+// Who executes a move: the backend holding the session-level advisory lock
+// (hashtext('sharding.move_journal'), move): it dies with its process, so a
+// move whose lock is free and whose phase is not final was interrupted.
+#include "nodes/move_engine.hpp"
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "catalog/pg_collation.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "utils/builtins.h"
+}
+
+namespace sharding::move {
+namespace {
+
+bool is_final(const std::string &phase) { return phase == "done" || phase == "failed" || phase == "cancelled"; }
+
+// A journal row, as the functions below read it.
+struct JournalRow {
+    bool found = false;
+    std::string map, phase;
+    int32 logical = 0;
+    Text key, source, destination, new_epoch, pid, error, error_state, error_detail, error_hint;
+};
+
+JournalRow read_row(int64 id) {
+    const std::string ids = std::to_string(id);
+    std::vector<Row> r =
+        spi_rows("SELECT m.map, m.logical::text, m.key, m.source, m.destination, m.phase, m.new_epoch::text, "
+                 "m.pid::text, m.error, m.error_state, m.error_detail, m.error_hint "
+                 "FROM sharding.move_journal m WHERE m.move = $1::bigint",
+                 {ids.c_str()});
+    JournalRow j;
+    if (r.empty()) return j;
+    j.found = true;
+    j.map = must(r[0][0]);
+    j.logical = std::atoi(must(r[0][1]).c_str());
+    j.key = r[0][2];
+    j.source = r[0][3];
+    j.destination = r[0][4];
+    j.phase = must(r[0][5]);
+    j.new_epoch = r[0][6];
+    j.pid = r[0][7];
+    j.error = r[0][8];
+    j.error_state = r[0][9];
+    j.error_detail = r[0][10];
+    j.error_hint = r[0][11];
+    return j;
+}
+
+JournalRow require_row(const Text &id) {
+    JournalRow j;
+    if (id) j = read_row(std::strtoll(id->c_str(), nullptr, 10));
+    if (!j.found) fail(ERRCODE_UNDEFINED_OBJECT, "move %s does not exist", shown(id).c_str());
+    return j;
+}
+
+// The executor's lock: (hashtext('sharding.move_journal'), move % 2^31-1).
+int32 hash_glue(const char *s) {
+    return DatumGetInt32(DirectFunctionCall1Coll(hashtext, DEFAULT_COLLATION_OID, CStringGetTextDatum(s)));
+}
+int32 lock_class() {
+    static int32 k = 0;
+    static bool known = false;
+    if (!known) {
+        k = glue(hash_glue, "sharding.move_journal");
+        known = true;
+    }
+    return k;
+}
+int32 lock_obj(int64 id) { return executor_lock_obj(id); }
+
+// A SQLSTATE's five characters, and back.
+std::string sqlstate_text(int code) { return unpack_sql_state(code); }
+int sqlstate_code(const Text &s) {
+    if (!s || s->size() != 5) return ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
+    for (char ch : *s)
+        if (!((ch >= '0' && ch <= '9') || (ch >= 'A' && ch <= 'Z'))) return ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
+    return MAKE_SQLSTATE((*s)[0], (*s)[1], (*s)[2], (*s)[3], (*s)[4]);
+}
+
+Text nonempty(const std::string &s) { return s.empty() ? Text() : Text(s); }
+
+// _move_raise: the recorded error of a move that did not end 'done'.
+[[noreturn]] void raise_recorded(int64 id) {
+    JournalRow j = read_row(id);
+    const int code = j.error_state ? sqlstate_code(j.error_state) : ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
+    if (j.phase == "cleanup")
+        // The move itself happened; only its tidying failed.
+        throw Error(code,
+                    format("logical shard %d of map \"%s\" moved to \"%s\" (epoch %s), but finishing failed: %s",
+                           j.logical, j.map.c_str(), shown(j.destination).c_str(), shown(j.new_epoch).c_str(),
+                           shown(j.error).c_str()),
+                    std::string(), "Call sharding.move_shard_online again to finish.");
+    if (j.found && j.phase != "failed" && j.phase != "cancelled")
+        warn(format("could not clean up after the failed move of logical shard %d of map \"%s\"", j.logical,
+                    j.map.c_str()),
+             "The next sharding.move_shard_online or sharding.isolate of this shard cleans up first.");
+    throw Error(code, j.error.value_or("move failed"), j.error_detail.value_or(""), j.error_hint.value_or(""));
+}
+
+// The move this session carries out now (0: none). A session that ends
+// meanwhile without unwinding (FATAL: pg_terminate_backend, a lost client)
+// leaves it interrupted: the jobs launcher is told to recover it.
+int64 executing_move = 0;
+bool exit_hook_installed = false;
+
+void executor_exit(int, Datum) {
+    if (executing_move != 0) jobs_recheck(MyDatabaseId);
+}
+
+void install_executor_exit() { before_shmem_exit(executor_exit, 0); }
+
+struct Executing {
+    explicit Executing(int64 id) {
+        if (!exit_hook_installed) {
+            glue(install_executor_exit);
+            exit_hook_installed = true;
+        }
+        executing_move = id;
+    }
+    ~Executing() { executing_move = 0; }
+    Executing(const Executing &) = delete;
+    Executing &operator=(const Executing &) = delete;
+};
+
+// move_shard_online and isolate: only under READ COMMITTED. The journal row
+// commits over the engine's own connection and is then read back here
+// through SPI: a transaction snapshot (REPEATABLE READ, SERIALIZABLE) taken
+// before that commit would not show it, the move would fail as if it did
+// not exist and its queued row would block the shard. Refused before
+// anything is written, as pg_import_snapshot refuses the isolation levels
+// it cannot work under (0A000).
+void refuse_snapshot_isolation() {
+    if (IsolationUsesXactSnapshot())
+        fail(ERRCODE_FEATURE_NOT_SUPPORTED,
+             Explain{"It commits its journal over a connection of its own and reads it back in this transaction.",
+                     "Call it in a READ COMMITTED transaction."},
+             "moving a shard online requires isolation level READ COMMITTED");
+}
+
+// move_shard_online and isolate: the move, journaled and carried out here;
+// its id. The source's slot would wait for this transaction if it had
+// written: refused before anything happens.
+int64 run_move(const std::string &map, int32 logical, const Text &key, const std::string &node) {
+    refuse_written();
+    int64 id = enqueue(Text(), Text(map), Text(std::to_string(logical)), key, Text(node));
+    if (execute(id) != "done") raise_recorded(id);
+    return id;
+}
+
+}  // namespace
+
+int32 executor_lock_class() { return lock_class(); }
+
+int64 enqueue(const Text &job, const Text &map, const Text &logical_arg, const Text &key, const Text &destination) {
+    require_node(destination);
+    Text shards = require_map(map, false);
+    Text logical = logical_arg;
+    if (key) {
+        // By the type of the map's key columns: the text form of a bigint
+        // or uuid key hashes elsewhere.
+        Text of_key = key_shard(map, key);
+        if (!logical)
+            logical = of_key;
+        else if (logical != of_key)
+            fail(ERRCODE_INVALID_PARAMETER_VALUE, "key %s is in logical shard %s, not %s", lit(key).c_str(),
+                 shown(of_key).c_str(), logical->c_str());
+    }
+    check_logical(map, logical, shards);
+    Text source = spi_value("SELECT s.node FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2::integer",
+                            {c(map), c(logical)});
+    if (key) {
+        Text pinned = spi_value("SELECT p.node FROM sharding.pins p WHERE p.map = $1 AND p.key = $2", {c(map), c(key)});
+        if (pinned) source = pinned;
+    }
+    if (source != destination) check_dsns(destination, source);
+    std::vector<Row> live = spi_rows(
+        "SELECT m.move::text, m.phase, m.error FROM sharding.move_journal m "
+        "WHERE m.map = $1 AND (m.logical = $2::integer OR m.key = $3) "
+        "AND m.phase NOT IN ('done', 'failed', 'cancelled') LIMIT 1",
+        {c(map), c(logical), c(key)});
+    if (!live.empty()) {
+        const std::string msg = format("logical shard %s of map \"%s\" is already being moved (move %s, phase %s)",
+                                       c(logical), c(map), c(live[0][0]), c(live[0][1]));
+        if (live[0][2])
+            throw Error(ERRCODE_OBJECT_IN_USE, msg, "It was interrupted and could not be rolled back yet: " + *live[0][2],
+                        "The next sharding.move_shard_online or sharding._move_recover tries again.");
+        throw Error(ERRCODE_OBJECT_IN_USE, msg, std::string(), "Wait for it, or cancel it with sharding._move_cancel.");
+    }
+    Text id;
+    try {
+        id = journal("INSERT INTO sharding.move_journal (job, map, logical, key, source, destination) VALUES (" +
+                     job.value_or("NULL") + ", " + lit(map) + ", " + *logical + ", " + lit(key) + ", " + lit(source) +
+                     ", " + lit(destination) + ") RETURNING move");
+    } catch (const Error &e) {
+        if (e.sqlstate() != ERRCODE_UNIQUE_VIOLATION) throw;
+        fail(ERRCODE_OBJECT_IN_USE, "logical shard %s of map \"%s\" is already being moved", c(logical), c(map));
+    }
+    return std::strtoll(must(id).c_str(), nullptr, 10);
+}
+
+std::string resolve(int64 id, const std::string &final_phase) {
+    const std::string ids = std::to_string(id);
+    JournalRow j = require_row(Text(ids));
+    if (is_final(j.phase)) return j.phase;
+    if (j.phase == "queued") {
+        journal("UPDATE sharding.move_journal SET phase = " + lit(final_phase) +
+                ", finished = pg_catalog.now(), pid = NULL WHERE move = " + ids);
+        return final_phase;
+    }
+    connect(j.source, j.destination);
+    std::string result = final_phase;
+    if (j.phase == "cleanup") {
+        Text epoch = j.new_epoch;
+        if (!epoch) {
+            const std::string l = std::to_string(j.logical);
+            epoch = spi_value("SELECT s.epoch::text FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2::integer",
+                              {j.map.c_str(), l.c_str()});
+        }
+        finish(j.map, j.logical, j.key, must(j.destination), epoch);
+        result = "done";
+    } else {
+        // The source writes again first, even if the undo cannot reach the
+        // destination.
+        Caught ignored;
+        if (!subxact([&] { call_fn(kSrc, "_thaw_shard", j.map, j.logical); }, &ignored) && not_others(ignored.code))
+            reraise(ignored);
+        undo(j.map, j.logical, j.key);
+        journal("UPDATE sharding.move_journal SET phase = " + lit(final_phase) +
+                ", finished = pg_catalog.now(), pid = NULL, error = coalesce(error, " +
+                lit("interrupted in phase " + j.phase + ", rolled back") +
+                "), error_state = coalesce(error_state, '55000') WHERE move = " + ids);
+    }
+    disconnect();
+    return result;
+}
+
+std::string execute(int64 id) {
+    const std::string ids = std::to_string(id);
+    JournalRow j = require_row(Text(ids));
+    if (is_final(j.phase)) return j.phase;
+    // The executor's session-level lock: it says the move is alive.
+    const int32 k1 = lock_class(), k2 = lock_obj(id);
+    if (!try_session_lock(k1, k2))
+        fail(ERRCODE_OBJECT_IN_USE, "move %lld is being carried out by another session", (long long)id);
+    Executing executing(id);
+    std::string result;
+    bool cancelled_meanwhile = false;
+    Caught err;
+    bool ok = subxact(
+        [&] {
+            if (j.phase != "queued") {
+                result = resolve(id, "failed");
+                return;
+            }
+            if (!journal("UPDATE sharding.move_journal SET pid = " + std::to_string(MyProcPid) +
+                         ", started = pg_catalog.now(), phase_started = pg_catalog.now() WHERE move = " + ids +
+                         " AND phase = 'queued' RETURNING phase")) {
+                cancelled_meanwhile = true;
+                return;
+            }
+            MoveResult res = move_online(Text(j.map), j.logical, j.key, must(j.destination));
+            // Moves that copy nothing (same owner, no distributed table) end here.
+            journal("UPDATE sharding.move_journal SET phase = 'done', phase_started = pg_catalog.now(), "
+                    "finished = pg_catalog.now(), pid = NULL, new_epoch = coalesce(new_epoch, " +
+                    res.new_epoch.value_or("NULL") + "), rows_moved = coalesce(rows_moved, " +
+                    std::to_string(res.moved) + ") WHERE move = " + ids +
+                    " AND phase NOT IN ('done', 'failed', 'cancelled')");
+            result = "done";
+        },
+        &err);
+    if (ok) {
+        session_unlock(k1, k2);
+        if (cancelled_meanwhile)
+            return must(spi_value("SELECT m.phase FROM sharding.move_journal m WHERE m.move = $1::bigint", {ids.c_str()}));
+        return result;
+    }
+    if (err.code == ERRCODE_ASSERT_FAILURE) {
+        session_unlock(k1, k2);
+        reraise(err);
+    }
+    const bool cancelled = err.code == ERRCODE_QUERY_CANCELED;
+    // Rolled back (or never started): the row ends. Otherwise (the rollback
+    // or the finish could not complete) it stays in its phase for
+    // _move_recover, with the error.
+    const std::string ending = lit(std::string(cancelled ? "cancelled" : "failed"));
+    Caught inner;
+    if (!subxact(
+            [&] {
+                journal("UPDATE sharding.move_journal SET phase = CASE WHEN undone OR phase = 'queued' THEN " + ending +
+                        " ELSE phase END, finished = CASE WHEN undone OR phase = 'queued' THEN pg_catalog.now() END, "
+                        "error = " + lit(err.message) + ", error_state = " + lit(sqlstate_text(err.code)) +
+                        ", error_detail = " + lit(nonempty(err.detail)) + ", error_hint = " + lit(nonempty(err.hint)) +
+                        ", pid = NULL WHERE move = " + ids + " AND phase NOT IN ('done', 'failed', 'cancelled')");
+            },
+            &inner)) {
+        if (not_others(inner.code)) {
+            session_unlock(k1, k2);
+            reraise(inner);
+        }
+        warn(format("could not record the end of move %lld: %s", (long long)id, inner.message.c_str()));
+    }
+    session_unlock(k1, k2);
+    // A rollback that could not complete (a node out of reach) is retried
+    // without a call by the jobs launcher, once the nodes answer again.
+    if (spi_value("SELECT m.phase FROM sharding.move_journal m WHERE m.move = $1::bigint AND m.phase NOT IN "
+                  "('queued', 'done', 'failed', 'cancelled')",
+                  {ids.c_str()}))
+        jobs_recheck(MyDatabaseId);
+    // A cancel of the caller goes on (with the move rolled back and
+    // recorded); a failure is recorded and returned.
+    if (cancelled) throw Error(ERRCODE_QUERY_CANCELED, err.message);
+    return "failed";
+}
+
+bool cancel(int64 id) {
+    const std::string ids = std::to_string(id);
+    JournalRow j = require_row(Text(ids));
+    if (is_final(j.phase)) return false;
+    if (j.phase == "queued" &&
+        journal("UPDATE sharding.move_journal SET phase = 'cancelled', finished = pg_catalog.now() WHERE move = " + ids +
+                " AND phase = 'queued' AND pid IS NULL RETURNING phase"))
+        return true;
+    const int32 k1 = lock_class(), k2 = lock_obj(id);
+    if (try_session_lock(k1, k2)) {
+        // Nobody runs it (its executor died): roll it back here.
+        Caught err;
+        bool ok = subxact([&] { resolve(id, "cancelled"); }, &err);
+        session_unlock(k1, k2);
+        if (!ok) reraise(err);
+        return true;
+    }
+    // Signal whoever holds the executor's lock now: the journal's pid may
+    // not be written yet, or be a dead executor's (a resumed move), which
+    // the server may have given to an unrelated backend since.
+    const std::string k1s = std::to_string(k1), k2s = std::to_string(k2);
+    spi_rows("SELECT pg_catalog.pg_cancel_backend(l.pid) FROM pg_catalog.pg_locks l "
+             "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+             "AND l.classid = $1::integer::oid AND l.objid = $2::integer::oid AND l.pid <> pg_catalog.pg_backend_pid() "
+             "AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())",
+             {k1s.c_str(), k2s.c_str()});
+    return true;
+}
+
+int32 recover() {
+    int32 n = 0;
+    int32 left = 0;  // moves it could not resolve
+    const int32 k1 = lock_class();
+    for (Row &r : spi_rows("SELECT m.move::text FROM sharding.move_journal m "
+                           "WHERE m.phase NOT IN ('queued', 'done', 'failed', 'cancelled') "
+                           "AND m.pid IS DISTINCT FROM pg_catalog.pg_backend_pid() ORDER BY m.move",
+                           {})) {
+        const int64 id = std::strtoll(must(r[0]).c_str(), nullptr, 10);
+        if (!try_session_lock(k1, lock_obj(id))) continue;
+        Caught err;
+        if (subxact([&] { resolve(id, "failed"); }, &err))
+            n++;
+        else if (not_others(err.code)) {
+            session_unlock(k1, lock_obj(id));
+            reraise(err);
+        } else {
+            left++;
+            warn(format("could not recover move %lld: %s", (long long)id, err.message.c_str()),
+                 "Its journal row stays; the next call tries again.");
+        }
+        session_unlock(k1, lock_obj(id));
+    }
+    // Tried again without a call (where the library is preloaded).
+    if (left > 0) jobs_recheck(MyDatabaseId);
+    return n;
+}
+
+}  // namespace sharding::move
+
+using namespace sharding;
+using namespace sharding::move;
+
+namespace {
+// A move's id argument; NULL names no move (42704).
+int64 move_id(FunctionCallInfo fcinfo) {
+    if (PG_ARGISNULL(0)) fail(ERRCODE_UNDEFINED_OBJECT, "move <NULL> does not exist");
+    return PG_GETARG_INT64(0);
+}
+}  // namespace
+
+// move_shard_online(map text, logical integer, node text): bigint, the
+// shard's epoch afterwards. Not STRICT: NULL arguments raise 22023.
+SHARDING_FUNCTION(sharding_move_shard_online) {
+    refuse_snapshot_isolation();
+    Text map = text_arg(fcinfo, 0);
+    Text logical = int_arg(fcinfo, 1);
+    Text node = text_arg(fcinfo, 2);
+    require_node(node);
+    Text shards = require_map(map, false);
+    check_logical(map, logical, shards);
+    // What an interrupted move left is cleaned up first.
+    recover();
+    std::vector<Row> cur = spi_rows("SELECT s.node, s.epoch::text FROM sharding.shards s "
+                                    "WHERE s.map = $1 AND s.logical = $2::integer",
+                                    {c(map), c(logical)});
+    Text epoch;
+    if (!cur.empty() && cur[0][0] == node)
+        epoch = cur[0][1];
+    else {
+        const std::string id = std::to_string(run_move(*map, PG_GETARG_INT32(1), std::nullopt, *node));
+        epoch = spi_value("SELECT m.new_epoch::text FROM sharding.move_journal m WHERE m.move = $1::bigint", {id.c_str()});
+    }
+    if (!epoch) PG_RETURN_NULL();
+    PG_RETURN_INT64(std::strtoll(epoch->c_str(), nullptr, 10));
+}
+
+// isolate(map text, key text, node text): bigint, the rows moved. Not STRICT.
+SHARDING_FUNCTION(sharding_isolate) {
+    refuse_snapshot_isolation();
+    Text map = text_arg(fcinfo, 0);
+    Text key = text_arg(fcinfo, 1);
+    Text node = text_arg(fcinfo, 2);
+    if (!key) fail(ERRCODE_INVALID_PARAMETER_VALUE, "key must not be NULL");
+    require_node(node);
+    require_map(map, false);
+    Text logical = key_shard(map, key);
+    recover();
+    Text source = spi_value("SELECT coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = $1 AND p.key = $2), "
+                            "(SELECT s.node FROM sharding.shards s WHERE s.map = $1 AND s.logical = $3::integer))",
+                            {c(map), c(key), c(logical)});
+    if (source == node) {
+        // isolate pins even where the rows already are
+        spi_value("SELECT sharding.pin($1, $2, $3)", {c(map), c(key), c(node)});
+        PG_RETURN_INT64(0);
+    }
+    const std::string id = std::to_string(run_move(*map, std::atoi(must(logical).c_str()), key, *node));
+    Text rows = spi_value("SELECT coalesce(m.rows_moved, 0)::text FROM sharding.move_journal m WHERE m.move = $1::bigint",
+                          {id.c_str()});
+    PG_RETURN_INT64(std::strtoll(must(rows).c_str(), nullptr, 10));
+}
+
+// _move_enqueue(job, map, logical, key, destination): the queued move's id.
+SHARDING_FUNCTION(sharding__move_enqueue) {
+    Text job = bigint_arg(fcinfo, 0);
+    Text map = text_arg(fcinfo, 1);
+    Text logical = int_arg(fcinfo, 2);
+    Text key = text_arg(fcinfo, 3);
+    Text destination = text_arg(fcinfo, 4);
+    int64 id = enqueue(job, map, logical, key, destination);
+    PG_RETURN_INT64(id);
+}
+
+// _move_execute(move): 'done', 'failed' or 'cancelled'.
+SHARDING_FUNCTION(sharding__move_execute) {
+    int64 id = move_id(fcinfo);
+    std::string result = execute(id);
+    PG_RETURN_DATUM(text_datum(result));
+}
+
+// _move_resolve(move, final DEFAULT 'failed'): the final phase.
+SHARDING_FUNCTION(sharding__move_resolve) {
+    int64 id = move_id(fcinfo);
+    Text final_phase = text_arg(fcinfo, 1);
+    std::string result = resolve(id, final_phase.value_or("failed"));
+    PG_RETURN_DATUM(text_datum(result));
+}
+
+// _move_cancel(move): false if it had ended.
+SHARDING_FUNCTION(sharding__move_cancel) {
+    int64 id = move_id(fcinfo);
+    PG_RETURN_BOOL(cancel(id));
+}
+
+// _move_recover(): how many moves were rolled back or finished.
+SHARDING_FUNCTION(sharding__move_recover) {
+    (void)fcinfo;
+    PG_RETURN_INT32(recover());
+}
+
+// _move_raise(move): raises what the move recorded.
+SHARDING_FUNCTION(sharding__move_raise) {
+    if (PG_ARGISNULL(0)) throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "move failed");
+    raise_recorded(PG_GETARG_INT64(0));
+}
+
+// _refuse_owner_switch(map, fn): 55000 naming a distributed table of the
+// map: switching owners alone (move_shard, rebalance, rebalance_by_load)
+// would leave its rows on the old owner, where nothing routes any more.
+SHARDING_FUNCTION(sharding__refuse_owner_switch) {
+    Text map = text_arg(fcinfo, 0);
+    Text fn = text_arg(fcinfo, 1);
+    // A follower refuses configuration changes by itself (its own message).
+    if (spi_value("SELECT EXISTS (SELECT FROM sharding.local_node l WHERE l.following)", {}) == Text("t"))
+        PG_RETURN_VOID();
+    Text table = spi_value("SELECT pg_catalog.format('%I.%I', d.schema_name, d.table_name) "
+                           "FROM sharding.distributed_tables d WHERE d.map = $1 "
+                           "ORDER BY d.schema_name, d.table_name LIMIT 1",
+                           {c(map)});
+    if (table)
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"The rows would stay on the old owner, where nothing routes any more.",
+                     "Use sharding.rebalance_start or sharding.move_shard_online, which move the rows too."},
+             "%s would switch owners of map \"%s\" without moving the rows of its distributed table %s",
+             shown(fn).c_str(), shown(map).c_str(), table->c_str());
+    PG_RETURN_VOID();
+}
