@@ -65,6 +65,10 @@ ROLLBACK;
 BEGIN ISOLATION LEVEL SERIALIZABLE;
 SELECT pg_temp.err($$SELECT sharding.move_shard_online('mv', 0, 'b')$$);
 ROLLBACK;
+-- So is the journal's own entry point (before it looks at the move).
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT pg_temp.err($$SELECT sharding._move_execute(1)$$);
+ROLLBACK;
 SELECT count(*) AS journal_rows FROM sharding.move_journal;
 SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'nope', 0, NULL, 'b')$$);
 SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 8, NULL, 'b')$$);

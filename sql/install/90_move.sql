@@ -226,6 +226,16 @@ REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text), shard
 GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
     sharding._move_pull(text, text, regclass, text[], text) TO sharding_admin;
 -- @end
+-- @object sharding._move_nice
+-- _move_nice(step): a session of a move's copy lowers its own priority
+-- (sharding.move_nice, src/nodes/move_copy.cpp).
+CREATE FUNCTION sharding._move_nice(step integer) RETURNS integer
+    AS 'MODULE_PATHNAME', 'sharding__move_nice' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_nice(integer) IS
+    'internal: raises this backend''s nice value by step (0-19) for a move''s copy; returns the new value';
+REVOKE ALL ON FUNCTION sharding._move_nice(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._move_nice(integer) TO sharding_admin;
+-- @end
 
 -- @object sharding.move_decoding
 -- What a move's decoder carries (src/nodes/move_decoder.cpp), one row per

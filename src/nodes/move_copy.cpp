@@ -25,12 +25,15 @@
 #include "nodes/move_remote.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 extern "C" {
 #include "access/table.h"
@@ -348,11 +351,13 @@ PartsCopied pull_parts(const std::string &name, const std::string &source, const
     // Each part as this session copies: the guard's idle trigger left out
     // (replica role), ending by itself when this session is gone, in one
     // session (no parts within parts).
-    std::string options = "-c client_connection_check_interval=1000 -c sharding.move_parallel=1";
+    std::string options = "-c client_connection_check_interval=1000 -c sharding.move_parallel=1 -c sharding.move_nice=" +
+                          std::to_string(move_nice);
     if (SessionReplicationRole == SESSION_REPLICATION_ROLE_REPLICA) options += " -c session_replication_role=replica";
     std::vector<std::unique_ptr<Remote>> running;
     for (const std::string &q : parts.queries) {
         running.push_back(std::make_unique<Remote>(dsn, false, name, options));
+        nice_session(running.back()->conn());
         std::string sql = "SELECT sharding._move_pull(" + lit(source) + ", " + lit(snapshot) +
                           ", " + lit(parts.rel) + "::pg_catalog.regclass, " + lit(columns) +
                           "::text[], " + lit(q) + ")::text";
@@ -481,6 +486,14 @@ uint64 without_idle_triggers(Relation rel, int16 event, uint64 (*fn)(void *), vo
 }
 
 int move_parallel = 2;
+int move_nice = 0;
+
+void nice_session(PGconn *conn) {
+    if (move_nice <= 0) return;
+    auto ask = [conn](const std::string &sql) { return answer(run_statement(conn, sql.c_str(), "", true)); };
+    if (ask("SELECT pg_catalog.to_regprocedure('sharding._move_nice(integer)') IS NOT NULL") != "t") return;
+    ask("SELECT sharding._move_nice(" + std::to_string(move_nice) + ")");
+}
 
 int parts_for(int64 blocks) {
     int64 n = std::min<int64>(move_parallel, blocks / kPartPages);
@@ -543,7 +556,7 @@ std::vector<std::string> collect_all(const std::vector<PGconn *> &conns, const c
 }  // namespace sharding::move
 
 namespace sharding {
-// Called from _PG_init: sharding.move_parallel.
+// Called from _PG_init: sharding.move_parallel and sharding.move_nice.
 void copy_init() {
     DefineCustomIntVariable("sharding.move_parallel",
                             "Sessions that copy or delete one table of an online move at once.",
@@ -551,6 +564,12 @@ void copy_init() {
                             "for the deletes). Each session takes a range of the table's blocks; tables under 4 MB "
                             "go in one session.",
                             &move::move_parallel, 2, 1, 16, PGC_USERSET, 0, nullptr, nullptr, nullptr);
+    DefineCustomIntVariable("sharding.move_nice",
+                            "How much lower than other sessions' an online move's copy runs (nice value added).",
+                            "Read where the copy runs (the destination): the source's COPY session and each part's "
+                            "session at the destination raise their nice value by this much, so that the nodes' "
+                            "own work comes first where CPUs are short. 0 (the default) leaves them alone.",
+                            &move::move_nice, 0, 0, 19, PGC_USERSET, 0, nullptr, nullptr, nullptr);
 }
 }  // namespace sharding
 
@@ -577,6 +596,7 @@ SHARDING_FUNCTION(sharding__move_pull) {
     uint64 bytes = 0;
     try {
         remote.run("SET search_path = pg_catalog, pg_temp");
+        nice_session(remote.conn());
         remote.run(std::string("SET client_encoding = ") +
                    lit(pg_call([]() -> const char * { return GetDatabaseEncodingName(); })));
         remote.run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
@@ -655,4 +675,22 @@ SHARDING_FUNCTION(sharding__move_slot_close) {
     std::string slot = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(0)); });
     bool found = close_held(slot);
     PG_RETURN_BOOL(found);
+}
+
+// _move_nice(step integer) RETURNS integer: raises this backend's nice
+// value by step (0-19; at most to 19) and returns it. A session of a move's
+// copy asks for it (sharding.move_nice); there is no way back down for the
+// session (an unprivileged process cannot lower its nice value).
+SHARDING_FUNCTION(sharding__move_nice) {
+    if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "step must not be NULL");
+    int32 step = PG_GETARG_INT32(0);
+    if (step < 0 || step > 19) fail(ERRCODE_INVALID_PARAMETER_VALUE, "step must be between 0 and 19, not %d", step);
+    errno = 0;
+    int now = getpriority(PRIO_PROCESS, 0);
+    if (now == -1 && errno != 0)
+        fail(ERRCODE_SYSTEM_ERROR, "could not read this backend's nice value: %s", std::strerror(errno));
+    int want = std::min(19, now + step);
+    if (want != now && setpriority(PRIO_PROCESS, 0, want) != 0)
+        fail(ERRCODE_SYSTEM_ERROR, "could not set this backend's nice value to %d: %s", want, std::strerror(errno));
+    PG_RETURN_INT32(want);
 }

@@ -42,6 +42,15 @@ uint64 without_idle_triggers(Relation rel, int16 event, uint64 (*fn)(void *), vo
 // once, each on a range of the table's blocks: the source's idle cores
 // work too. Tables under 2 * kPartPages blocks go in one session.
 extern int move_parallel;
+// sharding.move_nice: how much lower than other sessions' the copy's
+// sessions run (0-19, added to the session's nice value). A copy session
+// at the source (the COPY TO of _move_pull) and each part's session at
+// the destination ask for it with _move_nice; 0 leaves them alone.
+extern int move_nice;
+// On a session of the copy: raises its backend's nice value by
+// move_nice, if any, through sharding._move_nice there (a node whose
+// extension has no such function is left alone).
+void nice_session(PGconn *conn);
 constexpr int64 kPartPages = 256;  // 2 MB of heap per part at least
 // How many parts for a table of `blocks` blocks (at least 1).
 int parts_for(int64 blocks);

@@ -472,8 +472,10 @@ SHARDING_FUNCTION(sharding__move_enqueue) {
     PG_RETURN_INT64(id);
 }
 
-// _move_execute(move): 'done', 'failed' or 'cancelled'.
+// _move_execute(move): 'done', 'failed' or 'cancelled'. Only under READ
+// COMMITTED, as move_shard_online.
 SHARDING_FUNCTION(sharding__move_execute) {
+    refuse_snapshot_isolation();
     int64 id = move_id(fcinfo);
     std::string result = execute(id);
     PG_RETURN_DATUM(text_datum(result));
