@@ -491,7 +491,9 @@ int move_nice = 0;
 void nice_session(PGconn *conn) {
     if (move_nice <= 0) return;
     auto ask = [conn](const std::string &sql) { return answer(run_statement(conn, sql.c_str(), "", true)); };
-    if (ask("SELECT pg_catalog.to_regprocedure('sharding._move_nice(integer)') IS NOT NULL") != "t") return;
+    if (ask("SELECT coalesce(pg_catalog.has_function_privilege(p, 'EXECUTE'), false) "
+            "FROM pg_catalog.to_regprocedure('sharding._move_nice(integer)') p") != "t")
+        return;
     ask("SELECT sharding._move_nice(" + std::to_string(move_nice) + ")");
 }
 

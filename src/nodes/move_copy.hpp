@@ -48,8 +48,9 @@ extern int move_parallel;
 // the destination ask for it with _move_nice; 0 leaves them alone.
 extern int move_nice;
 // On a session of the copy: raises its backend's nice value by
-// move_nice, if any, through sharding._move_nice there (a node whose
-// extension has no such function is left alone).
+// move_nice, if any, through sharding._move_nice there (a session where
+// there is no such function, or whose role may not call it, is left
+// alone: a priority is not worth failing a move for).
 void nice_session(PGconn *conn);
 constexpr int64 kPartPages = 256;  // 2 MB of heap per part at least
 // How many parts for a table of `blocks` blocks (at least 1).
