@@ -29,6 +29,9 @@
 #      printed as the noise of the measure. After each move the destination
 #      must hold no row of that other shard (only the shard's changes are
 #      decoded into the move's stream; the bench fails otherwise).
+#      The same writers also write while the plain pipe copies the same
+#      rows out of the node they write to: what any copy of the shard
+#      costs them (pipe / without), and the move against it (move / pipe).
 #   4. rows per second of the BIG move (whole call, and its copy phase).
 #
 # Every timed step starts from the same state: VACUUM of the tables and a
@@ -41,8 +44,8 @@
 # Median of BENCH_RUNS runs (default 3), each run measuring pipes, moves
 # and baseline writers interleaved: the pipes n1 -> n2, the small shard's
 # move under writers, the big move n1 -> n2 without writers (the pipe has
-# none), the writers without a move, the big move back n2 -> n1 under
-# them, the writers without a move again. BENCH_VERBOSE=1 prints each
+# none), the writers without a move, the writers under the pipe n2 -> n1,
+# the big move back n2 -> n1 under them, the writers without a move again. BENCH_VERBOSE=1 prints each
 # move's phases. Not part of the test command (minutes, not seconds):
 #
 #   SHARDING_PGROOT=/work/pgroot/you BENCH_RUNS=5 bash test/bench/move/run.sh
@@ -250,7 +253,7 @@ settle() {
 stray() { qn "$2" -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard('bench', tenant) = $1"; }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); rate_aa=(); big_c=()
+rate_p=(); rate_mp=(); small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); rate_aa=(); big_c=()
 big_s=(); big_x=(); pull_t=(); del_t=(); move_r=()
 bad=0
 for r in $(seq "$RUNS"); do
@@ -283,6 +286,13 @@ for r in $(seq "$RUNS"); do
     writers_start 0 "$back_other" $((base + 20000000))
     sleep "$secs"
     read -r _ _ rate0 < <(writers_stop)
+    # The same writers while the plain pipe copies the same rows out of
+    # the node they write to (what any copy of the shard costs them).
+    settle
+    writers_start 0 "$back_other" $((base + 80000000))
+    cw=$(copy 0 "$dst" "$src" copy_target)
+    read -r _ _ ratep < <(writers_stop)
+    qn "$src" -c 'TRUNCATE copy_target'
     settle
     writers_start 0 "$back_other" $((base + 40000000))
     read -r tw wb _ _ _ < <(move 0 "$src")
@@ -293,22 +303,26 @@ for r in $(seq "$RUNS"); do
     read -r _ _ rate2 < <(writers_stop)
     n=$(stray "$back_other" "$src")
     [ "$n" = 0 ] || { echo "# run $r: $n rows of shard $back_other reached $src" >&2; bad=1; }
-    echo "# run $r ($src -> $dst): pipe ${c} ms (into a table with a trigger ${cg} ms; the engine's copy alone ${pl} ms, a DELETE of those rows ${dl} ms); ${SMALL}-row move ${ts} ms (writer's window ${sw_s} ms, engine's ${ws} ms); ${BIG}-row move ${tb} ms: set-up ${sb} ms, copy ${cb} ms, clean-up ${xb} ms; back under writers ${tw} ms (writer's window ${sw_b} ms after ${refused_b} refusals, engine's ${wb} ms; other shard ${rate1} writes/s during, ${rate0} before and ${rate2} after without); load $(cut -d' ' -f1 /proc/loadavg)"
+    echo "# run $r ($src -> $dst): pipe ${c} ms (into a table with a trigger ${cg} ms; the engine's copy alone ${pl} ms, a DELETE of those rows ${dl} ms); ${SMALL}-row move ${ts} ms (writer's window ${sw_s} ms, engine's ${ws} ms); ${BIG}-row move ${tb} ms: set-up ${sb} ms, copy ${cb} ms, clean-up ${xb} ms; back under writers ${tw} ms (writer's window ${sw_b} ms after ${refused_b} refusals, engine's ${wb} ms; other shard ${rate1} writes/s during, ${rate0} before and ${rate2} after without, ${ratep} during the pipe of ${cw} ms); load $(cut -d' ' -f1 /proc/loadavg)"
     small_w+=("$sw_s"); big_w+=("$sw_b"); small_e+=("$ws"); big_e+=("$wb"); big_t+=("$tb"); copy_t+=("$c"); small_t+=("$ts"); copyg_t+=("$cg")
     rate_r+=("$(awk -v d="$rate1" -v a="$rate0" -v b="$rate2" 'BEGIN { if (a + b > 0) printf "%.3f", 2 * d / (a + b); else print 0 }')")
     rate_aa+=("$(ratio "$rate2" "$rate0")")
+    rate_p+=("$(awk -v d="$ratep" -v a="$rate0" -v b="$rate2" 'BEGIN { if (a + b > 0) printf "%.3f", 2 * d / (a + b); else print 0 }')")
+    rate_mp+=("$(ratio "$rate1" "$ratep")")
     big_c+=("$cb"); big_s+=("$sb"); big_x+=("$xb"); pull_t+=("$pl"); del_t+=("$dl"); move_r+=("$(ratio "$tb" "$c")")
 done
 med() { printf '%s\n' "$@" | median; }
 mw_s=$(med "${small_w[@]}"); mw_b=$(med "${big_w[@]}"); me_s=$(med "${small_e[@]}"); me_b=$(med "${big_e[@]}")
 mt_b=$(med "${big_t[@]}"); mt_s=$(med "${small_t[@]}"); mc=$(med "${copy_t[@]}"); mcg=$(med "${copyg_t[@]}")
 mr=$(med "${rate_r[@]}"); maa=$(med "${rate_aa[@]}"); mcb=$(med "${big_c[@]}"); msb=$(med "${big_s[@]}"); mxb=$(med "${big_x[@]}")
+mrp=$(med "${rate_p[@]}"); mrmp=$(med "${rate_mp[@]}")
 mpl=$(med "${pull_t[@]}"); mdl=$(med "${del_t[@]}"); mmr=$(med "${move_r[@]}")
 echo "move time: ${BIG}-row move ${mt_b} ms, COPY pipe ${mc} ms, ratio $(ratio "$mt_b" "$mc") (target <= 1.2; median of the per-run ratios $(ratio "$mmr" 1)); against the pipe into a table with a BEFORE ROW trigger ${mcg} ms: $(ratio "$mt_b" "$mcg"); ${SMALL}-row move ${mt_s} ms"
 echo "where the move's time goes: set-up ${msb} ms, copy ${mcb} ms ($(ratio "$mcb" "$mc") of the pipe), clean-up ${mxb} ms, the rest (catch-up, cutover) $((mt_b - msb - mcb - mxb)) ms (medians of each)"
 echo "floor in one session: the engine's copy alone (_move_pull, one session: no snapshot, so no parts) ${mpl} ms ($(ratio "$mpl" "$mc") of the pipe) + a plain DELETE of the same rows ${mdl} ms = $(ratio $((mpl + mdl)) "$mc") of the pipe"
 echo "refusal window (writer's longest write): ${SMALL}-row shard ${mw_s} ms, ${BIG}-row shard ${mw_b} ms, ratio $(ratio "$mw_b" "$mw_s") (target <= 2); engine's freeze-to-follow ${me_s} ms and ${me_b} ms, ratio $(ratio "$me_b" "$me_s")"
 echo "other shards: write rate during the move / without (mean of just before and just after), median of per-run ratios $(ratio "${mr}" 1) (target >= 0.9); after / before without a move: $(ratio "$maa" 1)"
+echo "other shards during the plain pipe of the same rows out of their node: pipe / without $(ratio "$mrp" 1); move / pipe $(ratio "$mrmp" 1) (medians of per-run ratios)"
 echo "rows/s: $(awk -v n="$BIG" -v t="$mt_b" 'BEGIN { printf "%.0f", n / t * 1000 }') over the whole move, $(awk -v n="$BIG" -v t="$mcb" 'BEGIN { printf "%.0f", n / t * 1000 }') in its copy phase (${mcb} ms); the pipe $(awk -v n="$BIG" -v t="$mc" 'BEGIN { printf "%.0f", n / t * 1000 }') (Citus quotes ~2.6 M rows/s)"
 echo "medians of $RUNS runs; load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
 exit "$bad"
