@@ -47,20 +47,8 @@ my $pulls = "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$na
 # with the key of the last row at the source (in the last blocks: the last
 # part's), bypassing the guard as the copy does; that part's copy waits for
 # it on its unique key.
-sub hold_part
-{
-	my $h = psql_bg($b, 'n2', "BEGIN; SET session_replication_role = replica; "
-		  . "INSERT INTO accounts VALUES ('$t', 2150000, 'holder'); SELECT pg_sleep(600)");
-	ok(wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%''holder''); SELECT pg_sleep(600)' AND wait_event = 'PgSleep'", '1', 60),
-		'a session at the destination holds the last row\'s key');
-	return $h;
-}
-sub release
-{
-	my $h = shift;
-	$b->safe_psql('n2', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%''holder''); SELECT pg_sleep(600)' AND pid <> pg_backend_pid()");
-	$h->{h}->finish;
-}
+sub hold_part { return hold_row($b, 'n2', $t, 2150000); }
+sub release { release_row($b, 'n2', $_[0]); }
 # in_parts(what): the copy runs in two parts, one waits for the holder, the
 # other has committed its rows.
 sub in_parts

@@ -101,20 +101,8 @@ my $pulls = "SELECT string_agg(pid::text, ' ' ORDER BY pid) FROM pg_stat_activit
 my $copies = "SELECT string_agg(pid::text, ' ' ORDER BY pid) FROM pg_stat_activity WHERE application_name = '${name}_copy'";
 # hold_part(): an uncommitted row at the destination with the key of the
 # source's last row (the last part's); that part waits for it.
-sub hold_part
-{
-	my $h = psql_bg($b, 'n2', "BEGIN; SET session_replication_role = replica; "
-		  . "INSERT INTO accounts VALUES ('$t', 2150000, 'holder'); SELECT pg_sleep(600)");
-	ok(wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%''holder''); SELECT pg_sleep(600)' AND wait_event = 'PgSleep'", '1', 60),
-		'a session at the destination holds the last row\'s key');
-	return $h;
-}
-sub release
-{
-	my $h = shift;
-	$b->safe_psql('n2', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%''holder''); SELECT pg_sleep(600)' AND pid <> pg_backend_pid()");
-	$h->{h}->finish;
-}
+sub hold_part { return hold_row($b, 'n2', $t, 2150000); }
+sub release { release_row($b, 'n2', $_[0]); }
 # move_held(what, step): a move n1 -> n2 whose copy is held by an
 # uncommitted row; checks the nice values of the destination's three
 # sessions and of the source's COPY sessions, lets it go, then checks that

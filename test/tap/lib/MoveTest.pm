@@ -14,7 +14,8 @@ use ShardingNode;
 use Exporter 'import';
 
 our @EXPORT = qw(move_cluster load_rows start_writers stop_writers leftovers expected_vs_actual shard_rows
-  wait_for_sql psql_bg usleep slow_apply shard_tenants shard_sum writers_kept mover_pid wait_for_restart deleting);
+  wait_for_sql psql_bg usleep slow_apply shard_tenants shard_sum writers_kept mover_pid wait_for_restart deleting
+  hold_row release_row);
 
 # move_cluster(): ($coord, $n1, $n2) clusters, databases coord, n1, n2.
 sub move_cluster
@@ -310,6 +311,29 @@ sub shard_tenants
 	my ($coord, $l) = @_;
 	return split /,/, $coord->safe_psql('coord',
 		"SELECT string_agg(t, ',') FROM (SELECT 't' || lpad(i::text, 2, '0') AS t FROM generate_series(0, 63) i) s WHERE sharding.logical_shard('bank', t) = $l");
+}
+
+# hold_row(node, db, tenant, id): a session there inserts, uncommitted, a
+# row of accounts with that key, bypassing the guard as a move's copy does;
+# a copy of a row with that key waits for it on its unique key. Returns
+# the session, for release_row.
+my $holding = "query LIKE '%''holder''); SELECT pg_sleep(600)'";
+sub hold_row
+{
+	my ($node, $db, $tenant, $id) = @_;
+	my $h = psql_bg($node, $db, "BEGIN; SET session_replication_role = replica; "
+		  . "INSERT INTO accounts VALUES ('$tenant', $id, 'holder'); SELECT pg_sleep(600)");
+	ok(wait_for_sql($node, $db, "SELECT count(*) FROM pg_stat_activity WHERE $holding AND wait_event = 'PgSleep'", '1', 60),
+		'a session at the destination holds the last row\'s key');
+	return $h;
+}
+
+# release_row(node, db, session): ends that session (its row rolls back).
+sub release_row
+{
+	my ($node, $db, $h) = @_;
+	$node->safe_psql($db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $holding AND pid <> pg_backend_pid()");
+	$h->{h}->finish;
 }
 
 1;
