@@ -181,9 +181,18 @@ if [ ${#tap_pl[@]} -gt 0 ]; then
         show_tap "$t_out"
         tap_count "$t_out" "$t_rc"
         if [ "$t_rc" -ne 0 ]; then
+            # A die's message goes only to the test's own log (the harness
+            # points STDERR there), under the teardown's lines: show it first.
+            for l in "$tapdir/tap/out/${t%.pl}"/tmp_check/log/regress_log_*; do
+                [ -f "$l" ] && { echo "---- $(basename "$l") (died at)"; grep -E ' at \S+ line [0-9]+\.?$' "$l" | tail -n 5; }
+            done
             for l in "$tapdir/tap/out/${t%.pl}"/tmp_check/log/*.log; do
                 [ -f "$l" ] && { echo "---- $(basename "$l") (tail)"; tail -n 30 "$l"; }
             done
+            # The whole of it stays for a post-mortem on this machine.
+            kept=${TMPDIR:-/tmp}/sharding-failed-tap/${t%.pl}.$$
+            mkdir -p "$kept" && cp -r "$tapdir/tap/out/${t%.pl}/." "$kept/" 2>/dev/null &&
+                echo "---- kept in $kept"
         fi
         rm -f "$t_out"
     done
