@@ -99,7 +99,7 @@ BEGIN
                 conns := conns || dest;
             END IF;
             BEGIN
-                PERFORM dblink_exec(who || dest, format('INSERT INTO accounts VALUES (%L, %s, %L)', tenant, base + n, who));
+                PERFORM dblink_exec(who || dest, format('INSERT INTO accounts VALUES (%L, %s, clock_timestamp()::text)', tenant, base + n));
                 EXIT;
             EXCEPTION WHEN object_not_in_prerequisite_state THEN
                 refused := refused + 1;
@@ -215,7 +215,19 @@ move() {
             done
         printf '#     %8s ms  returned\n' "$total" >&2
     fi
-    echo "$total $(awk -v a="$(ts "$f")" -v b="$(ts "$d")" 'BEGIN { printf "%.1f", (b - a) * 1000 }') $(ms_between "$(ts "$c")" "$(ts "$k")") $(ms_between "$t0" "$(ts "$c")") $(ms_between "$(ts "$x")" "$t1")"
+    echo "$total $(awk -v a="$(ts "$f")" -v b="$(ts "$d")" 'BEGIN { printf "%.1f", (b - a) * 1000 }') $(ms_between "$(ts "$c")" "$(ts "$k")") $(ms_between "$t0" "$(ts "$c")") $(ms_between "$(ts "$x")" "$t1") $t0 $(ts "$k") $(ts "$x") $t1"
+}
+# phase_rates NODE TENANT FROM TO T0 TK TX T1: the writes/s of TENANT's rows
+# with ids FROM..TO on NODE (each row's val is its write's time) in the
+# move's phases: set-up and copy [T0, TK), catch-up and cutover [TK, TX),
+# clean-up [TX, T1] (mostly the delete at the source); prints three rates.
+phase_rates() {
+    qn "$1" -F ' ' -c "SELECT round((count(*) FILTER (WHERE w < to_timestamp($6)) / ($6 - $5))::numeric, 1),
+                              round((count(*) FILTER (WHERE w >= to_timestamp($6) AND w < to_timestamp($7)) / greatest($7 - $6, 0.001))::numeric, 1),
+                              round((count(*) FILTER (WHERE w >= to_timestamp($7)) / greatest($8 - $7, 0.001))::numeric, 1)
+                         FROM (SELECT val::timestamptz AS w FROM accounts
+                                WHERE tenant = '$2' AND id BETWEEN $3 AND $4) x
+                        WHERE w >= to_timestamp($5) AND w <= to_timestamp($8)"
 }
 # The shard's rows, as the move selects them.
 shard_query() { echo "SELECT tenant, id, val FROM public.accounts WHERE sharding.shard_of(tenant, 4) = $1"; }
@@ -254,7 +266,7 @@ stray() { qn "$2" -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 rate_p=(); rate_mp=(); small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); rate_aa=(); big_c=()
-big_s=(); big_x=(); pull_t=(); del_t=(); move_r=()
+big_s=(); big_x=(); pull_t=(); del_t=(); move_r=(); ph_c=(); ph_k=(); ph_x=()
 bad=0
 for r in $(seq "$RUNS"); do
     # The big shard goes src -> dst without writers (timed), then back
@@ -272,11 +284,11 @@ for r in $(seq "$RUNS"); do
     qn "$dst" -c 'TRUNCATE copy_target, copy_guarded'
     settle
     writers_start 1 "$other" "$base"
-    read -r ts ws cs _ _ < <(move 1 "$sdst")
+    read -r ts ws cs _ _ _ < <(move 1 "$sdst")
     read -r sw_s _ _ < <(writers_stop)
     # The big move's time without writers (as the pipe is measured).
     settle
-    read -r tb _ cb sb xb < <(move 0 "$dst")
+    read -r tb _ cb sb xb _ < <(move 0 "$dst")
     # The same writers without a move, about as long as that move took,
     # the big move back under them (window and other-shard rate), and the
     # writers without a move again.
@@ -295,8 +307,9 @@ for r in $(seq "$RUNS"); do
     qn "$src" -c 'TRUNCATE copy_target'
     settle
     writers_start 0 "$back_other" $((base + 40000000))
-    read -r tw wb _ _ _ < <(move 0 "$src")
+    read -r tw wb _ _ _ p0 pk px p1 < <(move 0 "$src")
     read -r sw_b refused_b rate1 < <(writers_stop)
+    read -r rc rk rx < <(phase_rates "$dst" "${TENANT[$back_other]}" $((base + 50000000)) $((base + 59999999)) "$p0" "$pk" "$px" "$p1")
     settle
     writers_start 0 "$back_other" $((base + 60000000))
     sleep "$secs"
@@ -309,6 +322,9 @@ for r in $(seq "$RUNS"); do
     rate_aa+=("$(ratio "$rate2" "$rate0")")
     rate_p+=("$(awk -v d="$ratep" -v a="$rate0" -v b="$rate2" 'BEGIN { if (a + b > 0) printf "%.3f", 2 * d / (a + b); else print 0 }')")
     rate_mp+=("$(ratio "$rate1" "$ratep")")
+    without() { awk -v d="$1" -v a="$rate0" -v b="$rate2" 'BEGIN { if (a + b > 0) printf "%.3f", 2 * d / (a + b); else print 0 }'; }
+    ph_c+=("$(without "$rc")"); ph_k+=("$(without "$rk")"); ph_x+=("$(without "$rx")")
+    echo "# run $r: other shard by phase of the move back, writes/s: set-up and copy $rc, catch-up and cutover $rk, clean-up $rx"
     big_c+=("$cb"); big_s+=("$sb"); big_x+=("$xb"); pull_t+=("$pl"); del_t+=("$dl"); move_r+=("$(ratio "$tb" "$c")")
 done
 med() { printf '%s\n' "$@" | median; }
@@ -322,6 +338,7 @@ echo "where the move's time goes: set-up ${msb} ms, copy ${mcb} ms ($(ratio "$mc
 echo "floor in one session: the engine's copy alone (_move_pull, one session: no snapshot, so no parts) ${mpl} ms ($(ratio "$mpl" "$mc") of the pipe) + a plain DELETE of the same rows ${mdl} ms = $(ratio $((mpl + mdl)) "$mc") of the pipe"
 echo "refusal window (writer's longest write): ${SMALL}-row shard ${mw_s} ms, ${BIG}-row shard ${mw_b} ms, ratio $(ratio "$mw_b" "$mw_s") (target <= 2); engine's freeze-to-follow ${me_s} ms and ${me_b} ms, ratio $(ratio "$me_b" "$me_s")"
 echo "other shards: write rate during the move / without (mean of just before and just after), median of per-run ratios $(ratio "${mr}" 1) (target >= 0.9); after / before without a move: $(ratio "$maa" 1)"
+echo "other shards by phase of the move, during / without: set-up and copy $(ratio "$(med "${ph_c[@]}")" 1), catch-up and cutover $(ratio "$(med "${ph_k[@]}")" 1), clean-up (mostly the delete) $(ratio "$(med "${ph_x[@]}")" 1) (medians of per-run ratios)"
 echo "other shards during the plain pipe of the same rows out of their node: pipe / without $(ratio "$mrp" 1); move / pipe $(ratio "$mrmp" 1) (medians of per-run ratios)"
 echo "rows/s: $(awk -v n="$BIG" -v t="$mt_b" 'BEGIN { printf "%.0f", n / t * 1000 }') over the whole move, $(awk -v n="$BIG" -v t="$mcb" 'BEGIN { printf "%.0f", n / t * 1000 }') in its copy phase (${mcb} ms); the pipe $(awk -v n="$BIG" -v t="$mc" 'BEGIN { printf "%.0f", n / t * 1000 }') (Citus quotes ~2.6 M rows/s)"
 echo "medians of $RUNS runs; load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
