@@ -492,6 +492,50 @@ void refuse_written() {
              "moving a shard online must run in a transaction that has not written yet");
 }
 
+// TRUNCATE and rewrites of a moved table (VACUUM FULL, CLUSTER, an ALTER
+// TABLE that rewrites it or moves it to another tablespace) are not carried
+// by the stream: one at the source during a move would bring the rows it
+// removed back at the destination, one at the destination would lose rows
+// copied there. Each gives the table (each leaf partition) new storage, so
+// the move notes the storage of its tables at both ends before the slot
+// exists, and the cutover, holding them in ACCESS SHARE mode (which only
+// those take conflict with) until the switch, compares: a change refuses
+// the switch and the move is rolled back.
+//
+// storage_of: "oid:filenode" of every leaf of `rels` (a regclass[] literal
+// expression) there, as a text[] literal.
+std::string storage_of(const char *conn, const std::string &rels) {
+    // (pg_partition_tree lists nothing for a table that is not partitioned.)
+    return must(dbl(conn, "SELECT coalesce(pg_catalog.array_agg(x.relid::pg_catalog.oid::text || ':' || "
+                          "pg_catalog.pg_relation_filenode(x.relid)::text ORDER BY x.relid::pg_catalog.oid), '{}')::text "
+                          "FROM (SELECT r.rel AS relid FROM pg_catalog.unnest(" + rels + ") AS r(rel) UNION "
+                          "SELECT p.relid FROM pg_catalog.unnest(" + rels + ") AS r(rel), "
+                          "pg_catalog.pg_partition_tree(r.rel) AS p WHERE p.isleaf) AS x "
+                          "WHERE pg_catalog.pg_relation_filenode(x.relid) IS NOT NULL"));
+}
+
+// hold_storage: in a transaction there (ended by the caller), the tables
+// locked in ACCESS SHARE mode (waiting at most a second), then 55000 if
+// the storage of any leaf noted by storage_of has changed since.
+void hold_storage(const char *conn, const std::string &table_list, const std::string &noted, const Text &where,
+                  const std::string &map, int32 logical) {
+    dbl(conn, "BEGIN");
+    dbl(conn, "SET LOCAL lock_timeout = '1s'");
+    dbl(conn, "LOCK TABLE " + table_list + " IN ACCESS SHARE MODE");
+    Text changed = dbl(conn, "SELECT pg_catalog.string_agg(pg_catalog.split_part(s.v, ':', 1)::pg_catalog.oid"
+                             "::pg_catalog.regclass::text, ', ') FROM pg_catalog.unnest(" + lit(noted) +
+                                 "::text[]) AS s(v) WHERE pg_catalog.pg_relation_filenode(pg_catalog.split_part(s.v, "
+                                 "':', 1)::pg_catalog.oid) IS DISTINCT FROM pg_catalog.split_part(s.v, ':', 2)::pg_catalog.oid");
+    if (changed)
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"An online move carries rows and their changes, not TRUNCATE nor a rewrite of the table (VACUUM "
+                     "FULL, CLUSTER, ALTER TABLE that rewrites it or sets its tablespace): the move is rolled back and "
+                     "the old owner keeps the shard.",
+                     "Run them before or after a move, then move the shard again."},
+             "%s was truncated or rewritten on node \"%s\" while logical shard %d of map \"%s\" was being moved",
+             changed->c_str(), c(where) ? c(where) : "<NULL>", logical, map.c_str());
+}
+
 // _move_wait_flush: waits until the move's slot at the source has
 // confirmed the source's flushed WAL position (walsenders send no further,
 // and everything the move must carry is there once the freeze has
@@ -726,6 +770,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     dbl(kSrc, "SET client_connection_check_interval = 1000");
 
     const char *step = "setup";
+    std::string storage_src, storage_dst;
     Caught err;
     const std::string live_where = "WHERE map = " + lit(map) + " AND logical = " + logical_s + " AND " + kLive;
     bool ok = subxact(
@@ -739,6 +784,12 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
                 fail(ERRCODE_OBJECT_IN_USE,
                      Explain{"Another session at the source holds the controller lock of move " + name + ".", ""},
                      "logical shard %d of map \"%s\" is already being moved", logical, map.c_str());
+            // The tables' storage at both ends, before the slot and the copy.
+            std::string rels;
+            for (const MoveTable &m : described) rels += (rels.empty() ? "" : ", ") + lit(m.rel);
+            rels = "ARRAY[" + rels + "]::pg_catalog.regclass[]";
+            storage_src = storage_of(kSrc, rels);
+            storage_dst = storage_of(kDst, rels);
             // 2. Publication, then the slot: changes from here on are kept.
             dbl(kSrc, "CREATE PUBLICATION " + ident(name) + " FOR TABLE " + table_list +
                           " WITH (publish = 'insert, update, delete')");
@@ -876,6 +927,10 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             debug_at("move " + name + ": frozen");
             wait_flush(name, 60, live_where);
             debug_at("move " + name + ": caught up");
+            // Neither end truncated nor rewrote a table meanwhile, and
+            // neither does until the switch has committed.
+            hold_storage(kSrc, table_list, storage_src, source, map, logical);
+            hold_storage(kDst, table_list, storage_dst, Text(node), map, logical);
             // The switch and the journal's 'cleanup' commit together, over
             // this database's own connection.
             if (!key)
@@ -890,6 +945,8 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
                                ")), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
                                "phase_started = pg_catalog.now(), new_epoch = " +
                                out.new_epoch.value_or("NULL") + " " + live_where + ") SELECT 1 FROM m");
+            dbl(kSrc, "COMMIT");
+            dbl(kDst, "COMMIT");
             step = "switched";
             debug_at("move " + name + ": switched");
 
