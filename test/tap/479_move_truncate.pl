@@ -9,6 +9,7 @@
 #      shard, as truncated, and nothing of the move is left;
 #   2. at the destination: the same, naming the destination; the source
 #      still has every row of the shard;
+#   2b. VACUUM FULL (a rewrite) at the source: the same, naming the source;
 #   3. the next move of the shard succeeds with every row.
 use strict;
 use warnings;
@@ -28,11 +29,13 @@ is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'ban
 my $owner = sub { $coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S") };
 my $others = "SELECT count(*) FROM accounts WHERE sharding.logical_shard('bank', tenant) <> $S";
 
-# truncated_during(what, node, db): a move n1 -> n2 held at the
-# destination while `node` truncates accounts; returns the move's messages.
+# truncated_during(what, node, db[, statement]): a move n1 -> n2 held at
+# the destination while `node` truncates accounts (or runs `statement`,
+# which rewrites it); returns the move's messages.
 sub truncated_during
 {
-	my ($what, $node, $db) = @_;
+	my ($what, $node, $db, $stmt) = @_;
+	$stmt //= 'TRUNCATE accounts';
 	my ($t, $id) = split /\|/, $a->safe_psql('n1',
 		"SELECT tenant || '|' || id FROM accounts WHERE sharding.logical_shard('bank', tenant) = $S ORDER BY id DESC LIMIT 1");
 	my $hold = hold_row($b, 'n2', $t, $id);
@@ -44,7 +47,7 @@ sub truncated_during
 	ok(wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT sharding._move_pull(%' "
 		  . "AND wait_event_type = 'Lock'", '1', 120), "$what: the copy waits for the held key");
 	# The TRUNCATE runs, or waits for the copy's lock at the destination.
-	my $tr = psql_bg($node, $db, 'TRUNCATE accounts');
+	my $tr = psql_bg($node, $db, $stmt);
 	# (Not by reading accounts there: that would queue behind the TRUNCATE.)
 	my ($state, $finished) = ('', 0);
 	for (1 .. 200)
@@ -52,14 +55,14 @@ sub truncated_during
 		$tr->{h}->pump_nb if $tr->{h}->pumpable;
 		if (!$tr->{h}->pumpable) { $finished = 1; last; }
 		$state = $node->safe_psql($db, "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock') || '/' || count(*) "
-			  . "FROM pg_stat_activity WHERE query = 'TRUNCATE accounts' AND pid <> pg_backend_pid()");
+			  . "FROM pg_stat_activity WHERE query = '$stmt' AND pid <> pg_backend_pid()");
 		last if $state eq '1/1';
 		usleep(50_000);
 	}
-	ok($finished || $state eq '1/1', "$what: the TRUNCATE waits for the copy or has run (" . ($finished ? 'ran' : 'waits') . ')');
+	ok($finished || $state eq '1/1', "$what: the $stmt waits for the copy or has run (" . ($finished ? 'ran' : 'waits') . ')');
 	release_row($b, 'n2', $hold);
 	$tr->{h}->finish;
-	is(${ $tr->{err} }, '', "$what: the TRUNCATE succeeds");
+	is(${ $tr->{err} }, '', "$what: the $stmt succeeds");
 	$mv->{h}->finish;
 	return ${ $mv->{err} };
 }
@@ -87,6 +90,16 @@ is($owner->(), 'n1', 'truncated at the destination: n1 still owns the shard');
 is(shard_sum($a, 'n1', $S), $before, 'truncated at the destination: the source has every row of the shard');
 is($b->safe_psql('n2', 'SELECT count(*) FROM accounts'), '0', 'truncated at the destination: no row of the shard is there');
 is(leftovers($coord, $a, $b), $clean, 'truncated at the destination: nothing of the move is left');
+
+# 2b. A rewrite at the source keeps the rows but gives the table new
+# storage: refused the same way.
+$err = truncated_during('rewritten at the source', $a, 'n1', 'VACUUM FULL accounts');
+like($err, qr/ERROR:\s+55000: public\.accounts was truncated or rewritten on node "n1" while logical shard $S of map "bank" was being moved/,
+	'rewritten at the source: the move fails, naming the table and the node');
+is($owner->(), 'n1', 'rewritten at the source: n1 still owns the shard');
+is(shard_sum($a, 'n1', $S), $before, 'rewritten at the source: the source has every row of the shard');
+is($b->safe_psql('n2', 'SELECT count(*) FROM accounts'), '0', 'rewritten at the source: no row of the shard is at the destination');
+is(leftovers($coord, $a, $b), $clean, 'rewritten at the source: nothing of the move is left');
 
 # 3. The next move carries the shard.
 my $n1_others = $a->safe_psql('n1', $others);
