@@ -10,7 +10,7 @@ OLD=sharding_upgrade_old
 NEW=sharding_upgrade_new
 current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
 # Every released version upgrades to the current one.
-FROMS="1.0 1.1 1.2"
+FROMS="1.0 1.1 1.2 1.3"
 echo "1..$((8 * $(echo $FROMS | wc -w)))"
 . test/lib/tap.sh
 trap 'dropdb --if-exists $OLD 2>/dev/null; dropdb --if-exists $NEW 2>/dev/null' EXIT

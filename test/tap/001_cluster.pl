@@ -10,7 +10,7 @@ use ShardingNode;
 
 my $node = sharding_node('n1');
 is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'sharding'"),
-	'1.3', 'the extension is installed at version 1.3');
+	'1.4', 'the extension is installed at version 1.4');
 $node->safe_psql('postgres', "SELECT sharding.create_map('m', 8, ARRAY['a', 'b'])");
 is($node->safe_psql('postgres', "SELECT sharding.shards_of('m', 'a')"), '{0,1,2,3}',
 	'a map deals its shards in contiguous ranges');

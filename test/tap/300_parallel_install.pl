@@ -50,7 +50,7 @@ for my $round (1 .. $rounds)
 		$error{$db} = $s{$db}->{stderr};
 		$s{$db}->quit;
 	}
-	my @failed = grep { $version{$_} ne '1.3' } @dbs;
+	my @failed = grep { $version{$_} ne '1.4' } @dbs;
 	is(scalar(@failed), 0, "round $round: CREATE EXTENSION at the same moment in 4 databases succeeds in all 4")
 	  or diag(join("\n", map { "$_: $version{$_}: $error{$_}" } @failed));
 	is($node->safe_psql('postgres', "SELECT count(*) FROM pg_roles WHERE rolname = 'sharding_admin'"),

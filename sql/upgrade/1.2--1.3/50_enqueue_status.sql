@@ -1,3 +1,0 @@
--- sharding.enqueue (docs/queue.md) writes status = 'pending', as
--- enqueue_many does (a status column without a default got NULL).
--- @replace sharding.enqueue

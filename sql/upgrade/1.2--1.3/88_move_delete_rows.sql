@@ -1,6 +1,0 @@
--- What a move costs (docs/moves.md): sharding._move_delete_rows deletes with
--- one plain DELETE per table in one remote transaction (its count read from
--- the command tag) instead of a data-modifying CTE with RETURNING. Its new
--- definition reaches the upgrade through 70_move.sql's
--- `-- @replace sharding._move_delete_rows` (a second @replace of one
--- object stops the build): nothing else to write here.

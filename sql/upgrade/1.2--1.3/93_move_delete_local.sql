@@ -1,6 +1,0 @@
--- What a move costs (docs/moves.md): the deletes of a move's rows are C++
--- (src/nodes/move_delete.cpp). _move_delete_rows' new definition reaches
--- the upgrade through 70_move.sql's `-- @replace sharding._move_delete_rows`;
--- _move_delete_local, which runs each table's delete at the node with the
--- idle BEFORE ROW DELETE triggers left out, is new.
--- @include sharding._move_delete_local

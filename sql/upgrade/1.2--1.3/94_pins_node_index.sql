@@ -1,4 +1,0 @@
--- The directory at scale (docs/directory.md, Pins at scale): the pins of a
--- node are found by an index instead of a read of every pin (drop_node,
--- add_node, deleting a node that pins name).
--- @include sharding.pins_node

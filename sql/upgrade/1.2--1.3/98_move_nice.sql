@@ -1,4 +1,0 @@
--- sharding.move_nice (docs/moves.md): the sessions of a move's copy can
--- run below the nodes' own work; _move_nice, which such a session calls
--- on itself, is new.
--- @include sharding._move_nice
