@@ -215,8 +215,11 @@ COMMENT ON VIEW sharding.rebalance_jobs IS
     'rebalance jobs: state, moves total/done/failed, times and the first failed move''s error';
 GRANT SELECT ON sharding.rebalance_jobs TO PUBLIC;
 
+-- @object sharding.move_progress
 -- move_progress: every move planned or in flight (of a job, or a direct
--- move_shard_online/isolate call), and every move of a job still running.
+-- move_shard_online/isolate call), every move of a job still running, and
+-- every move whose copies differed (error_state XX001: the source kept its
+-- copy of the shard for an operator, docs/moves.md).
 -- lag_bytes is read live at the source while the move catches up. The bar
 -- and time_left come from how long the job's (else the map's) finished
 -- moves took: a move is expected to take their median; without history,
@@ -256,7 +259,9 @@ CREATE VIEW sharding.move_progress AS
                        ELSE CASE m.phase WHEN 'copying' THEN 0.25 WHEN 'catching_up' THEN 0.6
                                          WHEN 'cutover' THEN 0.85 ELSE 0.95 END
                   END::float8 AS fraction) p
-     WHERE m.phase NOT IN ('done', 'failed', 'cancelled') OR j.state IN ('queued', 'running');
+     WHERE m.phase NOT IN ('done', 'failed', 'cancelled') OR j.state IN ('queued', 'running')
+        OR (m.phase = 'failed' AND m.error_state = 'XX001');
 COMMENT ON VIEW sharding.move_progress IS
-    'moves planned or in flight (and every move of a running job): phase, rows/bytes copied, lag, bar, time left, why it waits';
+    'moves planned or in flight (and every move of a running job, and those whose copies differed): phase, rows/bytes copied, lag, bar, time left, why it waits';
 GRANT SELECT ON sharding.move_progress TO PUBLIC;
+-- @end

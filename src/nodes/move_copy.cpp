@@ -487,6 +487,7 @@ uint64 without_idle_triggers(Relation rel, int16 event, uint64 (*fn)(void *), vo
 
 int move_parallel = 2;
 int move_nice = 0;
+bool move_verify = true;
 
 void nice_session(PGconn *conn) {
     if (move_nice <= 0) return;
@@ -558,7 +559,8 @@ std::vector<std::string> collect_all(const std::vector<PGconn *> &conns, const c
 }  // namespace sharding::move
 
 namespace sharding {
-// Called from _PG_init: sharding.move_parallel and sharding.move_nice.
+// Called from _PG_init: sharding.move_parallel, sharding.move_nice and
+// sharding.move_verify.
 void copy_init() {
     DefineCustomIntVariable("sharding.move_parallel",
                             "Sessions that copy or delete one table of an online move at once.",
@@ -572,6 +574,14 @@ void copy_init() {
                             "session at the destination raise their nice value by this much, so that the nodes' "
                             "own work comes first where CPUs are short. 0 (the default) leaves them alone.",
                             &move::move_nice, 0, 0, 19, PGC_USERSET, 0, nullptr, nullptr, nullptr);
+    DefineCustomBoolVariable("sharding.move_verify",
+                             "Whether an online move compares the shard's rows at both ends before it deletes the "
+                             "source's copy.",
+                             "Read where the move runs (the coordinator). After the switch, outside the refusal "
+                             "window, each table's count and order-independent checksum of the shard's rows at the "
+                             "source (frozen since the cutover) are compared with the destination's as of the "
+                             "switch; a difference keeps the source's copy and fails the move. off skips it.",
+                             &move::move_verify, true, PGC_USERSET, 0, nullptr, nullptr, nullptr);
 }
 }  // namespace sharding
 

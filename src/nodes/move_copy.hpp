@@ -42,6 +42,9 @@ uint64 without_idle_triggers(Relation rel, int16 event, uint64 (*fn)(void *), vo
 // once, each on a range of the table's blocks: the source's idle cores
 // work too. Tables under 2 * kPartPages blocks go in one session.
 extern int move_parallel;
+// sharding.move_verify: compare the shard's rows at both ends before the
+// source's copy is deleted (move_orchestrate.cpp, verify_copy).
+extern bool move_verify;
 // sharding.move_nice: how much lower than other sessions' the copy's
 // sessions run (0-19, added to the session's nice value). A copy session
 // at the source (the COPY TO of _move_pull) and each part's session at

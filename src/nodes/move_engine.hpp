@@ -19,6 +19,7 @@
 
 #include "nodes/move_remote.hpp"
 
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -223,8 +224,10 @@ struct MoveResult {
 };
 // _move_online: the move itself; _move_finish and _move_undo.
 MoveResult move_online(const Text &map, int32 logical, const Text &key, const std::string &node);
+// before_delete, when given, runs once the replication is dropped and
+// before the source's rows are deleted (the verification).
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
-             const Text &new_epoch);
+             const Text &new_epoch, const std::function<void()> &before_delete = nullptr);
 void undo(const std::string &map, int32 logical, const Text &key);
 void call_fn(const char *conn, const std::string &fn, const std::string &map, int32 logical);
 

@@ -32,9 +32,11 @@
 // while a C++ object is alive goes through glue/pg_call; the glue functions
 // are C-style code with plain C parameters.
 #include "nodes/move_controller.hpp"
+#include "nodes/move_copy.hpp"
 #include "nodes/move_engine.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <cctype>
 #include <cerrno>
 #include <csignal>
@@ -394,6 +396,84 @@ void note_copied(const std::string &live_where, int64 rows, int64 bytes) {
             ", bytes_copied = " + std::to_string(bytes) + " " + live_where);
 }
 
+// ------------------------------------------------------------------ verification
+// Before the source's copy of the shard is deleted, the rows at both ends
+// are compared (sharding.move_verify, docs/moves.md "Verified before
+// anything is deleted"): per table, the count and an order-independent
+// checksum (the sum, as numeric, of sharding.hash64 of each row's text
+// form: XXH3 of the row as the type output functions spell it, the same on
+// every PostgreSQL major) of the shard's rows, with the move's own filter
+// and column list.
+//
+// The source's rows are frozen since the cutover (then refused by its
+// guard, which follows the new owner), so they are read after the switch,
+// outside the refusal window. The destination accepts writes of the shard
+// as soon as it follows the switch, so its rows are read in a snapshot
+// taken there before the switch and after its last apply (the cutover has
+// waited for the slot to confirm the source's last change): a connection
+// of its own, sharding_move_verify, holds a REPEATABLE READ transaction
+// from the cutover until the comparison. Both ends scan at once.
+const char *const kVerify = "sharding_move_verify";
+
+// Opens sharding_move_verify to the destination and takes its snapshot.
+void hold_verify_snapshot(const std::string &destination) {
+    Text dsn = spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {destination.c_str()});
+    named_connect(kVerify, c(dsn));
+    dbl(kVerify, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+    dbl(kVerify, "SELECT 1");  // the transaction's snapshot is taken here
+}
+
+// "count checksum" of a table's rows of the shard, as the statement sent
+// on conn answered it (08P01 for anything else).
+std::string digest_answer(PGconn *conn, const char *who) {
+    PGresult *res = collect_statement(conn, "", true);
+    std::string v;
+    bool shaped = res != nullptr && PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 &&
+                  PQnfields(res) == 1 && !PQgetisnull(res, 0, 0);
+    if (shaped) v = PQgetvalue(res, 0, 0);
+    PQclear(res);
+    const size_t sp = v.find(' ');
+    if (!shaped || sp == std::string::npos || sp == 0 ||
+        v.find_first_not_of("0123456789- ") != std::string::npos)
+        bad_answer(who, "a count and a checksum", shaped ? Text(v) : Text());
+    return v;
+}
+
+// Compares every table; the first difference is returned as the error's
+// message (empty: the same everywhere).
+struct Difference {
+    std::string table, source, destination;
+};
+std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables) {
+    PGconn *src = named_connection(kSrc);
+    PGconn *dst = named_connection(kVerify);
+    for (const CopyTable &t : tables) {
+        const std::string sql = "SELECT pg_catalog.count(*)::text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) "
+                                "coalesce(pg_catalog.sum(sharding.hash64((ROW(" + t.cols +
+                                "))::text)::numeric), 0)::text FROM " + t.rel + " WHERE " + t.filter;
+        if (PQsendQuery(src, sql.c_str()) == 0)
+            fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement to the source: %s", PQerrorMessage(src));
+        if (PQsendQuery(dst, sql.c_str()) == 0) {
+            cancel_and_drain(src);
+            fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement to the destination: %s", PQerrorMessage(dst));
+        }
+        std::string at_src, at_dst;
+        try {
+            at_src = digest_answer(src, "source");
+        } catch (...) {
+            cancel_and_drain(dst);
+            throw;
+        }
+        at_dst = digest_answer(dst, "destination");
+        if (at_src != at_dst) return Difference{t.rel, at_src, at_dst};
+    }
+    return std::nullopt;
+}
+
+// Thrown by the verification (a difference): the move ends 'failed' with
+// the source's copy kept; nothing tidies it after.
+struct VerifyFailed {};
+
 }  // namespace
 
 // ------------------------------------------------------------------ names and tables
@@ -479,6 +559,7 @@ void connect(const Text &source, const Text &destination) {
 }
 
 void disconnect() {
+    named_disconnect(kVerify);
     named_disconnect(kSrc);
     named_disconnect(kDst);
     named_disconnect(kSelf);
@@ -593,7 +674,7 @@ void call_fn(const char *conn, const std::string &fn, const std::string &map, in
 // source, closes the journal. Connections sharding_move_src/_dst/_self are
 // open. Returns the rows deleted at the source.
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
-             const Text &new_epoch) {
+             const Text &new_epoch, const std::function<void()> &before_delete) {
     const std::string name = move_name(map, logical);
     const std::string logical_s = std::to_string(logical);
     // The source's guard must see the new owner before its shard thaws
@@ -621,6 +702,7 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
     drop_replication(name);
     drop_triggers(map, name);
     debug_at("move " + name + ": replication dropped");
+    if (before_delete) before_delete();
     Text deleted = spi_value("SELECT sharding._move_delete_rows('sharding_move_src', $1, $2::integer, $3)",
                              {map.c_str(), logical_s.c_str(), c(key)});
     journal("UPDATE sharding.move_journal SET phase = 'done', phase_started = pg_catalog.now(), "
@@ -770,6 +852,8 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     dbl(kSrc, "SET client_connection_check_interval = 1000");
 
     const char *step = "setup";
+    const bool verify = move_verify;
+    bool verify_failed = false;
     std::string storage_src, storage_dst;
     Caught err;
     const std::string live_where = "WHERE map = " + lit(map) + " AND logical = " + logical_s + " AND " + kLive;
@@ -931,6 +1015,8 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             // neither does until the switch has committed.
             hold_storage(kSrc, table_list, storage_src, source, map, logical);
             hold_storage(kDst, table_list, storage_dst, Text(node), map, logical);
+            // The destination's rows as of the switch, for the verification.
+            if (verify) hold_verify_snapshot(node);
             // The switch and the journal's 'cleanup' commit together, over
             // this database's own connection.
             if (!key)
@@ -950,8 +1036,33 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             step = "switched";
             debug_at("move " + name + ": switched");
 
-            // 8. Clean up after the switch.
-            out.moved = finish(map, logical, key, node, out.new_epoch);
+            // 8. Clean up after the switch, the copies compared first.
+            out.moved = finish(map, logical, key, node, out.new_epoch, [&] {
+                if (!verify) return;
+                const double started = clock_seconds();
+                std::optional<Difference> d = compare_copies(tables);
+                named_disconnect(kVerify);
+                debug_at("move " + name + ": verified in " + float_text(clock_seconds() - started) + " s");
+                if (!d) return;
+                auto counted = [](const std::string &v) {
+                    const size_t sp = v.find(' ');
+                    return v.substr(0, sp) + " rows (checksum " + v.substr(sp + 1) + ")";
+                };
+                const std::string message = format(
+                    "the rows of table %s moved with logical shard %d of map \"%s\" differ: the source has %s, the "
+                    "destination %s",
+                    d->table.c_str(), logical, map.c_str(), counted(d->source).c_str(), counted(d->destination).c_str());
+                const std::string detail = "The destination owns the shard; the source keeps its copy of the "
+                                           "shard's rows (refused by its guard, invisible to routing).";
+                const std::string hint = "Compare the rows of the shard at both ends, repair the destination's, "
+                                         "then delete the source's copy.";
+                journal("UPDATE sharding.move_journal SET phase = 'failed', phase_started = pg_catalog.now(), "
+                        "finished = pg_catalog.now(), pid = NULL, lag_bytes = 0, error = " + lit(message) +
+                        ", error_state = 'XX001', error_detail = " + lit(detail) + ", error_hint = " + lit(hint) +
+                        " " + live_where);
+                verify_failed = true;
+                fail(ERRCODE_DATA_CORRUPTED, Explain{detail, hint}, "%s", message.c_str());
+            });
         },
         &err);
     if (ok) {
@@ -960,6 +1071,12 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     }
 
     elog(DEBUG1, "move %s failed at step %s: %s (%s)", name.c_str(), step, err.message.c_str(), err.context.c_str());
+    if (verify_failed) {
+        // The copies differ: the journal row has ended 'failed', and the
+        // source's copy stays for an operator. Nothing to tidy.
+        disconnect();
+        reraise(err);
+    }
     bool switched = std::string(step) == "switched";
     Caught inner;
     if (std::string(step) == "cutover") {

@@ -33,6 +33,10 @@
 #      rows out of the node they write to: what any copy of the shard
 #      costs them (pipe / without), and the move against it (move / pipe).
 #   4. rows per second of the BIG move (whole call, and its copy phase).
+#   5. the verification (sharding.move_verify, on by default): the BIG move
+#      with it / the same move without it, and the comparison's own time
+#      (the engine's DEBUG line); it runs after the switch, outside the
+#      refusal window of item 2.
 #
 # Every timed step starts from the same state: VACUUM of the tables and a
 # CHECKPOINT on both data nodes first (settle). Without it a step paid for
@@ -217,6 +221,17 @@ move() {
     fi
     echo "$total $(awk -v a="$(ts "$f")" -v b="$(ts "$d")" 'BEGIN { printf "%.1f", (b - a) * 1000 }') $(ms_between "$(ts "$c")" "$(ts "$k")") $(ms_between "$t0" "$(ts "$c")") $(ms_between "$(ts "$x")" "$t1") $t0 $(ts "$k") $(ts "$x") $t1"
 }
+# move_timed SHARD TO: prints "total_ms verify_ms" (the comparison of the
+# copies, sharding.move_verify, from the engine's DEBUG line; 0 when off).
+move_timed() {
+    local t0 t1 out v
+    t0=$(date +%s.%N)
+    out=$(PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=debug1" qn coord -c "SELECT sharding.move_shard_online('bench', $1, '$2')" 2>&1) ||
+        { echo "move failed: $out" >&2; echo "0 0"; return 1; }
+    t1=$(date +%s.%N)
+    v=$(echo "$out" | sed -n 's/.*: verified in \([0-9.]*\) s at .*/\1/p')
+    echo "$(ms_between "$t0" "$t1") $(awk -v v="${v:-0}" 'BEGIN { printf "%.0f", v * 1000 }')"
+}
 # phase_rates NODE TENANT FROM TO T0 TK TX T1: the writes/s of TENANT's rows
 # with ids FROM..TO on NODE (each row's val is its write's time) in the
 # move's phases: set-up and copy [T0, TK), catch-up and cutover [TK, TX),
@@ -266,7 +281,7 @@ stray() { qn "$2" -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 rate_p=(); rate_mp=(); small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); rate_aa=(); big_c=()
-big_s=(); big_x=(); pull_t=(); del_t=(); move_r=(); ph_c=(); ph_k=(); ph_x=()
+big_s=(); big_x=(); pull_t=(); del_t=(); move_r=(); ph_c=(); ph_k=(); ph_x=(); verify_r=(); verify_t=(); verify_off=()
 bad=0
 for r in $(seq "$RUNS"); do
     # The big shard goes src -> dst without writers (timed), then back
@@ -326,6 +341,14 @@ for r in $(seq "$RUNS"); do
     ph_c+=("$(without "$rc")"); ph_k+=("$(without "$rk")"); ph_x+=("$(without "$rx")")
     echo "# run $r: other shard by phase of the move back, writes/s: set-up and copy $rc, catch-up and cutover $rk, clean-up $rx"
     big_c+=("$cb"); big_s+=("$sb"); big_x+=("$xb"); pull_t+=("$pl"); del_t+=("$dl"); move_r+=("$(ratio "$tb" "$c")")
+    # The verification's cost: the big move once more with it (the
+    # default) and back without it (sharding.move_verify = off).
+    settle
+    read -r tv vv < <(move_timed 0 "$dst")
+    settle
+    read -r to _ < <(PGOPTIONS="${PGOPTIONS:-} -c sharding.move_verify=off" move_timed 0 "$src")
+    echo "# run $r: ${BIG}-row move with the verification ${tv} ms (the comparison ${vv} ms), without ${to} ms"
+    verify_r+=("$(ratio "$tv" "$to")"); verify_t+=("$vv"); verify_off+=("$to")
 done
 med() { printf '%s\n' "$@" | median; }
 mw_s=$(med "${small_w[@]}"); mw_b=$(med "${big_w[@]}"); me_s=$(med "${small_e[@]}"); me_b=$(med "${big_e[@]}")
@@ -341,5 +364,6 @@ echo "other shards: write rate during the move / without (mean of just before an
 echo "other shards by phase of the move, during / without: set-up and copy $(ratio "$(med "${ph_c[@]}")" 1), catch-up and cutover $(ratio "$(med "${ph_k[@]}")" 1), clean-up (mostly the delete) $(ratio "$(med "${ph_x[@]}")" 1) (medians of per-run ratios)"
 echo "other shards during the plain pipe of the same rows out of their node: pipe / without $(ratio "$mrp" 1); move / pipe $(ratio "$mrmp" 1) (medians of per-run ratios)"
 echo "rows/s: $(awk -v n="$BIG" -v t="$mt_b" 'BEGIN { printf "%.0f", n / t * 1000 }') over the whole move, $(awk -v n="$BIG" -v t="$mcb" 'BEGIN { printf "%.0f", n / t * 1000 }') in its copy phase (${mcb} ms); the pipe $(awk -v n="$BIG" -v t="$mc" 'BEGIN { printf "%.0f", n / t * 1000 }') (Citus quotes ~2.6 M rows/s)"
+echo "verification (sharding.move_verify): ${BIG}-row move with / without it $(ratio "$(med "${verify_r[@]}")" 1) (median of per-run ratios); the comparison itself $(med "${verify_t[@]}") ms; the move without it / the pipe $(ratio "$(med "${verify_off[@]}")" "$mc")"
 echo "medians of $RUNS runs; load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
 exit "$bad"

@@ -1,0 +1,4 @@
+-- A move compares the shard's rows at both ends before it deletes the
+-- source's copy (sharding.move_verify); move_progress also shows a move
+-- whose copies differed.
+-- @replace sharding.move_progress
