@@ -45,6 +45,39 @@ COMMENT ON TABLE sharding.pins IS 'whale directory: keys pinned to a node, overr
 CREATE INDEX pins_node ON sharding.pins (node);
 -- @end
 
+-- @object sharding.pin_log
+-- The log of pin changes that backends read without
+-- shared_preload_libraries (docs/directory.md, "When a change is seen"):
+-- the routing trigger (sharding._routing_changed) writes a row per changed
+-- key, or one row with key NULL when a statement changed more than 1,024
+-- pins of a map (or every map: map NULL, a TRUNCATE); a backend that has
+-- a map cached re-reads only the pins of the keys logged since it last
+-- looked, instead of every pin of the map. Written only where the library
+-- is not preloaded (shared memory does the same there). Local to each
+-- database, not dumped (it is a cache's log); old rows are deleted as it
+-- grows (sharding.pin_log_horizon says up to where: a backend whose view
+-- is older rebuilds the map).
+CREATE TABLE sharding.pin_log (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    map text,      -- NULL: every map
+    key text,      -- NULL: every pin of the map
+    xid xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id()
+);
+CREATE INDEX pin_log_xid ON sharding.pin_log (xid);
+COMMENT ON TABLE sharding.pin_log IS
+    'internal: pin changes for the routing caches of backends without shared_preload_libraries';
+CREATE TABLE sharding.pin_log_horizon (
+    seq bigint NOT NULL,   -- rows up to this seq may have been deleted
+    xid xid8 NOT NULL      -- ... and every deleted row's xid is below this
+);
+INSERT INTO sharding.pin_log_horizon VALUES (0, '0');
+COMMENT ON TABLE sharding.pin_log_horizon IS
+    'internal: how far sharding.pin_log was trimmed';
+GRANT SELECT ON sharding.pin_log, sharding.pin_log_horizon TO PUBLIC;
+GRANT INSERT, DELETE ON sharding.pin_log TO sharding_admin;
+GRANT UPDATE ON sharding.pin_log_horizon TO sharding_admin;
+-- @end
+
 -- cluster_version(map): rises with every change to a map, its pins or its
 -- nodes' DSNs; rows survive drop_map so the version never falls.
 CREATE SEQUENCE sharding.version_seq;

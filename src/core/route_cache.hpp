@@ -217,6 +217,10 @@ struct MapRoutes {
     uint64_t stamp[3] = {0, 0, 0};    // its change counters (cache::MapStamp), read before the snapshot
     uint64_t cursor_shared = 0;       // where the pin logs stood then (cache::PinCursor)
     uint64_t cursor_own = 0;
+    // Without shared memory, where sharding.pin_log stood then (maps.cpp):
+    // its highest seq and the snapshot (pg_snapshot text) it was read in.
+    int64_t log_seq = -1;             // -1: not read (no log): rebuild on a change
+    CacheString log_snapshot;
 
     // shard_from_hash(hash, logical_shards), without a 64-bit division (the
     // same FastMod shard_of uses).

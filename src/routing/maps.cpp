@@ -13,8 +13,14 @@
 // routing topic's counter with the one it saw last (one load), and when it
 // moved drops the entries whose map slot moved. Without preload, every call
 // takes in invalidation messages instead, and the relcache invalidation of
-// sharding.maps the same triggers register bumps `generation`, which makes
-// every entry stale.
+// sharding.maps the same triggers register bumps `log_epoch`: every entry
+// is then brought up to date in place (refresh) from its shard rows and
+// the pins of the keys sharding.pin_log names since the entry last looked
+// (the same triggers write that log where there is no shared memory), so
+// one pin changed re-reads one pin, not every pin of the map. A map whose
+// log says "every pin" (a statement that changed more than 1,024 of them,
+// a TRUNCATE, the map's own row), whose log rows were trimmed past what it
+// read, or that had more than 1,024 keys changed is rebuilt.
 //
 // Why not once per statement, as 1.2 did: 1.2 took in invalidations once
 // per call site and query execution, marked in fn_extra. A PL/pgSQL
@@ -55,6 +61,7 @@ extern "C" {
 #include "port/atomics.h"
 #include "storage/lock.h"
 #include "utils/array.h"
+#include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
@@ -75,7 +82,10 @@ using ByName = std::unordered_map<CacheString, V, NameHash, std::equal_to<CacheS
                                   CacheAllocator<std::pair<const CacheString, V>>>;
 
 uint64_t generation = 1;           // bumped by relcache invalidations of sharding.maps
+uint64_t log_epoch = 0;            // ... without shared memory, where sharding.pin_log exists
 Oid maps_relid = InvalidOid;       // sharding.maps, looked up before each build
+Oid log_relid = InvalidOid;        // sharding.pin_log (InvalidOid: an older version's tables)
+int pin_log_keep = 65536;          // sharding.pin_log_keep: rows kept when the log is trimmed
 const MapRoutes *last = nullptr;   // the map the previous call used
 uint64_t seen = 0;                 // changes() + generation when the entries were last checked
 // An entry was built or refreshed by a parallel-mode leader (see bind_to_snapshot).
@@ -117,10 +127,16 @@ void routing_invalidate(Oid relid) {
     if (relid == InvalidOid)
         generation++;
     else if (relid == maps_relid) {
-        if (sharding::cache::shared_changes())
+        if (sharding::cache::shared_changes()) {
             sharding::cache::own_changes_visible(sharding::cache::routing_topic);
-        else
+        } else if (OidIsValid(log_relid)) {
+            // Another backend's change or this one's: the own log names
+            // this backend's keys, sharding.pin_log everyone's.
+            sharding::cache::own_changes_visible(sharding::cache::routing_topic);
+            log_epoch++;
+        } else {
             generation++;
+        }
     }
 }
 
@@ -130,6 +146,10 @@ void routing_invalidate(Oid relid) {
 inline sharding::cache::MapStamp stamp_of(uint32_t slot) {
     sharding::cache::MapStamp st = sharding::cache::map_stamp(slot);
     st.kind[sharding::cache::change_map] += generation;
+    // Without shared memory an invalidation may be any map's change: every
+    // entry's shard rows and logged pins are looked at again.
+    st.kind[sharding::cache::change_shards] += log_epoch;
+    st.kind[sharding::cache::change_pins] += log_epoch;
     return st;
 }
 inline bool same_kind(const MapRoutes &m, const sharding::cache::MapStamp &st, int kind) {
@@ -157,13 +177,16 @@ inline void bind_to_snapshot(MapRoutes *m) {
 // The topic-wide value compared on every call.
 inline uint64_t changes_now() {
     const uint64_t shared = sharding::cache::changes(sharding::cache::routing_topic);  // may bump generation
-    return shared + generation;
+    return shared + generation + log_epoch;
 }
 
 const sharding::cache::Kind routing_kind = {"routing", routing_invalidate, nullptr, 0, {0, 0, 0, 0}};
 
 Oid lookup_maps_relid() {
-    return get_relname_relid("maps", get_namespace_oid("sharding", false));
+    Oid nsp = get_namespace_oid("sharding", false);
+    // Without shared memory, the pin log (absent before 1.4's tables).
+    log_relid = sharding::cache::shared_changes() ? InvalidOid : get_relname_relid("pin_log", nsp);
+    return get_relname_relid("maps", nsp);
 }
 
 // Rows of the config tables, read by SPI and copied out of SPI's memory.
@@ -188,6 +211,8 @@ struct RawMap {
     int32 logical_shards;
     ShardRows shards;
     PinRows pins;
+    int64 log_seq;  // sharding.pin_log's cursor (-1: none)
+    char *log_snapshot;
 };
 
 char *spi_text(HeapTuple tup, TupleDesc desc, int col, int *len) {
@@ -249,6 +274,20 @@ void copy_pins(uint64 n, PinRows *out) {
     SPI_freetuptable(tt);
 }
 
+// Where sharding.pin_log stands in `snap`: its highest seq and the
+// snapshot as pg_snapshot text (SPI's memory). May ereport.
+void read_log_cursor(Snapshot snap, int64 *seq, char **snapshot) {
+    if (run_read("SELECT coalesce(pg_catalog.max(seq), 0), pg_catalog.pg_current_snapshot()::text "
+                 "FROM sharding.pin_log",
+                 0, nullptr, nullptr, snap, 0) != 1)
+        elog(ERROR, "sharding.pin_log: no cursor");
+    bool isnull;
+    *seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+    int len;
+    *snapshot = spi_text(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &len);
+    SPI_freetuptable(SPI_tuptable);
+}
+
 const char shards_sql[] = "SELECT logical, node, epoch FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1";
 
 // Reads one map's config with the latest committed snapshot (not the
@@ -273,6 +312,8 @@ void load_raw(text *map, RawMap *raw) {
                            snap, 0),
                   &raw->pins);
     }
+    raw->log_seq = -1;
+    if (raw->found && OidIsValid(log_relid)) read_log_cursor(snap, &raw->log_seq, &raw->log_snapshot);
     UnregisterSnapshot(snap);
     SPI_finish();
 }
@@ -358,6 +399,8 @@ const MapRoutes &build_routes(text *map, const char *name, size_t len) {
     for (const CacheString &node : fresh->nodes) fresh->node_results.push_back(node_text(node));
     fresh->slot = map_slot;
     set_stamp(fresh, started, cursor);  // stale at once if a change committed meanwhile
+    fresh->log_seq = raw.log_seq;
+    if (raw.log_snapshot != nullptr) fresh->log_snapshot = CacheString(raw.log_snapshot);
     bind_to_snapshot(fresh);
 
     MapRoutes *&slot = (*cache)[key];
@@ -425,6 +468,62 @@ void collect_key(void *arg, const char *key, size_t len) {
     c->lens[c->n++] = static_cast<int>(len);
 }
 
+// Without shared memory: the keys sharding.pin_log names for the map since
+// the cursor (seq, snapshot), through collect_key, and the log's cursor
+// now. Rows after seq, and rows at or before it that the snapshot did not
+// see (their transactions had not committed then), in one latest snapshot;
+// the pins themselves are read after it (load_delta), so none can be older
+// than what the log said. False (rebuild) when the log says "every pin"
+// of the map or of every map, or was trimmed past the cursor. May ereport.
+bool read_log_keys(const char *name, size_t len, int64 seq, const char *snapshot, KeyCollect *keys, int64 *new_seq,
+                   char **new_snapshot) {
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    Snapshot snap = RegisterSnapshot(IsInParallelMode() ? GetActiveSnapshot() : GetLatestSnapshot());
+    Oid argtypes[3] = {TEXTOID, INT8OID, TEXTOID};
+    Datum args[3] = {PointerGetDatum(cstring_to_text_with_len(name, static_cast<int>(len))), Int64GetDatum(seq),
+                     PointerGetDatum(cstring_to_text(snapshot))};
+    bool complete = true;
+    bool isnull;
+    // Trimmed past what the entry read: rows it needed may be gone.
+    if (run_read("SELECT h.seq OPERATOR(pg_catalog.>) $2 OR h.xid OPERATOR(pg_catalog.>=) "
+                 "pg_catalog.pg_snapshot_xmin($3::pg_catalog.pg_snapshot) FROM sharding.pin_log_horizon h",
+                 3, argtypes, args, snap, 0) > 0) {
+        for (uint64 i = 0; i < SPI_processed && complete; i++)
+            if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull))) complete = false;
+    }
+    SPI_freetuptable(SPI_tuptable);
+    if (complete) {
+        const uint64 n = run_read(
+            "SELECT l.map IS NULL OR l.key IS NULL, l.key FROM sharding.pin_log l "
+            "WHERE (l.map OPERATOR(pg_catalog.=) $1 OR l.map IS NULL) AND (l.seq OPERATOR(pg_catalog.>) $2 OR "
+            "(l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin($3::pg_catalog.pg_snapshot) AND "
+            "NOT pg_catalog.pg_visible_in_snapshot(l.xid, $3::pg_catalog.pg_snapshot)))",
+            3, argtypes, args, snap, keys->cap + 1);
+        for (uint64 i = 0; i < n && complete; i++) {
+            HeapTuple tup = SPI_tuptable->vals[i];
+            if (DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull))) {
+                complete = false;
+                break;
+            }
+            Datum k = SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull);
+            text *kt = DatumGetTextPP(k);
+            const size_t klen = VARSIZE_ANY_EXHDR(kt);
+            if (klen > sharding::cache::logged_key_bytes) {
+                // The collector's buffers hold logged_key_bytes each.
+                complete = false;
+                break;
+            }
+            collect_key(keys, VARDATA_ANY(kt), klen);
+        }
+        SPI_freetuptable(SPI_tuptable);
+        if (keys->overflow) complete = false;
+    }
+    if (complete) read_log_cursor(snap, new_seq, new_snapshot);
+    UnregisterSnapshot(snap);
+    SPI_finish();
+    return complete;
+}
+
 // Brings an entry whose shards or pins changed up to date in place, without
 // rebuilding its pins: re-reads its shard rows, and the current pins of the
 // keys the logs name. False when that is not possible (the map is gone,
@@ -438,6 +537,12 @@ bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
     PinCursor now;
     bool complete = true;
     KeyCollect keys{};
+    // Without shared memory, other backends' pin changes come from
+    // sharding.pin_log (an entry that never read it is rebuilt).
+    const bool from_log = !shared_changes() && OidIsValid(log_relid);
+    if (pins && !shared_changes() && (!from_log || m->log_seq < 0)) return false;
+    int64 log_seq = m->log_seq;
+    char *log_snapshot = nullptr;
     sharding::pg_call([&] {
         now = pin_cursor();
         if (pins) {
@@ -448,6 +553,9 @@ bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
             for (int i = 0; i < max_keys; i++) keys.keys[i] = buf + static_cast<size_t>(i) * logged_key_bytes;
             PinCursor from{m->cursor_shared, m->cursor_own};
             complete = pin_changes(m->slot, from, now, collect_key, &keys) && !keys.overflow;
+            if (complete && from_log)
+                complete = read_log_keys(m->name.data(), m->name.size(), m->log_seq, m->log_snapshot.c_str(), &keys,
+                                         &log_seq, &log_snapshot);
         }
         if (complete) load_delta(m->name.data(), m->name.size(), shards, keys.keys, keys.lens, keys.n, &d);
     });
@@ -491,6 +599,10 @@ bool refresh(MapRoutes *m, const sharding::cache::MapStamp &st) {
     for (size_t n = nodes_before; n < m->nodes.size(); n++) m->node_results.push_back(node_text(m->nodes[n]));
     m->compute_partitions();
     set_stamp(m, st, now);
+    if (log_snapshot != nullptr) {
+        m->log_seq = log_seq;
+        m->log_snapshot = CacheString(log_snapshot);
+    }
     bind_to_snapshot(m);
     refreshes++;
     return true;
@@ -675,7 +787,15 @@ void lock_shard_tag(text *map, uint32 field3, LOCKMODE mode) {
 }  // namespace
 
 namespace sharding {
-void maps_init() { cache::register_kind(&routing_kind); }
+void maps_init() {
+    cache::register_kind(&routing_kind);
+    DefineCustomIntVariable("sharding.pin_log_keep",
+                            "Rows of sharding.pin_log kept when it is trimmed (without shared_preload_libraries).",
+                            "A backend whose routing cache read the log more than this many pin changes ago "
+                            "rebuilds its maps instead of re-reading the changed pins.",
+                            &pin_log_keep, 65536, 16, INT_MAX, PGC_SUSET, GUC_NOT_IN_SAMPLE, nullptr, nullptr,
+                            nullptr);
+}
 // Bumped by every change to the routing tables this backend has taken in
 // from now on: the callback recognises sharding.maps only once its oid is
 // known, so it is looked up first (a backend that never routed has not).
@@ -829,6 +949,120 @@ struct TableKind {
     int key_att;  // pins: the key column
 };
 
+// Without shared memory, what one statement changed, for sharding.pin_log
+// (see the top of the file): per map, up to log_max_keys keys, else "every
+// pin"; past log_max_maps maps, "every map". Plain C, palloc'd in the
+// trigger's context.
+constexpr int log_max_keys = 1024;
+constexpr int log_max_maps = 64;
+struct LogMap {
+    text *map;
+    int nkeys;
+    bool every;
+    Datum keys[log_max_keys];
+};
+struct LogCollect {
+    bool active;
+    bool every_map;
+    int nmaps;
+    LogMap *maps[log_max_maps];
+};
+LogCollect log_collect;
+
+void log_note(text *map, text *key) {
+    if (!log_collect.active || log_collect.every_map) return;
+    LogMap *m = nullptr;
+    const size_t len = VARSIZE_ANY_EXHDR(map);
+    for (int i = 0; i < log_collect.nmaps && m == nullptr; i++) {
+        text *o = log_collect.maps[i]->map;
+        if (VARSIZE_ANY_EXHDR(o) == len && memcmp(VARDATA_ANY(o), VARDATA_ANY(map), len) == 0) m = log_collect.maps[i];
+    }
+    if (m == nullptr) {
+        if (log_collect.nmaps == log_max_maps) {
+            log_collect.every_map = true;
+            return;
+        }
+        m = static_cast<LogMap *>(palloc0(sizeof(LogMap)));
+        m->map = cstring_to_text_with_len(VARDATA_ANY(map), static_cast<int>(len));
+        log_collect.maps[log_collect.nmaps++] = m;
+    }
+    if (m->every) return;
+    if (key == nullptr || m->nkeys == log_max_keys) {
+        m->every = true;
+        return;
+    }
+    m->keys[m->nkeys++] = PointerGetDatum(cstring_to_text_with_len(VARDATA_ANY(key), static_cast<int>(VARSIZE_ANY_EXHDR(key))));
+}
+
+// Writes what log_collect holds into sharding.pin_log, and now and then
+// trims its oldest rows: those more than pin_log_keep rows back whose
+// transactions every snapshot sees (sharding.pin_log_horizon records up to
+// where). Runs as the caller (who changed the config tables). May ereport.
+void log_write() {
+    if (!log_collect.active) return;
+    log_collect.active = false;
+    if (!log_collect.every_map && log_collect.nmaps == 0) return;
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    int64 last = 0, written = 0;
+    bool isnull;
+    auto insert = [&](int n, Datum *maps, bool *map_nulls, Datum *keys, bool *key_nulls) {
+        int dims[1] = {n};
+        int lbs[1] = {1};
+        Oid argtypes[2] = {TEXTARRAYOID, TEXTARRAYOID};
+        Datum args[2] = {PointerGetDatum(construct_md_array(maps, map_nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT)),
+                         PointerGetDatum(construct_md_array(keys, key_nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT))};
+        if (SPI_execute_with_args("WITH i AS (INSERT INTO sharding.pin_log (map, key) "
+                                  "SELECT ($1::text[])[i], ($2::text[])[i] FROM pg_catalog.generate_series(1, "
+                                  "pg_catalog.array_length($1::text[], 1)) AS i RETURNING seq) "
+                                  "SELECT pg_catalog.max(seq) FROM i",
+                                  2, argtypes, args, nullptr, false, 1) != SPI_OK_SELECT)
+            elog(ERROR, "could not write sharding.pin_log");
+        last = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+        written += n;
+    };
+    if (log_collect.every_map) {
+        Datum none = (Datum)0;
+        bool yes = true;
+        insert(1, &none, &yes, &none, &yes);
+    } else {
+        int n = 0;
+        for (int i = 0; i < log_collect.nmaps; i++) n += log_collect.maps[i]->every ? 1 : log_collect.maps[i]->nkeys;
+        Datum *maps = static_cast<Datum *>(palloc(sizeof(Datum) * (n + 1)));
+        Datum *keys = static_cast<Datum *>(palloc(sizeof(Datum) * (n + 1)));
+        bool *map_nulls = static_cast<bool *>(palloc0(sizeof(bool) * (n + 1)));
+        bool *key_nulls = static_cast<bool *>(palloc0(sizeof(bool) * (n + 1)));
+        int k = 0;
+        for (int i = 0; i < log_collect.nmaps; i++) {
+            LogMap *m = log_collect.maps[i];
+            if (m->every) {
+                maps[k] = PointerGetDatum(m->map);
+                key_nulls[k++] = true;
+                continue;
+            }
+            for (int j = 0; j < m->nkeys; j++) {
+                maps[k] = PointerGetDatum(m->map);
+                keys[k++] = m->keys[j];
+            }
+        }
+        if (k > 0) insert(k, maps, map_nulls, keys, key_nulls);
+    }
+    // Trimmed about every 4,096 rows written.
+    if (written > 0 && last / 4096 != (last - written) / 4096 && last > pin_log_keep) {
+        Oid argtypes[1] = {INT8OID};
+        Datum args[1] = {Int64GetDatum(last - pin_log_keep)};
+        SPI_execute_with_args(
+            "WITH d AS (DELETE FROM sharding.pin_log l WHERE l.seq OPERATOR(pg_catalog.<=) $1 AND l.xid "
+            "OPERATOR(pg_catalog.<) pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()) RETURNING l.seq, l.xid), "
+            "m AS (SELECT pg_catalog.max(d.seq) AS seq, (SELECT x.xid FROM d x ORDER BY x.xid DESC LIMIT 1) AS xid FROM d) "
+            "UPDATE sharding.pin_log_horizon h SET "
+            "seq = CASE WHEN m.seq OPERATOR(pg_catalog.>) h.seq THEN m.seq ELSE h.seq END, "
+            "xid = CASE WHEN m.xid OPERATOR(pg_catalog.>) h.xid THEN m.xid ELSE h.xid END "
+            "FROM m WHERE m.seq IS NOT NULL",
+            1, argtypes, args, nullptr, false, 0);
+    }
+    SPI_finish();
+}
+
 void note_row(const TableKind &t, TupleTableSlot *slot) {
     bool isnull;
     Datum d = slot_getattr(slot, t.map_att, &isnull);
@@ -848,6 +1082,11 @@ void note_row(const TableKind &t, TupleTableSlot *slot) {
         sharding::cache::note_change(sharding::cache::routing_topic, VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map));
     else
         sharding::cache::note_routing(t.kind, VARDATA_ANY(map), VARSIZE_ANY_EXHDR(map), key, keylen);
+    // The log: a pin's key; a map's own row, every pin of it (rebuilt).
+    if (t.kind == sharding::cache::change_pins)
+        log_note(map, key != nullptr ? DatumGetTextPP(slot_getattr(slot, t.key_att, &isnull)) : nullptr);
+    else if (t.kind == sharding::cache::change_map)
+        log_note(map, nullptr);
 }
 
 // Notes every row of a transition table. Plain C.
@@ -883,8 +1122,14 @@ SHARDING_FUNCTION(sharding__routing_changed) {
         t.key_att = SPI_fnumber(desc, "key");
     }
     const bool known = t.map_att > 0 && (t.kind != sharding::cache::change_pins || t.key_att > 0);
+    // Without shared memory, the other backends learn which pins changed
+    // from sharding.pin_log (where this database has it).
+    log_collect = LogCollect{};
+    log_collect.active = !sharding::cache::shared_changes() &&
+                         OidIsValid(get_relname_relid("pin_log", RelationGetNamespace(td->tg_relation)));
     if (!known || TRIGGER_FIRED_BY_TRUNCATE(td->tg_event)) {
         sharding::cache::note_change(sharding::cache::routing_topic, nullptr, 0);
+        log_collect.every_map = true;
     } else if (TRIGGER_FIRED_FOR_ROW(td->tg_event)) {
         note_tuple(t, td->tg_trigtuple, desc);
         if (TRIGGER_FIRED_BY_UPDATE(td->tg_event)) note_tuple(t, td->tg_newtuple, desc);
@@ -893,7 +1138,9 @@ SHARDING_FUNCTION(sharding__routing_changed) {
         if (td->tg_newtable != nullptr) note_tuplestore(t, td->tg_newtable, desc);
     } else {
         sharding::cache::note_change(sharding::cache::routing_topic, nullptr, 0);
+        log_collect.every_map = true;
     }
+    log_write();
     CacheInvalidateRelcacheByRelid(lookup_maps_relid());
     return PointerGetDatum(nullptr);
 }

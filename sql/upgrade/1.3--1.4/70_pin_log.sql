@@ -1,0 +1,3 @@
+-- Without shared_preload_libraries a backend re-reads the pins that changed
+-- (sharding.pin_log), not every pin of the map.
+-- @include sharding.pin_log
