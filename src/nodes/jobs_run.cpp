@@ -482,6 +482,8 @@ void enqueue_all(const Text &job, F &&body) {
     reraise(err);
 }
 
+// The role a job runs as: the one that starts it (current_user; the
+// column's default, which no other role can set: CONTRACT 15.2).
 Text me() { return std::to_string(GetUserId()); }
 
 // A started job whose moves are enqueued: runners are asked for (started
@@ -637,15 +639,15 @@ SHARDING_FUNCTION(sharding_rebalance_start) {
                                         {c(map), c(nodes), loads, max_imbalance})[0][0];
         int64 job = insert_job(
             "INSERT INTO sharding.move_jobs AS t (map, strategy, state, nodes, loads, max_imbalance, max_parallel, "
-            "switched, runas, started, finished) VALUES ($1, $2, 'done', $3::text[], $4, $5, "
-            "$6::integer, $7::integer, $8::oid, pg_catalog.now(), pg_catalog.now()) RETURNING t.job::text",
-            {c(map), c(strategy), c(nodes), loads, max_imbalance, c(max_parallel), c(n), c(runas)});
+            "switched, started, finished) VALUES ($1, $2, 'done', $3::text[], $4, $5, "
+            "$6::integer, $7::integer, pg_catalog.now(), pg_catalog.now()) RETURNING t.job::text",
+            {c(map), c(strategy), c(nodes), loads, max_imbalance, c(max_parallel), c(n)});
         PG_RETURN_INT64(job);
     }
     const Text job = std::to_string(insert_job(
-        "INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, loads, max_imbalance, max_parallel, runas) "
-        "VALUES ($1, $2, $3::text[], $4, $5, $6::integer, $7::oid) RETURNING t.job::text",
-        {c(map), c(strategy), c(nodes), loads, max_imbalance, c(max_parallel), c(runas)}));
+        "INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, loads, max_imbalance, max_parallel) "
+        "VALUES ($1, $2, $3::text[], $4, $5, $6::integer) RETURNING t.job::text",
+        {c(map), c(strategy), c(nodes), loads, max_imbalance, c(max_parallel)}));
     // The journal commits each enqueued move at once (its own connection):
     // if a later step fails, the moves already enqueued are cancelled, so a
     // failed start leaves no live move behind.
@@ -682,10 +684,10 @@ SHARDING_FUNCTION(sharding_drain_node) {
     const Text others = o[0][2];
     if (owns + pinned == 0) {
         int64 job = insert_job(
-            "INSERT INTO sharding.move_jobs AS t (map, strategy, state, drained, max_parallel, runas, started, finished) "
-            "VALUES ($1, 'drain', 'done', $2, $3::integer, $4::oid, pg_catalog.now(), pg_catalog.now()) "
+            "INSERT INTO sharding.move_jobs AS t (map, strategy, state, drained, max_parallel, started, finished) "
+            "VALUES ($1, 'drain', 'done', $2, $3::integer, pg_catalog.now(), pg_catalog.now()) "
             "RETURNING t.job::text",
-            {c(map), c(node), c(max_parallel), c(runas)});
+            {c(map), c(node), c(max_parallel)});
         PG_RETURN_INT64(job);
     }
     if (!others)
@@ -694,9 +696,9 @@ SHARDING_FUNCTION(sharding_drain_node) {
              shown(map).c_str());
     const bool tables = has_tables(map);
     const Text job = std::to_string(insert_job(
-        "INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, drained, max_parallel, runas) "
-        "VALUES ($1, 'drain', $2::text[], $3, $4::integer, $5::oid) RETURNING t.job::text",
-        {c(map), c(others), c(node), c(max_parallel), c(runas)}));
+        "INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, drained, max_parallel) "
+        "VALUES ($1, 'drain', $2::text[], $3, $4::integer) RETURNING t.job::text",
+        {c(map), c(others), c(node), c(max_parallel)}));
     int n = 0;
     enqueue_all(job, [&] {
         // Shards: rebalance's plan over the other owners.
