@@ -745,6 +745,10 @@ GRANT EXECUTE ON FUNCTION sharding.attach_node(text), sharding.detach_node(text)
     sharding._install_guard(text, text, text, text), sharding._drop_guard(text, text),
     sharding._remote(text, text), sharding._remote_exec(text, text)
     TO sharding_admin;
+-- The DSN of this coordinator may hold a password (CONTRACT 15.2): for
+-- administrators only, as sharding.coordinator_dsn is for superusers only.
+REVOKE ALL ON FUNCTION sharding._coordinator_dsn() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._coordinator_dsn() TO sharding_admin;
 
 -- ------------------------------------------------------------------ checksum
 -- shard_checksum(map, logical, tbl): rows and an order-independent checksum

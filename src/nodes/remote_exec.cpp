@@ -234,8 +234,9 @@ SHARDING_FUNCTION(sharding__dbl_run) { return run_named(fcinfo); }
 // calls on the same helper: a connection for the call (closed when it
 // returns, or at the end of the transaction whatever jumped), the
 // statement in its own transaction there, interruptible, cancelled there
-// when the caller is. _remote: the first column of the first row (NULL if
-// none); _remote_exec: the command's tag.
+// when the caller is, with search_path = pg_catalog, pg_temp there first.
+// _remote: the first column of the first row (NULL if none); _remote_exec:
+// the command's tag.
 static Datum one_shot(FunctionCallInfo fcinfo) {
     char *dsn = text_to_cstring(PG_GETARG_TEXT_PP(0));
     char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
@@ -245,6 +246,10 @@ static Datum one_shot(FunctionCallInfo fcinfo) {
         std::string v;
         try {
             Remote r(dsn, false, std::string());
+            // The node role's own search_path (ALTER DATABASE/ROLE ... SET
+            // there) must not resolve what the statement names, as for a
+            // named connection.
+            run(r.conn(), "SET search_path = pg_catalog, pg_temp", &v);
             has = run(r.conn(), sql, &v);
         } catch (const Error &e) {
             if (e.sqlstate() == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
