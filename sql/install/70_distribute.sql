@@ -595,6 +595,8 @@ BEGIN
     sub := sharding._config_subscription(attach_node.node);
     slot := sharding._config_slot(attach_node.node);
 
+    -- (Each dblink query to the node pins search_path first: the node
+    -- role's own search_path must not resolve what it names.)
     -- The node: not this very database, this extension (1.2) there, not
     -- following as another node. Nothing has changed anywhere yet.
     IF sharding._leads_here(dsn) THEN
@@ -604,7 +606,7 @@ BEGIN
     END IF;
     EXECUTE format($q$SELECT * FROM %I.dblink($1, $2) AS f(has_follow boolean, following_as text)$q$, dl)
        INTO facts
-      USING dsn, $r$SELECT pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL, NULL::text$r$;
+      USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || $r$SELECT pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL, NULL::text$r$;
     IF NOT facts.has_follow THEN
         RAISE EXCEPTION 'node "%" has no sharding extension of version 1.2 or later', attach_node.node
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -619,7 +621,7 @@ BEGIN
     END IF;
     EXECUTE format($q$SELECT array_agg(f.map), array_agg(f.version) FROM %I.dblink($1, $2) AS f(map text, version bigint)$q$, dl)
        INTO node_maps, node_versions
-      USING dsn, 'SELECT map, version FROM sharding.map_versions';
+      USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || 'SELECT map, version FROM sharding.map_versions';
 
     -- Coordinator side, committed before the node subscribes (a publication
     -- nobody subscribes to, and versions that rose, are harmless leftovers
@@ -632,7 +634,7 @@ BEGIN
     -- in this same PostgreSQL instance.
     EXECUTE format($q$SELECT f.c, f.e FROM %I.dblink($1, $2) AS f(c text, e boolean)$q$, dl)
        INTO sub_conninfo, sub_enabled
-      USING dsn, format($s$SELECT subconninfo, subenabled FROM pg_catalog.pg_subscription
+      USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || format($s$SELECT subconninfo, subenabled FROM pg_catalog.pg_subscription
                             WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
                                                                WHERE datname = pg_catalog.current_database())$s$, sub);
     IF sub_conninfo IS NULL THEN
@@ -673,7 +675,7 @@ BEGIN
     LOOP
         EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
            INTO pending
-          USING dsn, format($s$SELECT (%s - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::integer
+          USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || format($s$SELECT (%s - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::integer
                                  FROM pg_catalog.pg_subscription AS s
                                  JOIN pg_catalog.pg_subscription_rel AS r ON r.srsubid = s.oid
                                 WHERE s.subname = %L$s$, cardinality(sharding._config_tables()), sub);
@@ -711,7 +713,7 @@ BEGIN
     BEGIN
         EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
            INTO n
-          USING dsn, format($s$SELECT count(*)::integer FROM pg_catalog.pg_subscription
+          USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || format($s$SELECT count(*)::integer FROM pg_catalog.pg_subscription
                                 WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
                                                                    WHERE datname = pg_catalog.current_database())$s$,
                             sub);

@@ -13,6 +13,7 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 use lib 'lib';
 use ShardingNode;
+use JobsCluster;
 
 # ------------------------------------------------------------ SEC-1
 # One server, the library preloaded; log_min_messages = debug1 so that the
@@ -66,5 +67,117 @@ is($s->safe_psql('postgres', "SELECT rolsuper FROM pg_roles WHERE rolname = 'ali
 	'SEC-1: the owner of a database without the extension did not become a superuser');
 is($s->safe_psql('postgres', "SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'"), 'f',
 	'SEC-1: the owner of a database with the extension, search_path = evil first, did not become a superuser');
+
+# ------------------------------------------------------------ SEC-2
+# bob, a member of sharding_admin (not a superuser), cannot choose the role
+# a job runs as: runas is not his to write (42501), and a job row he
+# inserts runs as him.
+$s->safe_psql('coord', "CREATE ROLE bob LOGIN IN ROLE sharding_admin;
+    SELECT sharding.create_map('m', 4, ARRAY['a'])");
+my $as = sub {
+	my ($role, $sql) = @_;
+	my ($rc, $out, $err) = $s->psql('coord', "\\set VERBOSITY verbose\nSET ROLE $role;\n$sql");
+	return $rc == 0 ? $out : ($err =~ /ERROR:  (\w{5}): ([^\n]*)/ ? "$1: $2" : $err);
+};
+like($as->('bob', "INSERT INTO sharding.move_jobs (map, strategy, max_parallel, runas) VALUES ('m', 'count', 1, 10)"),
+	qr/^42501: permission denied for table move_jobs/, 'SEC-2: a sharding_admin member may not write runas (42501)');
+like($as->('bob', "UPDATE sharding.move_jobs SET runas = 10"),
+	qr/^42501: permission denied for table move_jobs/, 'SEC-2: nor update it (42501)');
+is($as->('bob', "INSERT INTO sharding.move_jobs (map, strategy, state, max_parallel) VALUES ('m', 'count', 'done', 1)
+	RETURNING runas::regrole"), 'bob', "SEC-2: a job row bob inserts runs as bob");
+is($s->safe_psql('coord', "SELECT count(*) FROM sharding.move_jobs WHERE runas = 10"), '0',
+	'SEC-2: no job runs as the bootstrap superuser');
+
+# ------------------------------------------------------------ SEC-3 (the setting)
+# sharding.coordinator_dsn holds a password: shown masked to every role
+# but a superuser (SHOW, current_setting, pg_settings); _coordinator_dsn()
+# is not executable by PUBLIC.
+$s->safe_psql('coord', "ALTER SYSTEM SET sharding.coordinator_dsn = 'host=/tmp dbname=coord user=bob password=topsecret'");
+$s->reload;
+$s->poll_query_until('coord', "SELECT current_setting('sharding.coordinator_dsn') LIKE '%topsecret%'")
+  or die 'the setting was not reloaded';
+is($as->('alice', "SHOW sharding.coordinator_dsn"), 'host=/tmp dbname=coord user=bob password=********',
+	'SEC-3: SHOW sharding.coordinator_dsn masks the password for a LOGIN-only role');
+is($as->('alice', "SELECT current_setting('sharding.coordinator_dsn') || ' | ' || setting FROM pg_settings
+	WHERE name = 'sharding.coordinator_dsn'"),
+	'host=/tmp dbname=coord user=bob password=******** | host=/tmp dbname=coord user=bob password=********',
+	'SEC-3: current_setting and pg_settings too');
+is($as->('bob', "SHOW sharding.coordinator_dsn"), 'host=/tmp dbname=coord user=bob password=********',
+	'SEC-3: and for a sharding_admin member');
+is($s->safe_psql('coord', "SHOW sharding.coordinator_dsn"), 'host=/tmp dbname=coord user=bob password=topsecret',
+	'SEC-3: a superuser sees it');
+like($as->('alice', "SELECT sharding._coordinator_dsn()"), qr/^42501: permission denied for function _coordinator_dsn/,
+	'SEC-3: _coordinator_dsn() is not executable by a LOGIN-only role');
+$s->safe_psql('coord', "ALTER SYSTEM RESET sharding.coordinator_dsn");
+$s->stop;
+
+# ------------------------------------------------------------ jobs
+# The jobs cluster (JobsCluster.pm). The nodes are reached as bob, a
+# superuser who logs in with a password, given in every DSN (a role that is
+# not a superuser must give it: docs/moves.md, Privileges), the
+# coordinator's own DSN too.
+my ($c, $d) = jobs_cluster(rows => 4000);
+my $q = sub { return $c->safe_psql('coord', $_[0]); };
+for my $n ($c, $d)
+{
+	$n->safe_psql('postgres', "CREATE ROLE bob LOGIN SUPERUSER PASSWORD 'secret'");
+	my $hba = $n->data_dir . '/pg_hba.conf';
+	my $rest = slurp_file($hba);
+	open(my $fh, '>', $hba) or die "cannot write $hba: $!";
+	print $fh "local all bob scram-sha-256\n$rest";
+	close $fh;
+	$n->reload;
+}
+$q->("UPDATE sharding.nodes SET dsn = dsn || ' user=bob password=secret'");
+$q->("ALTER SYSTEM SET sharding.coordinator_dsn = '" . sharding_dsn($c, 'coord') . " user=bob password=secret'");
+$c->reload;
+$c->poll_query_until('coord', "SELECT current_setting('sharding.coordinator_dsn') LIKE '%bob%'") or die 'not reloaded';
+
+# RB-2: a job started under SET ROLE sharding_admin (a role that cannot log
+# in) runs as that role and ends done.
+my $job = $q->("SET ROLE sharding_admin; SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2', 'n3'])");
+is($q->("SELECT runas::regrole FROM sharding.move_jobs WHERE job = $job"), 'sharding_admin',
+	'RB-2: the job runs as sharding_admin');
+is($q->("SELECT sharding.rebalance_wait($job, '90 s')"), 'done', 'RB-2: the job of sharding_admin (NOLOGIN) ends done');
+note $q->("SELECT state || ' ' || coalesce(error, '') FROM sharding.move_jobs WHERE job = $job");
+ok($q->("SELECT count(*) FROM sharding.shards WHERE map = 'bank' AND node = 'n3'") > 0, 'RB-2: n3 owns shards now');
+check_data('after the job of sharding_admin');
+
+# SEC-2: dave starts a job, and loses sharding_admin before its runners
+# start (the same transaction): the job fails with 42501, no move begun.
+$q->("CREATE ROLE dave LOGIN IN ROLE sharding_admin");
+my $owners = $q->("SELECT string_agg(logical || ':' || node, ' ' ORDER BY logical) FROM sharding.shards WHERE map = 'bank'");
+$job = $q->("BEGIN; SET ROLE dave; SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2']);
+	RESET ROLE; REVOKE sharding_admin FROM dave; COMMIT;");
+is($q->("SELECT sharding.rebalance_wait($job, '90 s')"), 'failed', 'SEC-2: the job of a role that lost its rights fails');
+like($q->("SELECT error FROM sharding.move_jobs WHERE job = $job"), qr/^42501: permission denied: the job's role "dave"/,
+	'SEC-2: with 42501, saying why');
+is($q->("SELECT string_agg(phase, ' ' ORDER BY move) FROM sharding.move_journal WHERE job = $job AND phase <> 'cancelled'"),
+	'', 'SEC-2: none of its moves began');
+is($q->("SELECT string_agg(logical || ':' || node, ' ' ORDER BY logical) FROM sharding.shards WHERE map = 'bank'"),
+	$owners, 'SEC-2: no shard moved');
+
+# RB-5: a move worker terminated mid-move (pg_terminate_backend): no PANIC,
+# another worker takes the job over, it ends done. The destinations'
+# tables are held (SHARE mode) until then, so that the move is in flight.
+my @holds = map {
+	my $h = $d->background_psql($_, on_error_stop => 1);
+	$h->query_safe('BEGIN; LOCK TABLE accounts, events IN SHARE MODE');
+	$h
+} qw(n1 n2 n3);
+my $from = -s $c->logfile;
+$job = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2'])");
+ok(wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $job AND phase NOT IN ('queued', 'done', 'failed', 'cancelled')", 't', 60),
+	'RB-5: a move of the job is in flight');
+my $pid = $q->("SELECT pid FROM pg_stat_activity WHERE backend_type = 'sharding move worker'");
+ok($q->("SELECT pg_terminate_backend($pid)") eq 't', "RB-5: the move worker ($pid) is terminated");
+$_->quit for @holds;
+is($q->("SELECT sharding.rebalance_wait($job, '120 s')"), 'done', 'RB-5: the job ends done');
+my $log = slurp_file($c->logfile, $from);
+unlike($log, qr/PANIC/, 'RB-5: no PANIC in the log');
+like($log, qr/FATAL:  terminating background worker "sharding move worker" due to administrator command/,
+	'RB-5: the worker ended at an interrupt check');
+check_data('after the terminated worker');
+is(leftovers(), 'n1:0/0/0/0/0 n2:0/0/0/0/0 n3:0/0/0/0/0 coord:0', 'nothing of the moves is left');
 
 done_testing();

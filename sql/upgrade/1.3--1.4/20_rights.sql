@@ -12,3 +12,6 @@ GRANT UPDATE (state, switched, cancel_requested, started, finished, error, waiti
 -- The coordinator's DSN (it may hold a password) for administrators only.
 REVOKE ALL ON FUNCTION sharding._coordinator_dsn() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._coordinator_dsn() TO sharding_admin;
+-- attach_node and detach_node pin search_path in their dblink queries.
+-- @replace sharding.attach_node
+-- @replace sharding.detach_node
