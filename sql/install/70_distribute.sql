@@ -344,6 +344,16 @@ COMMENT ON FUNCTION sharding._coordinator_dsn() IS
     'internal: sharding.coordinator_dsn, or a DSN of this database derived from the current connection';
 -- @end
 
+-- @object sharding._mask_password
+-- A connection string with its password shown as ******** (key = value
+-- pairs and URIs): what a follower keeps of its coordinator's DSN.
+CREATE FUNCTION sharding._mask_password(dsn text) RETURNS text
+    AS 'MODULE_PATHNAME', 'sharding__mask_password' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION sharding._mask_password(text) IS
+    'internal: the connection string with its password shown as ********';
+-- @end
+
 -- The schema dblink is installed in (42883 if it is not).
 CREATE FUNCTION sharding._dblink_schema(purpose text) RETURNS name
     LANGUAGE plpgsql STABLE
@@ -503,8 +513,8 @@ BEGIN
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       HINT = 'Detach it first (sharding.detach_node on its coordinator).';
         END IF;
-        IF cur.coordinator_dsn IS DISTINCT FROM $2 THEN
-            UPDATE sharding.local_node SET coordinator_dsn = $2;
+        IF cur.coordinator_dsn IS DISTINCT FROM sharding._mask_password($2) THEN
+            UPDATE sharding.local_node SET coordinator_dsn = sharding._mask_password($2);
         END IF;
         RETURN false;
     END IF;
@@ -514,7 +524,10 @@ BEGIN
     END LOOP;
     EXECUTE 'TRUNCATE ' || (SELECT pg_catalog.string_agg(pg_catalog.format('sharding.%I', t), ', ')
                               FROM pg_catalog.unnest(sharding._config_tables()) AS t);
-    INSERT INTO sharding.local_node AS l (node, coordinator_dsn, following) VALUES ($1, $2, true)
+    -- The coordinator's DSN without its password (PUBLIC reads local_node;
+    -- the subscription keeps the DSN it connects with).
+    INSERT INTO sharding.local_node AS l (node, coordinator_dsn, following)
+        VALUES ($1, sharding._mask_password($2), true)
         ON CONFLICT (one_row) DO UPDATE SET node = EXCLUDED.node, coordinator_dsn = EXCLUDED.coordinator_dsn,
                                             following = true, attached = pg_catalog.now();
     RETURN true;

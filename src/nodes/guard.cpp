@@ -494,7 +494,6 @@ const char *show_coordinator_dsn() {
 }  // namespace
 
 namespace sharding {
-std::string mask_password(const std::string &dsn) { return ::mask_password(dsn); }
 
 // Registers the local state's relcache callback and the coordinator_dsn
 // setting (shown with its password masked to every role but a superuser);
@@ -556,4 +555,12 @@ SHARDING_FUNCTION(sharding_local_changed) {
     sharding::cache::note_change(sharding::cache::local_topic, nullptr, 0);
     CacheInvalidateRelcacheByRelid(lookup_frozen_relid());
     return PointerGetDatum(nullptr);
+}
+
+// _mask_password(dsn text): text, the connection string with its password
+// shown as ******** (what local_node keeps of the coordinator's DSN).
+SHARDING_FUNCTION(sharding__mask_password) {
+    text *t = PG_GETARG_TEXT_PP(0);
+    std::string masked = mask_password(std::string(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)));
+    PG_RETURN_TEXT_P(sharding::pg_call([&] { return cstring_to_text_with_len(masked.data(), (int)masked.size()); }));
 }

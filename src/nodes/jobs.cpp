@@ -95,6 +95,14 @@ struct Recheck {
 };
 constexpr int kMaxRechecks = 16;
 
+// Move workers of a job that ended before running anything, in a row.
+struct FailedStarts {
+    Oid db;  // InvalidOid: a free entry
+    int64 job;
+    int count;
+};
+constexpr int kMaxFailedStarts = 16;
+
 struct Shared {
     slock_t mutex;
     bool pending;             // a job could not get all its runners
@@ -102,6 +110,7 @@ struct Shared {
     uint32 generation;
     Slot slots[kMaxWorkersLimit];
     Recheck rechecks[kMaxRechecks];
+    FailedStarts failed_starts[kMaxFailedStarts];
 };
 
 Shared *shared = nullptr;
@@ -177,6 +186,26 @@ void release_slot(int slot, uint32 generation) {
     SpinLockRelease(&shared->mutex);
     // A slot became free while some job waits for one: the launcher rescans.
     if (woke && latch) SetLatch(latch);
+}
+
+// A worker of job failed to start (count one more), or started (reset).
+void note_start(Oid db, int64 job, bool failed) {
+    SpinLockAcquire(&shared->mutex);
+    FailedStarts *entry = nullptr, *free_entry = nullptr;
+    for (FailedStarts &f : shared->failed_starts) {
+        if (f.db == db && f.job == job) entry = &f;
+        if (!OidIsValid(f.db) && free_entry == nullptr) free_entry = &f;
+    }
+    if (!failed) {
+        if (entry != nullptr) *entry = FailedStarts{};
+    } else if (entry != nullptr) {
+        entry->count++;
+    } else {
+        // No free entry: the oldest job's is reused (jobs are few).
+        if (free_entry == nullptr) free_entry = &shared->failed_starts[job % kMaxFailedStarts];
+        *free_entry = FailedStarts{db, job, 1};
+    }
+    SpinLockRelease(&shared->mutex);
 }
 
 void wake_launcher() {
@@ -431,12 +460,18 @@ void sleep_ms(long ms) {
 
 int my_slot = -1;
 uint32 my_generation = 0;
-bool runner_done = false;  // the runner ends normally (its jobs are over)
+bool runner_done = false;     // the runner ends normally (its jobs are over)
+bool runner_started = false;  // it connected and found the extension
+Oid my_db = InvalidOid;
+int64 my_job = 0;
 
 // A runner that exits otherwise (terminated, FATAL) leaves its job without
 // it: the launcher rescans and starts another, which resumes or rolls back
 // the move it was carrying out.
 void runner_exit(int, Datum) {
+    // Ended before running anything (a FATAL at connect): counted, so that
+    // the launcher's scan fails the job rather than retry it for ever.
+    if (!runner_done && !runner_started && OidIsValid(my_db)) note_start(my_db, my_job, true);
     if (my_slot >= 0) release_slot(my_slot, my_generation);
     my_slot = -1;
     if (!runner_done) wake_launcher();
@@ -457,6 +492,8 @@ void sharding_jobs_runner_main(Datum) {
     memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));
     my_slot = args.slot;
     my_generation = args.generation;
+    my_db = args.db;
+    my_job = args.job;
     before_shmem_exit(runner_exit, 0);
     // SIGTERM (pg_terminate_backend, a fast shutdown) sets a flag acted on
     // at the next CHECK_FOR_INTERRUPTS, never FATAL from inside the handler
@@ -492,6 +529,8 @@ void sharding_jobs_runner_main(Datum) {
     // runner as that role's backend (as they did when it logged in as it).
     MyProc->roleId = args.user;
     SetUserIdAndSecContext(args.user, SECURITY_LOCAL_USERID_CHANGE);
+    runner_started = true;
+    note_start(args.db, args.job, false);
 
     int64 job = args.job;
     int errors = 0;
@@ -796,6 +835,16 @@ SHARDING_FUNCTION(sharding__job_runners) {
 }
 
 namespace sharding {
+int jobs_failed_starts(int64 job) noexcept {
+    if (shared == nullptr) return 0;
+    int n = 0;
+    SpinLockAcquire(&shared->mutex);
+    for (const FailedStarts &f : shared->failed_starts)
+        if (f.db == MyDatabaseId && f.job == job) n = f.count;
+    SpinLockRelease(&shared->mutex);
+    return n;
+}
+
 void jobs_recheck(Oid db) noexcept {
     if (shared == nullptr || !OidIsValid(db)) return;
     TimestampTz now = GetCurrentTimestamp();

@@ -112,6 +112,10 @@ void require_job(const Text &job) {
         fail(ERRCODE_UNDEFINED_OBJECT, "rebalance job %s does not exist", job->c_str());
 }
 
+// Glue: whether the current role has the privileges of role (a superuser
+// has every role's).
+bool has_privs_of_glue(Oid role) { return has_privs_of_role(GetUserId(), role); }
+
 // ------------------------------------------------------------------ a job's end
 
 // Cancels the moves a failed start enqueued (the journal committed them).
@@ -564,6 +568,22 @@ void pinned(MemoryContext step_cxt, F &&step) {
 
 }  // namespace
 
+void require_job_role(const Text &job) {
+    if (!job) return;
+    std::vector<Row> r = spi_rows("SELECT t.runas::text, pg_catalog.coalesce(pg_catalog.quote_ident(a.rolname), "
+                                  "t.runas::text) FROM sharding.move_jobs t LEFT JOIN pg_catalog.pg_roles a "
+                                  "ON a.oid = t.runas WHERE t.job = $1::bigint",
+                                  {c(job)});
+    if (r.empty()) return;  // no such job: the journal refuses it
+    const Oid runas = static_cast<Oid>(std::strtoul(must(r[0][0]).c_str(), nullptr, 10));
+    if (!glue(has_privs_of_glue, runas))
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+             Explain{"", "Moves of a job run as the role that started it: only that role (or a role with its "
+                         "privileges) may add moves to it."},
+             "permission denied to add a move to rebalance job %s, which runs as role %s", job->c_str(),
+             must(r[0][1]).c_str());
+}
+
 // ------------------------------------------------------------------ keys
 
 // The logical shard of a pinned key (pins are by text form): computed by
@@ -787,6 +807,18 @@ SHARDING_FUNCTION(sharding__job_pickup) {
     for (Row &j : spi_rows("SELECT t.job::text, t.max_parallel::text, t.runas::text FROM sharding.move_jobs t "
                            "WHERE t.state IN ('queued', 'running') ORDER BY t.job",
                            {})) {
+        // Its workers keep failing to start (each ended with a FATAL before
+        // running anything): the job fails as when a runner gives up on it.
+        const int failed = jobs_failed_starts(to_int64(j[0]));
+        if (failed >= jobs_max_failed_starts) {
+            unqueue(j[0]);
+            const std::string why = format("%d move workers of the job in a row failed to start (see the server log)",
+                                           failed);
+            spi_value("UPDATE sharding.move_jobs t SET error = pg_catalog.coalesce(t.error, $2) WHERE t.job = $1::bigint",
+                      {c(j[0]), why.c_str()});
+            if (!spi_value(kLiveOfJob, {c(j[0])})) finish_job(j[0]);
+            continue;
+        }
         spi_value("SELECT sharding._job_launch($1::bigint, $2::integer - sharding._job_runners($1::bigint), $3::oid)",
                   {c(j[0]), c(j[1]), c(j[2])});
         n++;

@@ -87,6 +87,14 @@ is($as->('bob', "INSERT INTO sharding.move_jobs (map, strategy, state, max_paral
 	RETURNING runas::regrole"), 'bob', "SEC-2: a job row bob inserts runs as bob");
 is($s->safe_psql('coord', "SELECT count(*) FROM sharding.move_jobs WHERE runas = 10"), '0',
 	'SEC-2: no job runs as the bootstrap superuser');
+# Nor can he add a move to a job of a superuser (it would run as one).
+my $sjob = $s->safe_psql('coord', "INSERT INTO sharding.move_jobs (map, strategy, state, max_parallel, runas)
+	VALUES ('m', 'count', 'done', 1, 10) RETURNING job");
+like($as->('bob', "SELECT sharding._move_enqueue($sjob, 'm', 0, NULL, 'b')"),
+	qr/^42501: permission denied to add a move to rebalance job $sjob, which runs as role /,
+	"SEC-2: a sharding_admin member may not add a move to a superuser's job (42501)");
+is($s->safe_psql('coord', "SELECT count(*) FROM sharding.move_journal WHERE job = $sjob"), '0',
+	'SEC-2: the journal has no move of that job');
 
 # ------------------------------------------------------------ SEC-3 (the setting)
 # sharding.coordinator_dsn holds a password: shown masked to every role
@@ -108,6 +116,11 @@ is($s->safe_psql('coord', "SHOW sharding.coordinator_dsn"), 'host=/tmp dbname=co
 	'SEC-3: a superuser sees it');
 like($as->('alice', "SELECT sharding._coordinator_dsn()"), qr/^42501: permission denied for function _coordinator_dsn/,
 	'SEC-3: _coordinator_dsn() is not executable by a LOGIN-only role');
+is($s->safe_psql('coord', q{SELECT string_agg(sharding._mask_password(d), ' | ' ORDER BY n) FROM (VALUES
+	(1, 'host=h password=x user=u'), (2, $$password = 'a b\'c' dbname=d$$), (3, 'postgresql://u:pw@h:5/db?password=q&x=1'),
+	(4, 'host=h user=u')) AS v(n, d)}),
+	q{host=h password=******** user=u | password = ******** dbname=d | postgresql://u:********@h:5/db?password=********&x=1 | host=h user=u},
+	'SEC-3: _mask_password masks key = value and URI passwords');
 $s->safe_psql('coord', "ALTER SYSTEM RESET sharding.coordinator_dsn");
 $s->stop;
 
@@ -132,6 +145,14 @@ $q->("UPDATE sharding.nodes SET dsn = dsn || ' user=bob password=secret'");
 $q->("ALTER SYSTEM SET sharding.coordinator_dsn = '" . sharding_dsn($c, 'coord') . " user=bob password=secret'");
 $c->reload;
 $c->poll_query_until('coord', "SELECT current_setting('sharding.coordinator_dsn') LIKE '%bob%'") or die 'not reloaded';
+
+# SEC-3: attached again with the coordinator's DSN holding a password, a
+# follower keeps it without (local_node is readable by all), and follows.
+$q->("SELECT sharding.attach_node('n1')");
+is($d->safe_psql('n1', "SELECT coordinator_dsn FROM sharding.local_node"),
+	sharding_dsn($c, 'coord') . ' user=bob password=********',
+	"SEC-3: the follower's local_node shows the coordinator's DSN with its password masked");
+ok(followers_agree(), 'the followers follow');
 
 # RB-2: a job started under SET ROLE sharding_admin (a role that cannot log
 # in) runs as that role and ends done.

@@ -15,3 +15,8 @@ GRANT EXECUTE ON FUNCTION sharding._coordinator_dsn() TO sharding_admin;
 -- attach_node and detach_node pin search_path in their dblink queries.
 -- @replace sharding.attach_node
 -- @replace sharding.detach_node
+-- A follower keeps its coordinator's DSN without the password.
+-- @include sharding._mask_password
+-- @replace sharding._follow
+UPDATE sharding.local_node SET coordinator_dsn = sharding._mask_password(coordinator_dsn)
+ WHERE coordinator_dsn IS DISTINCT FROM sharding._mask_password(coordinator_dsn);
