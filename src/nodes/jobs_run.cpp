@@ -570,7 +570,7 @@ void pinned(MemoryContext step_cxt, F &&step) {
 
 void require_job_role(const Text &job) {
     if (!job) return;
-    std::vector<Row> r = spi_rows("SELECT t.runas::text, pg_catalog.coalesce(pg_catalog.quote_ident(a.rolname), "
+    std::vector<Row> r = spi_rows("SELECT t.runas::text, COALESCE(pg_catalog.quote_ident(a.rolname), "
                                   "t.runas::text) FROM sharding.move_jobs t LEFT JOIN pg_catalog.pg_roles a "
                                   "ON a.oid = t.runas WHERE t.job = $1::bigint",
                                   {c(job)});
@@ -814,7 +814,7 @@ SHARDING_FUNCTION(sharding__job_pickup) {
             unqueue(j[0]);
             const std::string why = format("%d move workers of the job in a row failed to start (see the server log)",
                                            failed);
-            spi_value("UPDATE sharding.move_jobs t SET error = pg_catalog.coalesce(t.error, $2) WHERE t.job = $1::bigint",
+            spi_value("UPDATE sharding.move_jobs t SET error = COALESCE(t.error, $2) WHERE t.job = $1::bigint",
                       {c(j[0]), why.c_str()});
             if (!spi_value(kLiveOfJob, {c(j[0])})) finish_job(j[0]);
             continue;
