@@ -74,12 +74,55 @@ void drop(const char *name) noexcept {
     *n = Named{};
 }
 
+// A statement that carries a password (CREATE or ALTER SUBSCRIPTION ...
+// CONNECTION with a DSN, say) must not reach the node's log (CONTRACT
+// 15.2): around it the session logs no statement text (log_statement,
+// log_min_error_statement, log_min_duration_statement), when its role may
+// set them (a superuser; another role's session logs as configured).
+// Returns whether they were set (then reset after the statement).
+bool quiet_logging(PGconn *conn) {
+    PGresult *r = run_statement(
+        conn,
+        "SELECT pg_catalog.count(pg_catalog.set_config(v.n, v.v, false))::text FROM (VALUES ('log_statement', "
+        "'none'), ('log_min_error_statement', 'panic'), ('log_min_duration_statement', '-1')) AS v(n, v) "
+        "WHERE EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = CURRENT_USER AND r.rolsuper)",
+        "", true);
+    bool set = r != nullptr && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+               std::strcmp(PQgetvalue(r, 0, 0), "3") == 0;
+    if (r != nullptr) PQclear(r);
+    return set;
+}
+
+void loud_logging(PGconn *conn) {
+    // In a failed transaction block the settings go back at its rollback.
+    if (PQtransactionStatus(conn) != PQTRANS_IDLE && PQtransactionStatus(conn) != PQTRANS_INTRANS) return;
+    PGresult *r = run_statement(conn, "RESET log_statement; RESET log_min_error_statement; RESET log_min_duration_statement",
+                                "", true);
+    if (r != nullptr) PQclear(r);
+}
+
+bool carries_password(const char *sql) { return strcasestr(sql, "password") != nullptr; }
+
 // Runs sql (one or more statements) there. Returns whether the answer is
 // not NULL, and in *out: for a last result with rows, the first column of
 // its first row (NULL if none); for a command, its tag. A remote error is
 // thrown with its SQLSTATE, message, detail and hint.
 bool run(PGconn *conn, const char *sql, std::string *out) {
-    PGresult *last = run_statement(conn, sql, "", true);
+    PGresult *last = nullptr;
+    if (carries_password(sql) && quiet_logging(conn)) {
+        try {
+            last = run_statement(conn, sql, "", true);
+        } catch (...) {
+            try {
+                loud_logging(conn);
+            } catch (...) {
+            }
+            throw;
+        }
+        loud_logging(conn);
+    } else {
+        last = run_statement(conn, sql, "", true);
+    }
     bool has = false;
     if (last != nullptr) {
         if (PQresultStatus(last) == PGRES_TUPLES_OK) {

@@ -146,6 +146,22 @@ $q->("ALTER SYSTEM SET sharding.coordinator_dsn = '" . sharding_dsn($c, 'coord')
 $c->reload;
 $c->poll_query_until('coord', "SELECT current_setting('sharding.coordinator_dsn') LIKE '%bob%'") or die 'not reloaded';
 
+# SEC-3 (the log): a statement the extension's remote sessions send that
+# carries a password (a CREATE SUBSCRIPTION ... CONNECTION, here one that
+# fails at the node) reaches no line of the node's log, which logs every
+# statement (log_statement = all) and the statement of every error.
+my $dfrom = -s $d->logfile;
+my $n1dsn = sharding_dsn($d, 'n1') . ' user=bob password=secret';
+my ($rc) = $c->psql('coord', "SELECT sharding._remote_exec('$n1dsn',
+	\$\$CREATE SUBSCRIPTION leak CONNECTION 'host=/nonexistent dbname=x password=leakme' PUBLICATION p\$\$)");
+isnt($rc, 0, 'SEC-3: the CREATE SUBSCRIPTION of a one-shot session fails at the node');
+($rc) = $c->psql('coord', "SELECT sharding._dbl_connect('t', '$n1dsn');
+	SELECT sharding._dbl_run('t', \$\$CREATE SUBSCRIPTION leak CONNECTION 'host=/nonexistent password=leakme' PUBLICATION p\$\$)");
+isnt($rc, 0, 'SEC-3: and that of a named connection');
+my $dlog = slurp_file($d->logfile, $dfrom);
+is(scalar(() = $dlog =~ /could not connect to the publisher/g), 2, 'SEC-3: the node logged both failures');
+unlike($dlog, qr/leakme/, "SEC-3: no line of the node's log shows the password");
+
 # SEC-3: attached again with the coordinator's DSN holding a password, a
 # follower keeps it without (local_node is readable by all), and follows.
 $q->("SELECT sharding.attach_node('n1')");
@@ -190,7 +206,7 @@ my $from = -s $c->logfile;
 $job = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2'])");
 ok(wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $job AND phase NOT IN ('queued', 'done', 'failed', 'cancelled')", 't', 60),
 	'RB-5: a move of the job is in flight');
-my $pid = $q->("SELECT pid FROM pg_stat_activity WHERE backend_type = 'sharding move worker'");
+my $pid = $q->("SELECT pid FROM pg_stat_activity WHERE backend_type = 'sharding move worker' ORDER BY pid LIMIT 1");
 ok($q->("SELECT pg_terminate_backend($pid)") eq 't', "RB-5: the move worker ($pid) is terminated");
 $_->quit for @holds;
 is($q->("SELECT sharding.rebalance_wait($job, '120 s')"), 'done', 'RB-5: the job ends done');
