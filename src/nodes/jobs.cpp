@@ -492,8 +492,6 @@ void sharding_jobs_runner_main(Datum) {
     memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));
     my_slot = args.slot;
     my_generation = args.generation;
-    my_db = args.db;
-    my_job = args.job;
     before_shmem_exit(runner_exit, 0);
     // SIGTERM (pg_terminate_backend, a fast shutdown) sets a flag acted on
     // at the next CHECK_FOR_INTERRUPTS, never FATAL from inside the handler
@@ -505,6 +503,8 @@ void sharding_jobs_runner_main(Datum) {
     if (mine) shared->slots[my_slot].pid = MyProcPid;
     SpinLockRelease(&shared->mutex);
     if (!mine) proc_exit(0);
+    my_db = args.db;  // from here an exit before the start is counted
+    my_job = args.job;
     // As the bootstrap superuser (no login check), then as the job's role
     // (see "what a worker runs" above).
     BackgroundWorkerInitializeConnectionByOid(args.db, InvalidOid, 0);
