@@ -147,10 +147,12 @@ SELECT sharding._move_cancel(:ymove) AS move_cancelled;
 SELECT sharding._job_claim(:yjob) IS NULL AS job_over;
 SELECT state, error FROM sharding.move_jobs WHERE job = :yjob;
 
--- A background runner whose claims keep failing (here the job's role may
--- not run moves) gives up after 30 retries, and the job fails saying why,
--- its moves not begun cancelled, as a failed move makes it fail: it does
--- not stay 'queued' with nobody to run it, and rebalance_wait returns.
+-- A background runner whose job's role may not run moves (neither a member
+-- of sharding_admin nor the extension's owner; checked before each claim)
+-- gives up at once, and the job fails saying why (42501), its moves not
+-- begun cancelled, as a failed move makes it fail: it does not stay
+-- 'queued' with nobody to run it, and rebalance_wait returns. (A runner
+-- whose claims fail otherwise gives up after 30 retries.)
 CREATE ROLE jobs_nopriv LOGIN;
 INSERT INTO sharding.move_jobs (map, strategy, max_parallel, runas)
     VALUES ('x', 'drain', 1, 'jobs_nopriv'::regrole::oid) RETURNING job AS zjob \gset

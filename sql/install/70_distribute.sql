@@ -344,6 +344,16 @@ COMMENT ON FUNCTION sharding._coordinator_dsn() IS
     'internal: sharding.coordinator_dsn, or a DSN of this database derived from the current connection';
 -- @end
 
+-- @object sharding._mask_password
+-- A connection string with its password shown as ******** (key = value
+-- pairs and URIs): what a follower keeps of its coordinator's DSN.
+CREATE FUNCTION sharding._mask_password(dsn text) RETURNS text
+    AS 'MODULE_PATHNAME', 'sharding__mask_password' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION sharding._mask_password(text) IS
+    'internal: the connection string with its password shown as ********';
+-- @end
+
 -- The schema dblink is installed in (42883 if it is not).
 CREATE FUNCTION sharding._dblink_schema(purpose text) RETURNS name
     LANGUAGE plpgsql STABLE
@@ -503,8 +513,8 @@ BEGIN
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       HINT = 'Detach it first (sharding.detach_node on its coordinator).';
         END IF;
-        IF cur.coordinator_dsn IS DISTINCT FROM $2 THEN
-            UPDATE sharding.local_node SET coordinator_dsn = $2;
+        IF cur.coordinator_dsn IS DISTINCT FROM sharding._mask_password($2) THEN
+            UPDATE sharding.local_node SET coordinator_dsn = sharding._mask_password($2);
         END IF;
         RETURN false;
     END IF;
@@ -514,7 +524,10 @@ BEGIN
     END LOOP;
     EXECUTE 'TRUNCATE ' || (SELECT pg_catalog.string_agg(pg_catalog.format('sharding.%I', t), ', ')
                               FROM pg_catalog.unnest(sharding._config_tables()) AS t);
-    INSERT INTO sharding.local_node AS l (node, coordinator_dsn, following) VALUES ($1, $2, true)
+    -- The coordinator's DSN without its password (PUBLIC reads local_node;
+    -- the subscription keeps the DSN it connects with).
+    INSERT INTO sharding.local_node AS l (node, coordinator_dsn, following)
+        VALUES ($1, sharding._mask_password($2), true)
         ON CONFLICT (one_row) DO UPDATE SET node = EXCLUDED.node, coordinator_dsn = EXCLUDED.coordinator_dsn,
                                             following = true, attached = pg_catalog.now();
     RETURN true;
@@ -595,6 +608,8 @@ BEGIN
     sub := sharding._config_subscription(attach_node.node);
     slot := sharding._config_slot(attach_node.node);
 
+    -- (Each dblink query to the node pins search_path first: the node
+    -- role's own search_path must not resolve what it names.)
     -- The node: not this very database, this extension (1.2) there, not
     -- following as another node. Nothing has changed anywhere yet.
     IF sharding._leads_here(dsn) THEN
@@ -604,7 +619,7 @@ BEGIN
     END IF;
     EXECUTE format($q$SELECT * FROM %I.dblink($1, $2) AS f(has_follow boolean, following_as text)$q$, dl)
        INTO facts
-      USING dsn, $r$SELECT pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL, NULL::text$r$;
+      USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || $r$SELECT pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL, NULL::text$r$;
     IF NOT facts.has_follow THEN
         RAISE EXCEPTION 'node "%" has no sharding extension of version 1.2 or later', attach_node.node
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -619,7 +634,7 @@ BEGIN
     END IF;
     EXECUTE format($q$SELECT array_agg(f.map), array_agg(f.version) FROM %I.dblink($1, $2) AS f(map text, version bigint)$q$, dl)
        INTO node_maps, node_versions
-      USING dsn, 'SELECT map, version FROM sharding.map_versions';
+      USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || 'SELECT map, version FROM sharding.map_versions';
 
     -- Coordinator side, committed before the node subscribes (a publication
     -- nobody subscribes to, and versions that rose, are harmless leftovers
@@ -632,7 +647,7 @@ BEGIN
     -- in this same PostgreSQL instance.
     EXECUTE format($q$SELECT f.c, f.e FROM %I.dblink($1, $2) AS f(c text, e boolean)$q$, dl)
        INTO sub_conninfo, sub_enabled
-      USING dsn, format($s$SELECT subconninfo, subenabled FROM pg_catalog.pg_subscription
+      USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || format($s$SELECT subconninfo, subenabled FROM pg_catalog.pg_subscription
                             WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
                                                                WHERE datname = pg_catalog.current_database())$s$, sub);
     IF sub_conninfo IS NULL THEN
@@ -673,7 +688,7 @@ BEGIN
     LOOP
         EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
            INTO pending
-          USING dsn, format($s$SELECT (%s - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::integer
+          USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || format($s$SELECT (%s - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::integer
                                  FROM pg_catalog.pg_subscription AS s
                                  JOIN pg_catalog.pg_subscription_rel AS r ON r.srsubid = s.oid
                                 WHERE s.subname = %L$s$, cardinality(sharding._config_tables()), sub);
@@ -711,7 +726,7 @@ BEGIN
     BEGIN
         EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
            INTO n
-          USING dsn, format($s$SELECT count(*)::integer FROM pg_catalog.pg_subscription
+          USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || format($s$SELECT count(*)::integer FROM pg_catalog.pg_subscription
                                 WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
                                                                    WHERE datname = pg_catalog.current_database())$s$,
                             sub);
@@ -745,6 +760,10 @@ GRANT EXECUTE ON FUNCTION sharding.attach_node(text), sharding.detach_node(text)
     sharding._install_guard(text, text, text, text), sharding._drop_guard(text, text),
     sharding._remote(text, text), sharding._remote_exec(text, text)
     TO sharding_admin;
+-- The DSN of this coordinator may hold a password (CONTRACT 15.2): for
+-- administrators only, as sharding.coordinator_dsn is for superusers only.
+REVOKE ALL ON FUNCTION sharding._coordinator_dsn() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._coordinator_dsn() TO sharding_admin;
 
 -- ------------------------------------------------------------------ checksum
 -- shard_checksum(map, logical, tbl): rows and an order-independent checksum

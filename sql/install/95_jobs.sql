@@ -30,7 +30,9 @@ CREATE TABLE sharding.move_jobs (
     drained          text,
     max_parallel     integer NOT NULL CHECK (max_parallel >= 1),
     switched         integer NOT NULL DEFAULT 0,
-    runas            oid NOT NULL,
+    -- the role the job runs as: the one that started it (CONTRACT 15.2);
+    -- no role but the owner may write it (column privileges below)
+    runas            oid NOT NULL DEFAULT (pg_catalog.to_regrole(pg_catalog.quote_ident(CURRENT_USER::text)))::oid,
     cancel_requested boolean NOT NULL DEFAULT false,
     created          timestamptz NOT NULL DEFAULT pg_catalog.now(),
     started          timestamptz,
@@ -57,7 +59,13 @@ CREATE UNIQUE INDEX move_jobs_one_live_per_map ON sharding.move_jobs (map)
 SELECT pg_catalog.pg_extension_config_dump('sharding.move_jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('sharding.move_jobs_job_seq', '');
 GRANT SELECT ON sharding.move_jobs TO PUBLIC;
-GRANT INSERT, UPDATE ON sharding.move_jobs TO sharding_admin;
+-- Every column but runas (and the identity job): a job's role is whoever
+-- starts it, never a value another role wrote (the runners run as it).
+GRANT INSERT (map, strategy, state, nodes, loads, max_imbalance, drained, max_parallel, switched, cancel_requested,
+              created, started, finished, error, waiting, waits, deferred, retried)
+    ON sharding.move_jobs TO sharding_admin;
+GRANT UPDATE (state, switched, cancel_requested, started, finished, error, waiting, waits, deferred, retried)
+    ON sharding.move_jobs TO sharding_admin;
 
 -- Background runners (src/nodes/jobs.cpp).
 CREATE FUNCTION sharding._job_launch(job bigint, runners integer, runas oid) RETURNS boolean

@@ -44,8 +44,12 @@ extern "C" {
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/dependency.h"
+#include "catalog/indexing.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "pgstat.h"
@@ -60,8 +64,10 @@ extern "C" {
 #include "tcop/tcopprot.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 }
 
@@ -89,6 +95,14 @@ struct Recheck {
 };
 constexpr int kMaxRechecks = 16;
 
+// Move workers of a job that ended before running anything, in a row.
+struct FailedStarts {
+    Oid db;  // InvalidOid: a free entry
+    int64 job;
+    int count;
+};
+constexpr int kMaxFailedStarts = 16;
+
 struct Shared {
     slock_t mutex;
     bool pending;             // a job could not get all its runners
@@ -96,6 +110,7 @@ struct Shared {
     uint32 generation;
     Slot slots[kMaxWorkersLimit];
     Recheck rechecks[kMaxRechecks];
+    FailedStarts failed_starts[kMaxFailedStarts];
 };
 
 Shared *shared = nullptr;
@@ -171,6 +186,26 @@ void release_slot(int slot, uint32 generation) {
     SpinLockRelease(&shared->mutex);
     // A slot became free while some job waits for one: the launcher rescans.
     if (woke && latch) SetLatch(latch);
+}
+
+// A worker of job failed to start (count one more), or started (reset).
+void note_start(Oid db, int64 job, bool failed) {
+    SpinLockAcquire(&shared->mutex);
+    FailedStarts *entry = nullptr, *free_entry = nullptr;
+    for (FailedStarts &f : shared->failed_starts) {
+        if (f.db == db && f.job == job) entry = &f;
+        if (!OidIsValid(f.db) && free_entry == nullptr) free_entry = &f;
+    }
+    if (!failed) {
+        if (entry != nullptr) *entry = FailedStarts{};
+    } else if (entry != nullptr) {
+        entry->count++;
+    } else {
+        // No free entry: the oldest job's is reused (jobs are few).
+        if (free_entry == nullptr) free_entry = &shared->failed_starts[job % kMaxFailedStarts];
+        *free_entry = FailedStarts{db, job, 1};
+    }
+    SpinLockRelease(&shared->mutex);
 }
 
 void wake_launcher() {
@@ -290,21 +325,84 @@ bool in_own_transaction(F &&body) {
     return ok;
 }
 
-// Runs one statement returning one int8 (or NULL) in its own transaction;
-// false on an ERROR (in_own_transaction).
-bool run_int8(const char *sql, int nargs, Datum *args, int64 *out, bool *isnull) {
-    Oid types[2] = {INT8OID, INT8OID};
-    *out = 0;
-    *isnull = true;
-    return in_own_transaction([&] {
-        pgstat_report_activity(STATE_RUNNING, sql);
-        int rc = SPI_execute_with_args(sql, nargs, types, args, nullptr, false, 1);
-        if (rc != SPI_OK_SELECT || SPI_processed != 1) elog(ERROR, "sharding move worker: \"%s\" returned %d", sql, rc);
-        bool null = true;
-        Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &null);
-        *isnull = null;
-        *out = null ? 0 : DatumGetInt64(d);
-    });
+// ------------------------------------------------ what a worker runs (CONTRACT 15.2)
+//
+// Workers connect as the bootstrap superuser (InitPostgres checks no
+// rolcanlogin nor rolconnlimit for that one: a job of a role that cannot log
+// in runs) and pin search_path to pg_catalog, pg_temp before anything runs
+// (a database's ALTER DATABASE ... SET search_path, applied at connect, is
+// overridden). They run no code in a database without the extension, and
+// where it is installed only its own functions: found in the catalog
+// (pg_extension, the function by name and argument types in the
+// extension's schema, a member of the extension per pg_depend's deptype
+// 'e'), called by OID, no name resolved through a search_path; a scanner as
+// the extension's owner, a runner as its job's role, each through
+// SetUserIdAndSecContext(..., SECURITY_LOCAL_USERID_CHANGE), which also
+// refuses SET ROLE and SET SESSION AUTHORIZATION to anything they run.
+
+// The extension in this database (oid InvalidOid: not installed). Catalog
+// reads: in a transaction.
+struct Extension {
+    Oid oid;
+    Oid owner;
+    Oid schema;
+};
+
+Extension find_extension() {
+    Extension e{InvalidOid, InvalidOid, InvalidOid};
+    Relation rel = table_open(ExtensionRelationId, AccessShareLock);
+    ScanKeyData key;
+    ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ, CStringGetDatum("sharding"));
+    SysScanDesc scan = systable_beginscan(rel, ExtensionNameIndexId, true, nullptr, 1, &key);
+    HeapTuple tup = systable_getnext(scan);
+    if (HeapTupleIsValid(tup)) {
+        Form_pg_extension f = reinterpret_cast<Form_pg_extension>(GETSTRUCT(tup));
+        e = Extension{f->oid, f->extowner, f->extnamespace};
+    }
+    systable_endscan(scan);
+    table_close(rel, AccessShareLock);
+    return e;
+}
+
+// The extension's function name(argtypes), InvalidOid unless it is one of
+// the extension's members.
+Oid extension_function(const Extension &e, const char *name, int nargs, const Oid *argtypes) {
+    oidvector *args = buildoidvector(argtypes, nargs);
+    HeapTuple tup = SearchSysCache3(PROCNAMEARGSNSP, CStringGetDatum(name), PointerGetDatum(args),
+                                    ObjectIdGetDatum(e.schema));
+    if (!HeapTupleIsValid(tup)) return InvalidOid;
+    Oid fn = reinterpret_cast<Form_pg_proc>(GETSTRUCT(tup))->oid;
+    ReleaseSysCache(tup);
+    return getExtensionOfObject(ProcedureRelationId, fn) == e.oid ? fn : InvalidOid;
+}
+
+// Calls function fn (its SET clauses apply, as fmgr applies them); the
+// result and whether it is NULL.
+Datum call_function(Oid fn, int nargs, const Datum *args, bool *isnull) {
+    FmgrInfo flinfo;
+    fmgr_info(fn, &flinfo);
+    LOCAL_FCINFO(fcinfo, 2);
+    InitFunctionCallInfoData(*fcinfo, &flinfo, nargs, InvalidOid, nullptr, nullptr);
+    for (int i = 0; i < nargs; i++) {
+        fcinfo->args[i].value = args[i];
+        fcinfo->args[i].isnull = false;
+    }
+    Datum d = FunctionCallInvoke(fcinfo);
+    *isnull = fcinfo->isnull;
+    return d;
+}
+
+// search_path for the rest of the session, before any SQL runs.
+void pin_search_path() { SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_SESSION); }
+
+// Whether role may run moves: it exists and is the extension's owner or has
+// the privileges of sharding_admin (a superuser has them). In a transaction.
+bool role_may_run(Oid role) {
+    if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(role))) return false;
+    Extension e = find_extension();
+    if (OidIsValid(e.oid) && role == e.owner) return true;
+    Oid admin = get_role_oid("sharding_admin", true);
+    return OidIsValid(admin) && has_privs_of_role(role, admin);
 }
 
 // A runner gives up on its job (its claims keep failing): the job fails
@@ -362,12 +460,18 @@ void sleep_ms(long ms) {
 
 int my_slot = -1;
 uint32 my_generation = 0;
-bool runner_done = false;  // the runner ends normally (its jobs are over)
+bool runner_done = false;     // the runner ends normally (its jobs are over)
+bool runner_started = false;  // it connected and found the extension
+Oid my_db = InvalidOid;
+int64 my_job = 0;
 
 // A runner that exits otherwise (terminated, FATAL) leaves its job without
 // it: the launcher rescans and starts another, which resumes or rolls back
 // the move it was carrying out.
 void runner_exit(int, Datum) {
+    // Ended before running anything (a FATAL at connect): counted, so that
+    // the launcher's scan fails the job rather than retry it for ever.
+    if (!runner_done && !runner_started && OidIsValid(my_db)) note_start(my_db, my_job, true);
     if (my_slot >= 0) release_slot(my_slot, my_generation);
     my_slot = -1;
     if (!runner_done) wake_launcher();
@@ -389,25 +493,82 @@ void sharding_jobs_runner_main(Datum) {
     my_slot = args.slot;
     my_generation = args.generation;
     before_shmem_exit(runner_exit, 0);
+    // SIGTERM (pg_terminate_backend, a fast shutdown) sets a flag acted on
+    // at the next CHECK_FOR_INTERRUPTS, never FATAL from inside the handler
+    // (libpq, malloc, a spinlock, a critical section).
+    pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
     SpinLockAcquire(&shared->mutex);
     bool mine = shared->slots[my_slot].used && shared->slots[my_slot].generation == my_generation;
     if (mine) shared->slots[my_slot].pid = MyProcPid;
     SpinLockRelease(&shared->mutex);
     if (!mine) proc_exit(0);
-    BackgroundWorkerInitializeConnectionByOid(args.db, args.user, 0);
+    my_db = args.db;  // from here an exit before the start is counted
+    my_job = args.job;
+    // As the bootstrap superuser (no login check), then as the job's role
+    // (see "what a worker runs" above).
+    BackgroundWorkerInitializeConnectionByOid(args.db, InvalidOid, 0);
+    pin_search_path();
     pgstat_report_appname("sharding move worker");
+    Oid fn_claim = InvalidOid, fn_execute = InvalidOid, fn_adopt = InvalidOid;
+    (void)in_own_transaction([&] {
+        Extension ext = find_extension();
+        if (!OidIsValid(ext.oid)) return;
+        const Oid one[1] = {INT8OID}, two[2] = {INT8OID, INT8OID};
+        fn_claim = extension_function(ext, "_job_claim", 1, one);
+        fn_execute = extension_function(ext, "_job_execute", 2, two);
+        fn_adopt = extension_function(ext, "_job_adopt", 0, nullptr);
+    });
+    if (!OidIsValid(fn_claim) || !OidIsValid(fn_execute) || !OidIsValid(fn_adopt)) {
+        ereport(LOG, (errmsg("sharding move worker: the extension is not installed in this database")));
+        runner_done = true;
+        proc_exit(0);
+    }
+    // The job's role from here on: its privileges apply to everything the
+    // runner runs, and pg_cancel_backend/pg_terminate_backend treat the
+    // runner as that role's backend (as they did when it logged in as it).
+    MyProc->roleId = args.user;
+    SetUserIdAndSecContext(args.user, SECURITY_LOCAL_USERID_CHANGE);
+    runner_started = true;
+    note_start(args.db, args.job, false);
 
     int64 job = args.job;
     int errors = 0;
     for (;;) {
         CHECK_FOR_INTERRUPTS();
         int64 move = 0;
-        bool isnull = true;
+        bool isnull = true, lost = false;
+        char role[NAMEDATALEN + 32] = "";
         Datum a[2] = {Int64GetDatum(job), 0};
-        if (!run_int8("SELECT sharding._job_claim($1)", 1, a, &move, &isnull)) {
+        // The job's role must still have the rights to run moves, checked
+        // before each claim (so before each move it starts).
+        bool claimed = in_own_transaction([&] {
+            if (!role_may_run(args.user)) {
+                lost = true;
+                const char *name = GetUserNameFromId(args.user, true);
+                if (name != nullptr)
+                    snprintf(role, sizeof(role), "role \"%s\"", name);
+                else
+                    snprintf(role, sizeof(role), "role %u (dropped)", args.user);
+                return;
+            }
+            pgstat_report_activity(STATE_RUNNING, "SELECT sharding._job_claim($1)");
+            Datum d = call_function(fn_claim, 1, a, &isnull);
+            move = isnull ? 0 : DatumGetInt64(d);
+        });
+        if (lost) {
+            char why[sizeof(role) + 160];
+            snprintf(why, sizeof(why),
+                     "42501: permission denied: the job's %s may no longer run moves (it is neither a member of "
+                     "sharding_admin nor the extension's owner)",
+                     role);
+            ereport(LOG, (errmsg("sharding move worker: job %lld: %s", static_cast<long long>(job), why)));
+            runner_done = give_up(job, why);
+            proc_exit(0);
+        }
+        if (!claimed) {
             // The claim itself failed (catalog missing, extension dropped,
-            // the job's role lost its privileges, ...): retry a little,
+            // ...): retry a little,
             // then give up on the job, which fails saying why (else it
             // would stay 'running' with nobody to run it, and
             // rebalance_wait would wait for ever). If even that fails, the
@@ -429,7 +590,13 @@ void sharding_jobs_runner_main(Datum) {
             shared->slots[my_slot].job = 0;
             SpinLockRelease(&shared->mutex);
             int64 next = 0;
-            if (!run_int8("SELECT sharding._job_adopt()", 0, a, &next, &isnull) || isnull) break;
+            if (!in_own_transaction([&] {
+                    pgstat_report_activity(STATE_RUNNING, "SELECT sharding._job_adopt()");
+                    Datum d = call_function(fn_adopt, 0, a, &isnull);
+                    next = isnull ? 0 : DatumGetInt64(d);
+                }) ||
+                isnull)
+                break;
             job = next;
             SpinLockAcquire(&shared->mutex);
             shared->slots[my_slot].job = job;
@@ -445,7 +612,10 @@ void sharding_jobs_runner_main(Datum) {
         // A cancel (rebalance_cancel signals the executor) arrives here as
         // an ERROR after the engine recorded it: logged, and the loop goes
         // on to the next claim, which sees the job cancelled.
-        if (!run_int8("SELECT sharding._job_execute($1, $2)", 2, a, &move, &isnull)) {
+        if (!in_own_transaction([&] {
+                pgstat_report_activity(STATE_RUNNING, "SELECT sharding._job_execute($1, $2)");
+                (void)call_function(fn_execute, 2, a, &isnull);
+            })) {
             QueryCancelPending = false;
             sleep_ms(200);
         }
@@ -458,20 +628,29 @@ void sharding_jobs_runner_main(Datum) {
 // A scanner: in one database, recovers the moves whose executor died and
 // starts runners for every unfinished job (at its commit).
 void sharding_jobs_scanner_main(Datum arg) {
+    pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
     BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(arg), InvalidOid, 0);
+    pin_search_path();
     pgstat_report_appname("sharding move scanner");
-    int64 out = 0;
-    bool isnull = true;
-    Datum none[1] = {0};
-    if (run_int8("SELECT (to_regprocedure('sharding._job_pickup()') IS NOT NULL)::int::int8", 0, none, &out,
-                 &isnull) &&
-        !isnull && out == 1) {
-        // (Moves it cannot roll back or finish yet, a node still out of
-        // reach, have this database scanned again a little later:
-        // _move_recover asks for it.)
-        (void)run_int8("SELECT sharding._job_pickup()::int8", 0, none, &out, &isnull);
-    }
+    // Nothing runs where the extension is not installed; where it is, its
+    // own _job_pickup, as its owner.
+    Extension ext{InvalidOid, InvalidOid, InvalidOid};
+    Oid pickup = InvalidOid;
+    (void)in_own_transaction([&] {
+        ext = find_extension();
+        if (OidIsValid(ext.oid)) pickup = extension_function(ext, "_job_pickup", 0, nullptr);
+    });
+    if (!OidIsValid(pickup)) proc_exit(0);
+    SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
+    // (Moves it cannot roll back or finish yet, a node still out of reach,
+    // have this database scanned again a little later: _move_recover asks
+    // for it.)
+    (void)in_own_transaction([&] {
+        pgstat_report_activity(STATE_RUNNING, "SELECT sharding._job_pickup()");
+        bool isnull;
+        (void)call_function(pickup, 0, nullptr, &isnull);
+    });
     proc_exit(0);
 }
 
@@ -588,6 +767,7 @@ long scan_rechecks() {
 
 void sharding_jobs_launcher_main(Datum) {
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
+    pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
     BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
     SpinLockAcquire(&shared->mutex);
@@ -623,7 +803,16 @@ SHARDING_FUNCTION(sharding__job_launch) {
     int32 runners = PG_GETARG_INT32(1);
     Oid runas = PG_GETARG_OID(2);
     if (shared == nullptr) PG_RETURN_BOOL(false);
+    // Another role's runners: a superuser, or the extension's owner (the
+    // launcher's scanner, which starts the runners of every live job; each
+    // runner checks its job's role's rights again).
+    bool owner = false;
     if (runas != GetUserId() && !superuser())
+        sharding::pg_call([&] {
+            Extension e = find_extension();
+            owner = OidIsValid(e.oid) && e.owner == GetUserId();
+        });
+    if (runas != GetUserId() && !superuser() && !owner)
         sharding::fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "only a superuser may start move workers as another role");
     if (runners <= 0) PG_RETURN_BOOL(true);
     if (!callback_registered) {
@@ -646,6 +835,16 @@ SHARDING_FUNCTION(sharding__job_runners) {
 }
 
 namespace sharding {
+int jobs_failed_starts(int64 job) noexcept {
+    if (shared == nullptr) return 0;
+    int n = 0;
+    SpinLockAcquire(&shared->mutex);
+    for (const FailedStarts &f : shared->failed_starts)
+        if (f.db == MyDatabaseId && f.job == job) n = f.count;
+    SpinLockRelease(&shared->mutex);
+    return n;
+}
+
 void jobs_recheck(Oid db) noexcept {
     if (shared == nullptr || !OidIsValid(db)) return;
     TimestampTz now = GetCurrentTimestamp();

@@ -112,6 +112,10 @@ void require_job(const Text &job) {
         fail(ERRCODE_UNDEFINED_OBJECT, "rebalance job %s does not exist", job->c_str());
 }
 
+// Glue: whether the current role has the privileges of role (a superuser
+// has every role's).
+bool has_privs_of_glue(Oid role) { return has_privs_of_role(GetUserId(), role); }
+
 // ------------------------------------------------------------------ a job's end
 
 // Cancels the moves a failed start enqueued (the journal committed them).
@@ -482,6 +486,8 @@ void enqueue_all(const Text &job, F &&body) {
     reraise(err);
 }
 
+// The role a job runs as: the one that starts it (current_user; the
+// column's default, which no other role can set: CONTRACT 15.2).
 Text me() { return std::to_string(GetUserId()); }
 
 // A started job whose moves are enqueued: runners are asked for (started
@@ -562,6 +568,22 @@ void pinned(MemoryContext step_cxt, F &&step) {
 
 }  // namespace
 
+void require_job_role(const Text &job) {
+    if (!job) return;
+    std::vector<Row> r = spi_rows("SELECT t.runas::text, COALESCE(pg_catalog.quote_ident(a.rolname), "
+                                  "t.runas::text) FROM sharding.move_jobs t LEFT JOIN pg_catalog.pg_roles a "
+                                  "ON a.oid = t.runas WHERE t.job = $1::bigint",
+                                  {c(job)});
+    if (r.empty()) return;  // no such job: the journal refuses it
+    const Oid runas = static_cast<Oid>(std::strtoul(must(r[0][0]).c_str(), nullptr, 10));
+    if (!glue(has_privs_of_glue, runas))
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+             Explain{"", "Moves of a job run as the role that started it: only that role (or a role with its "
+                         "privileges) may add moves to it."},
+             "permission denied to add a move to rebalance job %s, which runs as role %s", job->c_str(),
+             must(r[0][1]).c_str());
+}
+
 // ------------------------------------------------------------------ keys
 
 // The logical shard of a pinned key (pins are by text form): computed by
@@ -637,15 +659,15 @@ SHARDING_FUNCTION(sharding_rebalance_start) {
                                         {c(map), c(nodes), loads, max_imbalance})[0][0];
         int64 job = insert_job(
             "INSERT INTO sharding.move_jobs AS t (map, strategy, state, nodes, loads, max_imbalance, max_parallel, "
-            "switched, runas, started, finished) VALUES ($1, $2, 'done', $3::text[], $4, $5, "
-            "$6::integer, $7::integer, $8::oid, pg_catalog.now(), pg_catalog.now()) RETURNING t.job::text",
-            {c(map), c(strategy), c(nodes), loads, max_imbalance, c(max_parallel), c(n), c(runas)});
+            "switched, started, finished) VALUES ($1, $2, 'done', $3::text[], $4, $5, "
+            "$6::integer, $7::integer, pg_catalog.now(), pg_catalog.now()) RETURNING t.job::text",
+            {c(map), c(strategy), c(nodes), loads, max_imbalance, c(max_parallel), c(n)});
         PG_RETURN_INT64(job);
     }
     const Text job = std::to_string(insert_job(
-        "INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, loads, max_imbalance, max_parallel, runas) "
-        "VALUES ($1, $2, $3::text[], $4, $5, $6::integer, $7::oid) RETURNING t.job::text",
-        {c(map), c(strategy), c(nodes), loads, max_imbalance, c(max_parallel), c(runas)}));
+        "INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, loads, max_imbalance, max_parallel) "
+        "VALUES ($1, $2, $3::text[], $4, $5, $6::integer) RETURNING t.job::text",
+        {c(map), c(strategy), c(nodes), loads, max_imbalance, c(max_parallel)}));
     // The journal commits each enqueued move at once (its own connection):
     // if a later step fails, the moves already enqueued are cancelled, so a
     // failed start leaves no live move behind.
@@ -682,10 +704,10 @@ SHARDING_FUNCTION(sharding_drain_node) {
     const Text others = o[0][2];
     if (owns + pinned == 0) {
         int64 job = insert_job(
-            "INSERT INTO sharding.move_jobs AS t (map, strategy, state, drained, max_parallel, runas, started, finished) "
-            "VALUES ($1, 'drain', 'done', $2, $3::integer, $4::oid, pg_catalog.now(), pg_catalog.now()) "
+            "INSERT INTO sharding.move_jobs AS t (map, strategy, state, drained, max_parallel, started, finished) "
+            "VALUES ($1, 'drain', 'done', $2, $3::integer, pg_catalog.now(), pg_catalog.now()) "
             "RETURNING t.job::text",
-            {c(map), c(node), c(max_parallel), c(runas)});
+            {c(map), c(node), c(max_parallel)});
         PG_RETURN_INT64(job);
     }
     if (!others)
@@ -694,9 +716,9 @@ SHARDING_FUNCTION(sharding_drain_node) {
              shown(map).c_str());
     const bool tables = has_tables(map);
     const Text job = std::to_string(insert_job(
-        "INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, drained, max_parallel, runas) "
-        "VALUES ($1, 'drain', $2::text[], $3, $4::integer, $5::oid) RETURNING t.job::text",
-        {c(map), c(others), c(node), c(max_parallel), c(runas)}));
+        "INSERT INTO sharding.move_jobs AS t (map, strategy, nodes, drained, max_parallel) "
+        "VALUES ($1, 'drain', $2::text[], $3, $4::integer) RETURNING t.job::text",
+        {c(map), c(others), c(node), c(max_parallel)}));
     int n = 0;
     enqueue_all(job, [&] {
         // Shards: rebalance's plan over the other owners.
@@ -785,6 +807,18 @@ SHARDING_FUNCTION(sharding__job_pickup) {
     for (Row &j : spi_rows("SELECT t.job::text, t.max_parallel::text, t.runas::text FROM sharding.move_jobs t "
                            "WHERE t.state IN ('queued', 'running') ORDER BY t.job",
                            {})) {
+        // Its workers keep failing to start (each ended with a FATAL before
+        // running anything): the job fails as when a runner gives up on it.
+        const int failed = jobs_failed_starts(to_int64(j[0]));
+        if (failed >= jobs_max_failed_starts) {
+            unqueue(j[0]);
+            const std::string why = format("%d move workers of the job in a row failed to start (see the server log)",
+                                           failed);
+            spi_value("UPDATE sharding.move_jobs t SET error = COALESCE(t.error, $2) WHERE t.job = $1::bigint",
+                      {c(j[0]), why.c_str()});
+            if (!spi_value(kLiveOfJob, {c(j[0])})) finish_job(j[0]);
+            continue;
+        }
         spi_value("SELECT sharding._job_launch($1::bigint, $2::integer - sharding._job_runners($1::bigint), $3::oid)",
                   {c(j[0]), c(j[1]), c(j[2])});
         n++;

@@ -172,6 +172,10 @@ std::string coordinator_dsn();
 // _job_key_shard (jobs_run.cpp): the logical shard of a key given as text,
 // hashed as the type of the map's key columns, as writers route it.
 Text key_shard(const Text &map, const Text &key);
+// _move_enqueue of a job's move (jobs_run.cpp): 42501 unless the current
+// role has the privileges of the role the job runs as (no role adds a move
+// that runs with rights it does not have: CONTRACT 15.2).
+void require_job_role(const Text &job);
 
 // ------------------------------------------------------------------ remote
 
@@ -253,4 +257,10 @@ namespace sharding {
 // after 2, 4, 8, then every 10 s for as long as a scan leaves moves it
 // could not resolve (no-op unless the library is preloaded).
 void jobs_recheck(Oid db) noexcept;
+// jobs.cpp: how many move workers of job (in this database) failed to
+// start in a row (ended before running anything: a FATAL at connect); the
+// launcher's scan fails a job past jobs_max_failed_starts instead of
+// starting workers for it for ever.
+int jobs_failed_starts(int64 job) noexcept;
+constexpr int jobs_max_failed_starts = 5;
 }  // namespace sharding

@@ -468,6 +468,7 @@ SHARDING_FUNCTION(sharding__move_enqueue) {
     Text logical = int_arg(fcinfo, 2);
     Text key = text_arg(fcinfo, 3);
     Text destination = text_arg(fcinfo, 4);
+    require_job_role(job);
     int64 id = enqueue(job, map, logical, key, destination);
     PG_RETURN_INT64(id);
 }

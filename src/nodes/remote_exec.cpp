@@ -74,12 +74,55 @@ void drop(const char *name) noexcept {
     *n = Named{};
 }
 
+// A statement that carries a password (CREATE or ALTER SUBSCRIPTION ...
+// CONNECTION with a DSN, say) must not reach the node's log (CONTRACT
+// 15.2): around it the session logs no statement text (log_statement,
+// log_min_error_statement, log_min_duration_statement), when its role may
+// set them (a superuser; another role's session logs as configured).
+// Returns whether they were set (then reset after the statement).
+bool quiet_logging(PGconn *conn) {
+    PGresult *r = run_statement(
+        conn,
+        "SELECT pg_catalog.count(pg_catalog.set_config(v.n, v.v, false))::text FROM (VALUES ('log_statement', "
+        "'none'), ('log_min_error_statement', 'panic'), ('log_min_duration_statement', '-1')) AS v(n, v) "
+        "WHERE EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = CURRENT_USER AND r.rolsuper)",
+        "", true);
+    bool set = r != nullptr && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+               std::strcmp(PQgetvalue(r, 0, 0), "3") == 0;
+    if (r != nullptr) PQclear(r);
+    return set;
+}
+
+void loud_logging(PGconn *conn) {
+    // In a failed transaction block the settings go back at its rollback.
+    if (PQtransactionStatus(conn) != PQTRANS_IDLE && PQtransactionStatus(conn) != PQTRANS_INTRANS) return;
+    PGresult *r = run_statement(conn, "RESET log_statement; RESET log_min_error_statement; RESET log_min_duration_statement",
+                                "", true);
+    if (r != nullptr) PQclear(r);
+}
+
+bool carries_password(const char *sql) { return strcasestr(sql, "password") != nullptr; }
+
 // Runs sql (one or more statements) there. Returns whether the answer is
 // not NULL, and in *out: for a last result with rows, the first column of
 // its first row (NULL if none); for a command, its tag. A remote error is
 // thrown with its SQLSTATE, message, detail and hint.
 bool run(PGconn *conn, const char *sql, std::string *out) {
-    PGresult *last = run_statement(conn, sql, "", true);
+    PGresult *last = nullptr;
+    if (carries_password(sql) && quiet_logging(conn)) {
+        try {
+            last = run_statement(conn, sql, "", true);
+        } catch (...) {
+            try {
+                loud_logging(conn);
+            } catch (...) {
+            }
+            throw;
+        }
+        loud_logging(conn);
+    } else {
+        last = run_statement(conn, sql, "", true);
+    }
     bool has = false;
     if (last != nullptr) {
         if (PQresultStatus(last) == PGRES_TUPLES_OK) {
@@ -234,8 +277,9 @@ SHARDING_FUNCTION(sharding__dbl_run) { return run_named(fcinfo); }
 // calls on the same helper: a connection for the call (closed when it
 // returns, or at the end of the transaction whatever jumped), the
 // statement in its own transaction there, interruptible, cancelled there
-// when the caller is. _remote: the first column of the first row (NULL if
-// none); _remote_exec: the command's tag.
+// when the caller is, with search_path = pg_catalog, pg_temp there first.
+// _remote: the first column of the first row (NULL if none); _remote_exec:
+// the command's tag.
 static Datum one_shot(FunctionCallInfo fcinfo) {
     char *dsn = text_to_cstring(PG_GETARG_TEXT_PP(0));
     char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
@@ -245,6 +289,10 @@ static Datum one_shot(FunctionCallInfo fcinfo) {
         std::string v;
         try {
             Remote r(dsn, false, std::string());
+            // The node role's own search_path (ALTER DATABASE/ROLE ... SET
+            // there) must not resolve what the statement names, as for a
+            // named connection.
+            run(r.conn(), "SET search_path = pg_catalog, pg_temp", &v);
             has = run(r.conn(), sql, &v);
         } catch (const Error &e) {
             if (e.sqlstate() == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)

@@ -4,7 +4,7 @@
 -- plain roles; claim and complete obey the caller's privileges on the queue.
 \set QUIET on
 BEGIN;
-SELECT plan(49);
+SELECT plan(56);
 
 CREATE ROLE priv_plain NOLOGIN;
 CREATE ROLE priv_admin NOLOGIN IN ROLE sharding_admin;
@@ -90,6 +90,28 @@ CREATE TABLE public.priv_admin_orders (id bigint PRIMARY KEY, status text);
 SELECT lives_ok($$SELECT sharding.guard_rank('public.priv_admin_orders', 'status', ARRAY['new', 'done'])$$, 'admin owning the table: guard_rank');
 SELECT lives_ok($$SELECT sharding.unguard_rank('public.priv_admin_orders', 'status')$$, 'admin owning the table: unguard_rank');
 RESET ROLE;
+
+-- Rights (CONTRACT 15.2): a job runs as the role that started it, which
+-- no other role can write; the coordinator's DSN is shown with its
+-- password masked to every role but a superuser.
+SET LOCAL sharding.coordinator_dsn = 'host=coord.invalid user=u password=pw';
+SET LOCAL ROLE priv_admin;
+SELECT throws_ok($$INSERT INTO sharding.move_jobs (map, strategy, max_parallel, runas) VALUES ('priv_map', 'count', 1, 10)$$,
+                 '42501', NULL, 'admin: move_jobs.runas not writable');
+SELECT throws_ok($$UPDATE sharding.move_jobs SET runas = 10$$, '42501', NULL, 'admin: nor updatable');
+WITH j AS (INSERT INTO sharding.move_jobs (map, strategy, state, max_parallel)
+           VALUES ('priv_map', 'count', 'done', 1) RETURNING runas)
+SELECT is((SELECT runas::regrole::text FROM j), 'priv_admin', 'admin: a job row runs as the role that inserts it');
+SELECT is(current_setting('sharding.coordinator_dsn'), 'host=coord.invalid user=u password=********',
+          'admin: coordinator_dsn shown with the password masked');
+RESET ROLE;
+SET LOCAL ROLE priv_plain;
+SELECT is((SELECT setting FROM pg_settings WHERE name = 'sharding.coordinator_dsn'),
+          'host=coord.invalid user=u password=********', 'plain: pg_settings masks the password');
+SELECT throws_ok($$SELECT sharding._coordinator_dsn()$$, '42501', NULL, 'plain: _coordinator_dsn refused');
+RESET ROLE;
+SELECT is(current_setting('sharding.coordinator_dsn'), 'host=coord.invalid user=u password=pw',
+          'superuser: coordinator_dsn as set');
 
 -- Every function is SECURITY INVOKER.
 SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
