@@ -291,28 +291,28 @@ MoveTable *table_of(Relation rel) {
             rel_callback_registered = true;
         }
     }
-    bool found;
-    RelEntry *e = static_cast<RelEntry *>(hash_search(rel_cache, &relid, HASH_ENTER, &found));
-    if (found) return e->moved ? &e->table : nullptr;
-    e->moved = false;
+    RelEntry *e = static_cast<RelEntry *>(hash_search(rel_cache, &relid, HASH_FIND, nullptr));
+    if (e != nullptr) return e->moved ? &e->table : nullptr;
+    // Resolved before the entry is made: the catalog lookups may process
+    // invalidations, which empty the cache (forget_relations).
+    MoveTable t{};
     int i = move_table_index(relid);
-    if (i < 0) return nullptr;
-    MoveTable *t = &e->table;
-    *t = MoveTable{};
-    t->relid = relid;
-    t->key_column = config.tables[i].key_column;
-    t->key_att = get_attnum(relid, t->key_column);
-    if (t->key_att == InvalidAttrNumber) {
-        hash_search(rel_cache, &relid, HASH_REMOVE, nullptr);
-        ereport(ERROR, (errmsg("key column \"%s\" of table %u is missing", t->key_column, relid)));
+    if (i >= 0) {
+        t.relid = relid;
+        t.key_column = config.tables[i].key_column;
+        t.key_att = get_attnum(relid, t.key_column);
+        if (t.key_att == InvalidAttrNumber)
+            ereport(ERROR, (errmsg("key column \"%s\" of table %u is missing", t.key_column, relid)));
+        t.key_type = getBaseType(TupleDescAttr(RelationGetDescr(rel), t.key_att - 1)->atttypid);
+        Oid out;
+        bool varlena;
+        getTypeOutputInfo(t.key_type, &out, &varlena);
+        fmgr_info_cxt(out, &t.key_out, config_cxt);
     }
-    t->key_type = getBaseType(TupleDescAttr(RelationGetDescr(rel), t->key_att - 1)->atttypid);
-    Oid out;
-    bool varlena;
-    getTypeOutputInfo(t->key_type, &out, &varlena);
-    fmgr_info_cxt(out, &t->key_out, config_cxt);
-    e->moved = true;
-    return t;
+    e = static_cast<RelEntry *>(hash_search(rel_cache, &relid, HASH_ENTER, nullptr));
+    e->moved = i >= 0;
+    e->table = t;
+    return e->moved ? &e->table : nullptr;
 }
 
 // The key's canonical text (its type's output), for pins and isolate.
@@ -392,14 +392,15 @@ bool engine_origin(RepOriginId origin_id) {
 // Whether the change travels (possibly turned into an INSERT or a DELETE).
 bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChange *change) {
     load_config(ctx);
-    MoveTable *t = table_of(rel);
-    if (t == nullptr) return false;  // not a table of the map
     // Changes the engine made under its own origins are not the shard's
     // writers': its deletes, or another move's apply into this node (of
     // another shard). Changes of any other origin (a subscription of the
     // user's, a session under pg_replication_origin_session_setup) are rows
-    // of the shard like any.
+    // of the shard like any. (Looked up before table_of: its entry must
+    // not meet a catalog lookup's invalidations while it is used.)
     if (change->origin_id != InvalidRepOriginId && engine_origin(change->origin_id)) return false;
+    MoveTable *t = table_of(rel);
+    if (t == nullptr) return false;  // not a table of the map
     HeapTuple newtup = SHARDING_CHANGE_TUPLE(change->data.tp.newtuple);
     HeapTuple oldtup = SHARDING_CHANGE_TUPLE(change->data.tp.oldtuple);
     switch (change->action) {

@@ -286,7 +286,10 @@ $a->safe_psql('n1', 'ALTER TABLE accounts REPLICA IDENTITY FULL');
 $a->safe_psql('n1', "ALTER TABLE accounts ADD COLUMN note text; UPDATE accounts SET note = 'n-' || id");
 $b->safe_psql('n2', 'ALTER TABLE accounts ADD COLUMN note text');
 $S = n1_shard();
+my $tf = (shard_tenants($coord, $S))[0];
+$a->safe_psql('n1', "INSERT INTO accounts SELECT '$tf', 9000 + g, 'f', 'n-' || (9000 + g) FROM generate_series(1, 30) g");
 my $rows = shard_rows($a, 'n1', $S);
+ok($rows >= 30, "f: shard $S has $rows rows at n1, each with a note");
 is($coord->safe_psql('coord', "SELECT sharding.move_shard_online('bank', $S, 'n2')") =~ /^\d+$/ ? 'ok' : 'no', 'ok',
 	'f: a move with a column the coordinator lacks succeeds');
 is($b->safe_psql('n2', "SELECT count(*) || '/' || count(*) FILTER (WHERE note = 'n-' || id) FROM accounts WHERE sharding.logical_shard('bank', tenant) = $S"),
