@@ -8,7 +8,8 @@
 #   b. a table range-partitioned by another column, one range partitioned
 #      again (multi-level), a leaf whose columns are numbered differently
 #      (attached with another column order), the destination partitioned
-#      differently, under writers;
+#      differently, under writers; a leaf truncated at the source during
+#      the move fails it at the cutover, naming the leaf;
 #   c. a key column outside the primary key, ids repeating across the
 #      nodes: without a replica identity that carries the key the move is
 #      refused (55000), nothing done, the destination's rows intact; with
@@ -203,6 +204,16 @@ is($a->safe_psql('n1', "SELECT (SELECT count(*) FROM accounts_mid) > 0 AND (SELE
 	"b: the writers wrote into n1's middle and top partitions");
 is(shard_rows($a, 'n1', $S), '0', 'b: the source holds none of the shard');
 is(leftovers($coord, $a, $b), $clean, 'b: nothing of the move is left');
+# A leaf truncated at the source while the copy is held: refused at the
+# cutover, naming the leaf; the destination gets nothing.
+$S = n1_shard();
+($err, $held) = held_move('b, a leaf truncated', $S, sub { $a->safe_psql('n1', 'TRUNCATE accounts_mid_0'); });
+ok($held, 'b: the copy was held while a leaf was truncated at the source');
+like($err, qr/ERROR:\s+55000: public\.accounts_mid_0 was truncated or rewritten on node "n1"/,
+	'b: a leaf truncated at the source fails the move (55000 naming the leaf)');
+is($owner->($S), 'n1', 'b, leaf truncated: n1 still owns the shard');
+is(shard_rows($b, 'n2', $S), '0', 'b, leaf truncated: the destination has none of the shard');
+is(leftovers($coord, $a, $b), $clean, 'b, leaf truncated: nothing of the move is left');
 
 # ---------------------------------------------------------------- c
 # Key outside the primary key; ids 1..100 at n2 (its own tenants), ids
