@@ -376,11 +376,13 @@ int tuple_moves(MoveTable *t, Relation rel, HeapTuple tup) {
 bool engine_origin(RepOriginId origin_id) {
     char *name = nullptr;
     if (!replorigin_by_oid(origin_id, true, &name) || name == nullptr) return false;
-    if (strncmp(name, "sharding_move_", strlen("sharding_move_")) == 0) return true;
-    if (strncmp(name, "pg_", 3) != 0) return false;
+    const bool moves = strncmp(name, "sharding_move_", strlen("sharding_move_")) == 0;
     char *end = nullptr;
-    unsigned long sub = strtoul(name + 3, &end, 10);
-    if (end == name + 3 || (*end != '\0' && *end != '_') || sub == 0 || sub > PG_UINT32_MAX) return false;
+    unsigned long sub = !moves && strncmp(name, "pg_", 3) == 0 ? strtoul(name + 3, &end, 10) : 0;
+    const bool numbered = sub != 0 && end != name + 3 && (*end == '\0' || *end == '_') && sub <= PG_UINT32_MAX;
+    pfree(name);
+    if (moves) return true;
+    if (!numbered) return false;
     HeapTuple tup = SearchSysCache1(SUBSCRIPTIONOID, ObjectIdGetDatum((Oid)sub));
     if (!HeapTupleIsValid(tup)) return false;
     bool ours = strncmp(NameStr(((Form_pg_subscription)GETSTRUCT(tup))->subname), "sharding_move_",
