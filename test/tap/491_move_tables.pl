@@ -11,8 +11,9 @@
 #      differently, under writers; a leaf truncated at the source during
 #      the move fails it at the cutover, naming the leaf;
 #   c. a key column outside the primary key, ids repeating across the
-#      nodes: without a replica identity that carries the key the move is
-#      refused (55000), nothing done, the destination's rows intact; with
+#      nodes: distribute refuses it without a replica identity that
+#      carries the key (55000); nodes whose tables lack one refuse the
+#      move (55000), nothing done, the destination's rows intact; with
 #      REPLICA IDENTITY FULL, deletes of other shards at the source delete
 #      nothing at the destination;
 #   d. rows written at the source under a foreign replication origin (a
@@ -219,7 +220,16 @@ is(leftovers($coord, $a, $b), $clean, 'b, leaf truncated: nothing of the move is
 # Key outside the primary key; ids 1..100 at n2 (its own tenants), ids
 # 1..100 at n1 for a shard M it keeps, 1001..1100 for the shard S it moves.
 my $plain = "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);";
-reshape($plain, $plain);
+reshape($plain, $plain, 0);
+my (undef, undef, $derr) = $coord->psql('coord', "\\set VERBOSITY verbose\nSELECT sharding.distribute('accounts', 'tenant', 'bank')");
+like($derr, qr/ERROR:\s+55000: the replica identity of public\.accounts does not include key column tenant/,
+	'c: distribute refuses a table whose replica identity lacks the key (55000)');
+like($derr, qr/HINT:.*REPLICA IDENTITY FULL/, 'c: its hint names REPLICA IDENTITY FULL');
+is($coord->safe_psql('coord', 'SELECT count(*) FROM sharding.distributed_tables'), '0', 'c: nothing was recorded');
+$coord->safe_psql('coord', "ALTER TABLE accounts REPLICA IDENTITY FULL; SELECT sharding.distribute('accounts', 'tenant', 'bank')");
+wait_for_sql($_->[0], $_->[1], "SELECT count(*) FROM sharding.distributed_tables", '1') for ([$a, 'n1'], [$b, 'n2']);
+# The nodes' tables keep the default replica identity (the primary key):
+# the move checks them itself.
 $S = n1_shard();
 my $M = $coord->safe_psql('coord', "SELECT min(logical) FROM sharding.shards WHERE map = 'bank' AND node = 'n1' AND logical <> $S");
 my $tenants = "(SELECT 't' || lpad(i::text, 2, '0') AS t FROM generate_series(0, 63) i)";
@@ -245,7 +255,7 @@ is(leftovers($coord, $a, $b), $clean, 'c: nothing of the refused move is left');
 # Again with the shard's rows back, the replica identity carrying the key.
 $a->safe_psql('n1', 'TRUNCATE accounts; ' . $fill->("sharding.logical_shard('bank', t) = $M", 0) . '; '
 	  . $fill->("sharding.logical_shard('bank', t) = $S", 1000));
-$db{$_}->safe_psql($_, 'ALTER TABLE accounts REPLICA IDENTITY FULL') for qw(coord n1 n2);
+$db{$_}->safe_psql($_, 'ALTER TABLE accounts REPLICA IDENTITY FULL') for qw(n1 n2);
 ($err, $held) = held_move('c with REPLICA IDENTITY FULL', $S, sub {
 	$deletes->();
 	$a->safe_psql('n1', "INSERT INTO accounts SELECT tenant, id + 1000, 'late' FROM accounts WHERE id BETWEEN 1011 AND 1020");
