@@ -15,6 +15,7 @@ CREATE EXTENSION IF NOT EXISTS sharding;
 \echo 'tenant goes to one shard; one that does not must ask them all.'
 SELECT sharding.create_map('obs', 16, ARRAY['db1', 'db2', 'db3', 'db4']) AS ok \gset
 CREATE TABLE obs_orders (id bigint PRIMARY KEY, tenant text NOT NULL, total numeric NOT NULL);
+ALTER TABLE obs_orders REPLICA IDENTITY FULL;
 INSERT INTO obs_orders SELECT i, 't' || lpad((i % 40 + 1)::text, 3, '0'), i % 100 FROM generate_series(1, 4000) AS i;
 SELECT sharding.distribute('obs_orders', 'tenant', 'obs') AS ok \gset
 SELECT sharding.fanout_reset() AS ok \gset

@@ -44,16 +44,20 @@ SELECT format('host=%s port=%s', split_part(current_setting('unix_socket_directo
 \c demo_n1
 CREATE EXTENSION sharding; CREATE EXTENSION dblink;
 CREATE TABLE orders (tenant text NOT NULL, id bigint PRIMARY KEY, amount integer NOT NULL);
+ALTER TABLE orders REPLICA IDENTITY FULL;  -- a move's deletes carry the key (docs/moves.md)
 \c demo_n2
 CREATE EXTENSION sharding; CREATE EXTENSION dblink;
 CREATE TABLE orders (tenant text NOT NULL, id bigint PRIMARY KEY, amount integer NOT NULL);
+ALTER TABLE orders REPLICA IDENTITY FULL;  -- a move's deletes carry the key (docs/moves.md)
 \c demo_n3
 CREATE EXTENSION sharding; CREATE EXTENSION dblink;
 CREATE TABLE orders (tenant text NOT NULL, id bigint PRIMARY KEY, amount integer NOT NULL);
+ALTER TABLE orders REPLICA IDENTITY FULL;  -- a move's deletes carry the key (docs/moves.md)
 \c demo_coord
 SET client_min_messages = warning;
 CREATE EXTENSION sharding; CREATE EXTENSION dblink;
 CREATE TABLE orders (tenant text NOT NULL, id bigint PRIMARY KEY, amount integer NOT NULL);
+ALTER TABLE orders REPLICA IDENTITY FULL;  -- a move's deletes carry the key (docs/moves.md)
 SELECT sharding.create_map('shop', 8, ARRAY['n1', 'n2']);
 SELECT sharding.add_node('n1', :'here' || ' dbname=demo_n1'), sharding.add_node('n2', :'here' || ' dbname=demo_n2'),
        sharding.add_node('n3', :'here' || ' dbname=demo_n3');

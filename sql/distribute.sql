@@ -20,6 +20,16 @@ CREATE TABLE nopk (workspace text);
 CREATE TABLE wrongtype (id bigint PRIMARY KEY, workspace numeric);
 
 SELECT sharding.distribute('"App Data"."Documents"', 'workspace', 'docs');
+-- The key outside the primary key: the replica identity must carry it
+-- (55000, nothing recorded), on the table and on each leaf partition.
+SELECT pg_temp.err($$SELECT sharding.distribute('comments', 'workspace', 'docs')$$);
+CREATE TABLE parted (id bigint, workspace text, PRIMARY KEY (workspace, id)) PARTITION BY RANGE (id);
+CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100);
+ALTER TABLE parted_1 REPLICA IDENTITY NOTHING;
+SELECT pg_temp.err($$SELECT sharding.distribute('parted', 'workspace', 'docs')$$);
+DROP TABLE parted;
+SELECT count(*) AS none_recorded FROM sharding.distributed_tables;
+ALTER TABLE comments REPLICA IDENTITY FULL;
 SELECT sharding.distribute('comments', 'workspace', 'docs');
 SELECT sharding.distribute('tenants', 'id', 'docs');
 SELECT * FROM sharding.distributed_tables ORDER BY schema_name, table_name;

@@ -6,6 +6,8 @@ CREATE EXTENSION sharding;
 SELECT sharding.create_map('fo_map', 8, ARRAY['a', 'b']);
 CREATE TABLE fo_orders (id bigint PRIMARY KEY, tenant text NOT NULL, amount integer);
 CREATE TABLE fo_items (id bigint PRIMARY KEY, tenant text NOT NULL, order_id bigint);
+ALTER TABLE fo_orders REPLICA IDENTITY FULL;
+ALTER TABLE fo_items REPLICA IDENTITY FULL;
 CREATE TABLE fo_plain (id bigint PRIMARY KEY, tenant text);
 CREATE TABLE fo_ints (id integer PRIMARY KEY, note text);
 SELECT sharding.distribute('fo_orders', 'tenant', 'fo_map');

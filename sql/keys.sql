@@ -33,7 +33,7 @@ DO $$
 DECLARE r record;
 BEGIN
     FOR r IN SELECT * FROM types LOOP
-        EXECUTE format('CREATE TABLE kt_%s (id bigint PRIMARY KEY, k %s)', r.n, r.t);
+        EXECUTE format('CREATE TABLE kt_%s (id bigint PRIMARY KEY, k %s) ; ALTER TABLE kt_%s REPLICA IDENTITY FULL', r.n, r.t, r.n);
     END LOOP;
 END $$;
 

@@ -30,6 +30,7 @@ CREATE FUNCTION sharding.distribute(tbl regclass, key_column name, map text) RET
 DECLARE
     nsp text;
     rel text;
+    bad text;
 BEGIN
     IF tbl IS NULL OR key_column IS NULL OR map IS NULL THEN
         RAISE EXCEPTION 'distribute needs a table, a key column and a map, got %, %, %',
@@ -50,6 +51,42 @@ BEGIN
         RAISE EXCEPTION 'table % has no primary key', tbl
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   DETAIL = 'Moving a shard online replicates updates and deletes by primary key.';
+    END IF;
+    -- What an online move carries (CONTRACT 15.1): the replica identity of
+    -- the table and of each leaf partition must carry the key, or a
+    -- delete's old row would not say which shard it deletes from. The move
+    -- checks both ends again when it starts (src/nodes/move_orchestrate.cpp).
+    SELECT x.problem || ' ' || x.relid::regclass::text INTO bad
+      FROM (SELECT r.relid, CASE
+                WHEN c.relreplident = 'f' THEN NULL
+                WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid
+                                    AND CASE c.relreplident WHEN 'd' THEN i.indisprimary
+                                                            WHEN 'i' THEN i.indisreplident ELSE false END)
+                    THEN 'none'
+                WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_index i
+                                   JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = key_column
+                                    AND a.attnum = ANY (i.indkey::pg_catalog.int2[])
+                                  WHERE i.indrelid = c.oid
+                                    AND CASE c.relreplident WHEN 'd' THEN i.indisprimary
+                                                            WHEN 'i' THEN i.indisreplident ELSE false END)
+                    THEN 'key' END AS problem
+              FROM (SELECT tbl::oid AS relid
+                    UNION SELECT p.relid::oid FROM pg_catalog.pg_partition_tree(tbl) AS p WHERE p.isleaf) AS r
+              JOIN pg_catalog.pg_class c ON c.oid = r.relid) AS x
+     WHERE x.problem IS NOT NULL
+     ORDER BY x.problem DESC, x.relid LIMIT 1;
+    IF bad LIKE 'none %' THEN
+        RAISE EXCEPTION 'table % has no replica identity', substr(bad, 6)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Moving a shard online replicates the table''s updates and deletes.',
+                  HINT = format('ALTER TABLE %s REPLICA IDENTITY FULL, or USING INDEX on a unique index that includes column %I.',
+                                substr(bad, 6), key_column);
+    ELSIF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'the replica identity of % does not include key column %', substr(bad, 5), quote_ident(key_column)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'A delete''s old row carries only the replica identity: moving a shard online could not tell which shard it deletes from.',
+                  HINT = format('ALTER TABLE %s REPLICA IDENTITY FULL, or USING INDEX on a unique index that includes column %I.',
+                                substr(bad, 5), key_column);
     END IF;
     INSERT INTO sharding.distributed_tables (schema_name, table_name, key_column, map)
     VALUES (nsp, rel, key_column, map);

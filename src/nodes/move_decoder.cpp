@@ -21,11 +21,18 @@
 // reverse as a DELETE of the old row. Where the old key is not in the
 // replica identity, the guard refuses key changes into or out of a moving
 // shard at the source for the time of the move (src/nodes/guard.cpp), so
-// the new key decides. A DELETE whose old tuple lacks the key (key column
-// not in the replica identity) is sent: the destination deletes by primary
-// key, and a row it does not have is a no-op there (primary keys must be
-// unique across the map's shards). Changes with a replication origin are
-// never sent (filter_by_origin): the engine's own deletes run under one.
+// the new key decides. A move refuses to start unless each table's (and
+// each leaf partition's) replica identity carries the key, and fails at
+// the cutover if one changed meanwhile: a DELETE's old tuple has the key,
+// and one without it (a NULL key, in no shard) is not sent. Sent, the
+// destination would delete by its primary key whatever row of its own has
+// that key. Changes under the engine's own replication origins are never
+// sent (change_travels): its deletes and other moves' applies; other
+// origins' changes are.
+//
+// A partitioned table's changes arrive on its leaf partitions: each is
+// mapped to its ancestor among the move's tables (table_of), and the
+// publication publishes them as the ancestor's (publish_via_partition_root).
 //
 // Large transactions streamed before they commit (a subscription with
 // streaming on; the engine's is off) go through the same filter.
@@ -47,7 +54,9 @@ extern "C" {
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "catalog/namespace.h"
+#include "catalog/partition.h"
 #include "catalog/pg_collation.h"
+#include "catalog/pg_subscription.h"
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "replication/logical.h"
@@ -58,9 +67,12 @@ extern "C" {
 #include "storage/lock.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 }
@@ -213,24 +225,94 @@ void check_controller(LogicalDecodingContext *ctx) {
                     errhint("The coordinator rolls the move back, or finishes it, when it is up again.")));
 }
 
+// The move's entry for a relation whose changes the decoder sees: one of
+// the move's tables, or a partition (at any depth) of one. Changes of a
+// partitioned table arrive on its leaf partitions, whose column numbers
+// may differ from the parent's: each relation's key column is resolved on
+// that relation itself. Cached per relation (none: a table of no move),
+// forgotten when the relation's catalog entry changes (ATTACH or DETACH
+// PARTITION, a column dropped or added), as the decoder replays it.
+struct RelEntry {
+    Oid relid;  // the hash key
+    bool moved;
+    MoveTable table;  // the relation's own key column (when moved)
+};
+
+HTAB *rel_cache = nullptr;
+bool rel_callback_registered = false;
+
+// Any relation's change may be a partition's ATTACH or DETACH, or a
+// change of the key column's number: everything is resolved again.
+void forget_relations(Datum, Oid) {
+    if (rel_cache == nullptr) return;
+    HASH_SEQ_STATUS seq;
+    hash_seq_init(&seq, rel_cache);
+    for (RelEntry *e; (e = static_cast<RelEntry *>(hash_seq_search(&seq))) != nullptr;)
+        hash_search(rel_cache, &e->relid, HASH_REMOVE, nullptr);
+}
+
+// The cache lives in config_cxt: gone with it (also when a decoding
+// through SQL ends in an ERROR and never reaches the shutdown callback),
+// so the relcache callback never sees a freed table.
+void cache_gone(void *) { rel_cache = nullptr; }
+
+// The index in config.tables of relid, or of its nearest ancestor there; -1.
+int move_table_index(Oid relid) {
+    for (int i = 0; i < config.ntables; i++)
+        if (config.tables[i].relid == relid) return i;
+    if (!get_rel_relispartition(relid)) return -1;
+    List *ancestors = get_partition_ancestors(relid);
+    int found = -1;
+    ListCell *lc;
+    foreach (lc, ancestors) {
+        Oid a = lfirst_oid(lc);
+        for (int i = 0; i < config.ntables && found < 0; i++)
+            if (config.tables[i].relid == a) found = i;
+        if (found >= 0) break;
+    }
+    list_free(ancestors);
+    return found;
+}
+
 MoveTable *table_of(Relation rel) {
     Oid relid = RelationGetRelid(rel);
-    for (int i = 0; i < config.ntables; i++)
-        if (config.tables[i].relid == relid) {
-            MoveTable *t = &config.tables[i];
-            if (t->key_att == 0) {
-                t->key_att = get_attnum(relid, t->key_column);
-                if (t->key_att == InvalidAttrNumber)
-                    ereport(ERROR, (errmsg("key column \"%s\" of table %u is missing", t->key_column, relid)));
-                t->key_type = getBaseType(TupleDescAttr(RelationGetDescr(rel), t->key_att - 1)->atttypid);
-                Oid out;
-                bool varlena;
-                getTypeOutputInfo(t->key_type, &out, &varlena);
-                fmgr_info_cxt(out, &t->key_out, config_cxt);
-            }
-            return t;
+    if (rel_cache == nullptr) {
+        HASHCTL ctl;
+        memset(&ctl, 0, sizeof(ctl));
+        ctl.keysize = sizeof(Oid);
+        ctl.entrysize = sizeof(RelEntry);
+        ctl.hcxt = config_cxt;
+        rel_cache = hash_create("sharding move decoder relations", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+        auto *gone = static_cast<MemoryContextCallback *>(MemoryContextAllocZero(config_cxt, sizeof(MemoryContextCallback)));
+        gone->func = cache_gone;
+        MemoryContextRegisterResetCallback(config_cxt, gone);
+        if (!rel_callback_registered) {
+            CacheRegisterRelcacheCallback(forget_relations, (Datum)0);
+            rel_callback_registered = true;
         }
-    return nullptr;
+    }
+    RelEntry *e = static_cast<RelEntry *>(hash_search(rel_cache, &relid, HASH_FIND, nullptr));
+    if (e != nullptr) return e->moved ? &e->table : nullptr;
+    // Resolved before the entry is made: the catalog lookups may process
+    // invalidations, which empty the cache (forget_relations).
+    MoveTable t{};
+    int i = move_table_index(relid);
+    if (i >= 0) {
+        t.relid = relid;
+        t.key_column = config.tables[i].key_column;
+        t.key_att = get_attnum(relid, t.key_column);
+        if (t.key_att == InvalidAttrNumber)
+            ereport(ERROR, (errmsg("key column \"%s\" of table %u is missing", t.key_column, relid)));
+        t.key_type = getBaseType(TupleDescAttr(RelationGetDescr(rel), t.key_att - 1)->atttypid);
+        Oid out;
+        bool varlena;
+        getTypeOutputInfo(t.key_type, &out, &varlena);
+        fmgr_info_cxt(out, &t.key_out, config_cxt);
+    }
+    e = static_cast<RelEntry *>(hash_search(rel_cache, &relid, HASH_ENTER, nullptr));
+    e->moved = i >= 0;
+    e->table = t;
+    return e->moved ? &e->table : nullptr;
 }
 
 // The key's canonical text (its type's output), for pins and isolate.
@@ -282,9 +364,43 @@ int tuple_moves(MoveTable *t, Relation rel, HeapTuple tup) {
     return key_moves(t, key) ? 1 : 0;
 }
 
+// Whether a replication origin is one of the engine's: a move's deletes
+// run under origins named sharding_move_<map>_<logical>[_<part>]
+// (move_delete.cpp), and a move's subscription into this node (of another
+// shard) applies under pg_<its oid>[_<relid>]. Looked up by the origin's
+// id every time (a syscache lookup, only for changes with an origin): an
+// origin created after the stream began is known at once, and an id that
+// a dropped origin leaves behind is never mistaken for it. Catalog lookups
+// need a transaction: this runs in the change callback, never in
+// filter_by_origin (called outside one, while the WAL is read).
+bool engine_origin(RepOriginId origin_id) {
+    char *name = nullptr;
+    if (!replorigin_by_oid(origin_id, true, &name) || name == nullptr) return false;
+    const bool moves = strncmp(name, "sharding_move_", strlen("sharding_move_")) == 0;
+    char *end = nullptr;
+    unsigned long sub = !moves && strncmp(name, "pg_", 3) == 0 ? strtoul(name + 3, &end, 10) : 0;
+    const bool numbered = sub != 0 && end != name + 3 && (*end == '\0' || *end == '_') && sub <= PG_UINT32_MAX;
+    pfree(name);
+    if (moves) return true;
+    if (!numbered) return false;
+    HeapTuple tup = SearchSysCache1(SUBSCRIPTIONOID, ObjectIdGetDatum((Oid)sub));
+    if (!HeapTupleIsValid(tup)) return false;
+    bool ours = strncmp(NameStr(((Form_pg_subscription)GETSTRUCT(tup))->subname), "sharding_move_",
+                        strlen("sharding_move_")) == 0;
+    ReleaseSysCache(tup);
+    return ours;
+}
+
 // Whether the change travels (possibly turned into an INSERT or a DELETE).
 bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChange *change) {
     load_config(ctx);
+    // Changes the engine made under its own origins are not the shard's
+    // writers': its deletes, or another move's apply into this node (of
+    // another shard). Changes of any other origin (a subscription of the
+    // user's, a session under pg_replication_origin_session_setup) are rows
+    // of the shard like any. (Looked up before table_of: its entry must
+    // not meet a catalog lookup's invalidations while it is used.)
+    if (change->origin_id != InvalidRepOriginId && engine_origin(change->origin_id)) return false;
     MoveTable *t = table_of(rel);
     if (t == nullptr) return false;  // not a table of the map
     HeapTuple newtup = SHARDING_CHANGE_TUPLE(change->data.tp.newtuple);
@@ -308,7 +424,7 @@ bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChan
         break;
     }
     case REORDER_BUFFER_CHANGE_DELETE:
-        if (tuple_moves(t, rel, oldtup) == 0) return false;
+        if (tuple_moves(t, rel, oldtup) != 1) return false;
         break;
     default:
         break;
@@ -328,15 +444,11 @@ void filtered_stream_change(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, 
     if (change_travels(ctx, rel, change)) pgoutput_stream_change(ctx, txn, rel, change);
 }
 
-// Changes that carry a replication origin are not the shard's writers':
-// applied by a subscription (another move into this node, of another
-// shard) or the engine's own deletes (run under an origin). None travels.
-bool filtered_origin(LogicalDecodingContext *, RepOriginId origin_id) { return origin_id != InvalidRepOriginId; }
-
 void filtered_shutdown(LogicalDecodingContext *ctx) {
     if (pgoutput_shutdown) pgoutput_shutdown(ctx);
     config = MoveConfig{};
     config_cxt = nullptr;  // a child of ctx->context, freed with it
+    rel_cache = nullptr;   // allocated in config_cxt
     controller_seen = 0;
 }
 
@@ -355,11 +467,11 @@ void _PG_output_plugin_init(OutputPluginCallbacks *cb) {
     cb->change_cb = filtered_change;
     if (cb->stream_change_cb != nullptr) cb->stream_change_cb = filtered_stream_change;
     cb->shutdown_cb = filtered_shutdown;
-    cb->filter_by_origin_cb = filtered_origin;
     // A decoding that ended in an ERROR (through SQL) never reached the
     // shutdown callback: its context, and config_cxt with it, are gone.
     config = MoveConfig{};
     config_cxt = nullptr;
+    rel_cache = nullptr;
     controller_seen = 0;
 }
 }

@@ -474,6 +474,101 @@ std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables) {
 // the source's copy kept; nothing tidies it after.
 struct VerifyFailed {};
 
+
+// ------------------------------------------------------------------ what the ends have
+// (CONTRACT 15.1: every kind of distributed table, schemas compared.)
+
+// The replica identity of each table at one end, and of each of its leaf
+// partitions (a partitioned table's changes are logged by its leaves,
+// each with its own replica identity): a table without one (none, NOTHING,
+// an identity index dropped) makes PostgreSQL refuse every UPDATE and
+// DELETE of it at the source once the move publishes it; one that does
+// not carry the key column leaves a DELETE's old row without the key, which
+// the decoder could not place in a shard. 55000 naming the table, before
+// anything is created.
+void check_identity(const char *conn, const Text &where, const MoveTable &t, const std::string &map) {
+    const std::string rel = lit(t.rel) + "::pg_catalog.regclass";
+    const std::string identity_index =
+        "i.indrelid = c.oid AND CASE c.relreplident WHEN 'd' THEN i.indisprimary WHEN 'i' THEN i.indisreplident "
+        "ELSE false END";
+    Text bad = dbl(conn,
+                   "SELECT x.problem || ' ' || x.relid::pg_catalog.regclass::text FROM (SELECT r.relid, CASE "
+                   "WHEN c.relreplident = 'f' THEN NULL "
+                   "WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_index i WHERE " + identity_index + ") THEN 'none' "
+                   "WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid "
+                   "AND a.attname OPERATOR(pg_catalog.=) " + lit(t.key_column) + " AND a.attnum OPERATOR(pg_catalog.=) "
+                   "ANY (i.indkey::pg_catalog.int2[]) WHERE " + identity_index + ") THEN 'key' END AS problem "
+                   "FROM (SELECT " + rel + "::pg_catalog.oid AS relid UNION SELECT p.relid::pg_catalog.oid "
+                   "FROM pg_catalog.pg_partition_tree(" + rel + ") AS p WHERE p.isleaf) AS r "
+                   "JOIN pg_catalog.pg_class c ON c.oid = r.relid) AS x WHERE x.problem IS NOT NULL "
+                   "ORDER BY x.problem DESC, x.relid LIMIT 1");
+    if (!bad) return;
+    const std::string what = bad->substr(bad->find(' ') + 1);
+    const std::string of = what == t.rel ? std::string() : " (a partition of " + t.rel + ")";
+    const char *node = c(where) ? c(where) : "<NULL>";
+    if (bad->compare(0, 5, "none ") == 0)
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"An online move publishes the updates and deletes of the map's tables: PostgreSQL refuses them "
+                     "for a table without a replica identity, and the destination could not apply them.",
+                     "Give " + what + " a primary key, or ALTER TABLE " + what +
+                         " REPLICA IDENTITY FULL (or USING INDEX on a unique index that includes column \"" +
+                         t.key_column + "\"), then move again."},
+             "table %s%s of map \"%s\" has no replica identity on node \"%s\"", what.c_str(), of.c_str(), map.c_str(),
+             node);
+    fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+         Explain{"A delete's old row carries only the replica identity: without key column \"" + t.key_column +
+                     "\" the move could not tell which shard it deletes from.",
+                 "ALTER TABLE " + what + " REPLICA IDENTITY FULL, or USING INDEX on a unique index that includes "
+                     "column \"" + t.key_column + "\", then move again."},
+         "the replica identity of %s%s on node \"%s\" does not include key column \"%s\" of map \"%s\"", what.c_str(),
+         of.c_str(), node, t.key_column.c_str(), map.c_str());
+}
+
+// A table's columns there (not dropped; generated ones only when `all`,
+// their type marked with a '*'), in column order, as
+// "<bytes>:<name><bytes>:<type>..." (parsed by columns_of, never spliced).
+std::string columns_query(const std::string &rel, bool all) {
+    return "SELECT coalesce(pg_catalog.string_agg(pg_catalog.octet_length(a.attname::text)::text || ':' || "
+           "a.attname::text || pg_catalog.octet_length(t.t)::text || ':' || t.t, '' ORDER BY a.attnum), '') "
+           "FROM pg_catalog.pg_attribute a, LATERAL (SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) || "
+           "CASE WHEN a.attgenerated OPERATOR(pg_catalog.<>) '' THEN '*' ELSE '' END AS t) AS t "
+           "WHERE a.attrelid = " + lit(rel) + "::pg_catalog.regclass AND a.attnum OPERATOR(pg_catalog.>) 0 "
+           "AND NOT a.attisdropped" + (all ? "" : " AND a.attgenerated OPERATOR(pg_catalog.=) ''");
+}
+
+// (name, type) pairs of columns_query's answer; 08P01 when it is not one.
+std::vector<std::pair<std::string, std::string>> columns_of(const char *conn, const std::string &rel, bool all) {
+    const Text answer = dbl(conn, columns_query(rel, all));
+    const std::string s = answer.value_or(std::string());
+    std::vector<std::string> items;
+    for (size_t at = 0; at < s.size();) {
+        const size_t colon = s.find(':', at);
+        if (colon == std::string::npos || colon == at || colon - at > 9 ||
+            s.find_first_not_of("0123456789", at) < colon)
+            bad_answer(conn == kSrc ? "source" : "destination", "the columns of a table", answer);
+        const size_t len = std::strtoul(s.substr(at, colon - at).c_str(), nullptr, 10);
+        if (colon + 1 + len > s.size()) bad_answer(conn == kSrc ? "source" : "destination", "the columns of a table", answer);
+        items.push_back(s.substr(colon + 1, len));
+        at = colon + 1 + len;
+    }
+    if (!answer || items.size() % 2 != 0)
+        bad_answer(conn == kSrc ? "source" : "destination", "the columns of a table", answer);
+    std::vector<std::pair<std::string, std::string>> out;
+    for (size_t i = 0; i < items.size(); i += 2) out.emplace_back(items[i], items[i + 1]);
+    return out;
+}
+
+// A table's column signature there: a digest of every column (name, type,
+// generated or not) and of the replica identity of the table and of each
+// of its partitions (its kind and index), compared again at the cutover.
+std::string column_signature(const char *conn, const std::string &rel) {
+    const std::string r = lit(rel) + "::pg_catalog.regclass";
+    return must(dbl(conn, "SELECT pg_catalog.md5(c.v || '/' || (SELECT pg_catalog.string_agg(k.relreplident::text || "
+                          "coalesce((SELECT i.indkey::text FROM pg_catalog.pg_index i WHERE i.indrelid = k.oid AND "
+                          "i.indisreplident), ''), ',' ORDER BY k.oid) FROM (SELECT " + r + " AS relid UNION SELECT "
+                          "p.relid FROM pg_catalog.pg_partition_tree(" + r + ") AS p) AS t JOIN pg_catalog.pg_class k "
+                          "ON k.oid = t.relid)) FROM (" + columns_query(rel, true) + ") AS c(v)"));
+}
 }  // namespace
 
 // ------------------------------------------------------------------ names and tables
@@ -615,6 +710,25 @@ void hold_storage(const char *conn, const std::string &table_list, const std::st
                      "Run them before or after a move, then move the shard again."},
              "%s was truncated or rewritten on node \"%s\" while logical shard %d of map \"%s\" was being moved",
              changed->c_str(), c(where) ? c(where) : "<NULL>", logical, map.c_str());
+}
+
+// hold_columns: in hold_storage's transaction there (the tables held in
+// ACCESS SHARE mode, which ALTER TABLE conflicts with), 55000 if a table's
+// column signature is not what it was when the move started: the stream
+// carries rows of the columns it had, the destination may not have a new
+// one, and the copy did not carry it; a replica identity changed may have
+// left a delete without its key.
+void hold_columns(const char *conn, const std::vector<CopyTable> &tables, const std::vector<std::string> &noted,
+                  const Text &where, const std::string &map, int32 logical) {
+    for (size_t i = 0; i < tables.size() && i < noted.size(); i++)
+        if (column_signature(conn, tables[i].rel) != noted[i])
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"An online move carries rows of the columns its tables had when it started: the move is "
+                         "rolled back and the old owner keeps the shard.",
+                         "Change a distributed table's columns before or after a move (at every node), then move "
+                         "the shard again."},
+                 "the columns or the replica identity of %s changed on node \"%s\" while logical shard %d of map \"%s\" was being moved",
+                 tables[i].rel.c_str(), c(where) ? c(where) : "<NULL>", logical, map.c_str());
 }
 
 // _move_wait_flush: waits until the move's slot at the source has
@@ -827,6 +941,70 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
         }
         table_list += (table_list.empty() ? "" : ", ") + t.rel;
     }
+    // What the ends have, before anything is created (CONTRACT 15.1): a
+    // table the coordinator does not have is not left behind unmoved; each
+    // table's replica identity at both ends; its columns read at the
+    // source (what is copied) and found at the destination with the same
+    // types; and each table's column signature at both ends, compared again
+    // at the cutover.
+    std::vector<std::string> signature_src, signature_dst;
+    {
+        Text missing = spi_value("SELECT pg_catalog.string_agg(pg_catalog.quote_ident(d.schema_name) || '.' || "
+                                 "pg_catalog.quote_ident(d.table_name), ', ') FROM sharding.distributed_tables d "
+                                 "WHERE d.map = $1 AND pg_catalog.to_regclass(pg_catalog.quote_ident(d.schema_name) "
+                                 "|| '.' || pg_catalog.quote_ident(d.table_name)) IS NULL",
+                                 {map.c_str()});
+        if (missing) {
+            disconnect();
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"The coordinator describes the map's tables for a move; a table it does not have would "
+                         "stay behind at the source.",
+                         "Create the table on the coordinator too (it holds no rows), or undistribute it."},
+                 "distributed table %s of map \"%s\" does not exist on the coordinator", missing->c_str(), map.c_str());
+        }
+        bool refused = false;
+        Caught why;
+        refused = !subxact(
+            [&] {
+                for (size_t i = 0; i < tables.size(); i++) {
+                    check_identity(kSrc, source, described[i], map);
+                    check_identity(kDst, Text(node), described[i], map);
+                    const auto src_cols = columns_of(kSrc, tables[i].rel, false);
+                    const auto dst_cols = columns_of(kDst, tables[i].rel, false);
+                    std::string cols;
+                    std::vector<std::string> names;
+                    for (const auto &sc : src_cols) {
+                        auto d = std::find_if(dst_cols.begin(), dst_cols.end(),
+                                              [&](const auto &dc) { return dc.first == sc.first; });
+                        if (d == dst_cols.end())
+                            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                                 Explain{"A move copies every column the source has; nothing was copied.",
+                                         "Add the column at the destination (or drop it at the source), then move again."},
+                                 "column \"%s\" of %s is missing on node \"%s\"", sc.first.c_str(),
+                                 tables[i].rel.c_str(), node.c_str());
+                        if (d->second != sc.second)
+                            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                                 Explain{"A move copies every column the source has, into the same type; nothing was "
+                                         "copied.",
+                                         "Give the column the same type at both ends, then move again."},
+                                 "column \"%s\" of %s is %s on node \"%s\" but %s on node \"%s\"", sc.first.c_str(),
+                                 tables[i].rel.c_str(), sc.second.c_str(), c(source) ? c(source) : "<NULL>",
+                                 d->second.c_str(), node.c_str());
+                        cols += (cols.empty() ? "" : ", ") + ident(sc.first);
+                        names.push_back(sc.first);
+                    }
+                    tables[i].cols = cols;
+                    tables[i].attnames = names;
+                    signature_src.push_back(column_signature(kSrc, tables[i].rel));
+                    signature_dst.push_back(column_signature(kDst, tables[i].rel));
+                }
+            },
+            &why);
+        if (refused) {
+            disconnect();
+            reraise(why);
+        }
+    }
     if (tables.empty()) {
         // No distributed table: nothing to carry, the switch is the move.
         disconnect();
@@ -875,8 +1053,11 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             storage_src = storage_of(kSrc, rels);
             storage_dst = storage_of(kDst, rels);
             // 2. Publication, then the slot: changes from here on are kept.
+            // A partitioned table's changes are published as its own (the
+            // decoder maps each leaf to it), so the destination applies them
+            // into its table, however its partitions are named or bounded.
             dbl(kSrc, "CREATE PUBLICATION " + ident(name) + " FOR TABLE " + table_list +
-                          " WITH (publish = 'insert, update, delete')");
+                          " WITH (publish = 'insert, update, delete', publish_via_partition_root = true)");
             // The decoder's instructions first (committed before the slot, so
             // its historic snapshot sees them).
             std::string oids, key_columns;
@@ -1017,6 +1198,9 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             hold_storage(kDst, table_list, storage_dst, Text(node), map, logical);
             // The destination's rows as of the switch, for the verification.
             if (verify) hold_verify_snapshot(node);
+            // Nor changed a table's columns (under the same locks).
+            hold_columns(kSrc, tables, signature_src, source, map, logical);
+            hold_columns(kDst, tables, signature_dst, Text(node), map, logical);
             // The switch and the journal's 'cleanup' commit together, over
             // this database's own connection.
             if (!key)

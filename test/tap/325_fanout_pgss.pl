@@ -19,6 +19,7 @@ for my $order ('pg_stat_statements,sharding', 'sharding,pg_stat_statements')
 CREATE EXTENSION pg_stat_statements;
 SELECT sharding.create_map('m', 8, ARRAY['a', 'b']);
 CREATE TABLE events (id bigint PRIMARY KEY, tenant text NOT NULL);
+ALTER TABLE events REPLICA IDENTITY FULL;
 SELECT sharding.distribute('events', 'tenant', 'm');
 INSERT INTO events SELECT i, 't' || (i % 10) FROM generate_series(1, 100) AS i;
 SELECT sharding.fanout_reset();

@@ -28,6 +28,7 @@ is(sq('SHOW shared_preload_libraries'), '', 'the cluster preloads nothing');
 $node->safe_psql('postgres', <<'SQL');
 SELECT sharding.create_map('m', 8, ARRAY['a', 'b']);
 CREATE TABLE orders (id bigint PRIMARY KEY, tenant text NOT NULL, status text NOT NULL);
+ALTER TABLE orders REPLICA IDENTITY FULL;
 SELECT sharding.distribute('orders', 'tenant', 'm');
 INSERT INTO orders SELECT i, 't' || (i % 10), 'new' FROM generate_series(1, 100) AS i;
 SQL

@@ -15,6 +15,7 @@ sub sql { return $node->safe_psql('postgres', $_[0]); }
 sql(q{
 SELECT sharding.create_map('m', 16, ARRAY['n1', 'n2']);
 CREATE TABLE accounts (id bigint PRIMARY KEY, tenant text NOT NULL, balance integer NOT NULL DEFAULT 0);
+ALTER TABLE accounts REPLICA IDENTITY FULL;
 SELECT sharding.distribute('accounts', 'tenant', 'm');
 INSERT INTO accounts SELECT i, 'tenant-' || (i % 100), 0 FROM generate_series(1, 1000) AS i;
 SELECT sharding.fanout_reset();

@@ -125,6 +125,8 @@ my $msgs = $d->safe_psql('coord',
 # in: insert, update; out: nothing; out->in: insert; in->out: delete; delete of
 # the row now in the shard; the other delete not sent.
 like($msgs, qr/^\s*IUIDD$/, 'decoder: the shard\'s insert and update; a key brought in as I, taken out as D; other keys not sent');
+# (The session that held the lock may still be exiting: wait until the lock is free.)
+wait_for_sql($d, 'coord', "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1936220515 AND objsubid = 2", '0');
 my (undef, undef, $gone) = $d->psql('coord', $peek);
 like($gone, qr/the online move of slot "sharding_move_dtest" has lost its coordinator/,
 	'decoder: nothing is sent when nobody holds the controller lock');

@@ -43,6 +43,7 @@ $c->safe_psql('coord', qq{
 	CREATE DATABASE n1;
 	CREATE DATABASE n2;
 	CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
+	ALTER TABLE accounts REPLICA IDENTITY FULL;
 	SELECT sharding.create_map('bank', 4, ARRAY['n1']);
 	SELECT sharding.add_node('n1', '@{[ $dsn->('n1') ]}'), sharding.add_node('n2', '@{[ $dsn->('n2') ]}');
 	SELECT sharding.distribute('accounts', 'tenant', 'bank');

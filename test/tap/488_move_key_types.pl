@@ -20,7 +20,7 @@ use ShardingNode;
 use MoveTest;
 
 my ($coord, $a, $b) = move_cluster();
-my $table = 'CREATE TABLE items (id bigint PRIMARY KEY, k bigint NOT NULL, val text)';
+my $table = 'CREATE TABLE items (id bigint PRIMARY KEY, k bigint NOT NULL, val text) ; ALTER TABLE items REPLICA IDENTITY FULL';
 $_->[0]->safe_psql($_->[1], $table) for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
 $coord->safe_psql('coord', q{
 	SELECT sharding.create_map('ids', 8, ARRAY['n1', 'n2']);

@@ -51,6 +51,7 @@ is(join(' ', map { $node{$_}->safe_psql('postgres', 'SHOW wal_level') } @names),
 # ---------------------------------------------------------------- data nodes
 my $data_node_sql = <<'SQL';
 CREATE TABLE documents (workspace_id text NOT NULL, id bigint PRIMARY KEY, body text);
+ALTER TABLE documents REPLICA IDENTITY FULL;
 CREATE INDEX ON documents (workspace_id);
 -- The data node's writer. No node name in it: the guard on documents
 -- refuses (55000) a workspace this node does not own now, and makes a move
@@ -87,6 +88,7 @@ SELECT sharding.pin('docs', 'whale', 'n4');
 SELECT sharding.plproxy_install();
 -- The table's definition, to distribute it (its rows live on the nodes).
 CREATE TABLE documents (workspace_id text NOT NULL, id bigint PRIMARY KEY, body text);
+ALTER TABLE documents REPLICA IDENTITY FULL;
 SELECT sharding.distribute('documents', 'workspace_id', 'docs');
 
 CREATE FUNCTION insert_document(workspace_id text, id bigint, body text) RETURNS void

@@ -52,7 +52,11 @@ sub jobs_cluster
 	%HOST = (coord => $c, n1 => $d, n2 => $d, n3 => $d);
 	my $tables = "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
 	    CREATE TABLE events (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
-	    CREATE INDEX ON accounts (tenant); CREATE INDEX ON events (tenant);";
+	    CREATE INDEX ON accounts (tenant); CREATE INDEX ON events (tenant);
+	    CREATE UNIQUE INDEX accounts_identity ON accounts (id, tenant);
+	    ALTER TABLE accounts REPLICA IDENTITY USING INDEX accounts_identity;
+	    CREATE UNIQUE INDEX events_identity ON events (id, tenant);
+	    ALTER TABLE events REPLICA IDENTITY USING INDEX events_identity;";
 	for my $n (qw(n1 n2 n3))
 	{
 		$d->safe_psql('postgres', "CREATE DATABASE $n");

@@ -1,0 +1,4 @@
+-- distribute refuses a table (or leaf partition) whose replica identity
+-- does not carry the key column (CONTRACT 15.1, docs/moves.md "What a move
+-- carries, what it refuses").
+-- @replace sharding.distribute
