@@ -246,6 +246,7 @@ $a->safe_psql('n1', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHER
 $fence->{h}->finish;
 $mv->{h}->finish;
 ok($ended, sprintf('the move ends while the fence is held (%.1f s)', $took));
+diag(sprintf('bounded freeze (timeout 3 s, 3 tries): a writer of the shard waited %.2f s; the move failed after %.1f s', $waited, $took));
 like(${ $mv->{err} }, qr/ERROR:\s+55P03: /, 'the move fails with 55P03');
 is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S3"), 'n1', 'n1 keeps the shard');
 is(shard_rows($b, 'n2', $S3), '0', 'nothing of the shard is left at the destination');
