@@ -760,6 +760,31 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
                      "Set wal_level = logical on the source (postgresql.conf) and restart it."},
              "wal_level of node \"%s\" is not logical", c(source) ? c(source) : "<NULL>");
     }
+    // The map's tables now, for the prerequisites (the plan below keeps
+    // those of them that are still distributed then).
+    const std::vector<MoveTable> live = move_tables(map);
+    for (const MoveTable &t : live) {
+        if (dbl(kSrc, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t") ||
+            dbl(kDst, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t")) {
+            disconnect();
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"", "Create the map's distributed tables on every data node."},
+                 "table %s of map \"%s\" is missing on node \"%s\" or \"%s\"", t.rel.c_str(), map.c_str(),
+                 c(source) ? c(source) : "<NULL>", node.c_str());
+        }
+    }
+    if (live.empty()) {
+        // No distributed table: nothing to carry, the switch is the move.
+        disconnect();
+        if (!key)
+            out.new_epoch = switch_owner(Text(map), Text(logical_s), Text(node));
+        else
+            spi_value("SELECT sharding.pin($1, $2, $3)", {map.c_str(), c(key), node.c_str()});
+        return out;
+    }
+    Text src_dsn = spi_value("SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1", {c(source)});
+
+    // The journal says 'copying' before the publication and the slot exist.
     // The plan, fixed once (docs/moves.md, "A move's plan is fixed when it
     // starts"): under the map's plan lock, which pin, unpin, pin_many,
     // distribute, undistribute and drop_map take in share mode until they
@@ -805,7 +830,8 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     }
     std::vector<MoveTable> described;
     std::vector<CopyTable> tables;
-    for (MoveTable &m : move_tables(map)) {
+    std::string table_list;
+    for (const MoveTable &m : live) {
         std::string filter;
         if (move_id) {
             // Only the tables of the plan, with its conditions.
@@ -819,37 +845,16 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
         } else
             filter = filter_sql(m.key_column, m.key_type, Text(shards), Text(logical_s), key, pins, npins);
         tables.push_back(CopyTable{m.rel, filter, m.cols, m.attnames});
-        described.push_back(std::move(m));
+        described.push_back(m);
+        table_list += (table_list.empty() ? "" : ", ") + m.rel;
     }
-    std::string table_list;
-    for (const CopyTable &t : tables) {
-        if (dbl(kSrc, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t") ||
-            dbl(kDst, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t")) {
-            disconnect();
-            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                 Explain{"", "Create the map's distributed tables on every data node."},
-                 "table %s of map \"%s\" is missing on node \"%s\" or \"%s\"", t.rel.c_str(), map.c_str(),
-                 c(source) ? c(source) : "<NULL>", node.c_str());
-        }
-        table_list += (table_list.empty() ? "" : ", ") + t.rel;
-    }
-    if (tables.empty()) {
-        // No distributed table: nothing to carry, the switch is the move.
-        disconnect();
-        if (!key)
-            out.new_epoch = switch_owner(Text(map), Text(logical_s), Text(node));
-        else {
-            // The move's own pin passes _move_refuse.
-            spi_value("SELECT pg_catalog.set_config('sharding_move.own', $1, true)", {c(move_id)});
-            spi_value("SELECT sharding.pin($1, $2, $3)", {map.c_str(), c(key), node.c_str()});
-            spi_value("SELECT pg_catalog.set_config('sharding_move.own', '', true)", {});
-        }
-        return out;
-    }
-    Text src_dsn = spi_value("SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1", {c(source)});
-
-    // The journal says 'copying' before the publication and the slot exist.
-    phase(map, logical, "copying");
+    if (tables.empty())
+        // Undistributed between the look above and the plan (its journal
+        // row, in 'copying' with a plan of no table, is rolled back: nothing
+        // was made anywhere).
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, Explain{"", "Move the shard again."},
+             "the distributed tables of map \"%s\" changed while the move of logical shard %d started", map.c_str(),
+             logical);
     // The destination's session is known by this name there: an undo ends
     // whatever it may still run ...
     dbl(kDst, "SET application_name = " + lit(name));
@@ -882,15 +887,6 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             rels = "ARRAY[" + rels + "]::pg_catalog.regclass[]";
             storage_src = storage_of(kSrc, rels);
             storage_dst = storage_of(kDst, rels);
-            // The plan's leaf partitions at the source (a table that is not
-            // partitioned is its own leaf).
-            if (move_id)
-                journal("UPDATE sharding.move_journal SET plan_leaves = " +
-                        lit(must(dbl(kSrc, "SELECT coalesce(pg_catalog.array_agg(p.relid::pg_catalog.regclass::text "
-                                           "ORDER BY p.relid::pg_catalog.regclass::text), '{}')::text FROM "
-                                           "pg_catalog.unnest(" + rels + ") AS r(rel), pg_catalog.pg_partition_tree(r.rel) "
-                                           "AS p WHERE p.isleaf"))) +
-                        "::text[] WHERE move = " + *move_id);
             // 2. Publication, then the slot: changes from here on are kept.
             dbl(kSrc, "CREATE PUBLICATION " + ident(name) + " FOR TABLE " + table_list +
                           " WITH (publish = 'insert, update, delete')");
@@ -919,6 +915,16 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             // below reads exactly what precedes the slot's stream.
             Text snapshot = spi_value("SELECT s.snapshot FROM sharding._move_slot_create($1, $2, 'sharding', $3) AS s",
                                       {c(source), name.c_str(), c(plugin_opts)});
+
+            // The plan's leaf partitions at the source (a table that is not
+            // partitioned is its own leaf).
+            if (move_id)
+                journal("UPDATE sharding.move_journal SET plan_leaves = " +
+                        lit(must(dbl(kSrc, "SELECT coalesce(pg_catalog.array_agg(p.relid::pg_catalog.regclass::text "
+                                           "ORDER BY p.relid::pg_catalog.regclass::text), '{}')::text FROM "
+                                           "pg_catalog.unnest(" + rels + ") AS r(rel), pg_catalog.pg_partition_tree(r.rel) "
+                                           "AS p WHERE p.isleaf"))) +
+                        "::text[] WHERE move = " + *move_id);
 
             // 3. Copy, filtered at the source.
             step = "copying";
