@@ -14,7 +14,12 @@ PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 AWK="awk -f sql/upgrade/include.awk"
 current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
 install=sql/sharding--$current.sql
-upgrade=sql/sharding--1.2--$current.sql
+# The deltas of the open version (sql/upgrade/<from>--<current>/): older
+# upgrade scripts are frozen as released.
+delta_dir=$(ls -d sql/upgrade/*--"$current" | head -1)
+from=$(basename "$delta_dir")
+from=${from%%--*}
+upgrade=sql/sharding--$from--$current.sql
 echo "1..13"
 
 make -s --no-print-directory "$install" "$upgrade" PG_CONFIG=$PG_CONFIG >/dev/null
@@ -29,7 +34,7 @@ is "$(cat sql/install/*.sql | grep -v '^-- @\(object \|end\)' | md5sum)" "$(md5s
 
 # Every block a delta names stands in the upgrade script as in its fragment
 # (CREATE made CREATE OR REPLACE for @replace).
-names=$(grep -ho '^-- @\(include\|replace\) .*' sql/upgrade/*/*.sql | sort -u)
+names=$(grep -ho '^-- @\(include\|replace\) .*' "$delta_dir"/*.sql | sort -u)
 missing=
 while read -r directive name; do
     [ -n "$name" ] || continue
