@@ -22,7 +22,8 @@
 #   (d) a fence held open at the source by a role that can only log in:
 #       the move fails with 55P03 after its 3 tries of
 #       sharding.move_freeze_timeout, nothing lost, and a writer of the
-#       shard waits at most the timeout;
+#       shard waits at most the timeout; released during the retries, the
+#       move succeeds;
 #   (e) DROP EXTENSION sharding and detach_node of an end during a move:
 #       55006 naming the move; the move then completes.
 use strict;
@@ -254,6 +255,28 @@ is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'ban
 is(shard_rows($b, 'n2', $S3), '0', 'nothing of the shard is left at the destination');
 is(shard_rows($a, 'n1', $S3), (split m{/}, $sum3)[0] + ($wrc == 0 ? 1 : 0), 'every row of the shard is at the source');
 is(leftovers($coord, $a, $b), $clean, 'bounded freeze: nothing of the move is left');
+
+# The same with the fence released during the retries: the move succeeds.
+my $sum3b = shard_sum($a, 'n1', $S3);
+($fout, $ferr) = ('', '');
+$fence = { out => \$fout, err => \$ferr };
+$fence->{h} = IPC::Run::start([ 'psql', '-XAtq', '-d', $a->connstr('n1') . ' user=login_only', '-c',
+		"BEGIN; SELECT sharding.fence('bank', $S3, $epoch); SELECT pg_sleep(600)" ], '>', \$fout, '2>', \$ferr);
+ok(wait_for_sql($a, 'n1', "SELECT count(*) FROM pg_stat_activity WHERE usename = 'login_only' AND query LIKE '%sharding.fence(%' "
+	  . "AND wait_event = 'PgSleep'", '1', 60), 'the fence is held open again');
+$mv = call_bg($coord, 'coord', "SET sharding.move_freeze_timeout = '3s'; SELECT sharding.move_shard_online('bank', $S3, 'n2')");
+ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM sharding.move_journal WHERE phase = 'cutover'", '1', 120),
+	'the move reaches its cutover again');
+# Past the first try (3 s), within the second (from about 4 s to 7 s).
+usleep(4_500_000);
+$a->safe_psql('n1', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%sharding.fence(%' AND pid <> pg_backend_pid()");
+$fence->{h}->finish;
+$mv->{h}->finish;
+is(${ $mv->{err} }, '', 'with the fence released during the retries, the move succeeds');
+is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S3"), 'n2', 'n2 owns the shard');
+is(shard_sum($b, 'n2', $S3), $sum3b, 'every row of the shard is at the destination');
+is(shard_rows($a, 'n1', $S3), '0', 'none is left at the source');
+is(leftovers($coord, $a, $b), $clean, 'nothing of the move is left');
 
 # ------------------------------------------------------------------ (e) DROP EXTENSION, detach_node
 my $S4 = $coord->safe_psql('coord', "SELECT min(logical) FROM sharding.shards WHERE map = 'bank' AND node = 'n1'");
