@@ -12,7 +12,9 @@ CREATE TABLE fo_plain (id bigint PRIMARY KEY, tenant text);
 CREATE TABLE fo_ints (id integer PRIMARY KEY, note text);
 SELECT sharding.distribute('fo_orders', 'tenant', 'fo_map');
 SELECT sharding.distribute('fo_items', 'tenant', 'fo_map');
-SELECT sharding.distribute('fo_ints', 'id', 'fo_map');
+-- (A map's tables share one key type: the integer keys have a map of their own.)
+SELECT sharding.create_map('fo_imap', 8, ARRAY['a', 'b']);
+SELECT sharding.distribute('fo_ints', 'id', 'fo_imap');
 -- t2 and t9 share logical shard 0 of 8; t1 is on shard 4, t3 on shard 1.
 SELECT sharding.shard_of('t1', 8) AS t1, sharding.shard_of('t2', 8) AS t2,
        sharding.shard_of('t3', 8) AS t3, sharding.shard_of('t9', 8) AS t9;
@@ -173,4 +175,5 @@ DROP FUNCTION fo_note(integer);
 DROP FUNCTION fo_counts();
 DROP TABLE fo_orders, fo_items, fo_plain, fo_ints;
 SELECT sharding.drop_map('fo_map');
+SELECT sharding.drop_map('fo_imap');
 DROP EXTENSION sharding;

@@ -362,6 +362,7 @@ END $$;
 COMMENT ON FUNCTION sharding.create_map(text, integer, text[]) IS
     'creates a map of logical_shards logical shards dealt to nodes as contiguous ranges, larger ranges first';
 
+-- @object sharding.drop_map
 CREATE FUNCTION sharding.drop_map(map text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -370,6 +371,8 @@ BEGIN
     IF map IS NULL THEN
         RAISE EXCEPTION 'map name must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Not while a move of the map is in flight (55006).
+    PERFORM sharding._move_refuse(map, NULL, 'drop_map');
     -- Wait for fenced writers and movers of this map.
     PERFORM sharding._lock_map(map);
     DELETE FROM sharding.maps m WHERE m.map = $1;  -- shards and pins cascade
@@ -381,6 +384,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.drop_map(text) IS
     'drops a map with its shards and pins (its configuration version lives on)';
+-- @end
 
 -- @object sharding.pin
 CREATE FUNCTION sharding.pin(map text, key text, node text) RETURNS void
@@ -393,6 +397,8 @@ BEGIN
     END IF;
     PERFORM sharding._check_node(node);
     PERFORM sharding._require_map($1, false);
+    -- Not a key of a shard whose move is in flight (55006).
+    PERFORM sharding._move_refuse($1, NULL, 'pin', ARRAY[$2]);
     -- Waits for claim_node calls in flight on the map, for writers fenced on
     -- the shards the key routes by, and for moves (sharding._lock_pin).
     PERFORM sharding._lock_pin($1, $2);
@@ -408,6 +414,7 @@ COMMENT ON FUNCTION sharding.pin(text, text, text) IS
     'pins (or re-pins) one key, by its text form, to a node, overriding its logical shard';
 -- @end
 
+-- @object sharding.unpin
 CREATE FUNCTION sharding.unpin(map text, key text) RETURNS boolean
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -417,6 +424,8 @@ BEGIN
         RAISE EXCEPTION 'pin key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM sharding._require_map($1, false);
+    -- Not a key of a shard whose move is in flight (55006).
+    PERFORM sharding._move_refuse($1, NULL, 'unpin', ARRAY[$2]);
     -- The key goes back to its shard's owner: the same waits as pin.
     PERFORM sharding._lock_pin($1, $2);
     PERFORM sharding._require_map($1, true);
@@ -429,6 +438,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.unpin(text, text) IS
     'removes the pin of one key; true if there was one';
+-- @end
 
 -- move_shard(map, logical, node): the owner switch alone. On a map with a
 -- distributed table a switch is refused (the rows would stay behind on the
@@ -914,6 +924,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM sharding._require_map($1, false);
+    -- Not keys of a shard whose move is in flight (55006).
+    PERFORM sharding._move_refuse($1, NULL, 'pin_many', keys);
     PERFORM sharding._lock_map($1);
     PERFORM sharding._require_map($1, true);
     -- A hash of the few distinct nodes, not a sort of every element.

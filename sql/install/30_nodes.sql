@@ -82,6 +82,7 @@ COMMENT ON FUNCTION sharding._node_dsn(text) IS
 -- @end
 
 -- drop_node(node text): forget a node. Not STRICT, for the same reason.
+-- @object sharding.drop_node
 CREATE FUNCTION sharding.drop_node(node text) RETURNS void
     LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
@@ -98,6 +99,8 @@ BEGIN
     -- FOR UPDATE conflicts with the key-share lock the foreign keys of
     -- sharding.shards and sharding.pins take, so no move or pin to this
     -- node can commit between the check and the delete.
+    -- Not an end of a move in flight (55006).
+    PERFORM sharding._move_refuse(NULL, NULL, 'drop_node', NULL, drop_node.node);
     PERFORM FROM sharding.nodes AS n WHERE n.node = drop_node.node FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'node "%" does not exist', drop_node.node
@@ -125,6 +128,7 @@ COMMENT ON FUNCTION sharding.drop_node(text) IS
 -- Changing where maps route is an administrator's job (42501 otherwise: docs/nodes.md).
 REVOKE ALL ON FUNCTION sharding.drop_node(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.drop_node(text) TO sharding_admin;
+-- @end
 
 -- @object sharding.partition_for
 -- partition_for(map text, key): the PL/Proxy RUN ON function, one overload

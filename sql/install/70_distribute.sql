@@ -31,18 +31,39 @@ DECLARE
     nsp text;
     rel text;
     bad text;
+    other text;
+    other_type regtype;
 BEGIN
     IF tbl IS NULL OR key_column IS NULL OR map IS NULL THEN
         RAISE EXCEPTION 'distribute needs a table, a key column and a map, got %, %, %',
             coalesce(tbl::text, 'NULL'), coalesce(key_column::text, 'NULL'), coalesce(map, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM sharding._move_refuse(map, NULL, 'distribute');
     PERFORM sharding._require_map(map);
     SELECT n.nspname, c.relname INTO nsp, rel
       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
      WHERE c.oid = tbl;
     -- The column must exist (42703) and be of a shard key type (22023).
     PERFORM sharding._key_column_type(tbl, key_column);
+    -- A map's tables share one key type, the integer types counting as one
+    -- (docs/moves.md, "Keys by value").
+    SELECT pg_catalog.format('%I.%I', d.schema_name, d.table_name), k.t INTO other, other_type
+      FROM sharding.distributed_tables d,
+           LATERAL (SELECT sharding._key_column_type(r, d.key_column) AS t
+                      FROM pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) AS r) k
+     WHERE d.map = $3 AND k.t IS NOT NULL
+       AND CASE WHEN k.t IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype) THEN 'bigint'::regtype ELSE k.t END
+           IS DISTINCT FROM
+           CASE WHEN sharding._key_column_type($1, $2) IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype)
+                THEN 'bigint'::regtype ELSE sharding._key_column_type($1, $2) END
+     ORDER BY 1 LIMIT 1;
+    IF other IS NOT NULL THEN
+        RAISE EXCEPTION 'key column "%" of % has type %, but map "%" is keyed by % (table %)', key_column, tbl,
+                sharding._key_column_type($1, $2), map, other_type, other
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A map''s distributed tables share one key type (the integer types count as one).';
+    END IF;
     IF EXISTS (SELECT FROM sharding.distributed_tables d WHERE d.schema_name = nsp AND d.table_name = rel) THEN
         RAISE EXCEPTION 'table % is already distributed', tbl
             USING ERRCODE = 'duplicate_object', HINT = 'Call sharding.undistribute first to change it.';
@@ -97,6 +118,7 @@ COMMENT ON FUNCTION sharding.distribute(regclass, name, text) IS
 
 -- undistribute(tbl regclass): whether tbl was distributed. Not STRICT: NULL
 -- raises 22023 like the other configuration functions.
+-- @object sharding.undistribute
 CREATE FUNCTION sharding.undistribute(tbl regclass) RETURNS boolean
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -105,6 +127,8 @@ BEGIN
     IF tbl IS NULL THEN
         RAISE EXCEPTION 'table must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM sharding._move_refuse(d.map, NULL, 'undistribute') FROM sharding.distributed_tables d, pg_catalog.pg_class c
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = tbl AND (d.schema_name, d.table_name) = (n.nspname, c.relname);
     DELETE FROM sharding.distributed_tables d
      USING pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
      WHERE c.oid = tbl AND d.schema_name = n.nspname AND d.table_name = c.relname;
@@ -112,6 +136,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.undistribute(regclass) IS
     'forgets that a table is distributed; returns whether it was';
+-- @end
 
 -- Configuration changes: owner and sharding_admin only.
 REVOKE ALL ON FUNCTION sharding.distribute(regclass, name, text), sharding.undistribute(regclass)
@@ -757,6 +782,8 @@ DECLARE
     n integer;
 BEGIN
     PERFORM sharding._check_node(detach_node.node);
+    -- Not an end of a move in flight (55006): its guards hold the cutover.
+    PERFORM sharding._move_refuse(NULL, NULL, 'detach_node', NULL, detach_node.node);
     dsn := sharding._node_dsn(detach_node.node);
     dl := sharding._dblink_schema('detach_node');
     sub := sharding._config_subscription(detach_node.node);

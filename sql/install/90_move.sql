@@ -88,7 +88,18 @@ CREATE TABLE sharding.move_journal (
     new_epoch     bigint,             -- internal: the shard's epoch after the switch
     rows_moved    bigint,             -- internal: rows deleted at the source (isolate's result)
     undone        boolean NOT NULL DEFAULT false,  -- internal: the rollback has completed
-    created       timestamptz NOT NULL DEFAULT pg_catalog.now()
+    created       timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    -- internal: the move's plan, fixed when it starts (docs/moves.md): the
+    -- map's shard count, its pins then (the keys a shard move leaves
+    -- behind), the tables with the condition selecting what the move
+    -- carries, and the tables' leaf partitions at the source. The deletes
+    -- after the switch, of an undo and of a recovery use it, never the
+    -- configuration as it is by then.
+    plan_shards   integer,
+    plan_pins     text[],
+    plan_tables   text[],
+    plan_filters  text[],
+    plan_leaves   text[]
 );
 -- At most one live move per shard, and per key for isolate.
 CREATE UNIQUE INDEX move_journal_live_shard ON sharding.move_journal (map, logical)
@@ -118,6 +129,85 @@ CREATE VIEW sharding.moves AS
 COMMENT ON VIEW sharding.moves IS
     'online moves in progress (or interrupted: the next move of the shard cleans them up); see move_journal';
 GRANT SELECT ON sharding.moves TO PUBLIC;
+-- @end
+
+-- _move_refuse(map, logical, what, keys, node): 55006 naming the move when
+-- a move in flight (its plan fixed: phase copying to cleanup) is one that
+-- `what` would change the plan of (docs/moves.md, "A move's plan is fixed
+-- when it starts"): a move of `map` (any map when NULL), of shard `logical`
+-- (any when NULL), of the shard of one of `keys` by the map's key type,
+-- with `node` as its source or destination. The move's own switch passes
+-- (sharding_move.own, set by the engine to the move's id). Takes the map's
+-- plan lock in share mode until commit: a move fixing its plan waits for
+-- the caller, and a caller after it sees the move.
+-- @object sharding._move_refuse
+CREATE FUNCTION sharding._move_refuse(map text, logical integer, what text, keys text[] DEFAULT NULL,
+                                      node text DEFAULT NULL) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    m record;
+    k text;
+    l integer;
+    own text := pg_catalog.current_setting('sharding_move.own', true);
+BEGIN
+    IF $1 IS NOT NULL THEN
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(pg_catalog.hashtext('sharding.move_plan'), pg_catalog.hashtext($1));
+    END IF;
+    FOR m IN SELECT j.move, j.map, j.logical, j.key, j.source, j.destination, j.phase
+               FROM sharding.move_journal j
+              WHERE ($1 IS NULL OR j.map = $1) AND ($2 IS NULL OR j.logical = $2)
+                AND ($5 IS NULL OR $5 IN (j.source, j.destination))
+                AND j.phase NOT IN ('queued', 'done', 'failed', 'cancelled')
+                AND j.move::text IS DISTINCT FROM own
+              ORDER BY j.move LOOP
+        IF $4 IS NOT NULL THEN
+            -- Only keys of the moving shard, by the map's key type (a key
+            -- the type rejects: by its text form).
+            l := NULL;
+            FOREACH k IN ARRAY $4 LOOP
+                BEGIN
+                    l := sharding._job_key_shard(m.map, k);
+                EXCEPTION WHEN data_exception THEN
+                    l := sharding.shard_of(k, sharding._require_map(m.map));
+                END;
+                EXIT WHEN l = m.logical;
+            END LOOP;
+            CONTINUE WHEN l IS DISTINCT FROM m.logical;
+        END IF;
+        RAISE EXCEPTION '% refused: move % of logical shard % of map "%" (% to %) is in flight', $3, m.move,
+                m.logical, m.map, m.source, m.destination
+            USING ERRCODE = 'object_in_use',
+                  DETAIL = format('Phase %s; the move acts on the plan it fixed when it started.', m.phase),
+                  HINT = format('Wait for the move to end, or cancel it: SELECT sharding._move_cancel(%s);', m.move);
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION sharding._move_refuse(text, integer, text, text[], text) IS
+    'internal: 55006 naming the move when a move in flight would be changed by what the caller does';
+-- @end
+
+-- DROP EXTENSION sharding (or DROP SCHEMA sharding) while a move is in
+-- flight would leave its slot, publication, subscription and frozen shard
+-- at the nodes with no record of them anywhere: refused, 55006 naming the
+-- move (_move_refuse). An event trigger at ddl_command_start sees the
+-- statement, not its objects: it refuses such a statement that names
+-- sharding (current_query()), whatever else it drops.
+-- @object sharding._refuse_drop_during_move
+CREATE FUNCTION sharding._refuse_drop_during_move() RETURNS event_trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    IF pg_catalog.current_query() ~* 'sharding' THEN
+        PERFORM sharding._move_refuse(NULL, NULL, tg_tag);
+    END IF;
+END $$;
+COMMENT ON FUNCTION sharding._refuse_drop_during_move() IS
+    'internal: refuses DROP EXTENSION sharding (or DROP SCHEMA) while a move is in flight (55006)';
+CREATE EVENT TRIGGER sharding_refuse_drop_during_move ON ddl_command_start
+    WHEN TAG IN ('DROP EXTENSION', 'DROP SCHEMA')
+    EXECUTE FUNCTION sharding._refuse_drop_during_move();
 -- @end
 
 -- _refuse_owner_switch(map, fn): 55000 naming a distributed table of the

@@ -315,17 +315,137 @@ MoveTable *table_of(Relation rel) {
     return e->moved ? &e->table : nullptr;
 }
 
-// The key's canonical text (its type's output), for pins and isolate.
-char *key_text(MoveTable *t, Datum key) { return OutputFunctionCall(&t->key_out, key); }
+// Keys by value (docs/moves.md, "Keys by value"): isolate's key and the
+// pinned keys are text in sharding.move_decoding; they are read once, per
+// kind of key type, with that type's input function into the bytes a key
+// of the type is compared by: integers (smallint, integer and bigint alike)
+// as an int64, a uuid as its 16 bytes, bytea as its bytes (whatever
+// bytea_output says, and a spelling in escape form too), text as it is. A
+// change's key is compared by the same bytes, never by its output text.
+struct KeyBytes {
+    Size len;
+    const char *data;
+};
+
+struct ParsedKeys {
+    Oid kind;  // InvalidOid: not parsed yet
+    bool has_key;
+    KeyBytes key;
+    int npins;
+    KeyBytes *pins;  // sorted (compare_keys)
+};
+ParsedKeys parsed;
+
+Oid key_kind(Oid type) {
+    switch (type) {
+    case INT2OID:
+    case INT4OID:
+    case INT8OID:
+        return INT8OID;
+    case UUIDOID:
+    case BYTEAOID:
+        return type;
+    default:
+        return TEXTOID;
+    }
+}
+
+int compare_keys(const void *a, const void *b) {
+    const KeyBytes *x = static_cast<const KeyBytes *>(a), *y = static_cast<const KeyBytes *>(b);
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return memcmp(x->data, y->data, x->len);
+}
+
+// Text through the input function of the kind (int8in, uuid_in, byteain)
+// into config_cxt; false when the type rejects it (such a pin matches no
+// key of the type).
+bool parse_key(Oid kind, const char *text, KeyBytes *out) {
+    if (kind == TEXTOID) {
+        out->len = strlen(text);
+        out->data = text;
+        return true;
+    }
+    MemoryContext old = MemoryContextSwitchTo(config_cxt);
+    volatile bool ok = true;
+    PG_TRY();
+    {
+        if (kind == INT8OID) {
+            int64 *v = static_cast<int64 *>(palloc(sizeof(int64)));
+            *v = DatumGetInt64(DirectFunctionCall1(int8in, CStringGetDatum(text)));
+            out->len = sizeof(int64);
+            out->data = reinterpret_cast<const char *>(v);
+        } else if (kind == UUIDOID) {
+            pg_uuid_t *u = DatumGetUUIDP(DirectFunctionCall1(uuid_in, CStringGetDatum(text)));
+            out->len = UUID_LEN;
+            out->data = reinterpret_cast<const char *>(u->data);
+        } else {
+            bytea *b = DatumGetByteaPP(DirectFunctionCall1(byteain, CStringGetDatum(text)));
+            out->len = VARSIZE_ANY_EXHDR(b);
+            out->data = VARDATA_ANY(b);
+        }
+    }
+    PG_CATCH();
+    {
+        MemoryContextSwitchTo(config_cxt);
+        FlushErrorState();
+        ok = false;
+    }
+    PG_END_TRY();
+    MemoryContextSwitchTo(old);
+    return ok;
+}
+
+// isolate's key and the pins, parsed for this kind of key (once; again
+// only if a table of another kind comes along).
+void parse_keys(Oid kind) {
+    if (parsed.kind == kind) return;
+    parsed = ParsedKeys{};
+    parsed.kind = kind;
+    if (config.key != nullptr) parsed.has_key = parse_key(kind, config.key, &parsed.key);
+    parsed.pins = static_cast<KeyBytes *>(MemoryContextAllocZero(config_cxt, sizeof(KeyBytes) * (config.npins + 1)));
+    for (int i = 0; i < config.npins; i++)
+        if (parse_key(kind, config.pins[i], &parsed.pins[parsed.npins])) parsed.npins++;
+    if (parsed.npins > 1) qsort(parsed.pins, parsed.npins, sizeof(KeyBytes), compare_keys);
+}
+
+// A change's key as the bytes it is compared by; `buf` holds an integer's.
+KeyBytes key_bytes(MoveTable *t, Datum key, int64 *buf) {
+    KeyBytes k;
+    switch (t->key_type) {
+    case INT2OID:
+        *buf = DatumGetInt16(key);
+        break;
+    case INT4OID:
+        *buf = DatumGetInt32(key);
+        break;
+    case INT8OID:
+        *buf = DatumGetInt64(key);
+        break;
+    case UUIDOID:
+        k.len = UUID_LEN;
+        k.data = reinterpret_cast<const char *>(DatumGetUUIDP(key)->data);
+        return k;
+    default: {  // text and bytea: their bytes
+        struct varlena *v = PG_DETOAST_DATUM_PACKED(key);
+        k.len = VARSIZE_ANY_EXHDR(v);
+        k.data = VARDATA_ANY(v);
+        return k;
+    }
+    }
+    k.len = sizeof(int64);
+    k.data = reinterpret_cast<const char *>(buf);
+    return k;
+}
 
 // Whether a key belongs to what the move carries (docs/hashing.md:
 // XXH3-64 of the canonical bytes, then modulo the shard count).
 bool key_moves(MoveTable *t, Datum key) {
+    parse_keys(key_kind(t->key_type));
+    int64 buf = 0;
     if (config.key != nullptr) {
-        char *k = key_text(t, key);
-        bool same = strcmp(k, config.key) == 0;
-        pfree(k);
-        return same;
+        if (!parsed.has_key) return false;
+        KeyBytes k = key_bytes(t, key, &buf);
+        return compare_keys(&k, &parsed.key) == 0;
     }
     uint64_t h;
     switch (t->key_type) {
@@ -348,11 +468,9 @@ bool key_moves(MoveTable *t, Datum key) {
     }
     }
     if (sharding::shard_from_hash(h, config.shards) != config.logical) return false;
-    if (config.npins == 0) return true;
-    char *k = key_text(t, key);
-    bool pinned = bsearch(&k, config.pins, config.npins, sizeof(char *), compare_pins) != nullptr;
-    pfree(k);
-    return !pinned;
+    if (parsed.npins == 0) return true;
+    KeyBytes k = key_bytes(t, key, &buf);
+    return bsearch(&k, parsed.pins, parsed.npins, sizeof(KeyBytes), compare_keys) == nullptr;
 }
 
 // -1: the tuple carries no key (not in the replica identity); else 0/1.
@@ -447,6 +565,7 @@ void filtered_stream_change(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, 
 void filtered_shutdown(LogicalDecodingContext *ctx) {
     if (pgoutput_shutdown) pgoutput_shutdown(ctx);
     config = MoveConfig{};
+    parsed = ParsedKeys{};
     config_cxt = nullptr;  // a child of ctx->context, freed with it
     rel_cache = nullptr;   // allocated in config_cxt
     controller_seen = 0;
@@ -470,6 +589,7 @@ void _PG_output_plugin_init(OutputPluginCallbacks *cb) {
     // A decoding that ended in an ERROR (through SQL) never reached the
     // shutdown callback: its context, and config_cxt with it, are gone.
     config = MoveConfig{};
+    parsed = ParsedKeys{};
     config_cxt = nullptr;
     rel_cache = nullptr;
     controller_seen = 0;

@@ -84,7 +84,8 @@ uint64 delete_local(Oid relid, const char *filter) {
 // ------------------------------------------------------------ the coordinator
 
 // What a move deletes: its origin's name, and per table the qualified name
-// and the condition (_move_filter_sql with this coordinator's pins).
+// and the condition, as the move's journal row fixed them when it started
+// (_move_filter_sql with the pins of then).
 struct DeletePlan {
     char *origin;
     int ntables;
@@ -106,11 +107,35 @@ DeletePlan *read_plan(const char *map, int32 logical, const char *key) {
         elog(ERROR, "could not read the map of a move");
     DeletePlan *plan = static_cast<DeletePlan *>(MemoryContextAllocZero(caller, sizeof(DeletePlan)));
     plan->origin = MemoryContextStrdup(caller, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2));
-    if (SPI_execute_with_args(
-            "SELECT m.rel, sharding._move_filter_sql(m.key_column, m.key_type, sharding._require_map($1), $2, $3, "
-            "(SELECT coalesce(pg_catalog.array_agg(p.key), '{}') FROM sharding.pins p WHERE p.map = $1)) "
-            "FROM sharding._move_tables($1) m",
-            3, types, vals, nulls, false, 0) != SPI_OK_SELECT)
+    // The plan the live move of the shard fixed when it started (its
+    // journal row): the tables and conditions of then, whatever pins,
+    // distributed tables or shard count say now. Only a move journaled
+    // without one (by 1.3, before the update) is read from the
+    // configuration as it is.
+    if (SPI_execute_with_args("SELECT j.plan_tables IS NOT NULL FROM sharding.move_journal j WHERE j.map = $1 "
+                              "AND j.logical = $2 AND j.key IS NOT DISTINCT FROM $3 "
+                              "AND j.phase NOT IN ('done', 'failed', 'cancelled')",
+                              3, types, vals, nulls, false, 0) != SPI_OK_SELECT)
+        elog(ERROR, "could not read the journal of a move");
+    bool planned = false;
+    if (SPI_processed == 1) {
+        bool isnull;
+        Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+        planned = !isnull && DatumGetBool(d);
+    }
+    if (planned) {
+        if (SPI_execute_with_args(
+                "SELECT r.rel, r.filter FROM sharding.move_journal j, "
+                "ROWS FROM (pg_catalog.unnest(j.plan_tables), pg_catalog.unnest(j.plan_filters)) WITH ORDINALITY AS r(rel, filter, i) "
+                "WHERE j.map = $1 AND j.logical = $2 AND j.key IS NOT DISTINCT FROM $3 "
+                "AND j.phase NOT IN ('done', 'failed', 'cancelled') ORDER BY r.i",
+                3, types, vals, nulls, false, 0) != SPI_OK_SELECT)
+            elog(ERROR, "could not read the plan of a move");
+    } else if (SPI_execute_with_args(
+                   "SELECT m.rel, sharding._move_filter_sql(m.key_column, m.key_type, sharding._require_map($1), $2, $3, "
+                   "(SELECT coalesce(pg_catalog.array_agg(p.key), '{}') FROM sharding.pins p WHERE p.map = $1)) "
+                   "FROM sharding._move_tables($1) m",
+                   3, types, vals, nulls, false, 0) != SPI_OK_SELECT)
         elog(ERROR, "could not read the tables of a move");
     plan->ntables = (int)SPI_processed;
     plan->rels = static_cast<char **>(MemoryContextAllocZero(caller, sizeof(char *) * (plan->ntables + 1)));

@@ -232,7 +232,7 @@ MoveResult move_online(const Text &map, int32 logical, const Text &key, const st
 // before the source's rows are deleted (the verification).
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
              const Text &new_epoch, const std::function<void()> &before_delete = nullptr);
-void undo(const std::string &map, int32 logical, const Text &key);
+bool undo(const std::string &map, int32 logical, const Text &key);  // false: finished instead
 void call_fn(const char *conn, const std::string &fn, const std::string &map, int32 logical);
 
 // The journal interface (move_journal.cpp).

@@ -31,6 +31,7 @@
 
 extern "C" {
 #include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "utils/builtins.h"
@@ -175,13 +176,45 @@ int64 run_move(const std::string &map, int32 logical, const Text &key, const std
     return id;
 }
 
+// The key as the map's key column type reads and prints it (docs/moves.md,
+// "Keys by value"): converted once through that type, so that the journal,
+// the decoder's instructions, the pin and routing hold one spelling of one
+// value ('007' and ' +7' are 7, a uuid is in lower case, a bytea key in
+// \x hex whatever bytea_output says). A spelling the type rejects raises
+// that type's own error (22P02). Text keys (and maps without a distributed
+// table) stay as they are.
+Text canonical_key(const Text &map, const Text &key) {
+    if (!key) return key;
+    Text type = spi_value("SELECT sharding._key_type(a.atttypid::pg_catalog.regtype)::pg_catalog.oid::text "
+                          "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
+                          "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
+                          "AND a.attname = d.key_column "
+                          "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
+                          {c(map)});
+    if (!type) return key;
+    const Oid oid = static_cast<Oid>(std::strtoul(type->c_str(), nullptr, 10));
+    switch (oid) {
+    case INT2OID:
+    case INT4OID:
+    case INT8OID:
+        return spi_value("SELECT $1::pg_catalog.int8::pg_catalog.text", {c(key)});
+    case UUIDOID:
+        return spi_value("SELECT $1::pg_catalog.uuid::pg_catalog.text", {c(key)});
+    case BYTEAOID:
+        return spi_value("SELECT '\\x' OPERATOR(pg_catalog.||) pg_catalog.encode($1::pg_catalog.bytea, 'hex')", {c(key)});
+    default:
+        return key;
+    }
+}
+
 }  // namespace
 
 int32 executor_lock_class() { return lock_class(); }
 
-int64 enqueue(const Text &job, const Text &map, const Text &logical_arg, const Text &key, const Text &destination) {
+int64 enqueue(const Text &job, const Text &map, const Text &logical_arg, const Text &key_arg, const Text &destination) {
     require_node(destination);
     Text shards = require_map(map, false);
+    const Text key = canonical_key(map, key_arg);
     Text logical = logical_arg;
     if (key) {
         // By the type of the map's key columns: the text form of a bigint
@@ -252,7 +285,11 @@ std::string resolve(int64 id, const std::string &final_phase) {
         Caught ignored;
         if (!subxact([&] { call_fn(kSrc, "_thaw_shard", j.map, j.logical); }, &ignored) && not_others(ignored.code))
             reraise(ignored);
-        undo(j.map, j.logical, j.key);
+        if (!undo(j.map, j.logical, j.key)) {
+            // The destination owned the shard already: finished, 'done'.
+            disconnect();
+            return "done";
+        }
         journal("UPDATE sharding.move_journal SET phase = " + lit(final_phase) +
                 ", finished = pg_catalog.now(), pid = NULL, error = coalesce(error, " +
                 lit("interrupted in phase " + j.phase + ", rolled back") +
@@ -445,6 +482,8 @@ SHARDING_FUNCTION(sharding_isolate) {
     if (!key) fail(ERRCODE_INVALID_PARAMETER_VALUE, "key must not be NULL");
     require_node(node);
     require_map(map, false);
+    // One value, whatever its spelling (22P02 for one the type rejects).
+    key = canonical_key(map, key);
     Text logical = key_shard(map, key);
     recover();
     Text source = spi_value("SELECT coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = $1 AND p.key = $2), "

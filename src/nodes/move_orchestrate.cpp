@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <cctype>
 #include <cerrno>
 #include <csignal>
@@ -71,6 +72,7 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/float.h"
+#include "utils/guc.h"
 #include "utils/formatting.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
@@ -79,6 +81,12 @@ extern "C" {
 }
 
 namespace sharding::move {
+
+// sharding.move_freeze_timeout (ms): how long a cutover waits for the
+// shard's writers (docs/moves.md, "Bounded freeze").
+int move_freeze_timeout = 5000;
+constexpr int kFreezeAttempts = 3;
+
 namespace {
 
 // clock_timestamp() as text (glue).
@@ -816,6 +824,13 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
     drop_replication(name);
     drop_triggers(map, name);
     debug_at("move " + name + ": replication dropped");
+    // The source's own view once more, right before its rows go: it must
+    // not be the owner (a journal older than the world, a later move back).
+    if (!sees_switch(kSrc, map, logical, key, destination, new_epoch))
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"Nothing was deleted at the source.", "Check sharding.shards and sharding.pins at both ends."},
+             "the source of the move of logical shard %d of map \"%s\" no longer shows the switch", logical,
+             map.c_str());
     if (before_delete) before_delete();
     Text deleted = spi_value("SELECT sharding._move_delete_rows('sharding_move_src', $1, $2::integer, $3)",
                              {map.c_str(), logical_s.c_str(), c(key)});
@@ -828,7 +843,7 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
 // _move_undo: undoes a move whose switch has not committed: drops its
 // replication objects and triggers, deletes what it copied to the
 // destination, thaws the source, marks the journal row undone.
-void undo(const std::string &map, int32 logical, const Text &key) {
+bool undo(const std::string &map, int32 logical, const Text &key) {
     const std::string name = move_name(map, logical);
     const std::string logical_s = std::to_string(logical);
     // A move whose switch has committed is the destination's now: undoing
@@ -841,6 +856,29 @@ void undo(const std::string &map, int32 logical, const Text &key) {
              Explain{"Its owner switch has committed: the destination owns the shard.",
                      "Call sharding.move_shard_online or sharding._move_recover to finish it."},
              "the move of logical shard %d of map \"%s\" cannot be undone", logical, map.c_str());
+    // The nodes' word before the journal's: a destination whose followed
+    // configuration makes it the owner has had the switch (a coordinator
+    // restored from a backup or cloned, whose journal is older than the
+    // world): its rows are the only copy; the move is finished instead,
+    // never undone.
+    Text destination = journal("SELECT m.destination FROM sharding.move_journal m WHERE m.map = " + lit(map) +
+                               " AND m.logical = " + logical_s + " AND m." + kLive);
+    if (destination && dbl(kDst, "SELECT sharding.this_node()") == destination) {
+        Text owner = key ? dbl(kDst, "SELECT node FROM sharding.pins WHERE map = " + lit(map) + " AND key = " + lit(key))
+                         : dbl(kDst, "SELECT node FROM sharding.shards WHERE map = " + lit(map) +
+                                         " AND logical = " + logical_s);
+        if (owner == destination) {
+            Text epoch = dbl(kDst, "SELECT epoch::text FROM sharding.shards WHERE map = " + lit(map) +
+                                       " AND logical = " + logical_s);
+            warn(format("the destination \"%s\" of the move of logical shard %d of map \"%s\" owns it already: the "
+                        "move is finished, not undone",
+                        destination->c_str(), logical, map.c_str()),
+                 "This coordinator's journal is older than the nodes' configuration (a restored or cloned "
+                 "coordinator?).");
+            finish(map, logical, key, *destination, epoch);
+            return false;
+        }
+    }
     close_held(name);
     drop_replication(name);
     drop_triggers(map, name);
@@ -852,6 +890,7 @@ void undo(const std::string &map, int32 logical, const Text &key) {
     call_fn(kSrc, "_thaw_shard", map, logical);
     journal("UPDATE sharding.move_journal SET undone = true WHERE map = " + lit(map) + " AND logical = " + logical_s +
             " AND " + kLive);
+    return true;
 }
 
 MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, const std::string &node) {
@@ -859,7 +898,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     Text shards_t = require_map(map_arg, false);
     const std::string map = *map_arg;  // _require_map refused NULL
     const std::string name = move_name(map, logical);
-    const std::string shards = shards_t.value_or(std::string());
+    std::string shards = shards_t.value_or(std::string());
     MoveResult out;
 
     // One move per shard at a time (a transaction-level lock: a crashed
@@ -918,19 +957,10 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
                      "Set wal_level = logical on the source (postgresql.conf) and restart it."},
              "wal_level of node \"%s\" is not logical", c(source) ? c(source) : "<NULL>");
     }
-    std::vector<Row> p = spi_rows("SELECT coalesce(pg_catalog.array_agg(p.key), '{}')::text, pg_catalog.count(*)::text "
-                                  "FROM sharding.pins p WHERE p.map = $1",
-                                  {map.c_str()});
-    const Text pins = p[0][0];
-    const int npins = std::atoi(must(p[0][1]).c_str());
-    const std::vector<MoveTable> described = move_tables(map);
-    std::vector<CopyTable> tables;
-    for (const MoveTable &m : described)
-        tables.push_back(CopyTable{m.rel,
-                                   filter_sql(m.key_column, m.key_type, Text(shards), Text(logical_s), key, pins, npins),
-                                   m.cols, m.attnames});
-    std::string table_list;
-    for (const CopyTable &t : tables) {
+    // The map's tables now, for the prerequisites (the plan below keeps
+    // those of them that are still distributed then).
+    const std::vector<MoveTable> live = move_tables(map);
+    for (const MoveTable &t : live) {
         if (dbl(kSrc, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t") ||
             dbl(kDst, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t")) {
             disconnect();
@@ -939,7 +969,6 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
                  "table %s of map \"%s\" is missing on node \"%s\" or \"%s\"", t.rel.c_str(), map.c_str(),
                  c(source) ? c(source) : "<NULL>", node.c_str());
         }
-        table_list += (table_list.empty() ? "" : ", ") + t.rel;
     }
     // What the ends have, before anything is created (CONTRACT 15.1): a
     // table the coordinator does not have is not left behind unmoved; each
@@ -947,7 +976,10 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     // source (what is copied) and found at the destination with the same
     // types; and each table's column signature at both ends, compared again
     // at the cutover.
-    std::vector<std::string> signature_src, signature_dst;
+    // Per table of the map: what the copy takes (the source's columns) and
+    // its column signatures at both ends (compared again at the cutover).
+    std::map<std::string, std::pair<std::string, std::vector<std::string>>> copied_columns;
+    std::map<std::string, std::pair<std::string, std::string>> signatures;
     {
         Text missing = spi_value("SELECT pg_catalog.string_agg(pg_catalog.quote_ident(d.schema_name) || '.' || "
                                  "pg_catalog.quote_ident(d.table_name), ', ') FROM sharding.distributed_tables d "
@@ -966,11 +998,11 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
         Caught why;
         refused = !subxact(
             [&] {
-                for (size_t i = 0; i < tables.size(); i++) {
-                    check_identity(kSrc, source, described[i], map);
-                    check_identity(kDst, Text(node), described[i], map);
-                    const auto src_cols = columns_of(kSrc, tables[i].rel, false);
-                    const auto dst_cols = columns_of(kDst, tables[i].rel, false);
+                for (const MoveTable &m : live) {
+                    check_identity(kSrc, source, m, map);
+                    check_identity(kDst, Text(node), m, map);
+                    const auto src_cols = columns_of(kSrc, m.rel, false);
+                    const auto dst_cols = columns_of(kDst, m.rel, false);
                     std::string cols;
                     std::vector<std::string> names;
                     for (const auto &sc : src_cols) {
@@ -981,22 +1013,20 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
                                  Explain{"A move copies every column the source has; nothing was copied.",
                                          "Add the column at the destination (or drop it at the source), then move again."},
                                  "column \"%s\" of %s is missing on node \"%s\"", sc.first.c_str(),
-                                 tables[i].rel.c_str(), node.c_str());
+                                 m.rel.c_str(), node.c_str());
                         if (d->second != sc.second)
                             fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                                  Explain{"A move copies every column the source has, into the same type; nothing was "
                                          "copied.",
                                          "Give the column the same type at both ends, then move again."},
                                  "column \"%s\" of %s is %s on node \"%s\" but %s on node \"%s\"", sc.first.c_str(),
-                                 tables[i].rel.c_str(), sc.second.c_str(), c(source) ? c(source) : "<NULL>",
+                                 m.rel.c_str(), sc.second.c_str(), c(source) ? c(source) : "<NULL>",
                                  d->second.c_str(), node.c_str());
                         cols += (cols.empty() ? "" : ", ") + ident(sc.first);
                         names.push_back(sc.first);
                     }
-                    tables[i].cols = cols;
-                    tables[i].attnames = names;
-                    signature_src.push_back(column_signature(kSrc, tables[i].rel));
-                    signature_dst.push_back(column_signature(kDst, tables[i].rel));
+                    copied_columns[m.rel] = {cols, names};
+                    signatures[m.rel] = {column_signature(kSrc, m.rel), column_signature(kDst, m.rel)};
                 }
             },
             &why);
@@ -1005,7 +1035,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             reraise(why);
         }
     }
-    if (tables.empty()) {
+    if (live.empty()) {
         // No distributed table: nothing to carry, the switch is the move.
         disconnect();
         if (!key)
@@ -1017,7 +1047,83 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     Text src_dsn = spi_value("SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1", {c(source)});
 
     // The journal says 'copying' before the publication and the slot exist.
-    phase(map, logical, "copying");
+    // The plan, fixed once (docs/moves.md, "A move's plan is fixed when it
+    // starts"): under the map's plan lock, which pin, unpin, pin_many,
+    // distribute, undistribute and drop_map take in share mode until they
+    // commit (_move_refuse), the journal row enters 'copying' with the
+    // shard count, the pins, the tables and the condition of each as they
+    // are now. Whatever commits later sees the move and is refused
+    // (55006); the copy, the stream, the deletes, an undo and a recovery
+    // act on this plan only.
+    const Text move_id =
+        dbl(kSelf, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('sharding.move_plan'), "
+                   "pg_catalog.hashtext(" + lit(map) + ")); "
+                   "UPDATE sharding.move_journal AS j SET phase = 'copying', phase_started = pg_catalog.now(), "
+                   "plan_shards = s.n, plan_pins = p.pins, plan_tables = t.rels, plan_filters = t.filters "
+                   "FROM (SELECT sharding._require_map(" + lit(map) + ") AS n) AS s, "
+                   "LATERAL (SELECT coalesce(pg_catalog.array_agg(x.key ORDER BY x.key), '{}') AS pins "
+                   "FROM sharding.pins x WHERE x.map = " + lit(map) + ") AS p, "
+                   "LATERAL (SELECT coalesce(pg_catalog.array_agg(m.rel ORDER BY m.rel), '{}') AS rels, "
+                   "coalesce(pg_catalog.array_agg(sharding._move_filter_sql(m.key_column, m.key_type, s.n, " + logical_s +
+                   ", " + (key ? lit(key) : std::string("NULL")) + "::text, p.pins) ORDER BY m.rel), '{}') AS filters "
+                   "FROM sharding._move_tables(" + lit(map) + ") AS m) AS t "
+                   "WHERE j.map = " + lit(map) + " AND j.logical = " + logical_s + " AND j." + kLive + " RETURNING j.move");
+    Text pins;
+    int npins = 0;
+    std::vector<Row> planned;
+    if (move_id) {
+        planned = spi_rows("SELECT j.plan_pins::text, pg_catalog.cardinality(j.plan_pins)::text, j.plan_shards::text, "
+                           "r.rel, r.filter FROM sharding.move_journal j LEFT JOIN LATERAL "
+                           "ROWS FROM (pg_catalog.unnest(j.plan_tables), pg_catalog.unnest(j.plan_filters)) WITH ORDINALITY AS r(rel, filter, i) ON true "
+                           "WHERE j.move = $1::bigint ORDER BY r.i",
+                           {c(move_id)});
+        if (planned.empty()) fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "move %s has no plan", c(move_id));
+        pins = planned[0][0];
+        npins = std::atoi(planned[0][1].value_or("0").c_str());
+        shards = must(planned[0][2]);
+    } else {
+        // A move without a journal row (sharding._move_online called by
+        // itself): the configuration as it is now.
+        std::vector<Row> p = spi_rows("SELECT coalesce(pg_catalog.array_agg(p.key), '{}')::text, pg_catalog.count(*)::text "
+                                      "FROM sharding.pins p WHERE p.map = $1",
+                                      {map.c_str()});
+        pins = p[0][0];
+        npins = std::atoi(must(p[0][1]).c_str());
+    }
+    std::vector<MoveTable> described;
+    std::vector<CopyTable> tables;
+    std::string table_list;
+    for (const MoveTable &m : live) {
+        std::string filter;
+        if (move_id) {
+            // Only the tables of the plan, with its conditions.
+            bool found = false;
+            for (const Row &r : planned)
+                if (r[3] && *r[3] == m.rel) {
+                    filter = must(r[4]);
+                    found = true;
+                }
+            if (!found) continue;
+        } else
+            filter = filter_sql(m.key_column, m.key_type, Text(shards), Text(logical_s), key, pins, npins);
+        // The columns read at the source (the same at the destination).
+        const auto &copied = copied_columns[m.rel];
+        tables.push_back(CopyTable{m.rel, filter, copied.first, copied.second});
+        described.push_back(m);
+        table_list += (table_list.empty() ? "" : ", ") + m.rel;
+    }
+    if (tables.empty())
+        // Undistributed between the look above and the plan (its journal
+        // row, in 'copying' with a plan of no table, is rolled back: nothing
+        // was made anywhere).
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, Explain{"", "Move the shard again."},
+             "the distributed tables of map \"%s\" changed while the move of logical shard %d started", map.c_str(),
+             logical);
+    std::vector<std::string> signature_src, signature_dst;
+    for (const CopyTable &t : tables) {
+        signature_src.push_back(signatures[t.rel].first);
+        signature_dst.push_back(signatures[t.rel].second);
+    }
     // The destination's session is known by this name there: an undo ends
     // whatever it may still run ...
     dbl(kDst, "SET application_name = " + lit(name));
@@ -1083,6 +1189,16 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             // below reads exactly what precedes the slot's stream.
             Text snapshot = spi_value("SELECT s.snapshot FROM sharding._move_slot_create($1, $2, 'sharding', $3) AS s",
                                       {c(source), name.c_str(), c(plugin_opts)});
+
+            // The plan's leaf partitions at the source (a table that is not
+            // partitioned is its own leaf).
+            if (move_id)
+                journal("UPDATE sharding.move_journal SET plan_leaves = " +
+                        lit(must(dbl(kSrc, "SELECT coalesce(pg_catalog.array_agg(p.relid::pg_catalog.regclass::text "
+                                           "ORDER BY p.relid::pg_catalog.regclass::text), '{}')::text FROM "
+                                           "pg_catalog.unnest(" + rels + ") AS r(rel), pg_catalog.pg_partition_tree(r.rel) "
+                                           "AS p WHERE p.isleaf"))) +
+                        "::text[] WHERE move = " + *move_id);
 
             // 3. Copy, filtered at the source.
             step = "copying";
@@ -1188,33 +1304,78 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             step = "cutover";
             debug_at("move " + name + ": cutover");
             phase(map, logical, "cutover");
-            call_fn(kSrc, "_freeze_shard", map, logical);
-            debug_at("move " + name + ": frozen");
-            wait_flush(name, 60, live_where);
-            debug_at("move " + name + ": caught up");
-            // Neither end truncated nor rewrote a table meanwhile, and
-            // neither does until the switch has committed.
-            hold_storage(kSrc, table_list, storage_src, source, map, logical);
-            hold_storage(kDst, table_list, storage_dst, Text(node), map, logical);
-            // The destination's rows as of the switch, for the verification.
-            if (verify) hold_verify_snapshot(node);
-            // Nor changed a table's columns (under the same locks).
-            hold_columns(kSrc, tables, signature_src, source, map, logical);
-            hold_columns(kDst, tables, signature_dst, Text(node), map, logical);
-            // The switch and the journal's 'cleanup' commit together, over
-            // this database's own connection.
-            if (!key)
-                out.new_epoch =
-                    dbl(kSelf, "WITH m AS (SELECT sharding._switch_owner(" + lit(map) + ", " + logical_s + ", " +
-                                   lit(node) +
-                                   ") AS e), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
-                                   "phase_started = pg_catalog.now(), new_epoch = (SELECT e FROM m) " +
-                                   live_where + ") SELECT e FROM m");
-            else
-                dbl(kSelf, "WITH m AS (SELECT sharding.pin(" + lit(map) + ", " + lit(key) + "::text, " + lit(node) +
-                               ")), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
-                               "phase_started = pg_catalog.now(), new_epoch = " +
-                               out.new_epoch.value_or("NULL") + " " + live_where + ") SELECT 1 FROM m");
+            // Bounded (sharding.move_freeze_timeout): the freeze waits at
+            // most that long for the shard's writers at the source (a fence,
+            // an idle transaction that wrote a row of the shard), and so
+            // does the switch for the coordinator's shard lock; new writers
+            // queued behind the freeze wait no longer. Past it the source
+            // thaws, the move goes on streaming and tries again a second
+            // later, three times in all, then fails with 55P03 (rolled back
+            // below, nothing lost).
+            const std::string timeout_ms = std::to_string(move_freeze_timeout);
+            for (int attempt = 1;; attempt++) {
+                bool frozen = false, held = false;
+                try {
+                    dbl(kSrc, "SET lock_timeout = " + timeout_ms);
+                    call_fn(kSrc, "_freeze_shard", map, logical);
+                    frozen = true;
+                    dbl(kSrc, "SET lock_timeout = 0");
+                    debug_at("move " + name + ": frozen");
+                    wait_flush(name, 60, live_where);
+                    debug_at("move " + name + ": caught up");
+                    // Neither end truncated nor rewrote a table meanwhile, and
+                    // neither does until the switch has committed.
+                    held = true;
+                    hold_storage(kSrc, table_list, storage_src, source, map, logical);
+                    hold_storage(kDst, table_list, storage_dst, Text(node), map, logical);
+                    // Nor changed a table's columns (under the same locks).
+                    hold_columns(kSrc, tables, signature_src, source, map, logical);
+                    hold_columns(kDst, tables, signature_dst, Text(node), map, logical);
+                    // The destination's rows as of the switch, for the verification.
+                    if (verify) hold_verify_snapshot(node);
+                    // The switch and the journal's 'cleanup' commit together, over
+                    // this database's own connection, waiting at most the
+                    // timeout for the coordinator's shard lock; the move's own
+                    // pin passes _move_refuse.
+                    const std::string bounded = "SELECT pg_catalog.set_config('lock_timeout', " + lit(timeout_ms) +
+                                                ", true), pg_catalog.set_config('sharding_move.own', " +
+                                                lit(move_id.value_or("")) + ", true); ";
+                    if (!key)
+                        out.new_epoch =
+                            dbl(kSelf, bounded + "WITH m AS (SELECT sharding._switch_owner(" + lit(map) + ", " +
+                                           logical_s + ", " + lit(node) +
+                                           ") AS e), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
+                                           "phase_started = pg_catalog.now(), new_epoch = (SELECT e FROM m) " +
+                                           live_where + ") SELECT e FROM m");
+                    else
+                        dbl(kSelf, bounded + "WITH m AS (SELECT sharding.pin(" + lit(map) + ", " + lit(key) +
+                                       "::text, " + lit(node) +
+                                       ")), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
+                                       "phase_started = pg_catalog.now(), new_epoch = " +
+                                       out.new_epoch.value_or("NULL") + " " + live_where + ") SELECT 1 FROM m");
+                    break;
+                } catch (const Error &e) {
+                    if (e.sqlstate() != ERRCODE_LOCK_NOT_AVAILABLE) throw;
+                    if (held) {
+                        dbl(kSrc, "ROLLBACK");
+                        dbl(kDst, "ROLLBACK");
+                    }
+                    named_disconnect(kVerify);
+                    dbl(kSrc, "SET lock_timeout = 0");
+                    if (frozen) call_fn(kSrc, "_thaw_shard", map, logical);
+                    debug_at("move " + name + ": cutover attempt " + std::to_string(attempt) + " timed out: " + e.what());
+                    if (attempt >= kFreezeAttempts)
+                        throw Error(ERRCODE_LOCK_NOT_AVAILABLE,
+                                    format("the cutover of logical shard %d of map \"%s\" waited longer than "
+                                           "sharding.move_freeze_timeout (%s ms) for the shard's writers %d times",
+                                           logical, map.c_str(), timeout_ms.c_str(), attempt),
+                                    std::string("Last: ") + e.what(),
+                                    "A session holds the shard at the source or at the coordinator (a fence, an "
+                                    "idle transaction that wrote to it): end it and move again, or raise "
+                                    "sharding.move_freeze_timeout.");
+                    sleep_ms(1000);
+                }
+            }
             dbl(kSrc, "COMMIT");
             dbl(kDst, "COMMIT");
             step = "switched";
@@ -1315,8 +1476,8 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             connect(source, Text(node));
             if (switched)
                 finish(map, logical, key, node, out.new_epoch);
-            else
-                undo(map, logical, key);
+            else if (!undo(map, logical, key))
+                switched = true;  // the destination owned it: finished
         },
         &inner);
     if (!tidied)
@@ -1606,3 +1767,17 @@ SHARDING_FUNCTION(sharding__move_refuse_written) {
     refuse_written();
     PG_RETURN_VOID();
 }
+
+namespace sharding {
+// Called from _PG_init: sharding.move_freeze_timeout.
+void freeze_init() {
+    DefineCustomIntVariable("sharding.move_freeze_timeout",
+                            "How long an online move's cutover waits for the writers holding the shard.",
+                            "Read where the move runs (the coordinator): the freeze at the source and the owner "
+                            "switch at the coordinator each wait at most this long; past it the source thaws and "
+                            "the cutover is tried again a second later, three times in all, then the move fails "
+                            "with 55P03 and is rolled back.",
+                            &move::move_freeze_timeout, 5000, 1, INT_MAX, PGC_USERSET, GUC_UNIT_MS, nullptr, nullptr,
+                            nullptr);
+}
+}  // namespace sharding

@@ -23,6 +23,7 @@ void fanout_init();  // fanout.cpp: shared counters and hooks (preload only)
 void guard_init();  // guard.cpp: local state of a data node (this_node, frozen shards)
 void jobs_init();   // jobs.cpp: sharding.max_move_workers, move workers (preload only)
 void copy_init();   // move_copy.cpp: sharding.move_parallel
+void freeze_init();  // move_orchestrate.cpp: sharding.move_freeze_timeout
 }  // namespace sharding
 
 /*
@@ -37,4 +38,5 @@ void _PG_init(void) {
     sharding::guard_init();
     sharding::jobs_init();
     sharding::copy_init();
+    sharding::freeze_init();
 }

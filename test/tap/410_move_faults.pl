@@ -25,7 +25,12 @@ my $src_sum = $sum->($a, 'n1');
 # into accounts waits for (the move stays in its copy).
 sub hold_copy
 {
-	return psql_bg($b, 'n2', "BEGIN; LOCK accounts IN SHARE MODE; SELECT pg_sleep(600)");
+	my $h = psql_bg($b, 'n2', "BEGIN; LOCK accounts IN SHARE MODE; SELECT pg_sleep(600)");
+	# Held before the move starts (a move quicker than psql's start would
+	# otherwise copy before the lock is taken).
+	wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%LOCK accounts IN SHARE MODE%' "
+		  . "AND wait_event = 'PgSleep' AND pid <> pg_backend_pid()", '1', 60);
+	return $h;
 }
 sub release
 {

@@ -3,8 +3,9 @@
 #
 # Topology: instance i1 holds the coordinator (database `coord`) and data
 # node n1 (database `data`); i2 and i3 hold data nodes n2 and n3. Map `m`
-# has 8 logical shards over n1..n3; tables `docs` (text key) and `items`
-# (bigint key) are distributed by it, `plain` is not.
+# has 8 logical shards over n1..n3 and distributes table `docs` (text key);
+# map `mi`, alike, distributes `items` (bigint key: a map's tables share one
+# key type); `plain` is not distributed.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -70,8 +71,9 @@ is( (split /\n/, c(<<"SQL"))[-1],
 SELECT sharding.add_node('n1', '$dsn{n1}'), sharding.add_node('n2', '$dsn{n2}'),
        sharding.add_node('n3', '$dsn{n3}'), sharding.add_node('spare', 'host=127.0.0.1 port=1 dbname=none');
 SELECT sharding.create_map('m', 8, ARRAY['n1', 'n2', 'n3']);
+SELECT sharding.create_map('mi', 8, ARRAY['n1', 'n2', 'n3']);
 SELECT sharding.distribute('docs', 'k', 'm');
-SELECT sharding.distribute('items', 'k', 'm');
+SELECT sharding.distribute('items', 'k', 'mi');
 SELECT 'configured';
 SQL
 	'configured', 'coordinator: nodes, map m, docs and items distributed');
@@ -198,8 +200,8 @@ sub keys_of
 }
 my ($own1, $own2, $own3, $own4, $own5) = keys_of('n2', 5);
 my ($foreign1, $foreign2) = keys_of('n1', 2);
-my $int_own = c("SELECT min(i) FROM generate_series(1, 400) AS i WHERE sharding.node_for('m', i::bigint) = 'n2'");
-my $int_foreign = c("SELECT min(i) FROM generate_series(1, 400) AS i WHERE sharding.node_for('m', i::bigint) = 'n3'");
+my $int_own = c("SELECT min(i) FROM generate_series(1, 400) AS i WHERE sharding.node_for('mi', i::bigint) = 'n2'");
+my $int_foreign = c("SELECT min(i) FROM generate_series(1, 400) AS i WHERE sharding.node_for('mi', i::bigint) = 'n3'");
 # A row n2 does not own, as a faulty load might have left it (replica role
 # writes past the guard, as replication apply does).
 d('n2', "SET session_replication_role = replica; INSERT INTO docs VALUES ('$foreign2', 0)");
@@ -283,13 +285,14 @@ d('n2', "SELECT sharding._thaw_shard('m', $s5)");
 # undistributing removes the guard.
 d('n2', 'CREATE TABLE early (k text PRIMARY KEY)');
 c("CREATE TABLE early (k text PRIMARY KEY); CREATE TABLE late (k uuid PRIMARY KEY);
-   SELECT sharding.distribute('early', 'k', 'm'), sharding.distribute('late', 'k', 'm')");
+   SELECT sharding.create_map('mu', 8, ARRAY['n1', 'n2', 'n3']);
+   SELECT sharding.distribute('early', 'k', 'm'), sharding.distribute('late', 'k', 'mu')");
 $lag = wait_ms('n2', "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'early'::regclass AND tgname = 'zz_sharding_guard'", '1', 30);
 ok(defined $lag, 'distribute on the coordinator guards the table on the node (' . lag_text($lag) . ')');
 wait_ms('n2', "SELECT count(*) FROM sharding.distributed_tables WHERE table_name = 'late'", '1', 30);
 d('n2', 'CREATE TABLE late (k uuid PRIMARY KEY)');
 my $uuid_foreign = c("SELECT u FROM (SELECT md5(i::text)::uuid AS u FROM generate_series(1, 100) AS i) AS t
-                      WHERE sharding.node_for('m', u) <> 'n2' LIMIT 1");
+                      WHERE sharding.node_for('mu', u) <> 'n2' LIMIT 1");
 is(sharding_guards($inst{i2}, 'data', 'late') . '|' . guard("INSERT INTO late VALUES ('$uuid_foreign')"), '1|55000',
 	'a distributed table created on the node afterwards is guarded at once (uuid key refused: 55000)');
 c("SELECT sharding.undistribute('early')");
