@@ -282,10 +282,32 @@ int64 int64_value(const std::string &s, const char *who, const char *what) {
     return v;
 }
 
+// The source's sessions that hold the move's controller lock, other than
+// this session's connection there: the source connection of an executor
+// that died (terminated, crashed). Until it notices (a statement it runs
+// ends within a second: client_connection_check_interval), it may still
+// finish the statement it was running, a CREATE PUBLICATION waiting for a
+// lock on the tables, and commit it after the publication was dropped
+// here; the move's next try then failed ("publication ... already
+// exists", TAP 530). Ended and waited for (10 s, then 55006).
+void stop_controller(const std::string &name) {
+    Text left;
+    for (int i = 1; i <= 500; i++) {
+        left = dbl(kSrc, "SELECT pg_catalog.count(pg_catalog.pg_terminate_backend(l.pid)) FROM pg_catalog.pg_locks l "
+                         "WHERE l.locktype = 'advisory' AND l.classid = " + std::to_string(kControllerLockClass) +
+                         "::pg_catalog.oid AND l.objid = pg_catalog.hashtext(" + lit(name) + ")::pg_catalog.oid "
+                         "AND l.objsubid = 2 AND l.pid <> pg_catalog.pg_backend_pid() AND l.database = "
+                         "(SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())");
+        if (left == Text("0")) break;
+        sleep_ms(20);
+    }
+    if (left && *left != "0") fail(ERRCODE_OBJECT_IN_USE, "sessions of move %s do not end", name.c_str());
+}
+
 // _move_drop_replication: the subscription at the destination (without
 // contacting the source, which may be down), then the slot (waiting for
 // its walsender to let go, ending it after 2 s) and the publication at the
-// source.
+// source, once the source sessions of a dead executor are gone.
 void drop_replication(const std::string &name) {
     if (dbl(kDst, "SELECT count(*) FROM pg_catalog.pg_subscription WHERE subname = " + lit(name)) != Text("0")) {
         dbl(kDst, "SELECT sharding._move_watch(NULL)");
@@ -293,6 +315,7 @@ void drop_replication(const std::string &name) {
         dbl(kDst, "ALTER SUBSCRIPTION " + ident(name) + " SET (slot_name = NONE)");
         dbl(kDst, "DROP SUBSCRIPTION " + ident(name));
     }
+    stop_controller(name);
     for (int i = 1; i <= 200; i++) {
         Text active_pid = dbl(kSrc, "SELECT coalesce(active_pid::text, '-') FROM pg_catalog.pg_replication_slots "
                                     "WHERE slot_name = " + lit(name));

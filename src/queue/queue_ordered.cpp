@@ -193,8 +193,8 @@ struct Shape {
 // run_at, created, id; the Resume variant), $14 the keys left out of the
 // walk (text[]), $15 ids already taken by this claim, $16 whether this is
 // the claim's first round (the reaper runs only then), $17 the keys probed
-// (the remembered ones in the first round, then those each round begins to
-// leave out).
+// (the remembered ones in the first round, then every key of $14: a left
+// out key's head is tested in the round whose walk gets as far as it).
 //
 // It returns the rows it locked and what the walk saw, one row each:
 //   'e' an expired lease locked (id, its claim-order key, key)
@@ -1604,7 +1604,6 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
         if (walk < batch + 8) walk = batch + 8;
     }
     int walked_to_frontier = 0;  // rows of the first round's walk up to its last row taken
-    int probed_upto = 0;  // probe.list[0 .. probed_upto) are probed or were remembered
     int covered = 0;      // rows locked that are final (see below)
     constexpr int32 kMaxWalk = 1 << 20;
     bool limit_hit = false;   // the last round took all it asked for
@@ -1637,11 +1636,15 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
                                     (Datum)0,  // taken ids, below
                                     BoolGetDatum(round == 0),
                                     PointerGetDatum(round == 0 ? text_array(st_keys, nst_keys)
-                                                               : text_array(probe.list + probed_upto,
-                                                                            probe.n - probed_upto))};
-        // (Round 0 probes the remembered keys; each later round the keys
-        // the previous rounds began to leave out, below.)
-        probed_upto = probe.n;
+                                                               : text_array(probe.list, probe.n))};
+        // Round 0 probes the remembered keys; each later round every key
+        // it leaves out of its walk ($14), under its own snapshot. A left
+        // out key's head may lie past where the earlier rounds' walks got
+        // (a key remembered with a backlog whose head lies far ahead of
+        // the position): it is tested only in the round whose walk gets
+        // that far, and only if that round probes it. (Probing in one
+        // round only the keys it began to leave out, a claim walked past
+        // such a head and took younger ones: TAP 203.)
         {
             Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (ntaken + 1)));
             for (int i = 0; i < ntaken; i++) d[i] = Int64GetDatum(taken[i]);
@@ -1706,8 +1709,8 @@ Datum claim_common(FunctionCallInfo fcinfo, const ClaimArgs &a) {
             // worker, is not worth the filter: a longer list costs every
             // row walked.) Their head may still lie ahead, later in claim
             // order than the jobs walked (a lower priority or a later
-            // run_at than theirs): the next round probes each key it
-            // begins to leave out.
+            // run_at than theirs, or beyond the walks of this claim): every
+            // later round probes every key it leaves out.
             if (r.kind == 'w' && r.key != nullptr && r.n >= 2) keyset_add(&probe, r.key);
         }
         SPI_freetuptable(SPI_tuptable);

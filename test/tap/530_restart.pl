@@ -17,6 +17,18 @@ use JobsCluster;
 my ($c, $d) = jobs_cluster(rows => 60000);
 my $q = sub { return $c->safe_psql('coord', $_[0]); };
 
+# Whether a move of job J is in flight and stays so: its journal says
+# 'copying' and a session of the data nodes waits for one of the HOLDS
+# (each a session that holds the tables in SHARE mode). Waited for: the
+# state lasts until the holds go.
+sub held_in_flight
+{
+	my ($j, @h) = @_;
+	my $pids = join(', ', map { $_->query_safe('SELECT pg_backend_pid()') } @h);
+	return wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $j AND phase = 'copying'", 't', 60)
+	  && wait_for('n1', "SELECT count(*) > 0 FROM pg_stat_activity WHERE pg_blocking_pids(pid) && ARRAY[$pids]", 't', 60);
+}
+
 my $plan = $q->("SELECT string_agg(logical || ':' || from_node || '>' || to_node, ' ' ORDER BY logical)
                  FROM sharding.rebalance('bank', ARRAY['n2', 'n3'], dry_run => true)");
 # The destinations' tables held in SHARE mode (reads go on, writes wait),
@@ -29,8 +41,7 @@ my @holds = map {
 	$h
 } qw(n2 n3);
 my $job = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n2', 'n3'], max_parallel => 1)");
-ok(wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $job AND phase NOT IN ('queued', 'done', 'failed', 'cancelled')", 't', 60),
-	'a move of the job is in flight');
+ok(held_in_flight($job, @holds), 'a move of the job is in flight: copying, a session of it waits for a held table');
 my $phase = $q->("SELECT string_agg(logical || ' ' || phase, ', ') FROM sharding.move_journal WHERE job = $job AND phase NOT IN ('queued', 'done', 'failed', 'cancelled')");
 $c->stop('immediate');
 note "stopped (immediate) with $phase";
@@ -59,10 +70,27 @@ ok(wait_for('coord', "SELECT count(*) FROM pg_stat_activity WHERE backend_type =
 	$h
 } qw(n1 n2 n3);
 my $j2 = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2', 'n3'], max_parallel => 1)");
-ok(wait_for('coord', "SELECT count(*) > 0 FROM sharding.move_journal WHERE job = $j2 AND phase NOT IN ('queued', 'done', 'failed', 'cancelled')", 't', 60),
-	'a move of a second job is in flight');
+ok(held_in_flight($j2, @holds), 'a move of a second job is in flight: copying, a session of it waits for a held table');
+# The move's session that waits: at the source, its CREATE PUBLICATION
+# (the holds block it there, before any copy).
+my $hold_pids = join(', ', map { $_->query_safe('SELECT pg_backend_pid()') } @holds);
+my ($waiting, $waits_for) = split /\|/, $d->safe_psql('n1',
+	"SELECT string_agg(pid::text, ', '), string_agg(datname || ': ' || left(query, 40), '; ')
+	   FROM pg_stat_activity WHERE pg_blocking_pids(pid) && ARRAY[$hold_pids]");
+note "waiting for the holds: $waits_for";
 my $pid = $q->("SELECT pid FROM pg_stat_activity WHERE backend_type = 'sharding move worker'");
 is($q->("SELECT pg_terminate_backend($pid)"), 't', "its worker (pid $pid) is terminated");
+# Another worker rolls the move back. The holds block it too, at its
+# delete of the rows copied to the destination; by then the dead worker's
+# sessions at the nodes must be gone: one still waiting would run its
+# statement once the holds go (a CREATE PUBLICATION committed after the
+# rollback had dropped the publication, and the move's next try failed:
+# 'publication "sharding_move_bank_3" already exists').
+ok(wait_for('n1', "SELECT count(*) > 0 FROM pg_stat_activity
+                    WHERE pg_blocking_pids(pid) && ARRAY[$hold_pids] AND pid NOT IN ($waiting)", 't', 60),
+	'another worker rolls the interrupted move back (the holds block it too)');
+is($d->safe_psql('n1', "SELECT count(*) FROM pg_stat_activity WHERE pid IN ($waiting)"), '0',
+	"by then the dead worker's sessions that waited for the holds are gone ($waits_for)");
 $_->quit for @holds;
 is($q->("SELECT sharding.rebalance_wait($j2, '180 s')"), 'done', 'another worker took the job over: it ends done');
 note $q->("SELECT move, logical, phase, coalesce(error, '') FROM sharding.move_journal WHERE job = $j2 ORDER BY move");
