@@ -85,7 +85,7 @@ sub sqlstate_of
 my %tables = (uids => 'uuid', nums => 'bigint', blobs => 'bytea');
 for my $map (sort keys %tables)
 {
-	my $sql = "CREATE TABLE t_$map (id bigint PRIMARY KEY, k $tables{$map} NOT NULL, val text)";
+	my $sql = "CREATE TABLE t_$map (id bigint PRIMARY KEY, k $tables{$map} NOT NULL, val text); ALTER TABLE t_$map REPLICA IDENTITY FULL";
 	$_->[0]->safe_psql($_->[1], $sql) for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
 	$coord->safe_psql('coord', "SELECT sharding.create_map('$map', 8, ARRAY['n1', 'n2']); "
 		  . "SELECT sharding.distribute('t_$map', 'k', '$map')");
@@ -149,17 +149,17 @@ my $other_shard_key = $coord->safe_psql('coord', "SELECT 't' || lpad(i::text, 2,
 is($coord->safe_psql('coord', "SELECT sharding.isolate('bank', '$whale', 'n1')"), '0', "isolate of $whale to its owner: a pin only");
 my $whale_rows = $a->safe_psql('n1', "SELECT count(*) || '/' || sum(hashtext(id || val)) FROM accounts WHERE tenant = '$whale'");
 # A table of rows already on the nodes, not yet distributed.
-$_->[0]->safe_psql($_->[1], 'CREATE TABLE ledger (tenant text NOT NULL, id bigint PRIMARY KEY, val text)')
+$_->[0]->safe_psql($_->[1], 'CREATE TABLE ledger (tenant text NOT NULL, id bigint PRIMARY KEY, val text); ALTER TABLE ledger REPLICA IDENTITY FULL')
   for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
 $a->safe_psql('n1', "INSERT INTO ledger SELECT t, i, 'l' || i FROM (SELECT 't' || lpad((i % 64)::text, 2, '0') AS t, i "
 	  . "FROM generate_series(1, 640) i) g WHERE sharding.node_for('bank', t) = 'n1'");
 my $ledger = $a->safe_psql('n1', 'SELECT count(*) FROM ledger');
 # A table keyed by another type than the map's: 22023.
-$_->[0]->safe_psql($_->[1], 'CREATE TABLE odd (id bigint PRIMARY KEY, k bigint NOT NULL)') for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
+$_->[0]->safe_psql($_->[1], 'CREATE TABLE odd (id bigint PRIMARY KEY, k bigint NOT NULL); ALTER TABLE odd REPLICA IDENTITY FULL') for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
 like(sqlstate_of($coord, 'coord', "SELECT sharding.distribute('odd', 'k', 'bank')"), qr/^22023: /,
 	'distribute of a table whose key is of another type than the map\'s: 22023');
 # int4 and int8 keys count as one type.
-$_->[0]->safe_psql($_->[1], 'CREATE TABLE nums4 (id bigint PRIMARY KEY, k integer NOT NULL)') for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
+$_->[0]->safe_psql($_->[1], 'CREATE TABLE nums4 (id bigint PRIMARY KEY, k integer NOT NULL); ALTER TABLE nums4 REPLICA IDENTITY FULL') for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
 is(sqlstate_of($coord, 'coord', "SELECT sharding.distribute('nums4', 'k', 'nums')"), 'ok', 'an integer key joins a map of bigint keys');
 
 my $shard_before = shard_sum($a, 'n1', $S);
