@@ -432,9 +432,9 @@ void note_copied(const std::string &live_where, int64 rows, int64 bytes) {
 // are compared (sharding.move_verify, docs/moves.md "Verified before
 // anything is deleted"): per table, the count and an order-independent
 // checksum (the sum, as numeric, of sharding.hash64 of each row's text
-// form: XXH3 of the row as the type output functions spell it, the same on
-// every PostgreSQL major) of the shard's rows, with the move's own filter
-// and column list.
+// form: XXH3 of the row as the type output functions spell it under fixed
+// output settings, the same on every PostgreSQL major) of the shard's rows,
+// with the move's own filter and column list.
 //
 // The source's rows are frozen since the cutover (then refused by its
 // guard, which follows the new owner), so they are read after the switch,
@@ -476,6 +476,13 @@ struct Difference {
     std::string table, source, destination;
 };
 std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables) {
+    // The rows' text must not depend on either session's settings (a node's
+    // database may print bytea in escape form, or timestamps in its own
+    // time zone): the same output settings at both ends.
+    const std::string fixed = "SET bytea_output = 'hex'; SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres'; "
+                              "SET TimeZone = 'UTC'; SET extra_float_digits = 1";
+    dbl(kSrc, fixed);
+    dbl(kVerify, fixed);
     PGconn *src = named_connection(kSrc);
     PGconn *dst = named_connection(kVerify);
     for (const CopyTable &t : tables) {
