@@ -86,7 +86,6 @@ struct MoveTable {
     char *key_column;
     AttrNumber key_att;  // resolved on first use (0: not yet)
     Oid key_type;        // base type
-    FmgrInfo key_out;    // the key type's output function (pins, isolate)
 };
 
 struct MoveConfig {
@@ -304,10 +303,6 @@ MoveTable *table_of(Relation rel) {
         if (t.key_att == InvalidAttrNumber)
             ereport(ERROR, (errmsg("key column \"%s\" of table %u is missing", t.key_column, relid)));
         t.key_type = getBaseType(TupleDescAttr(RelationGetDescr(rel), t.key_att - 1)->atttypid);
-        Oid out;
-        bool varlena;
-        getTypeOutputInfo(t.key_type, &out, &varlena);
-        fmgr_info_cxt(out, &t.key_out, config_cxt);
     }
     e = static_cast<RelEntry *>(hash_search(rel_cache, &relid, HASH_ENTER, nullptr));
     e->moved = i >= 0;

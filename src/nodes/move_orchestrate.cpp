@@ -508,10 +508,6 @@ std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables) {
     return std::nullopt;
 }
 
-// Thrown by the verification (a difference): the move ends 'failed' with
-// the source's copy kept; nothing tidies it after.
-struct VerifyFailed {};
-
 
 // ------------------------------------------------------------------ what the ends have
 // (CONTRACT 15.1: every kind of distributed table, schemas compared.)
