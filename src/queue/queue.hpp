@@ -1,5 +1,5 @@
 // Queue tables (docs/queue.md, docs/ordered.md): the one queue engine that
-// every claim kind shares (queue.cpp; queue_ordered.cpp is the ordered
+// every claim kind shares (queue.cpp; queue_ordered.cpp, with ordered_positions.cpp and ordered_fast.cpp, is the ordered
 // claims' executor): the checks and column discovery, the queue entry and
 // plan cache, the claim kinds' descriptions.
 //
@@ -251,10 +251,10 @@ bool sweep_due(const SweepClock &clock);
 // is too old to tell). InvalidTransactionId: false.
 bool rolled_back(TransactionId xid);
 
-// queue_ordered.cpp: forgets the ordered claims' remembered positions of a
+// ordered_positions.cpp: forgets the ordered claims' remembered positions of a
 // queue (fail with retry sent a job back to pending, behind them).
 void forget_ordered_positions(Oid relid);
-// queue_ordered.cpp, from queue_init: the shared positions of the ordered
+// ordered_positions.cpp, from queue_init: the shared positions of the ordered
 // claims (preload only) and their transaction callbacks.
 void ordered_init();
 
