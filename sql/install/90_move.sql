@@ -4,10 +4,12 @@
 -- DROP SUBSCRIPTION cannot run in a transaction block, so every remote step
 -- is its own autocommit statement on a separate connection).
 --
--- How a move runs (named objects: see _move_name):
+-- How a move runs (named objects: see _move_name; the same steps as
+-- docs/moves.md, each a function of src/nodes/move_online.cpp):
 --   1. journal  a row in sharding.move_journal, committed at once through a
 --               loopback connection, so that a later call knows what a
---               crashed or failed one left behind and undoes it;
+--               crashed or failed one left behind and undoes it; both ends
+--               checked, the plan fixed in the row ('copying');
 --   2. source   CREATE PUBLICATION of the map's distributed tables, then a
 --               row in sharding.move_decoding naming the shard, then a
 --               logical replication slot made over a replication
@@ -31,12 +33,13 @@
 --               writers, then its guard refuses the shard's keys), wait
 --               until the destination confirmed the source's last WAL
 --               position, switch the owner on the coordinator (move_shard:
---               epoch + 1; isolate: pin), wait until the source shows it
---               (it follows the coordinator), thaw it (it now refuses by
---               ownership), wait until the destination shows it;
---   7. clean    drop the subscription, the slot and the publication, then
---               delete the shard's rows at the source (one transaction).
--- The refusal window is step 6 only: a few round trips and the last
+--               epoch + 1; isolate: pin);
+--   7. finish   wait until the source shows the switch (it follows the
+--               coordinator), thaw it (it now refuses by ownership), wait
+--               until the destination shows it; drop the subscription, the
+--               slot and the publication; compare the copies; delete the
+--               shard's rows at the source (one transaction).
+-- The refusal window is from the freeze (6) to the thaw (7): a few round trips and the last
 -- moments of replication lag, whatever the shard's size.
 --
 -- The orchestration is C++ (src/nodes/move_orchestrate.cpp; the functions

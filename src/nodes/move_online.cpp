@@ -1,0 +1,777 @@
+// An online move (docs/moves.md), as its named steps: sharding._move_online,
+// the engine of move_shard_online and isolate. The steps run on the
+// coordinator and drive the source and the destination over the session's
+// named connections (sharding_move_src, _dst, _self); what they share with
+// the rest of the orchestration is in move_online.hpp, the end of a move
+// (finish, undo) and the SQL wrappers in move_orchestrate.cpp.
+//
+// The steps run in a subtransaction (move_online, at the end): on any
+// error, cancel included, it is rolled back, then fail_move thaws the
+// source and undoes the move (or, after the switch, finishes it) from
+// fresh connections, and raises the original error with its SQLSTATE,
+// message, detail and hint.
+//
+// Boundary (src/pg/boundary.hpp): every PostgreSQL call that may ereport
+// while a C++ object is alive goes through glue/pg_call.
+#include "nodes/move_controller.hpp"
+#include "nodes/move_copy.hpp"
+#include "nodes/move_engine.hpp"
+#include "nodes/move_online.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <cctype>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_attribute.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_index.h"
+#include "catalog/pg_subscription.h"
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "nodes/pg_list.h"
+#include "parser/parse_func.h"
+#include "replication/worker_internal.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/float.h"
+#include "utils/guc.h"
+#include "utils/formatting.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+}
+
+
+namespace sharding::move {
+
+using namespace online;
+
+namespace {
+
+// One online move as its steps see it. move_online runs the steps in
+// order (docs/moves.md numbers them the same way):
+//   1. find_source      the shard's owner and epoch, under the shard's move lock
+//      check_ends       both ends attached and guarded, wal_level, the tables there
+//      compare_schemas  replica identities, the columns copied, their signatures
+//      fix_plan         the plan in the journal row ('copying'): shard count, pins, tables
+//   2. open_stream      controller lock, storage noted, publication, decoder's row, slot
+//   3. copy_rows        the destination pulls each table under the slot's snapshot
+//   4. subscribe        the destination streams from the slot
+//   5. catch_up         rounds until one is short
+//   6. cut_over         freeze, drain, hold storage and columns, switch (+ journal 'cleanup')
+//   7. finish           (verify_copies first) thaw, drop replication, delete at the source
+// and, when a step fails, fail_move: undo before the switch, finish after.
+struct OnlineMove {
+    // What and where (move_online, find_source).
+    std::string map, name, logical_s, node;
+    int32 logical = 0;
+    Text key, source, src_dsn;
+    std::string shards;  // the map's shard count (the plan's, once fixed)
+    std::string live_where;  // the move's live journal row
+    MoveResult out;
+    // What the ends have (check_ends, compare_schemas): per table, what the
+    // copy takes (the source's columns) and its column signatures at both
+    // ends (compared again at the cutover).
+    std::vector<MoveTable> live;
+    std::map<std::string, std::pair<std::string, std::vector<std::string>>> copied_columns;
+    std::map<std::string, std::pair<std::string, std::string>> signatures;
+    // The plan (fix_plan).
+    Text move_id, pins;
+    int npins = 0;
+    std::vector<MoveTable> described;
+    std::vector<CopyTable> tables;
+    std::string table_list;
+    std::vector<std::string> signature_src, signature_dst;
+    // The stream (open_stream).
+    std::string storage_src, storage_dst;
+    Text plugin_opts, snapshot;
+    // How far it got (fail_move reads it).
+    const char *step = "setup";
+    bool verify = true, verify_failed = false;
+};
+
+// The shard's source and epoch now. One move per shard at a time (a
+// transaction-level lock: a crashed caller's lock goes with it, and its
+// journal row tells the next call). False: the rows are at the destination
+// already (isolate pins there all the same).
+bool find_source(OnlineMove &m) {
+    const char *map = m.map.c_str(), *logical = m.logical_s.c_str();
+    if (spi_value("SELECT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('sharding.move_shard_online'), "
+                  "pg_catalog.hashtext($1))",
+                  {m.name.c_str()}) != Text("t"))
+        fail(ERRCODE_OBJECT_IN_USE, "logical shard %d of map \"%s\" is already being moved", m.logical, map);
+    if (!m.key) {
+        std::vector<Row> r = spi_rows(
+            "SELECT s.node, s.epoch::text FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2::integer",
+            {map, logical});
+        if (!r.empty()) {
+            m.source = r[0][0];
+            m.out.new_epoch = r[0][1];
+        }
+    } else {
+        m.source = spi_value("SELECT coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = $1 AND p.key = $3), "
+                             "(SELECT s.node FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2::integer))",
+                             {map, logical, c(m.key)});
+        m.out.new_epoch = spi_value(
+            "SELECT s.epoch::text FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2::integer", {map, logical});
+    }
+    if (m.source && *m.source == m.node) {
+        if (m.key)  // isolate pins even where the rows already are
+            spi_value("SELECT sharding.pin($1, $2, $3)", {map, c(m.key), m.node.c_str()});
+        return false;
+    }
+    return true;
+}
+
+// Prerequisites, before anything changes anywhere (the connections are
+// open). Both ends follow this coordinator: their guards refuse the
+// shard's keys wherever the followed map says they are not the owner,
+// which makes the cutover hold for every writer.
+void check_ends(OnlineMove &m) {
+    for (const Text &end : {m.source, Text(m.node)}) {
+        const char *conn = end == m.source ? kSrc : kDst;
+        if (dbl(conn, "SELECT pg_catalog.to_regclass('sharding.local_node') IS NOT NULL") != Text("t") ||
+            dbl(conn, "SELECT l.node FROM sharding.local_node AS l WHERE l.following") != end) {
+            disconnect();
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"Both ends of an online move must be attached: their guards enforce the cutover.",
+                         "Call sharding.attach_node(" + lit(end) + ") first."},
+                 "node \"%s\" does not follow this coordinator", end ? end->c_str() : "<NULL>");
+        }
+    }
+    // Guards on every distributed table at both ends, even one created
+    // while its distribute() was still on its way (idempotent).
+    dbl(kSrc, "SELECT sharding._install_guards()");
+    dbl(kDst, "SELECT sharding._install_guards()");
+    if (dbl(kSrc, "SHOW wal_level") != Text("logical")) {
+        disconnect();
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"Moving a shard online replicates its rows from the source with logical replication.",
+                     "Set wal_level = logical on the source (postgresql.conf) and restart it."},
+             "wal_level of node \"%s\" is not logical", c(m.source) ? c(m.source) : "<NULL>");
+    }
+    // The map's tables now, for the prerequisites (the plan keeps those of
+    // them that are still distributed then).
+    m.live = move_tables(m.map);
+    for (const MoveTable &t : m.live) {
+        if (dbl(kSrc, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t") ||
+            dbl(kDst, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t")) {
+            disconnect();
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"", "Create the map's distributed tables on every data node."},
+                 "table %s of map \"%s\" is missing on node \"%s\" or \"%s\"", t.rel.c_str(), m.map.c_str(),
+                 c(m.source) ? c(m.source) : "<NULL>", m.node.c_str());
+        }
+    }
+}
+
+// One table's columns as the copy takes them: every column the source
+// has, found at the destination with the same type (55000 otherwise,
+// nothing copied).
+void compare_columns(OnlineMove &m, const MoveTable &t) {
+    const auto src_cols = columns_of(kSrc, t.rel, false);
+    const auto dst_cols = columns_of(kDst, t.rel, false);
+    std::string cols;
+    std::vector<std::string> names;
+    for (const auto &sc : src_cols) {
+        auto d = std::find_if(dst_cols.begin(), dst_cols.end(), [&](const auto &dc) { return dc.first == sc.first; });
+        if (d == dst_cols.end())
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"A move copies every column the source has; nothing was copied.",
+                         "Add the column at the destination (or drop it at the source), then move again."},
+                 "column \"%s\" of %s is missing on node \"%s\"", sc.first.c_str(), t.rel.c_str(), m.node.c_str());
+        if (d->second != sc.second)
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"A move copies every column the source has, into the same type; nothing was copied.",
+                         "Give the column the same type at both ends, then move again."},
+                 "column \"%s\" of %s is %s on node \"%s\" but %s on node \"%s\"", sc.first.c_str(), t.rel.c_str(),
+                 sc.second.c_str(), c(m.source) ? c(m.source) : "<NULL>", d->second.c_str(), m.node.c_str());
+        cols += (cols.empty() ? "" : ", ") + ident(sc.first);
+        names.push_back(sc.first);
+    }
+    m.copied_columns[t.rel] = {cols, names};
+    m.signatures[t.rel] = {column_signature(kSrc, t.rel), column_signature(kDst, t.rel)};
+}
+
+// What the ends have, before anything is created (CONTRACT 15.1): a table
+// the coordinator does not have is not left behind unmoved; each table's
+// replica identity at both ends; its columns read at the source (what is
+// copied) and found at the destination with the same types; and each
+// table's column signature at both ends, compared again at the cutover.
+void compare_schemas(OnlineMove &m) {
+    Text missing = spi_value("SELECT pg_catalog.string_agg(pg_catalog.quote_ident(d.schema_name) || '.' || "
+                             "pg_catalog.quote_ident(d.table_name), ', ') FROM sharding.distributed_tables d "
+                             "WHERE d.map = $1 AND pg_catalog.to_regclass(pg_catalog.quote_ident(d.schema_name) "
+                             "|| '.' || pg_catalog.quote_ident(d.table_name)) IS NULL",
+                             {m.map.c_str()});
+    if (missing) {
+        disconnect();
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"The coordinator describes the map's tables for a move; a table it does not have would "
+                     "stay behind at the source.",
+                     "Create the table on the coordinator too (it holds no rows), or undistribute it."},
+             "distributed table %s of map \"%s\" does not exist on the coordinator", missing->c_str(), m.map.c_str());
+    }
+    Caught why;
+    const bool refused = !subxact(
+        [&] {
+            for (const MoveTable &t : m.live) {
+                check_identity(kSrc, m.source, t, m.map);
+                check_identity(kDst, Text(m.node), t, m.map);
+                compare_columns(m, t);
+            }
+        },
+        &why);
+    if (refused) {
+        disconnect();
+        reraise(why);
+    }
+}
+
+// The plan, fixed once (docs/moves.md, "A move's plan is fixed when it
+// starts"): under the map's plan lock, which pin, unpin, pin_many,
+// distribute, undistribute and drop_map take in share mode until they
+// commit (_move_refuse), the journal row enters 'copying' with the shard
+// count, the pins, the tables and the condition of each as they are now.
+// Whatever commits later sees the move and is refused (55006); the copy,
+// the stream, the deletes, an undo and a recovery act on this plan only.
+// The journal says 'copying' before the publication and the slot exist.
+void fix_plan(OnlineMove &m) {
+    const std::string &map = m.map, &logical_s = m.logical_s;
+    m.move_id =
+        dbl(kSelf, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('sharding.move_plan'), "
+                   "pg_catalog.hashtext(" + lit(map) + ")); "
+                   "UPDATE sharding.move_journal AS j SET phase = 'copying', phase_started = pg_catalog.now(), "
+                   "plan_shards = s.n, plan_pins = p.pins, plan_tables = t.rels, plan_filters = t.filters "
+                   "FROM (SELECT sharding._require_map(" + lit(map) + ") AS n) AS s, "
+                   "LATERAL (SELECT coalesce(pg_catalog.array_agg(x.key ORDER BY x.key), '{}') AS pins "
+                   "FROM sharding.pins x WHERE x.map = " + lit(map) + ") AS p, "
+                   "LATERAL (SELECT coalesce(pg_catalog.array_agg(m.rel ORDER BY m.rel), '{}') AS rels, "
+                   "coalesce(pg_catalog.array_agg(sharding._move_filter_sql(m.key_column, m.key_type, s.n, " + logical_s +
+                   ", " + (m.key ? lit(m.key) : std::string("NULL")) + "::text, p.pins) ORDER BY m.rel), '{}') AS filters "
+                   "FROM sharding._move_tables(" + lit(map) + ") AS m) AS t "
+                   "WHERE j.map = " + lit(map) + " AND j.logical = " + logical_s + " AND j." + kLive + " RETURNING j.move");
+    std::vector<Row> planned;
+    if (m.move_id) {
+        planned = spi_rows("SELECT j.plan_pins::text, pg_catalog.cardinality(j.plan_pins)::text, j.plan_shards::text, "
+                           "r.rel, r.filter FROM sharding.move_journal j LEFT JOIN LATERAL "
+                           "ROWS FROM (pg_catalog.unnest(j.plan_tables), pg_catalog.unnest(j.plan_filters)) WITH ORDINALITY AS r(rel, filter, i) ON true "
+                           "WHERE j.move = $1::bigint ORDER BY r.i",
+                           {c(m.move_id)});
+        if (planned.empty()) fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "move %s has no plan", c(m.move_id));
+        m.pins = planned[0][0];
+        m.npins = std::atoi(planned[0][1].value_or("0").c_str());
+        m.shards = must(planned[0][2]);
+    } else {
+        // A move without a journal row (sharding._move_online called by
+        // itself): the configuration as it is now.
+        std::vector<Row> p = spi_rows("SELECT coalesce(pg_catalog.array_agg(p.key), '{}')::text, pg_catalog.count(*)::text "
+                                      "FROM sharding.pins p WHERE p.map = $1",
+                                      {map.c_str()});
+        m.pins = p[0][0];
+        m.npins = std::atoi(must(p[0][1]).c_str());
+    }
+    for (const MoveTable &t : m.live) {
+        std::string filter;
+        if (m.move_id) {
+            // Only the tables of the plan, with its conditions.
+            bool found = false;
+            for (const Row &r : planned)
+                if (r[3] && *r[3] == t.rel) {
+                    filter = must(r[4]);
+                    found = true;
+                }
+            if (!found) continue;
+        } else
+            filter = filter_sql(t.key_column, t.key_type, Text(m.shards), Text(logical_s), m.key, m.pins, m.npins);
+        // The columns read at the source (the same at the destination).
+        const auto &copied = m.copied_columns[t.rel];
+        m.tables.push_back(CopyTable{t.rel, filter, copied.first, copied.second});
+        m.described.push_back(t);
+        m.table_list += (m.table_list.empty() ? "" : ", ") + t.rel;
+    }
+    if (m.tables.empty())
+        // Undistributed between the look above and the plan (its journal
+        // row, in 'copying' with a plan of no table, is rolled back: nothing
+        // was made anywhere).
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, Explain{"", "Move the shard again."},
+             "the distributed tables of map \"%s\" changed while the move of logical shard %d started", map.c_str(),
+             m.logical);
+    for (const CopyTable &t : m.tables) {
+        m.signature_src.push_back(m.signatures[t.rel].first);
+        m.signature_dst.push_back(m.signatures[t.rel].second);
+    }
+}
+
+// The sessions at both ends, named and bounded.
+void prepare_sessions(OnlineMove &m) {
+    // The destination's session is known by this name there: an undo ends
+    // whatever it may still run ...
+    dbl(kDst, "SET application_name = " + lit(m.name));
+    // ... and ends by itself if this session goes away (a crash, kill -9):
+    // its copy is then rolled back there, never committed later.
+    dbl(kDst, "SET client_connection_check_interval = 1000");
+    // The same for this session's connection to the source, which holds
+    // the controller lock there (below): a statement it runs when this
+    // session is gone ends within a second, and the lock with it.
+    dbl(kSrc, "SET client_connection_check_interval = 1000");
+}
+
+// 2. The controller lock, the tables' storage at both ends, the
+// publication, the decoder's instructions and the slot, whose snapshot the
+// copy reads; the plan's leaf partitions noted.
+void open_stream(OnlineMove &m) {
+    const std::string &name = m.name;
+    debug_at("move " + name + ": publication and slot");
+    // The controller lock, held over this connection until the move ends:
+    // the slot's decoder sends nothing once it is free
+    // (move_controller.hpp).
+    if (dbl(kSrc, "SELECT pg_catalog.pg_try_advisory_lock(" + std::to_string(kControllerLockClass) +
+                      ", pg_catalog.hashtext(" + lit(name) + "))") != Text("t"))
+        fail(ERRCODE_OBJECT_IN_USE,
+             Explain{"Another session at the source holds the controller lock of move " + name + ".", ""},
+             "logical shard %d of map \"%s\" is already being moved", m.logical, m.map.c_str());
+    // The tables' storage at both ends, before the slot and the copy.
+    std::string rels;
+    for (const MoveTable &t : m.described) rels += (rels.empty() ? "" : ", ") + lit(t.rel);
+    rels = "ARRAY[" + rels + "]::pg_catalog.regclass[]";
+    m.storage_src = storage_of(kSrc, rels);
+    m.storage_dst = storage_of(kDst, rels);
+    // Publication, then the slot: changes from here on are kept. A
+    // partitioned table's changes are published as its own (the decoder
+    // maps each leaf to it), so the destination applies them into its
+    // table, however its partitions are named or bounded.
+    dbl(kSrc, "CREATE PUBLICATION " + ident(name) + " FOR TABLE " + m.table_list +
+                  " WITH (publish = 'insert, update, delete', publish_via_partition_root = true)");
+    // The decoder's instructions first (committed before the slot, so its
+    // historic snapshot sees them).
+    std::string oids, key_columns;
+    for (const MoveTable &t : m.described) {
+        oids += (oids.empty() ? "" : ", ") + lit(t.rel) + "::pg_catalog.regclass";
+        key_columns += (key_columns.empty() ? "" : ", ") + lit(t.key_column);
+    }
+    dbl(kSrc, "DELETE FROM sharding.move_decoding WHERE slot = " + lit(name) +
+                  "; INSERT INTO sharding.move_decoding (slot, map, shards, logical, key, pins, tables, "
+                  "key_columns) VALUES (" +
+                  lit(name) + ", " + lit(m.map) + ", " + m.shards + ", " + m.logical_s + ", " + lit(m.key) + ", " +
+                  lit(m.key ? Text("{}") : m.pins) + "::text[], ARRAY[" + oids + "]::pg_catalog.oid[], ARRAY[" +
+                  key_columns + "]::text[])");
+    // The source lets its sessions name plugin "sharding"
+    // (output_plugin_libraries, where the server has the setting).
+    m.plugin_opts = dbl(
+        kSrc,
+        "SELECT CASE WHEN l IS NULL OR 'sharding' = ANY (pg_catalog.string_to_array(l, ',')) THEN '' "
+        "ELSE '-c output_plugin_libraries=' || l || ',sharding' END "
+        "FROM (SELECT pg_catalog.replace(pg_catalog.current_setting('output_plugin_libraries', true), ' ', '') "
+        "AS l) AS s");
+    // Over a replication connection, exporting its snapshot: the copy reads
+    // exactly what precedes the slot's stream.
+    m.snapshot = spi_value("SELECT s.snapshot FROM sharding._move_slot_create($1, $2, 'sharding', $3) AS s",
+                           {c(m.source), name.c_str(), c(m.plugin_opts)});
+    // The plan's leaf partitions at the source (a table that is not
+    // partitioned is its own leaf).
+    if (m.move_id)
+        journal("UPDATE sharding.move_journal SET plan_leaves = " +
+                lit(must(dbl(kSrc, "SELECT coalesce(pg_catalog.array_agg(p.relid::pg_catalog.regclass::text "
+                                   "ORDER BY p.relid::pg_catalog.regclass::text), '{}')::text FROM "
+                                   "pg_catalog.unnest(" + rels + ") AS r(rel), pg_catalog.pg_partition_tree(r.rel) "
+                                   "AS p WHERE p.isleaf"))) +
+                "::text[] WHERE move = " + *m.move_id);
+}
+
+// 3. Copy, filtered at the source: the destination pulls each table under
+// the slot's snapshot. move_progress is kept current meanwhile.
+void copy_rows(OnlineMove &m) {
+    const std::string &name = m.name;
+    m.step = "copying";
+    debug_at("move " + name + ": copying");
+    // Leftovers of the shard at the destination (it does not own them).
+    spi_value("SELECT sharding._move_delete_rows('sharding_move_dst', $1, $2::integer, $3)",
+              {m.map.c_str(), m.logical_s.c_str(), c(m.key)});
+    dbl(kDst, "SET session_replication_role = replica");
+    // move_progress is kept current while the destination copies: every
+    // quarter of a second, the rows and bytes the source's side of the
+    // pull has sent so far (copy_progress) on top of the tables already
+    // copied, committed in the journal. The tick only reports: what it
+    // fails with (a journal update refused, the source's progress view
+    // unreadable) is logged, a WARNING the first time, and the copy goes
+    // on. A cancel (a PostgreSQL error, not a sharding::Error) ends the
+    // wait.
+    int64 copied_rows = 0, copied_bytes = 0;
+    bool tick_warned = false;
+    for (const CopyTable &t : m.tables) {
+        // The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
+        // from the source under the slot's exported snapshot, straight
+        // into the table (move_copy.cpp).
+        std::string query = "SELECT " + t.cols + " FROM " + t.rel + " WHERE " + t.filter;
+        Copied seen;
+        Text pulled;
+        {
+            WaitTick progress(
+                [&] {
+                    try {
+                        Copied now = copy_progress(name);
+                        seen.rows = std::max(seen.rows, now.rows);
+                        seen.bytes = std::max(seen.bytes, now.bytes);
+                        note_copied(m.live_where, copied_rows + seen.rows, copied_bytes + seen.bytes);
+                    } catch (const Error &e) {
+                        const std::string what =
+                            "could not note the progress of the copy of move " + name + ": " + e.what();
+                        if (!tick_warned)
+                            warn(what);
+                        else
+                            debug_at(what);
+                        tick_warned = true;
+                    }
+                },
+                250);
+            pulled = dbl(kDst, "SELECT sharding._move_pull(" + lit(m.source) + ", " + lit(m.snapshot) + ", " +
+                                   lit(t.rel) + ", " + text_array(t.attnames) + ", " + lit(query) + ")::text");
+        }
+        Copied done = pulled_pair(pulled);
+        copied_rows += done.rows;
+        copied_bytes += done.bytes;
+        note_copied(m.live_where, copied_rows, copied_bytes);
+    }
+    dbl(kDst, "SET session_replication_role = origin");
+    // The snapshot is no longer needed: let go of the replication connection.
+    close_held(name);
+}
+
+// 4. Stream from the slot made before the copy. No filter at the
+// destination: the slot's decoder (plugin "sharding", pgoutput inside)
+// sends only the shard's changes. synchronous_commit on: the apply worker
+// confirms a position only once its commit is flushed here, so with 'off'
+// (the default for subscriptions) each confirmation would wait for the
+// WAL writer, inside the cutover.
+void subscribe(OnlineMove &m) {
+    const std::string &name = m.name;
+    Text conninfo;
+    if (m.src_dsn)
+        conninfo = *m.src_dsn + (m.plugin_opts && !m.plugin_opts->empty() ? " options='" + *m.plugin_opts + "'"
+                                                                           : std::string());
+    // It connects to the source over a replication connection. Right after
+    // another move's stream from there ended, that stream's WAL sender may
+    // not have exited yet, and a source at its max_wal_senders refuses the
+    // connection for that moment (a job waits for a free sender before it
+    // starts a move, not for one that is ending): retried for up to 10 s.
+    const std::string subscribe = "CREATE SUBSCRIPTION " + ident(name) + " CONNECTION " + lit(conninfo) +
+                                  " PUBLICATION " + ident(name) + " WITH (create_slot = false, slot_name = " +
+                                  lit(name) + ", copy_data = false, synchronous_commit = 'on', streaming = off)";
+    for (long waited = 0, nap = 50;; waited += nap, nap = std::min(nap * 2, 1000L)) {
+        try {
+            dbl(kDst, subscribe);
+            break;
+        } catch (const Error &e) {
+            if (e.sqlstate() != ERRCODE_CONNECTION_FAILURE || std::strstr(e.what(), "max_wal_senders") == nullptr ||
+                waited >= 10000)
+                throw;
+        }
+        debug_at("move " + name + ": the source has no free WAL sender yet");
+        sleep_ms(nap);
+    }
+    // The destination stops the subscription's worker by itself if this
+    // session goes away (move_controller.hpp).
+    dbl(kDst, "SELECT sharding._move_watch(" + lit(name) + ")");
+}
+
+// 5. Catch up until a round is short: the backlog left for the frozen
+// phase is then a fraction of a second of writes.
+void catch_up(OnlineMove &m) {
+    m.step = "catchup";
+    debug_at("move " + m.name + ": catchup");
+    phase(m.map, m.logical, "catching_up");
+    for (int i = 1; i <= 100; i++)
+        if (wait_flush(m.name, 600, m.live_where) < 0.2) break;
+}
+
+// One try of the cutover, within the freeze timeout: freeze the source
+// (waits for its in-flight writers), let the destination apply the
+// source's last change, hold both ends' storage and columns, switch. The
+// switch and the journal's 'cleanup' commit together, over this
+// database's own connection. Throws 55P03 (the timeout) with *frozen and
+// *held saying what to let go.
+void try_cutover(OnlineMove &m, const std::string &timeout_ms, bool *frozen, bool *held) {
+    const std::string &map = m.map, &name = m.name;
+    dbl(kSrc, "SET lock_timeout = " + timeout_ms);
+    call_fn(kSrc, "_freeze_shard", map, m.logical);
+    *frozen = true;
+    dbl(kSrc, "SET lock_timeout = 0");
+    debug_at("move " + name + ": frozen");
+    wait_flush(name, 60, m.live_where);
+    debug_at("move " + name + ": caught up");
+    // Neither end truncated nor rewrote a table meanwhile, and neither does
+    // until the switch has committed.
+    *held = true;
+    hold_storage(kSrc, m.table_list, m.storage_src, m.source, map, m.logical);
+    hold_storage(kDst, m.table_list, m.storage_dst, Text(m.node), map, m.logical);
+    // Nor changed a table's columns (under the same locks).
+    hold_columns(kSrc, m.tables, m.signature_src, m.source, map, m.logical);
+    hold_columns(kDst, m.tables, m.signature_dst, Text(m.node), map, m.logical);
+    // The destination's rows as of the switch, for the verification.
+    if (m.verify) hold_verify_snapshot(m.node);
+    // Waiting at most the timeout for the coordinator's shard lock; the
+    // move's own pin passes _move_refuse.
+    const std::string bounded = "SELECT pg_catalog.set_config('lock_timeout', " + lit(timeout_ms) +
+                                ", true), pg_catalog.set_config('sharding_move.own', " +
+                                lit(m.move_id.value_or("")) + ", true); ";
+    if (!m.key)
+        m.out.new_epoch = dbl(kSelf, bounded + "WITH m AS (SELECT sharding._switch_owner(" + lit(map) + ", " +
+                                         m.logical_s + ", " + lit(m.node) +
+                                         ") AS e), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
+                                         "phase_started = pg_catalog.now(), new_epoch = (SELECT e FROM m) " +
+                                         m.live_where + ") SELECT e FROM m");
+    else
+        dbl(kSelf, bounded + "WITH m AS (SELECT sharding.pin(" + lit(map) + ", " + lit(m.key) + "::text, " +
+                       lit(m.node) +
+                       ")), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
+                       "phase_started = pg_catalog.now(), new_epoch = " +
+                       m.out.new_epoch.value_or("NULL") + " " + m.live_where + ") SELECT 1 FROM m");
+}
+
+// 6. Cutover. Bounded (sharding.move_freeze_timeout): the freeze waits at
+// most that long for the shard's writers at the source (a fence, an idle
+// transaction that wrote a row of the shard), and so does the switch for
+// the coordinator's shard lock; new writers queued behind the freeze wait
+// no longer. Past it the source thaws, the move goes on streaming and
+// tries again a second later, three times in all, then fails with 55P03
+// (rolled back by fail_move, nothing lost).
+void cut_over(OnlineMove &m) {
+    m.step = "cutover";
+    debug_at("move " + m.name + ": cutover");
+    phase(m.map, m.logical, "cutover");
+    const std::string timeout_ms = std::to_string(move_freeze_timeout);
+    for (int attempt = 1;; attempt++) {
+        bool frozen = false, held = false;
+        try {
+            try_cutover(m, timeout_ms, &frozen, &held);
+            break;
+        } catch (const Error &e) {
+            if (e.sqlstate() != ERRCODE_LOCK_NOT_AVAILABLE) throw;
+            if (held) {
+                dbl(kSrc, "ROLLBACK");
+                dbl(kDst, "ROLLBACK");
+            }
+            named_disconnect(kVerify);
+            dbl(kSrc, "SET lock_timeout = 0");
+            if (frozen) call_fn(kSrc, "_thaw_shard", m.map, m.logical);
+            debug_at("move " + m.name + ": cutover attempt " + std::to_string(attempt) + " timed out: " + e.what());
+            if (attempt >= kFreezeAttempts)
+                throw Error(ERRCODE_LOCK_NOT_AVAILABLE,
+                            format("the cutover of logical shard %d of map \"%s\" waited longer than "
+                                   "sharding.move_freeze_timeout (%s ms) for the shard's writers %d times",
+                                   m.logical, m.map.c_str(), timeout_ms.c_str(), attempt),
+                            std::string("Last: ") + e.what(),
+                            "A session holds the shard at the source or at the coordinator (a fence, an "
+                            "idle transaction that wrote to it): end it and move again, or raise "
+                            "sharding.move_freeze_timeout.");
+            sleep_ms(1000);
+        }
+    }
+    dbl(kSrc, "COMMIT");
+    dbl(kDst, "COMMIT");
+    m.step = "switched";
+    debug_at("move " + m.name + ": switched");
+}
+
+// 7a. Before the source's rows go (finish calls it): the copies compared.
+// A difference cannot undo the switch: the journal row ends 'failed' with
+// XX001 and the source keeps its copy for an operator.
+void verify_copies(OnlineMove &m) {
+    if (!m.verify) return;
+    const double started = clock_seconds();
+    std::optional<Difference> d = compare_copies(m.tables);
+    named_disconnect(kVerify);
+    debug_at("move " + m.name + ": verified in " + float_text(clock_seconds() - started) + " s");
+    if (!d) return;
+    auto counted = [](const std::string &v) {
+        const size_t sp = v.find(' ');
+        return v.substr(0, sp) + " rows (checksum " + v.substr(sp + 1) + ")";
+    };
+    const std::string message =
+        format("the rows of table %s moved with logical shard %d of map \"%s\" differ: the source has %s, the "
+               "destination %s",
+               d->table.c_str(), m.logical, m.map.c_str(), counted(d->source).c_str(), counted(d->destination).c_str());
+    const std::string detail = "The destination owns the shard; the source keeps its copy of the "
+                               "shard's rows (refused by its guard, invisible to routing).";
+    const std::string hint = "Compare the rows of the shard at both ends, repair the destination's, "
+                             "then delete the source's copy.";
+    journal("UPDATE sharding.move_journal SET phase = 'failed', phase_started = pg_catalog.now(), "
+            "finished = pg_catalog.now(), pid = NULL, lag_bytes = 0, error = " + lit(message) +
+            ", error_state = 'XX001', error_detail = " + lit(detail) + ", error_hint = " + lit(hint) + " " +
+            m.live_where);
+    m.verify_failed = true;
+    fail(ERRCODE_DATA_CORRUPTED, Explain{detail, hint}, "%s", message.c_str());
+}
+
+// Whether a move that failed in its cutover switched all the same. The
+// switch may have committed even though its statement failed here: a
+// cancel (statement_timeout, rebalance_cancel) that lands while the remote
+// commit is under way is ignored there, yet this side raises it. The
+// statement has ended by now (a failed wait drains it), so the journal
+// tells: 'cleanup' is committed with the switch, never without it. Read
+// over a fresh connection, not this transaction's snapshot. Raises err
+// when it cannot tell (the journal row stays for _move_recover).
+bool switched_after_all(OnlineMove &m, const Caught &err) {
+    Text committed;
+    Caught inner;
+    if (!subxact(
+            [&] {
+                named_disconnect(kSelf);
+                const std::string self = coordinator_dsn();
+                named_connect(kSelf, self.c_str());
+                committed = dbl(kSelf, "SELECT COALESCE(new_epoch::text, '') FROM sharding.move_journal " +
+                                           m.live_where + " AND phase = 'cleanup'");
+            },
+            &inner)) {
+        // Unknown: neither thaw nor undo; _move_recover finishes or rolls
+        // back by the journal's phase.
+        if (not_others(inner.code)) reraise(inner);
+        warn(format("could not tell whether the move of logical shard %d of map \"%s\" switched: %s", m.logical,
+                    m.map.c_str(), inner.message.c_str()),
+             "The next sharding.move_shard_online or sharding._move_recover of this shard finishes or rolls it back.");
+        disconnect();
+        reraise(err);
+    }
+    if (!committed) return false;
+    if (!m.key && !committed->empty()) m.out.new_epoch = committed;
+    debug_at("move " + m.name + ": switched, though its statement failed");
+    return true;
+}
+
+// A step failed (the subtransaction of the steps is rolled back): before
+// the switch the source thaws first and the move is undone; after it, the
+// move is finished. Then the error is raised again, saying what happened
+// to the shard.
+[[noreturn]] void fail_move(OnlineMove &m, const Caught &err) {
+    elog(DEBUG1, "move %s failed at step %s: %s (%s)", m.name.c_str(), m.step, err.message.c_str(),
+         err.context.c_str());
+    if (m.verify_failed) {
+        // The copies differ: the journal row has ended 'failed', and the
+        // source's copy stays for an operator. Nothing to tidy.
+        disconnect();
+        reraise(err);
+    }
+    bool switched = std::string(m.step) == "switched";
+    if (std::string(m.step) == "cutover") switched = switched_after_all(m, err);
+    Caught inner;
+    if (!switched) {
+        // First of all the source writes again, even if the destination is
+        // out of reach for the rest of the undo.
+        if (!subxact(
+                [&] {
+                    named_connect(kSrc, c(m.src_dsn));
+                    call_fn(kSrc, "_thaw_shard", m.map, m.logical);
+                },
+                &inner) &&
+            not_others(inner.code))
+            reraise(inner);
+    }
+    // Connections may be in any state: start from fresh ones.
+    const bool tidied = subxact(
+        [&] {
+            connect(m.source, Text(m.node));
+            if (switched)
+                finish(m.map, m.logical, m.key, m.node, m.out.new_epoch);
+            else if (!undo(m.map, m.logical, m.key))
+                switched = true;  // the destination owned it: finished
+        },
+        &inner);
+    if (!tidied)
+        warn(format("could not clean up after the failed move of logical shard %d of map \"%s\": %s", m.logical,
+                    m.map.c_str(), inner.message.c_str()),
+             "The next sharding.move_shard_online or sharding.isolate of this shard cleans up first.");
+    disconnect();
+    if (switched && tidied)
+        // The move happened and is finished; only the call was interrupted
+        // (a cancel that landed while the switch committed).
+        throw Error(err.code,
+                    format("logical shard %d of map \"%s\" moved to \"%s\" (epoch %s) and was finished, but the call "
+                           "failed: %s",
+                           m.logical, m.map.c_str(), m.node.c_str(), m.out.new_epoch.value_or("<NULL>").c_str(),
+                           err.message.c_str()),
+                    std::string(), "Nothing is left to do: the destination owns the shard.");
+    if (switched)
+        // The move itself happened; only its tidying failed.
+        throw Error(err.code,
+                    format("logical shard %d of map \"%s\" moved to \"%s\" (epoch %s), but finishing failed: %s",
+                           m.logical, m.map.c_str(), m.node.c_str(), m.out.new_epoch.value_or("<NULL>").c_str(),
+                           err.message.c_str()),
+                    std::string(), "Call sharding.move_shard_online again to finish.");
+    reraise(err);
+}
+
+}  // namespace
+
+// The move, as its steps (OnlineMove above).
+MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, const std::string &node) {
+    OnlineMove m;
+    m.logical = logical;
+    m.logical_s = std::to_string(logical);
+    m.key = key;
+    m.node = node;
+    Text shards_t = require_map(map_arg, false);
+    m.map = *map_arg;  // _require_map refused NULL
+    m.name = move_name(m.map, logical);
+    m.shards = shards_t.value_or(std::string());
+    m.live_where = "WHERE map = " + lit(m.map) + " AND logical = " + m.logical_s + " AND " + kLive;
+    if (!find_source(m)) return m.out;
+
+    refuse_written();
+    connect(m.source, Text(node));
+    check_ends(m);
+    compare_schemas(m);
+    if (m.live.empty()) {
+        // No distributed table: nothing to carry, the switch is the move.
+        disconnect();
+        if (!key)
+            m.out.new_epoch = switch_owner(Text(m.map), Text(m.logical_s), Text(node));
+        else
+            spi_value("SELECT sharding.pin($1, $2, $3)", {m.map.c_str(), c(key), node.c_str()});
+        return m.out;
+    }
+    m.src_dsn = spi_value("SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1", {c(m.source)});
+    fix_plan(m);
+    prepare_sessions(m);
+
+    m.verify = move_verify;
+    Caught err;
+    const bool ok = subxact(
+        [&] {
+            open_stream(m);
+            copy_rows(m);
+            subscribe(m);
+            catch_up(m);
+            cut_over(m);
+            // 7. Clean up after the switch, the copies compared first.
+            m.out.moved = finish(m.map, m.logical, m.key, m.node, m.out.new_epoch, [&] { verify_copies(m); });
+        },
+        &err);
+    if (!ok) fail_move(m, err);
+    disconnect();
+    return m.out;
+}
+
+}  // namespace sharding::move
