@@ -644,14 +644,13 @@ SHARDING_FUNCTION(sharding__move_pull) {
 // _move_slot_create(source text, slot text, plugin text, options text, OUT lsn pg_lsn, OUT snapshot text)
 // options: server settings for the replication session (e.g. the
 // source's output_plugin_libraries plus "sharding"), or NULL.
-SHARDING_FUNCTION(sharding__move_slot_create) {
-    if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
-        fail(ERRCODE_INVALID_PARAMETER_VALUE, "source, slot and plugin must not be NULL");
-    std::string source = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(0)); });
-    std::string slot = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(1)); });
-    std::string plugin = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(2)); });
-    std::string options =
-        PG_ARGISNULL(3) ? std::string() : pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(3)); });
+namespace sharding::move {
+
+// Creates move slot `slot` at node `source` over a replication connection
+// with plugin `plugin`, exporting its snapshot; the connection is held
+// (hold_connection) until close_held(slot). Its LSN and the snapshot.
+SlotMade create_slot(const std::string &source, const std::string &slot, const std::string &plugin,
+                     const std::string &options) {
     if (!valid_slot_name(slot) || !valid_slot_name(plugin))
         fail(ERRCODE_INVALID_PARAMETER_VALUE, "slot and plugin names must be [a-z0-9_]{1,63}");
     std::string dsn = node_dsn(source);
@@ -662,10 +661,24 @@ SHARDING_FUNCTION(sharding__move_slot_create) {
         if (res) PQclear(res);
         fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected answer to CREATE_REPLICATION_SLOT");
     }
-    std::string lsn = PQgetvalue(res, 0, 1);
-    std::string snap = PQgetisnull(res, 0, 2) ? std::string() : PQgetvalue(res, 0, 2);
+    SlotMade made{PQgetvalue(res, 0, 1), PQgetisnull(res, 0, 2) ? std::string() : PQgetvalue(res, 0, 2)};
     PQclear(res);
     hold_connection(slot, remote->release());
+    return made;
+}
+
+}  // namespace sharding::move
+
+SHARDING_FUNCTION(sharding__move_slot_create) {
+    if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+        fail(ERRCODE_INVALID_PARAMETER_VALUE, "source, slot and plugin must not be NULL");
+    std::string source = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(0)); });
+    std::string slot = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(1)); });
+    std::string plugin = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(2)); });
+    std::string options =
+        PG_ARGISNULL(3) ? std::string() : pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(3)); });
+    const SlotMade made = create_slot(source, slot, plugin, options);
+    const std::string &lsn = made.lsn, &snap = made.snapshot;
 
     TupleDesc desc;
     if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE)

@@ -288,6 +288,14 @@ int64 delete_rows(const char *conn, const DeletePlan *plan) {
 }
 
 }  // namespace
+
+int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key) {
+    const char *k = key ? key->c_str() : nullptr;
+    DeletePlan *plan = glue(read_plan, map.c_str(), logical, k);
+    if (plan->ntables == 0) return 0;
+    return delete_rows(conn, plan);
+}
+
 }  // namespace sharding::move
 
 using namespace sharding;
@@ -309,12 +317,10 @@ SHARDING_FUNCTION(sharding__move_delete_local) {
 SHARDING_FUNCTION(sharding__move_delete_rows) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
         fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the connection, the map and the shard of a delete must not be NULL");
-    char *conn = text_to_cstring(PG_GETARG_TEXT_PP(0));
-    char *map = text_to_cstring(PG_GETARG_TEXT_PP(1));
+    std::string conn = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(0)); });
+    std::string map = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(1)); });
     int32 logical = PG_GETARG_INT32(2);
-    char *key = PG_ARGISNULL(3) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(3));
-    DeletePlan *plan = glue(read_plan, (const char *)map, logical, (const char *)key);
-    if (plan->ntables == 0) PG_RETURN_INT64(0);
-    int64 rows = delete_rows(conn, plan);
-    PG_RETURN_INT64(rows);
+    Text key;
+    if (!PG_ARGISNULL(3)) key = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(3)); });
+    PG_RETURN_INT64(delete_shard_rows(conn.c_str(), map, logical, key));
 }

@@ -233,6 +233,18 @@ MoveResult move_online(const Text &map, int32 logical, const Text &key, const st
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
              const Text &new_epoch, const std::function<void()> &before_delete = nullptr);
 bool undo(const std::string &map, int32 logical, const Text &key);  // false: finished instead
+// The rows of a move's shard deleted at one end over the named connection
+// conn (kSrc after the switch, kDst when undone), by the plan its journal
+// row fixed (move_delete.cpp); how many.
+int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key);
+// The move's slot at node `source`, made over a replication connection
+// that exports its snapshot and is held until close_held(slot)
+// (move_copy.cpp).
+struct SlotMade {
+    std::string lsn, snapshot;
+};
+SlotMade create_slot(const std::string &source, const std::string &slot, const std::string &plugin,
+                     const std::string &options);
 void call_fn(const char *conn, const std::string &fn, const std::string &map, int32 logical);
 
 // The journal interface (move_journal.cpp).

@@ -388,8 +388,7 @@ void open_stream(OnlineMove &m) {
         "AS l) AS s");
     // Over a replication connection, exporting its snapshot: the copy reads
     // exactly what precedes the slot's stream.
-    m.snapshot = spi_value("SELECT s.snapshot FROM sharding._move_slot_create($1, $2, 'sharding', $3) AS s",
-                           {c(m.source), name.c_str(), c(m.plugin_opts)});
+    m.snapshot = create_slot(must(m.source), name, "sharding", m.plugin_opts.value_or(std::string())).snapshot;
     // The plan's leaf partitions at the source (a table that is not
     // partitioned is its own leaf).
     if (m.move_id)
@@ -408,8 +407,7 @@ void copy_rows(OnlineMove &m) {
     m.step = "copying";
     debug_at("move " + name + ": copying");
     // Leftovers of the shard at the destination (it does not own them).
-    spi_value("SELECT sharding._move_delete_rows('sharding_move_dst', $1, $2::integer, $3)",
-              {m.map.c_str(), m.logical_s.c_str(), c(m.key)});
+    delete_shard_rows(kDst, m.map, m.logical, m.key);
     dbl(kDst, "SET session_replication_role = replica");
     // move_progress is kept current while the destination copies: every
     // quarter of a second, the rows and bytes the source's side of the

@@ -844,12 +844,11 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
              "the source of the move of logical shard %d of map \"%s\" no longer shows the switch", logical,
              map.c_str());
     if (before_delete) before_delete();
-    Text deleted = spi_value("SELECT sharding._move_delete_rows('sharding_move_src', $1, $2::integer, $3)",
-                             {map.c_str(), logical_s.c_str(), c(key)});
+    const int64 deleted = delete_shard_rows(kSrc, map, logical, key);
     journal("UPDATE sharding.move_journal SET phase = 'done', phase_started = pg_catalog.now(), "
-            "finished = pg_catalog.now(), rows_moved = " + deleted.value_or("NULL") +
+            "finished = pg_catalog.now(), rows_moved = " + std::to_string(deleted) +
             ", lag_bytes = 0, pid = NULL WHERE map = " + lit(map) + " AND logical = " + logical_s + " AND " + kLive);
-    return deleted ? std::strtoll(deleted->c_str(), nullptr, 10) : 0;
+    return deleted;
 }
 
 // _move_undo: undoes a move whose switch has not committed: drops its
@@ -897,8 +896,7 @@ bool undo(const std::string &map, int32 logical, const Text &key) {
     // A copy still running at the destination (its caller was cancelled or
     // died) would commit after the delete below: end it first, and wait.
     stop_backends(kDst, name);
-    spi_value("SELECT sharding._move_delete_rows('sharding_move_dst', $1, $2::integer, $3)",
-              {map.c_str(), logical_s.c_str(), c(key)});
+    delete_shard_rows(kDst, map, logical, key);
     call_fn(kSrc, "_thaw_shard", map, logical);
     journal("UPDATE sharding.move_journal SET undone = true WHERE map = " + lit(map) + " AND logical = " + logical_s +
             " AND " + kLive);
