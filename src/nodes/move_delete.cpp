@@ -93,20 +93,16 @@ struct DeletePlan {
     char **filters;
 };
 
-// Glue: reads the plan through SPI into the caller's memory context.
-// _require_map first: an unknown map is 42704 even without tables.
-DeletePlan *read_plan(const char *map, int32 logical, const char *key) {
+// Glue: reads the plan through SPI into the caller's memory context (the
+// map known to exist; origin: the move's name).
+DeletePlan *read_plan(const char *map, int32 logical, const char *key, const char *origin) {
     MemoryContext caller = CurrentMemoryContext;
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
     Oid types[3] = {TEXTOID, INT4OID, TEXTOID};
     Datum vals[3] = {CStringGetTextDatum(map), Int32GetDatum(logical), key ? CStringGetTextDatum(key) : (Datum)0};
     char nulls[3] = {' ', ' ', key ? ' ' : 'n'};
-    if (SPI_execute_with_args("SELECT sharding._require_map($1), sharding._move_name($1, $2)", 2, types, vals, nulls,
-                              false, 0) != SPI_OK_SELECT ||
-        SPI_processed != 1)
-        elog(ERROR, "could not read the map of a move");
     DeletePlan *plan = static_cast<DeletePlan *>(MemoryContextAllocZero(caller, sizeof(DeletePlan)));
-    plan->origin = MemoryContextStrdup(caller, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2));
+    plan->origin = MemoryContextStrdup(caller, origin);
     // The plan the live move of the shard fixed when it started (its
     // journal row): the tables and conditions of then, whatever pins,
     // distributed tables or shard count say now. Only a move journaled
@@ -290,8 +286,11 @@ int64 delete_rows(const char *conn, const DeletePlan *plan) {
 }  // namespace
 
 int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key) {
+    // An unknown map is 42704, even without tables.
+    (void)require_map(Text(map), false);
+    const std::string origin = move_name(map, logical);
     const char *k = key ? key->c_str() : nullptr;
-    DeletePlan *plan = glue(read_plan, map.c_str(), logical, k);
+    DeletePlan *plan = glue(read_plan, map.c_str(), logical, k, origin.c_str());
     if (plan->ntables == 0) return 0;
     return delete_rows(conn, plan);
 }
