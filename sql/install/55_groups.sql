@@ -189,8 +189,14 @@ BEGIN
     END IF;
 
     IF op = 'heartbeat' THEN
-        -- The cheap path: renew a live lease; the map lock only when some
-        -- member of the map has expired (it is dropped and its shards dealt).
+        -- The cheap path: renew a live lease. The map lock only when some
+        -- member of the map has expired (it is dropped and its shards
+        -- dealt), and then before the member's row is locked: join and
+        -- leave lock the map, then the row.
+        IF EXISTS (SELECT FROM sharding.worker_members w WHERE w.map = $2 AND w.lease_expires < now()) THEN
+            PERFORM sharding._lock_map($2);
+            PERFORM sharding._group_deal($2, false);
+        END IF;
         UPDATE sharding.worker_members w SET lease_expires = now() + w.lease
          WHERE w.map = $2 AND w.worker = $3 AND w.lease_expires >= now()
         RETURNING w.lease_expires INTO expires;
@@ -200,10 +206,6 @@ BEGIN
                       HINT = 'Its lease expired, it left or it never joined: call sharding.join again (and read its shards).';
         END IF;
         PERFORM sharding._group_watch(expires, false);
-        IF EXISTS (SELECT FROM sharding.worker_members w WHERE w.map = $2 AND w.lease_expires < now()) THEN
-            PERFORM sharding._lock_map($2);
-            PERFORM sharding._group_deal($2, false);
-        END IF;
         RETURN (SELECT g.generation FROM sharding.worker_groups g WHERE g.map = $2);
     END IF;
 
