@@ -886,6 +886,16 @@ int jobs_failed_starts(int64 job) noexcept {
     return n;
 }
 
+// Wakes the launcher for its next round without a scan of the databases
+// (worker groups: a lease that expires sooner than it was going to wake).
+void jobs_poke_launcher() noexcept {
+    if (shared == nullptr) return;
+    SpinLockAcquire(&shared->mutex);
+    Latch *latch = shared->launcher_latch;
+    SpinLockRelease(&shared->mutex);
+    if (latch) SetLatch(latch);
+}
+
 void jobs_recheck(Oid db) noexcept {
     if (shared == nullptr || !OidIsValid(db)) return;
     TimestampTz now = GetCurrentTimestamp();

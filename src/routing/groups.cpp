@@ -173,6 +173,10 @@ Oid expired_relid = InvalidOid;
 
 }  // namespace
 
+namespace sharding {
+void jobs_poke_launcher() noexcept;  // src/nodes/jobs.cpp
+}
+
 // _group_call(op text, map text, worker text, lease interval): bigint.
 SHARDING_FUNCTION(sharding__group_call) {
     if (PG_ARGISNULL(0)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "operation must not be NULL");
@@ -195,12 +199,14 @@ SHARDING_FUNCTION(sharding__group_watch) {
     bool reaped = PG_GETARG_BOOL(1);
     bool has = !PG_ARGISNULL(0);
     TimestampTz expires = has ? PG_GETARG_TIMESTAMPTZ(0) : DT_NOEND;
+    bool sooner = false;
     SpinLockAcquire(&gshared->mutex);
     Watch *w = watch_of(MyDatabaseId, has);
     if (w != nullptr) {
         if (!reaped) {
             w->touched = true;
-            if (expires < w->due) w->due = expires;
+            sooner = expires < w->due;
+            if (sooner) w->due = expires;
         } else if (!w->touched) {
             if (has)
                 w->due = expires;
@@ -211,6 +217,8 @@ SHARDING_FUNCTION(sharding__group_watch) {
         }
     }
     SpinLockRelease(&gshared->mutex);
+    // The launcher sleeps until the next due time it knew of.
+    if (sooner) sharding::jobs_poke_launcher();
     PG_RETURN_VOID();
 }
 
