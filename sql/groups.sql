@@ -186,6 +186,14 @@ SET ROLE grp_plain;
 SELECT count(*) >= 0 FROM sharding.group_members;
 RESET ROLE;
 
+-- A dropped map takes its group and members with it (also for
+-- sharding_admin, as whom drop_map runs).
+SET ROLE grp_admin;
+SELECT sharding.drop_map('g');
+RESET ROLE;
+SELECT (SELECT count(*) FROM sharding.worker_groups WHERE map = 'g') AS groups,
+       (SELECT count(*) FROM sharding.worker_members WHERE map = 'g') AS members;
+
 DROP EXTENSION sharding CASCADE;
 DROP TABLE grp_t, grp_jobs;
 DROP FUNCTION grp_try(text), grp_state(), grp_owners(text);

@@ -25,14 +25,32 @@
 -- membership touches the map's row so that every backend rebuilds it.
 
 -- @object sharding.worker_groups
+-- No foreign key to sharding.maps: a follower's resynchronisation
+-- (sharding._follow) truncates the maps, which a reference from here would
+-- refuse. A map's group goes with the map (the trigger below); a follower
+-- refuses join, so its table stays empty.
 CREATE TABLE sharding.worker_groups (
-    map        text PRIMARY KEY REFERENCES sharding.maps ON DELETE CASCADE,
+    map        text PRIMARY KEY,
     generation bigint NOT NULL DEFAULT 0 CHECK (generation >= 0)
 );
 COMMENT ON TABLE sharding.worker_groups IS
     'one row per map whose shards are dealt to a worker group (join); its generation';
 SELECT pg_catalog.pg_extension_config_dump('sharding.worker_groups', '');
 GRANT SELECT ON sharding.worker_groups TO PUBLIC;
+-- drop_map runs as its caller: the trigger deletes the map's group as it.
+GRANT DELETE ON sharding.worker_groups TO sharding_admin;
+CREATE FUNCTION sharding._groups_map_dropped() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    DELETE FROM sharding.worker_groups g WHERE g.map IN (SELECT d.map FROM dropped d);
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION sharding._groups_map_dropped() IS
+    'internal: a dropped map''s worker group (and its members) go with it';
+CREATE TRIGGER groups_map_dropped AFTER DELETE ON sharding.maps REFERENCING OLD TABLE AS dropped
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._groups_map_dropped();
 -- @end
 
 -- @object sharding.worker_members
