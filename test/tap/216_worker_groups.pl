@@ -87,14 +87,17 @@ END \$\$;
 CREATE TRIGGER snap AFTER UPDATE OF generation ON sharding.worker_groups FOR EACH ROW EXECUTE FUNCTION snap();
 
 CREATE TABLE ctl (worker text PRIMARY KEY);   -- workers told to leave
+CREATE TABLE slow (worker text PRIMARY KEY);  -- workers that hold each batch 1 s
+GRANT SELECT ON slow TO gworker;
 CREATE TABLE rejoins (worker text, at timestamptz DEFAULT clock_timestamp());
 GRANT SELECT ON ctl TO gworker;
 GRANT INSERT ON rejoins TO gworker;
 
 -- The worker loop of docs/workers.md, with the audit's needs: join; then
 -- heartbeat every 250 ms (join again if the lease was lost), claim a
--- batch through claim_node (commit), work 2 ms, complete it (commit);
--- leave when told to or when the queue is drained.
+-- batch through claim_node (commit), work 2 ms (1 s for a worker in table
+-- slow), complete it (commit); leave when told to or when the queue is
+-- drained.
 CREATE PROCEDURE gwork(me text, seconds integer) LANGUAGE plpgsql AS \$\$
 DECLARE
     ids bigint[];
@@ -122,7 +125,7 @@ BEGIN
         SELECT array_agg(c.id) INTO ids FROM sharding.claim_node(NULL::jobs, 'gm', me, me, 20, '5 seconds') c;
         COMMIT;
         IF ids IS NOT NULL THEN
-            PERFORM pg_sleep(0.002);
+            PERFORM pg_sleep(CASE WHEN EXISTS (SELECT FROM public.slow WHERE worker = me) THEN 1 ELSE 0.002 END);
             PERFORM sharding.complete('jobs', ids, me);
             COMMIT;
         ELSE
@@ -165,8 +168,11 @@ my ($w3_rc) = sharding_finish(delete $w{w3});
 is($w3_rc, 0, 'w3 ended normally');
 ok(defined sharding_wait($node, 'postgres', done(12000), 't', 120), '12,000 jobs done');
 
-# w8 dies: its client is killed while it works.
-sharding_wait($node, 'postgres', "SELECT count(*) > 0 FROM jobs WHERE owner = 'w8' AND status = 'processing'", 't', 10);
+# w8 dies: its client is killed while it works (it holds each batch for a
+# second from now on, so that it certainly holds one when killed).
+sql("INSERT INTO slow VALUES ('w8')");
+ok(defined sharding_wait($node, 'postgres', "SELECT count(*) > 0 FROM jobs WHERE owner = 'w8' AND status = 'processing'", 't', 30),
+	'w8 holds a batch');
 $w{w8}{h}->signal('KILL');
 my $killed = time;
 my $w8 = delete $w{w8};
