@@ -115,18 +115,29 @@ SELECT sharding.node_for('tenants', 't007') AS "t007 goes to", sharding.node_for
 \echo 'The number of logical shards never changes: a key''s logical shard is fixed'
 \echo 'forever. Only the owner of each logical shard changes.'
 SELECT sharding.create_map('workers', 64, ARRAY['w1', 'w2', 'w3', 'w4']) AS ok \gset
-SELECT n AS worker, sharding.shards_of('workers', n) AS "logical shards owned"
-  FROM unnest(ARRAY['w1', 'w2', 'w3', 'w4']) AS n;
+\echo 'Workers w1..w4 join the map''s worker group (sharding.join, with a lease each'
+\echo 'renews by sharding.heartbeat); every join deals the shards again, fewest moves:'
+SELECT count(*) AS ok FROM sharding.join('workers', 'w1', '1 hour') \gset
+SELECT count(*) AS ok FROM sharding.join('workers', 'w2', '1 hour') \gset
+SELECT count(*) AS ok FROM sharding.join('workers', 'w3', '1 hour') \gset
+SELECT count(*) AS ok FROM sharding.join('workers', 'w4', '1 hour') \gset
+SELECT worker, shards AS "logical shards owned", generation FROM sharding.group_members
+ WHERE map = 'workers' ORDER BY worker;
 \echo 'Where 10,000 customer keys live before the change:'
 CREATE TABLE key_sample AS
 SELECT 'customer-' || i AS key, sharding.logical_shard('workers', 'customer-' || i) AS shard_before,
        sharding.node_for('workers', 'customer-' || i) AS node_before
   FROM generate_series(1, 10000) AS i;
 SELECT node_before AS worker, count(*) AS keys FROM key_sample GROUP BY 1 ORDER BY 1;
+CREATE TEMP TABLE owners_before AS SELECT logical, node, epoch FROM sharding.shards WHERE map = 'workers';
 \echo
-\echo 'w5 joins. sharding.rebalance moves the fewest logical shards that even out'
-\echo 'ownership (64 over 5 = 13,13,13,13,12), raising each moved shard''s epoch:'
-CREATE TEMP TABLE moves AS SELECT * FROM sharding.rebalance('workers', ARRAY['w1', 'w2', 'w3', 'w4', 'w5']);
+\echo 'w5 calls sharding.join. The group deals again: the fewest logical shards move'
+\echo '(64 over 5 = 13,13,13,13,12), each moved shard''s epoch raised, the generation too:'
+SELECT count(*) AS "logical shards w5 received" FROM sharding.join('workers', 'w5', '1 hour');
+CREATE TEMP TABLE moves AS
+SELECT b.logical, b.node AS from_node, s.node AS to_node, b.epoch AS old_epoch, s.epoch AS new_epoch
+  FROM owners_before AS b JOIN sharding.shards AS s ON s.map = 'workers' AND s.logical = b.logical
+ WHERE s.node <> b.node;
 SELECT from_node AS "from", to_node AS "to", count(*) AS "logical shards moved",
        array_agg(logical ORDER BY logical) AS which
   FROM moves GROUP BY 1, 2 ORDER BY 1, 2;
@@ -135,25 +146,35 @@ SELECT (SELECT count(*) FROM moves) AS "logical shards that changed owner",
          AS "keys that changed logical shard",
        count(*) FILTER (WHERE sharding.node_for('workers', key) <> node_before)
          AS "keys now served by another worker",
-       (SELECT sharding.epoch('workers', logical) FROM moves ORDER BY logical LIMIT 1)
-         AS "epoch of a moved shard"
+       (SELECT sharding.heartbeat('workers', 'w1')) AS "generation (w1's heartbeat)"
   FROM key_sample;
 \echo 'Only the keys on the 12 moved shards (about 12/64 of them) are now served by'
 \echo 'w5; every key kept its logical shard, so per-shard state moves as a whole.'
-SELECT n AS worker, cardinality(sharding.shards_of('workers', n)) AS "logical shards owned"
-  FROM unnest(ARRAY['w1', 'w2', 'w3', 'w4', 'w5']) AS n;
+SELECT worker, shards AS "logical shards owned" FROM sharding.group_members
+ WHERE map = 'workers' ORDER BY worker;
 SELECT count(*) FILTER (WHERE sharding.worker_of(s, 4, 64) <> sharding.worker_of(s, 5, 64))
          AS "for comparison: re-dealing contiguous ranges would move"
   FROM generate_series(0, 63) AS s;
-\echo 'A writer on the old owner that read epoch 1 before the move calls sharding.fence'
-\echo 'inside its transaction before writing; it is refused, so two workers never'
-\echo 'both act as owner of a moved shard:'
-SELECT min(logical) AS moved FROM moves \gset
+\echo 'A writer on the old owner that read the old epoch before the move calls'
+\echo 'sharding.fence inside its transaction before writing; it is refused, so two'
+\echo 'workers never both act as owner of a moved shard:'
+SELECT logical AS moved, old_epoch, new_epoch FROM moves ORDER BY logical LIMIT 1 \gset
 SELECT :moved AS "logical shard",
-       pg_temp.attempt(format('SELECT sharding.fence(%L, %s, 1)', 'workers', :moved))
-         AS "fence with epoch 1 (old owner)",
-       pg_temp.attempt(format('SELECT sharding.fence(%L, %s, 2)', 'workers', :moved))
-         AS "fence with epoch 2 (new owner)";
+       pg_temp.attempt(format('SELECT sharding.fence(%L, %s, %s)', 'workers', :moved, :old_epoch))
+         AS "fence with the old epoch (old owner)",
+       pg_temp.attempt(format('SELECT sharding.fence(%L, %s, %s)', 'workers', :moved, :new_epoch))
+         AS "fence with the new epoch (new owner)";
+\echo
+\echo 'w3 dies: it renewed its lease for 1 second, then never again. Nobody calls'
+\echo 'rebalance: once the lease has run out, its shards are dealt to the live'
+\echo 'workers (by the background worker within a second, or by the next call on the'
+\echo 'map, here w1''s heartbeat two seconds later):'
+SELECT count(*) AS ok FROM sharding.join('workers', 'w3', '1 second') \gset
+SELECT count(*) AS "shards w3 held when it died" FROM sharding.shards WHERE map = 'workers' AND node = 'w3';
+SELECT pg_sleep(2) AS ok \gset
+SELECT sharding.heartbeat('workers', 'w1') AS "generation (w1's heartbeat)";
+SELECT worker, shards AS "logical shards owned" FROM sharding.group_members
+ WHERE map = 'workers' ORDER BY worker;
 
 \echo
 \echo '======================================================================'

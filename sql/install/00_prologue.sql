@@ -20,6 +20,23 @@ BEGIN
 END
 $$;
 
+-- @object sharding_worker_role
+-- The role of workers that join worker groups (docs/workers.md): join,
+-- heartbeat and leave need it (or sharding_admin, or the extension's
+-- owner). Created as sharding_admin is, above.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'sharding_worker') THEN
+        BEGIN
+            CREATE ROLE sharding_worker NOLOGIN;
+        EXCEPTION WHEN unique_violation OR duplicate_object THEN
+            NULL;
+        END;
+    END IF;
+END
+$$;
+-- @end
+
 GRANT USAGE ON SCHEMA sharding TO PUBLIC;
 
 -- Internal: proves the C/C++ boundary turns every C++ exception into an

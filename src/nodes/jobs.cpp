@@ -483,6 +483,10 @@ extern "C" {
 SHARDING_EXPORT void sharding_jobs_runner_main(Datum arg);
 SHARDING_EXPORT void sharding_jobs_scanner_main(Datum arg);
 SHARDING_EXPORT void sharding_jobs_launcher_main(Datum arg);
+SHARDING_EXPORT void sharding_groups_reaper_main(Datum arg);
+}
+namespace sharding {
+int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept;  // src/routing/groups.cpp
 }
 
 // A runner: claims and executes the moves of its job until the job is over,
@@ -654,16 +658,46 @@ void sharding_jobs_scanner_main(Datum arg) {
     proc_exit(0);
 }
 
+// A group reaper: in one database, the worker groups whose members' leases
+// expired are dealt again (sharding._group_reap, as the extension's owner,
+// as a scanner runs _job_pickup).
+void sharding_groups_reaper_main(Datum arg) {
+    pqsignal(SIGTERM, die);
+    BackgroundWorkerUnblockSignals();
+    BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(arg), InvalidOid, 0);
+    pin_search_path();
+    pgstat_report_appname("sharding group reaper");
+    Extension ext{InvalidOid, InvalidOid, InvalidOid};
+    Oid reap = InvalidOid;
+    (void)in_own_transaction([&] {
+        ext = find_extension();
+        if (OidIsValid(ext.oid)) reap = extension_function(ext, "_group_reap", 0, nullptr);
+    });
+    if (!OidIsValid(reap)) proc_exit(0);
+    SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
+    (void)in_own_transaction([&] {
+        pgstat_report_activity(STATE_RUNNING, "SELECT sharding._group_reap()");
+        bool isnull;
+        (void)call_function(reap, 0, nullptr, &isnull);
+    });
+    proc_exit(0);
+}
+
 namespace {
 
 // Starts a scanner in each of the databases, one at a time (each is
 // short); false if no background worker slot was free (then the launcher
 // tries again at its next round).
-bool scan_list(const Oid *dbs, int n) {
+bool scan_list(const Oid *dbs, int n, bool groups = false) {
     for (int i = 0; i < n; i++) {
         BackgroundWorker w;
-        init_worker(&w, "sharding_jobs_scanner_main", "sharding move scanner", BGW_NEVER_RESTART);
-        snprintf(w.bgw_name, BGW_MAXLEN, "sharding move scanner for database %u", dbs[i]);
+        if (groups) {  // worker groups' leases (src/routing/groups.cpp)
+            init_worker(&w, "sharding_groups_reaper_main", "sharding group reaper", BGW_NEVER_RESTART);
+            snprintf(w.bgw_name, BGW_MAXLEN, "sharding group reaper for database %u", dbs[i]);
+        } else {
+            init_worker(&w, "sharding_jobs_scanner_main", "sharding move scanner", BGW_NEVER_RESTART);
+            snprintf(w.bgw_name, BGW_MAXLEN, "sharding move scanner for database %u", dbs[i]);
+        }
         w.bgw_main_arg = ObjectIdGetDatum(dbs[i]);
         w.bgw_notify_pid = MyProcPid;
         BackgroundWorkerHandle *handle = nullptr;
@@ -788,6 +822,13 @@ void sharding_jobs_launcher_main(Datum) {
         long timeout = scan ? 5000 : 30000;
         long next = scan_rechecks();
         if (next >= 0 && next < timeout) timeout = next;
+        // Worker groups whose next lease expiry has come: a short reaper
+        // in each such database (src/routing/groups.cpp).
+        Oid due[8];
+        int ndue = sharding::groups_take_due(due, lengthof(due), &next);
+        if (ndue > 0) (void)scan_list(due, ndue, true);
+        if (ndue > 0) (void)sharding::groups_take_due(due, 0, &next);
+        if (next >= 0 && next < timeout) timeout = next;
         (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout, PG_WAIT_EXTENSION);
         ResetLatch(MyLatch);
     }
@@ -843,6 +884,16 @@ int jobs_failed_starts(int64 job) noexcept {
         if (f.db == MyDatabaseId && f.job == job) n = f.count;
     SpinLockRelease(&shared->mutex);
     return n;
+}
+
+// Wakes the launcher for its next round without a scan of the databases
+// (worker groups: a lease that expires sooner than it was going to wake).
+void jobs_poke_launcher() noexcept {
+    if (shared == nullptr) return;
+    SpinLockAcquire(&shared->mutex);
+    Latch *latch = shared->launcher_latch;
+    SpinLockRelease(&shared->mutex);
+    if (latch) SetLatch(latch);
 }
 
 void jobs_recheck(Oid db) noexcept {

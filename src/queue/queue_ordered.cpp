@@ -307,9 +307,13 @@ void lock_map_shared(text *map) {
 }  // namespace
 
 namespace sharding {
+void groups_notice(Datum map);  // src/routing/groups.cpp
 namespace queue {
 
 NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {
+    // A member of the map's worker group whose lease expired is noticed
+    // here, before the map's lock (its shards are dealt again: docs/workers.md).
+    sharding::groups_notice(map);
     lock_map_shared(DatumGetTextPP(map));
     if (node_check_plan == nullptr) {
         Oid types[3] = {TEXTOID, TEXTOID, TEXTOID};

@@ -288,6 +288,29 @@ void read_log_cursor(Snapshot snap, int64 *seq, char **snapshot) {
     SPI_freetuptable(SPI_tuptable);
 }
 
+// The pins that route (of the keys in $2 when `some`): on a map with a
+// worker group (sharding.worker_groups, version 1.4), only pins to a node
+// that is a member of the group; a key pinned to another node routes as if
+// it were not pinned (CONTRACT 15.5). A membership change rewrites the
+// map's row (sql/install/55_groups.sql), so every backend rebuilds it.
+const char *pins_sql(bool some) {
+    Oid ns = get_namespace_oid("sharding", true);
+    bool groups = OidIsValid(ns) && OidIsValid(get_relname_relid("worker_members", ns));
+    if (!groups)
+        return some ? "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1 "
+                      "AND key OPERATOR(pg_catalog.=) ANY ($2)"
+                    : "SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1";
+    return some ? "SELECT p.key, p.node FROM sharding.pins p WHERE p.map OPERATOR(pg_catalog.=) $1 "
+                  "AND p.key OPERATOR(pg_catalog.=) ANY ($2) "
+                  "AND (NOT EXISTS (SELECT FROM sharding.worker_groups g WHERE g.map OPERATOR(pg_catalog.=) $1) "
+                  "OR EXISTS (SELECT FROM sharding.worker_members m WHERE m.map OPERATOR(pg_catalog.=) $1 "
+                  "AND m.worker OPERATOR(pg_catalog.=) p.node))"
+                : "SELECT p.key, p.node FROM sharding.pins p WHERE p.map OPERATOR(pg_catalog.=) $1 "
+                  "AND (NOT EXISTS (SELECT FROM sharding.worker_groups g WHERE g.map OPERATOR(pg_catalog.=) $1) "
+                  "OR EXISTS (SELECT FROM sharding.worker_members m WHERE m.map OPERATOR(pg_catalog.=) $1 "
+                  "AND m.worker OPERATOR(pg_catalog.=) p.node))";
+}
+
 const char shards_sql[] = "SELECT logical, node, epoch FROM sharding.shards WHERE map OPERATOR(pg_catalog.=) $1";
 
 // Reads one map's config with the latest committed snapshot (not the
@@ -308,9 +331,7 @@ void load_raw(text *map, RawMap *raw) {
         raw->logical_shards = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
         SPI_freetuptable(SPI_tuptable);
         copy_shards(run_read(shards_sql, 1, argtypes, args, snap, 0), &raw->shards);
-        copy_pins(run_read("SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1", 1, argtypes, args,
-                           snap, 0),
-                  &raw->pins);
+        copy_pins(run_read(pins_sql(false), 1, argtypes, args, snap, 0), &raw->pins);
     }
     raw->log_seq = -1;
     if (raw->found && OidIsValid(log_relid)) read_log_cursor(snap, &raw->log_seq, &raw->log_snapshot);
@@ -438,10 +459,7 @@ void load_delta(const char *name, size_t len, bool shards, char **keys, int *key
         Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * nkeys));
         for (int i = 0; i < nkeys; i++) elems[i] = PointerGetDatum(cstring_to_text_with_len(keys[i], key_lens[i]));
         args[1] = PointerGetDatum(construct_array(elems, nkeys, TEXTOID, -1, false, TYPALIGN_INT));
-        copy_pins(run_read("SELECT key, node FROM sharding.pins WHERE map OPERATOR(pg_catalog.=) $1 "
-                           "AND key OPERATOR(pg_catalog.=) ANY ($2)",
-                           2, argtypes, args, snap, 0),
-                  &d->pins);
+        copy_pins(run_read(pins_sql(true), 2, argtypes, args, snap, 0), &d->pins);
     }
     UnregisterSnapshot(snap);
     SPI_finish();

@@ -1,0 +1,14 @@
+-- Worker groups (CONTRACT 15.5, docs/workers.md): join, heartbeat, leave,
+-- the view group_members and the role sharding_worker.
+-- @include sharding_worker_role
+-- @include sharding.worker_groups
+-- @include sharding.worker_members
+-- @include sharding.group_members
+-- @include sharding._group_deal
+-- @include sharding._group_apply
+-- @include sharding._group_call
+-- @include sharding._group_watch
+-- @include sharding._group_reap
+-- @include sharding.join
+-- @include sharding.heartbeat
+-- @include sharding.leave
