@@ -24,6 +24,7 @@ void guard_init();  // guard.cpp: local state of a data node (this_node, frozen 
 void jobs_init();   // jobs.cpp: sharding.max_move_workers, move workers (preload only)
 void copy_init();   // move_copy.cpp: sharding.move_parallel
 void freeze_init();  // move_orchestrate.cpp: sharding.move_freeze_timeout
+void ddl_init();     // ddl/: sharding.propagate_ddl, the ProcessUtility hook (preload only)
 }  // namespace sharding
 
 /*
@@ -39,4 +40,5 @@ void _PG_init(void) {
     sharding::jobs_init();
     sharding::copy_init();
     sharding::freeze_init();
+    sharding::ddl_init();
 }

@@ -1,0 +1,9 @@
+-- DDL on every node (sql/install/75_ddl.sql): two-phase commit of
+-- run_on_nodes and propagated DDL, its record and recovery, the refusal of
+-- unpropagated DDL of a distributed table.
+-- @include sharding.node_transactions
+-- @include sharding.run_on_nodes
+-- @include sharding.recover_transactions
+-- @include sharding._ddl_refuse
+-- @include sharding_ddl_refuse
+-- @include sharding_ddl_refuse_drop
