@@ -89,6 +89,21 @@ COMMENT ON TABLE ddl_docs IS 'documents';
 DROP INDEX ddl_docs_body;
 SELECT count(*) AS columns FROM pg_attribute WHERE attrelid = 'ddl_docs'::regclass AND attnum > 0;
 
+-- A move of the table's map in flight (a journal entry in phase copying,
+-- as the engine writes it): the DDL waits for it, at most lock_timeout,
+-- then 55006 naming the move, and nothing changed.
+INSERT INTO sharding.move_journal (move, map, logical, source, destination, phase)
+VALUES (9001, 'ddlmap', 1, 'a', 'b', 'copying');
+SET lock_timeout = '300ms';
+SELECT pg_temp.err($$ALTER TABLE ddl_docs ADD COLUMN during_move text$$);
+SELECT count(*) AS columns FROM pg_attribute WHERE attrelid = 'ddl_docs'::regclass AND attnum > 0;
+-- Once the move has ended the DDL goes on.
+UPDATE sharding.move_journal SET phase = 'done' WHERE move = 9001;
+ALTER TABLE ddl_docs ADD COLUMN after_move text;
+RESET lock_timeout;
+SELECT count(*) AS columns FROM pg_attribute WHERE attrelid = 'ddl_docs'::regclass AND attnum > 0;
+DELETE FROM sharding.move_journal WHERE move = 9001;
+
 DROP TABLE ddl_docs;
 DROP EXTENSION sharding CASCADE;
 DROP DATABASE ddl_node_a;

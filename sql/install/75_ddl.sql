@@ -48,6 +48,36 @@ REVOKE ALL ON FUNCTION sharding.recover_transactions() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.recover_transactions() TO sharding_admin;
 -- @end
 
+-- @object sharding._ddl_wait_for_moves
+-- DDL of a distributed table while a move of its map is in flight waits
+-- for the move to end (a move copies the columns it knew when it started),
+-- at most lock_timeout when set, then fails with 55006 naming the move
+-- (_move_refuse, which also makes a move starting later wait for the DDL's
+-- transaction). Called by the ProcessUtility hook before the statement.
+CREATE FUNCTION sharding._ddl_wait_for_moves(map text, what text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t0 timestamptz := pg_catalog.clock_timestamp();
+    timeout interval := pg_catalog.current_setting('lock_timeout')::interval;
+BEGIN
+    LOOP
+        BEGIN
+            PERFORM sharding._move_refuse($1, NULL, $2);
+            RETURN;
+        EXCEPTION WHEN object_in_use THEN
+            IF timeout > interval '0' AND pg_catalog.clock_timestamp() - t0 >= timeout THEN
+                RAISE;
+            END IF;
+        END;
+        PERFORM pg_catalog.pg_sleep(0.1);
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION sharding._ddl_wait_for_moves(text, text) IS
+    'internal: waits (at most lock_timeout) for the moves of a map to end, then 55006 naming the move';
+-- @end
+
 -- @object sharding._ddl_refuse
 -- Without the library preloaded (no ProcessUtility hook), DDL of a
 -- distributed table on a coordinator would change the coordinator alone:

@@ -166,13 +166,13 @@ char *search_path_setting() {
     return buf.data;
 }
 
-// Glue: 55006 naming the move when a move of map is in flight
-// (sharding._move_refuse, which also makes a move starting later wait).
+// Glue: waits for the moves of map in flight (at most lock_timeout), then
+// 55006 naming the move (sharding._ddl_wait_for_moves).
 void refuse_during_move(const char *map, const char *what) {
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
     Oid types[2] = {TEXTOID, TEXTOID};
     Datum vals[2] = {CStringGetTextDatum(map), CStringGetTextDatum(what)};
-    (void)SPI_execute_with_args("SELECT sharding._move_refuse($1, NULL, $2)", 2, types, vals, nullptr, false, 0);
+    (void)SPI_execute_with_args("SELECT sharding._ddl_wait_for_moves($1, $2)", 2, types, vals, nullptr, false, 0);
     SPI_finish();
 }
 
@@ -248,6 +248,11 @@ void ddl_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
     // their frames are gone.
     Plan *plan = nullptr;
     try {
+        // A move of the map in flight: wait for it (DDL and moves never
+        // break each other), wherever the table's rows are.
+        char *label = glue(table_label, t.table);
+        std::string what = std::string("DDL of distributed table ") + label;
+        glue(refuse_during_move, (const char *)map, what.c_str());
         std::vector<std::string> nodes = ddl_attached_nodes();
         if (!nodes.empty()) {
             plan = new Plan();
@@ -256,9 +261,6 @@ void ddl_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
             int len = pstmt->stmt_len;
             plan->text = len > 0 ? std::string(queryString + loc, len) : std::string(queryString + loc);
             plan->concurrent = t.concurrent;
-            char *label = glue(table_label, t.table);
-            std::string what = std::string("DDL of distributed table ") + label;
-            glue(refuse_during_move, (const char *)map, what.c_str());
             plan->path = glue(search_path_setting);
             open_all(*plan);
         }

@@ -4,6 +4,7 @@
 -- @include sharding.node_transactions
 -- @include sharding.run_on_nodes
 -- @include sharding.recover_transactions
+-- @include sharding._ddl_wait_for_moves
 -- @include sharding._ddl_refuse
 -- @include sharding_ddl_refuse
 -- @include sharding_ddl_refuse_drop
