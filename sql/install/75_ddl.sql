@@ -25,10 +25,13 @@ REVOKE ALL ON sharding.node_transactions FROM PUBLIC;
 -- @object sharding.run_on_nodes
 -- run_on_nodes(command, nodes): the command on each node (every attached
 -- data node when NULL), in one two-phase transaction with the caller's.
+-- The command's names resolve on the nodes as in the caller's session
+-- (its search_path, spelled out as schema names), so the function has no
+-- SET search_path of its own; its own queries name everything with its
+-- schema (SECURITY INVOKER: nothing runs with more rights than the caller's).
 CREATE FUNCTION sharding.run_on_nodes(command text, nodes text[] DEFAULT NULL)
     RETURNS TABLE(node text, result text)
-    AS 'MODULE_PATHNAME', 'sharding_run_on_nodes' LANGUAGE C VOLATILE PARALLEL UNSAFE
-    SET search_path = pg_catalog, pg_temp;
+    AS 'MODULE_PATHNAME', 'sharding_run_on_nodes' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION sharding.run_on_nodes(text, text[]) IS
     'runs a command on each node named (every attached data node when NULL) in one two-phase transaction; one row per node with its command tag';
 -- It connects out with the nodes' DSNs: administrators (as add_node).

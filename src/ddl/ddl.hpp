@@ -32,6 +32,10 @@ std::string ddl_run_alone(const std::string &node, const std::string &setup, con
 // (raised with no C++ frame alive), *left then true.
 void ddl_recover_in_worker(bool *left);
 
+// "SET LOCAL search_path = <this session's schemas, quoted>": names in a
+// statement run on the nodes resolve there as they do here.
+std::string ddl_search_path_setting();
+
 // Test-only fault point (sharding.ddl_fault): holds the commit phase.
 extern char *ddl_fault;
 extern bool ddl_propagate;

@@ -261,7 +261,7 @@ void ddl_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
             int len = pstmt->stmt_len;
             plan->text = len > 0 ? std::string(queryString + loc, len) : std::string(queryString + loc);
             plan->concurrent = t.concurrent;
-            plan->path = glue(search_path_setting);
+            plan->path = ddl_search_path_setting();
             open_all(*plan);
         }
     } catch (...) {
@@ -294,6 +294,12 @@ void ddl_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 }
 
 }  // namespace
+
+std::string ddl_search_path_setting() {
+    char *s = glue(search_path_setting);
+    std::string out(s);
+    return out;
+}
 
 void ddl_init() {
     DefineCustomBoolVariable("sharding.propagate_ddl",

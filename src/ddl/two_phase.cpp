@@ -50,6 +50,7 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
 }
 
@@ -142,6 +143,9 @@ void insert_records(uint64 fxid) {
     int save_sec;
     GetUserIdAndSecContext(&save_user, &save_sec);
     SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+    // At PRE_COMMIT no snapshot is active any more.
+    bool pushed = !ActiveSnapshotSet();
+    if (pushed) PushActiveSnapshot(GetTransactionSnapshot());
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
     char xid[32];
     snprintf(xid, sizeof xid, UINT64_FORMAT, fxid);
@@ -155,6 +159,7 @@ void insert_records(uint64 fxid) {
             elog(ERROR, "could not record a two-phase transaction");
     }
     SPI_finish();
+    if (pushed) PopActiveSnapshot();
     SetUserIdAndSecContext(save_user, save_sec);
 }
 
@@ -515,8 +520,10 @@ SHARDING_FUNCTION(sharding_run_on_nodes) {
     }
     // Every node is reached and checked before the command runs anywhere.
     for (const auto &n : nodes) ddl_open(n);
+    // Names resolve there as here: this session's schemas, spelled out.
+    std::string path = ddl_search_path_setting();
     for (const auto &n : nodes) {
-        std::string tag = ddl_run_on(n, command);
+        std::string tag = ddl_run_on(n, path + ";\n" + command);
         glue(put_row, rsinfo, n.c_str(), tag.c_str());
     }
     return (Datum)0;
