@@ -341,7 +341,8 @@ char *touched_c(bool drop) {
                "JOIN sharding.distributed_tables AS d ON d.schema_name = n.nspname AND d.table_name = r.relname "
                "LIMIT 1";
     char *out = pstrdup("");
-    if (SPI_execute(sql, true, 1) == SPI_OK_SELECT && SPI_processed == 1) {
+    // Not read-only: a fresh snapshot sees the catalog rows the command made.
+    if (SPI_execute(sql, false, 1) == SPI_OK_SELECT && SPI_processed == 1) {
         char *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
         if (v) out = MemoryContextStrdup(CurTransactionContext, v);
     }
@@ -354,7 +355,9 @@ char *touched_c(bool drop) {
 // coordinator without the library preloaded, DDL of a distributed table.
 SHARDING_FUNCTION(sharding__ddl_refuse) {
     if (!CALLED_AS_EVENT_TRIGGER(fcinfo)) fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "not fired by an event trigger");
-    if (ddl_hook_installed) PG_RETURN_VOID();
+    // Preloaded: the hook propagates. sharding.propagate_ddl = off: the
+    // statement is meant for this database only.
+    if (ddl_hook_installed || !ddl_propagate) PG_RETURN_VOID();
     auto *ev = reinterpret_cast<EventTriggerData *>(fcinfo->context);
     bool drop = std::strcmp(ev->event, "sql_drop") == 0;
     if (ddl_attached_nodes().empty()) PG_RETURN_VOID();
