@@ -212,8 +212,16 @@ void finish(bool commit) noexcept {
                                       "(the background worker runs it when the library is preloaded).")));
         }
     }
+    bool any = false;
+    for (int i = 0; i < nparts; i++) any = any || parts[i].prepared;
     reset_all();
-    if (left) jobs_recheck(MyDatabaseId, true);
+    // Left in doubt: recovery every second until resolved. Else (with the
+    // library preloaded) the scanner's recovery deletes the records of what
+    // was committed, a second from now.
+    if (left)
+        jobs_recheck(MyDatabaseId, true);
+    else if (commit && any)
+        jobs_recheck(MyDatabaseId);
 }
 
 void xact_callback(XactEvent event, void *) {
