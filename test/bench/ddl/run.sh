@@ -1,6 +1,6 @@
 #!/bin/bash
 # DDL on every node (docs/ddl.md): the time of one ALTER TABLE ... ADD
-# COLUMN of a distributed table on a coordinator with 1 and with 3 attached
+# COLUMN of a distributed table on a coordinator with 1, 3 and 8 attached
 # data nodes (propagated through two-phase commit), against the same
 # statement on one database. All databases live on one throwaway server
 # (wal_level = logical, max_prepared_transactions = 20, the library
@@ -20,14 +20,14 @@ if [ -z "${PGHOST:-}" ]; then
     BENCHDIR=$(make_cluster_dir bench)
     trap 'stop_cluster "$BENCHDIR"; rm -rf "$BENCHDIR"' EXIT
     start_cluster "$BENCHDIR" "-c jit=off -c wal_level=logical -c max_prepared_transactions=20 \
-        -c max_replication_slots=10 -c max_wal_senders=10 -c max_logical_replication_workers=8 \
-        -c max_worker_processes=24 -c wal_retrieve_retry_interval=200ms" || exit 1
+        -c max_replication_slots=16 -c max_wal_senders=16 -c max_logical_replication_workers=14 \
+        -c max_worker_processes=32 -c max_connections=150 -c wal_retrieve_retry_interval=200ms" || exit 1
 fi
 export PGDATABASE=postgres
 dsn() { echo "host=$PGHOST port=$PGPORT dbname=$1"; }
-for db in single c1 a1 c3 b1 b2 b3; do psql -Xq -c "CREATE DATABASE $db" >/dev/null; done
+for db in single c1 a1 c3 b1 b2 b3 c8 d1 d2 d3 d4 d5 d6 d7 d8; do psql -Xq -c "CREATE DATABASE $db" >/dev/null; done
 psql -Xq -d single -c 'CREATE TABLE docs (k text PRIMARY KEY, v integer)' >/dev/null
-for db in a1 b1 b2 b3; do
+for db in a1 b1 b2 b3 d1 d2 d3 d4 d5 d6 d7 d8; do
     psql -Xq -d "$db" -c 'CREATE EXTENSION sharding' -c 'CREATE TABLE docs (k text PRIMARY KEY, v integer)' >/dev/null
 done
 setup_coord() {  # setup_coord DB NODE...
@@ -43,18 +43,23 @@ setup_coord() {  # setup_coord DB NODE...
 }
 setup_coord c1 a1
 setup_coord c3 b1 b2 b3
+setup_coord c8 d1 d2 d3 d4 d5 d6 d7 d8
 # One statement: a new column each run (catalog only, no rewrite).
 once() { PGDATABASE=$1 time_ms "ALTER TABLE docs ADD COLUMN col_$2 integer"; }
-declare -a single one three
+declare -a single one three eight
 for i in $(seq "$RUNS"); do
     single+=("$(once single "$i")")
     one+=("$(once c1 "$i")")
     three+=("$(once c3 "$i")")
+    eight+=("$(once c8 "$i")")
 done
-check=$(psql -XAtq -d b3 -c "SELECT count(*) FROM pg_attribute WHERE attrelid = 'docs'::regclass AND attname LIKE 'col\_%'")
-[ "$check" = "$RUNS" ] || { echo "b3 has $check columns, expected $RUNS" >&2; exit 1; }
+for db in b3 d8; do
+    check=$(psql -XAtq -d $db -c "SELECT count(*) FROM pg_attribute WHERE attrelid = 'docs'::regclass AND attname LIKE 'col\_%'")
+    [ "$check" = "$RUNS" ] || { echo "$db has $check columns, expected $RUNS" >&2; exit 1; }
+done
 s=$(printf '%s\n' "${single[@]}" | median)
 o=$(printf '%s\n' "${one[@]}" | median)
 t=$(printf '%s\n' "${three[@]}" | median)
-echo "ALTER TABLE ADD COLUMN, median of $RUNS runs: one database ${s} ms; coordinator + 1 node ${o} ms; coordinator + 3 nodes ${t} ms"
-python3 -c "import sys; s,o,t=map(float,sys.argv[1:]); print(f'ratios: 1 node / one database {o/s:.1f}, 3 nodes / one database {t/s:.1f}, 3 nodes / 1 node {t/o:.2f}')" "$s" "$o" "$t"
+e=$(printf '%s\n' "${eight[@]}" | median)
+echo "ALTER TABLE ADD COLUMN, median of $RUNS runs: one database ${s} ms; coordinator + 1 node ${o} ms; + 3 nodes ${t} ms; + 8 nodes ${e} ms"
+python3 -c "import sys; s,o,t,e=map(float,sys.argv[1:]); print(f'ratios to one database: 1 node {o/s:.1f}, 3 nodes {t/s:.1f}, 8 nodes {e/s:.1f}; per added node {(e-o)/7:.1f} ms')" "$s" "$o" "$t" "$e"
