@@ -14,11 +14,13 @@ namespace sharding {
 // it (their configuration slot exists in this database), by name.
 std::vector<std::string> ddl_attached_nodes();
 
-// Runs sql on node inside this transaction's two-phase transaction there
-// (opened on first use: connected, max_prepared_transactions checked, role
-// and search_path set, BEGIN). Returns the command tag of its last result.
-// Errors carry the node's SQLSTATE and message, naming the node.
-std::string ddl_run_on(const std::string &node, const std::string &sql);
+// Runs sql on each node inside this transaction's two-phase transaction
+// there (opened on first use: connected, max_prepared_transactions
+// checked, role and search_path set, BEGIN), on all of them at once (sent
+// to all, then collected). Returns the command tag of each one's last
+// result, in order. Errors carry the node's SQLSTATE and message, naming
+// the node; the first failure in node order is thrown.
+std::vector<std::string> ddl_run_on_all(const std::vector<std::string> &nodes, const std::string &sql);
 // Opens node's participant without running anything (the checks first, on
 // every node, before a command runs anywhere).
 void ddl_open(const std::string &node);

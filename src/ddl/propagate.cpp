@@ -221,7 +221,7 @@ void run_remote(const Plan &p) {
         for (const auto &n : p.nodes) (void)ddl_run_alone(n, "SET " + set, p.text);
         return;
     }
-    for (const auto &n : p.nodes) (void)ddl_run_on(n, p.path + ";\n" + p.text);
+    (void)ddl_run_on_all(p.nodes, p.path + ";\n" + p.text);
 }
 
 void ddl_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree, ProcessUtilityContext context,

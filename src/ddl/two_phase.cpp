@@ -33,6 +33,7 @@
 #include "nodes/move_remote.hpp"
 
 #include <cstring>
+#include <exception>
 #include <sys/stat.h>
 
 extern "C" {
@@ -72,6 +73,7 @@ struct Participant {
     int nsp;
     SubTransactionId sp[kMaxSavepoints];
     bool prepared;
+    bool sent;    // a statement sent, its results not collected yet
     bool broken;  // a savepoint rollback failed there: the commit fails
 };
 Participant parts[kMaxParticipants];
@@ -175,34 +177,68 @@ void pre_commit() {
         snprintf(parts[i].gid, sizeof parts[i].gid, "sharding_" UINT64_FORMAT "_%u_" UINT64_FORMAT "_%d",
                  (uint64)GetSystemIdentifier(), MyDatabaseId, fxid, i);
     glue(insert_records, fxid);
+    // Every node prepares at once: sent to all, then collected in turn
+    // (all of them, so every connection is ready for the rollback); the
+    // first failure, in node order, fails the commit.
+    std::exception_ptr first;
+    for (int i = 0; i < nparts; i++) {
+        std::string sql = format("PREPARE TRANSACTION '%s'", parts[i].gid);
+        if (PQsendQuery(parts[i].conn, sql.c_str()) == 0 && !first)
+            first = std::make_exception_ptr(Error(ERRCODE_CONNECTION_FAILURE,
+                                                  node_prefix(parts[i].node) + "could not send PREPARE TRANSACTION"));
+        else
+            parts[i].sent = true;
+    }
     for (int i = 0; i < nparts; i++) {
         Participant &p = parts[i];
-        std::string sql = format("PREPARE TRANSACTION '%s'", p.gid);
-        PGresult *r = move::run_statement(p.conn, sql.c_str(), node_prefix(p.node).c_str(), true);
-        if (r) PQclear(r);
-        // A prepared transaction is no longer this session's: PREPARE in a
-        // failed transaction block answers ROLLBACK (nothing prepared).
-        if (PQtransactionStatus(p.conn) != PQTRANS_IDLE)
-            fail(ERRCODE_TRANSACTION_ROLLBACK, "node \"%s\": the transaction could not be prepared", p.node);
-        p.prepared = true;
+        if (!p.sent) continue;
+        p.sent = false;
+        try {
+            PGresult *r = move::collect_statement(p.conn, node_prefix(p.node).c_str(), true);
+            if (r) PQclear(r);
+            // A prepared transaction is no longer this session's: PREPARE
+            // in a failed transaction block answers ROLLBACK (nothing
+            // prepared).
+            if (PQtransactionStatus(p.conn) != PQTRANS_IDLE)
+                fail(ERRCODE_TRANSACTION_ROLLBACK, "node \"%s\": the transaction could not be prepared", p.node);
+            p.prepared = true;
+        } catch (...) {
+            if (!first) first = std::current_exception();
+        }
     }
+    if (first) std::rethrow_exception(first);
     fault_hold("prepared");
 }
 
 void finish(bool commit) noexcept {
     bool left = false;
     if (commit) fault_hold("commit");
+    // Sent to every node at once, then each answer read (blocking libpq:
+    // nothing here may raise an ERROR any more).
     for (int i = 0; i < nparts; i++) {
         Participant &p = parts[i];
         if (!p.prepared) continue;
         char sql[256];
         snprintf(sql, sizeof sql, "%s PREPARED '%s'", commit ? "COMMIT" : "ROLLBACK", p.gid);
-        char state[6];
+        (void)PQsetnonblocking(p.conn, 0);
+        p.sent = PQsendQuery(p.conn, sql) != 0;
+    }
+    for (int i = 0; i < nparts; i++) {
+        Participant &p = parts[i];
+        if (!p.prepared) continue;
         std::string err;
-        try {
-            err = exec_plain(p.conn, sql, state);
-        } catch (...) {
-            err = "out of memory";
+        if (!p.sent) {
+            err = PQerrorMessage(p.conn);
+        } else {
+            for (PGresult *r; (r = PQgetResult(p.conn)) != nullptr;) {
+                if (PQresultStatus(r) != PGRES_COMMAND_OK && err.empty()) {
+                    const char *m = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+                    err = m ? m : PQerrorMessage(p.conn);
+                }
+                PQclear(r);
+                if (PQstatus(p.conn) == CONNECTION_BAD) break;
+            }
+            if (err.empty() && PQstatus(p.conn) == CONNECTION_BAD) err = PQerrorMessage(p.conn);
         }
         if (!err.empty()) {
             left = true;
@@ -390,22 +426,55 @@ Participant &open_part(const std::string &node) {
 
 void ddl_open(const std::string &node) { (void)open_part(node); }
 
-std::string ddl_run_on(const std::string &node, const std::string &sql) {
-    Participant &p = open_part(node);
-    if (p.broken) fail(ERRCODE_IN_FAILED_SQL_TRANSACTION, "node \"%s\": its transaction failed", p.node);
-    SubTransactionId cur = GetCurrentSubTransactionId();
-    if (cur > p.opened_in && (p.nsp == 0 || p.sp[p.nsp - 1] != cur)) {
-        if (p.nsp == kMaxSavepoints) fail(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "too many savepoints on a node");
-        run_there(p, format("SAVEPOINT sharding_%u", cur));
-        p.sp[p.nsp++] = cur;
+std::vector<std::string> ddl_run_on_all(const std::vector<std::string> &nodes, const std::string &sql) {
+    std::vector<Participant *> ps;
+    for (const auto &n : nodes) {
+        Participant &p = open_part(n);
+        if (p.broken) fail(ERRCODE_IN_FAILED_SQL_TRANSACTION, "node \"%s\": its transaction failed", p.node);
+        SubTransactionId cur = GetCurrentSubTransactionId();
+        if (cur > p.opened_in && (p.nsp == 0 || p.sp[p.nsp - 1] != cur)) {
+            if (p.nsp == kMaxSavepoints) fail(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "too many savepoints on a node");
+            run_there(p, format("SAVEPOINT sharding_%u", cur));
+            p.sp[p.nsp++] = cur;
+        }
+        ps.push_back(&p);
     }
-    std::string tag = run_there(p, sql);
-    if (PQtransactionStatus(p.conn) != PQTRANS_INTRANS)
-        fail(ERRCODE_INVALID_TRANSACTION_TERMINATION,
-             Explain{"The command runs inside a two-phase transaction on every node.",
-                     "Leave out COMMIT, ROLLBACK and the like."},
-             "node \"%s\": the command ended its transaction there", p.node);
-    return tag;
+    // The statement runs on every node at once; each answer is collected
+    // (all of them, so that every connection is ready for what follows),
+    // the first failure in node order raised.
+    std::exception_ptr first;
+    for (Participant *p : ps) {
+        if (PQsendQuery(p->conn, sql.c_str()) == 0) {
+            if (!first)
+                first = std::make_exception_ptr(
+                    Error(ERRCODE_CONNECTION_FAILURE, node_prefix(p->node) + "could not send the statement"));
+            continue;
+        }
+        p->sent = true;
+    }
+    std::vector<std::string> tags(ps.size());
+    for (size_t i = 0; i < ps.size(); i++) {
+        Participant &p = *ps[i];
+        if (!p.sent) continue;
+        p.sent = false;
+        try {
+            PGresult *r = move::collect_statement(p.conn, node_prefix(p.node).c_str(), true);
+            if (r != nullptr) {
+                tags[i] = PQcmdStatus(r);
+                if (tags[i].empty() && PQresultStatus(r) == PGRES_TUPLES_OK) tags[i] = format("SELECT %d", PQntuples(r));
+                PQclear(r);
+            }
+            if (PQtransactionStatus(p.conn) != PQTRANS_INTRANS)
+                fail(ERRCODE_INVALID_TRANSACTION_TERMINATION,
+                     Explain{"The command runs inside a two-phase transaction on every node.",
+                             "Leave out COMMIT, ROLLBACK and the like."},
+                     "node \"%s\": the command ended its transaction there", p.node);
+        } catch (...) {
+            if (!first) first = std::current_exception();
+        }
+    }
+    if (first) std::rethrow_exception(first);
+    return tags;
 }
 
 std::string ddl_run_alone(const std::string &node, const std::string &setup, const std::string &sql) {
@@ -530,9 +599,7 @@ SHARDING_FUNCTION(sharding_run_on_nodes) {
     for (const auto &n : nodes) ddl_open(n);
     // Names resolve there as here: this session's schemas, spelled out.
     std::string path = ddl_search_path_setting();
-    for (const auto &n : nodes) {
-        std::string tag = ddl_run_on(n, path + ";\n" + command);
-        glue(put_row, rsinfo, n.c_str(), tag.c_str());
-    }
+    std::vector<std::string> tags = ddl_run_on_all(nodes, path + ";\n" + command);
+    for (size_t i = 0; i < nodes.size(); i++) glue(put_row, rsinfo, nodes[i].c_str(), tags[i].c_str());
     return (Datum)0;
 }
