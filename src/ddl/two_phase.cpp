@@ -231,7 +231,11 @@ void finish(bool commit) noexcept {
             err = PQerrorMessage(p.conn);
         } else {
             for (PGresult *r; (r = PQgetResult(p.conn)) != nullptr;) {
-                if (PQresultStatus(r) != PGRES_COMMAND_OK && err.empty()) {
+                const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+                // 42704: no such prepared transaction any more: recovery
+                // (recover.cpp, the same decision) resolved it meanwhile.
+                bool resolved = state != nullptr && std::strcmp(state, "42704") == 0;
+                if (PQresultStatus(r) != PGRES_COMMAND_OK && err.empty() && !resolved) {
                     const char *m = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
                     err = m ? m : PQerrorMessage(p.conn);
                 }
