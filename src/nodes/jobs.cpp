@@ -35,6 +35,7 @@
 // worker entry points and in an xact callback, where PostgreSQL errors are
 // caught with PG_TRY around each transaction.
 #include "nodes/move_engine.hpp"
+#include "ddl/ddl.hpp"
 
 extern "C" {
 #include "access/genam.h"
@@ -92,6 +93,7 @@ struct Recheck {
     bool scanning;  // its scanner runs now
     bool again;     // asked for again while it ran
     TimestampTz due;
+    bool soon;      // in-doubt transactions wait (src/ddl): every second, no back-off
 };
 constexpr int kMaxRechecks = 16;
 
@@ -655,6 +657,16 @@ void sharding_jobs_scanner_main(Datum arg) {
         bool isnull;
         (void)call_function(pickup, 0, nullptr, &isnull);
     });
+    // Two-phase transactions this database (a coordinator) left prepared
+    // on nodes (src/ddl): resolved as it decided; what is left (a node out
+    // of reach, a transaction still deciding) has it scanned again soon.
+    bool left = true;
+    bool *left_p = &left;
+    (void)in_own_transaction([left_p] {
+        pgstat_report_activity(STATE_RUNNING, "SELECT sharding.recover_transactions()");
+        sharding::ddl_recover_in_worker(left_p);
+    });
+    if (left) sharding::jobs_recheck(MyDatabaseId, true);
     proc_exit(0);
 }
 
@@ -744,7 +756,7 @@ void end_recheck(Oid db, bool scanned) {
         if (r.db != db || !r.scanning) continue;
         r.scanning = false;
         if (r.again || !scanned) {
-            if (scanned) r.tries++;
+            if (scanned && !r.soon) r.tries++;
             r.again = false;
             r.due = TimestampTzPlusMilliseconds(now, recheck_delay_ms(r.tries));
         } else {
@@ -896,7 +908,12 @@ void jobs_poke_launcher() noexcept {
     if (latch) SetLatch(latch);
 }
 
-void jobs_recheck(Oid db) noexcept {
+void jobs_recheck(Oid db) noexcept { jobs_recheck(db, false); }
+
+// soon: the database's two-phase transactions left in doubt (src/ddl)
+// are retried every second until resolved, without the moves' back-off,
+// so that they resolve within seconds of a node coming back.
+void jobs_recheck(Oid db, bool soon) noexcept {
     if (shared == nullptr || !OidIsValid(db)) return;
     TimestampTz now = GetCurrentTimestamp();
     bool placed = false;
@@ -904,13 +921,17 @@ void jobs_recheck(Oid db) noexcept {
     for (Recheck &r : shared->rechecks)
         if (r.db == db) {
             if (r.scanning) r.again = true;  // else it is due already
+            if (soon) {
+                r.soon = true;
+                r.tries = 0;
+            }
             placed = true;
             break;
         }
     if (!placed)
         for (Recheck &r : shared->rechecks)
             if (!OidIsValid(r.db)) {
-                r = Recheck{db, 0, false, false, TimestampTzPlusMilliseconds(now, recheck_delay_ms(0))};
+                r = Recheck{db, 0, false, false, TimestampTzPlusMilliseconds(now, recheck_delay_ms(0)), soon};
                 placed = true;
                 break;
             }

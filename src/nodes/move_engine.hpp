@@ -269,6 +269,9 @@ namespace sharding {
 // after 2, 4, 8, then every 10 s for as long as a scan leaves moves it
 // could not resolve (no-op unless the library is preloaded).
 void jobs_recheck(Oid db) noexcept;
+// The same; soon: every second without back-off (in-doubt two-phase
+// transactions, src/ddl).
+void jobs_recheck(Oid db, bool soon) noexcept;
 // jobs.cpp: how many move workers of job (in this database) failed to
 // start in a row (ended before running anything: a FATAL at connect); the
 // launcher's scan fails a job past jobs_max_failed_starts instead of

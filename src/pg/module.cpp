@@ -25,6 +25,7 @@ void jobs_init();   // jobs.cpp: sharding.max_move_workers, move workers (preloa
 void copy_init();   // move_copy.cpp: sharding.move_parallel
 void freeze_init();  // move_orchestrate.cpp: sharding.move_freeze_timeout
 void groups_init();  // groups.cpp: lease expiries for the background worker (preload only)
+void ddl_init();     // ddl/: sharding.propagate_ddl, the ProcessUtility hook (preload only)
 }  // namespace sharding
 
 /*
@@ -41,4 +42,5 @@ void _PG_init(void) {
     sharding::copy_init();
     sharding::freeze_init();
     sharding::groups_init();
+    sharding::ddl_init();
 }

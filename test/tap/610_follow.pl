@@ -283,9 +283,13 @@ d('n2', "SELECT sharding._thaw_shard('m', $s5)");
 # A table distributed on the coordinator is guarded on a node where it
 # exists; a distributed table created on the node later is guarded at once;
 # undistributing removes the guard.
+# (sharding.propagate_ddl = off: distribute leaves the nodes' tables to
+# them, as before 1.4, where it creates them on the attached nodes lacking
+# them; 650_ddl.pl tests that.)
 d('n2', 'CREATE TABLE early (k text PRIMARY KEY)');
 c("CREATE TABLE early (k text PRIMARY KEY); CREATE TABLE late (k uuid PRIMARY KEY);
    SELECT sharding.create_map('mu', 8, ARRAY['n1', 'n2', 'n3']);
+   SET sharding.propagate_ddl = off;
    SELECT sharding.distribute('early', 'k', 'm'), sharding.distribute('late', 'k', 'mu')");
 $lag = wait_ms('n2', "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'early'::regclass AND tgname = 'zz_sharding_guard'", '1', 30);
 ok(defined $lag, 'distribute on the coordinator guards the table on the node (' . lag_text($lag) . ')');

@@ -1,0 +1,13 @@
+-- DDL on every node (sql/install/75_ddl.sql): two-phase commit of
+-- run_on_nodes and propagated DDL, its record and recovery, the refusal of
+-- unpropagated DDL of a distributed table.
+-- @include sharding.node_transactions
+-- @include sharding.run_on_nodes
+-- @include sharding.recover_transactions
+-- @include sharding._ddl_wait_for_moves
+-- @include sharding._ddl_refuse
+-- @include sharding_ddl_refuse
+-- @include sharding_ddl_refuse_drop
+-- @include sharding._ddl_table_definition
+-- @include sharding._ddl_create_on_nodes
+-- @include sharding.distributed_tables.create_on_nodes
