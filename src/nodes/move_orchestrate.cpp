@@ -699,15 +699,34 @@ void refuse_written() {
 // the switch and the move is rolled back.
 //
 // storage_of: "oid:filenode" of every leaf of `rels` (a regclass[] literal
-// expression) there, as a text[] literal.
-std::string storage_of(const char *conn, const std::string &rels) {
+// expression) there, as a text[] literal. `others`: an SQL list of oids
+// left out (the leaves of shard-partitioned tables that hold other shards:
+// another move's clean-up truncates them).
+std::string storage_of(const char *conn, const std::string &rels, const std::string &others) {
     // (pg_partition_tree lists nothing for a table that is not partitioned.)
     return must(dbl(conn, "SELECT coalesce(pg_catalog.array_agg(x.relid::pg_catalog.oid::text || ':' || "
                           "pg_catalog.pg_relation_filenode(x.relid)::text ORDER BY x.relid::pg_catalog.oid), '{}')::text "
                           "FROM (SELECT r.rel AS relid FROM pg_catalog.unnest(" + rels + ") AS r(rel) UNION "
                           "SELECT p.relid FROM pg_catalog.unnest(" + rels + ") AS r(rel), "
                           "pg_catalog.pg_partition_tree(r.rel) AS p WHERE p.isleaf) AS x "
-                          "WHERE pg_catalog.pg_relation_filenode(x.relid) IS NOT NULL"));
+                          "WHERE pg_catalog.pg_relation_filenode(x.relid) IS NOT NULL "
+                          "AND x.relid::pg_catalog.oid NOT IN (" + others + ")"));
+}
+
+// The leaves of the move's shard-partitioned tables that hold another
+// logical shard than the move's, as an SQL subquery of their oids: a
+// TRUNCATE or rewrite of one of them changes nothing the move carries
+// (and a clean-up of another move truncates them: shard_leaves_sql).
+std::string other_shards_leaves(const std::vector<MoveTable> &tables, const std::string &shards,
+                                const std::string &logical) {
+    std::string out = "SELECT 0::pg_catalog.oid";
+    for (const MoveTable &m : tables) {
+        const std::string prefix = "sharding.shard_of(" + ident(m.key_column) + ", " + shards + ") OPERATOR(pg_catalog.=) ";
+        out += " UNION ALL SELECT s.oid FROM (" + shard_leaves_sql(lit(m.rel) + "::pg_catalog.regclass") +
+               ") s WHERE pg_catalog.left(s.shard, " + std::to_string(prefix.size()) + ") = " + lit(prefix) +
+               " AND s.shard <> " + lit(prefix + logical);
+    }
+    return out;
 }
 
 // hold_storage: in a transaction there (ended by the caller), the tables
