@@ -524,7 +524,7 @@ std::string shard_leaves_sql(const std::string &rel) {
            "b.m[1], b.m[2]) AS shard FROM pg_catalog.pg_partitioned_table pt "
            "JOIN pg_catalog.pg_opclass oc ON oc.oid = pt.partclass[0] "
            "JOIN pg_catalog.pg_namespace ocn ON ocn.oid = oc.opcnamespace AND ocn.nspname = 'sharding' "
-           "JOIN pg_catalog.pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0] "
+           "JOIN pg_catalog.pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0] AND a.attnotnull "
            "JOIN pg_catalog.pg_inherits i ON i.inhparent = pt.partrelid "
            "JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid AND c.relkind = 'r' "
            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "

@@ -70,6 +70,10 @@ std::string blocks_query(const std::string &rel);
 // expression) that hold exactly one logical shard: plain tables directly
 // under it, bounded FOR VALUES WITH (MODULUS n, REMAINDER r), rel hash-
 // partitioned on one column with one of sharding's *_shard_ops classes.
+// The column must be NOT NULL (PostgreSQL puts NULL keys in remainder 0,
+// which shard_of(NULL, n) = 0 does not select); the primary key a
+// distributed table needs includes it in practice (a partitioned table's
+// primary key includes its partition key).
 // Columns: the leaf's oid, its qualified quoted name, and `shard`, the
 // condition that selects exactly its rows, written as filter_sql writes a
 // shard move's (sharding.shard_of(<column>, n) OPERATOR(pg_catalog.=) r).

@@ -46,6 +46,7 @@ my %want = map { $_ => $psum->($a, 'n1', $_) } ($S1, $S2);
 my %node0 = map { $_ => $filenode->($a, 'n1', $_) } ($S1, $S2);
 ok((split m{/}, $want{$S1})[0] > 0, "shard $S1 has rows of parts at n1 ($want{$S1})");
 my $log_at = -s $a->logfile;
+my $dlog_at = -s $b->logfile;
 my $ws = start_writers($coord, 3, \@tenants);
 sleep 1;
 my @mv = map { psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $_, 'n2')") } ($S1, $S2);
@@ -61,6 +62,8 @@ for my $s ($S1, $S2)
 	isnt($filenode->($a, 'n1', $s), $node0{$s}, "shard $s: its leaf at n1 was truncated (new storage), not deleted row by row");
 	ok($a->log_contains(qr/COPY \(SELECT [^)]* FROM public\.parts_$s\) TO STDOUT/, $log_at),
 		"shard $s: the copy read leaf parts_$s alone at the source");
+	ok($b->log_contains(qr/sharding\._move_pull\('n1', '[^']*', 'public\.parts_$s'/, $dlog_at),
+		"shard $s: and wrote into leaf parts_$s at the destination");
 }
 is($a->safe_psql('n1', "SELECT count(*) FROM parts WHERE sharding.node_for('bank', tenant) <> 'n1'"), '0',
 	'n1 holds no parts row of a shard it does not own');
