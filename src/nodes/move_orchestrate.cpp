@@ -471,12 +471,21 @@ std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables) {
     PGconn *src = named_connection(kSrc);
     PGconn *dst = named_connection(kVerify);
     for (const CopyTable &t : tables) {
-        const std::string sql = "SELECT pg_catalog.count(*)::text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) "
-                                "coalesce(pg_catalog.sum(sharding.hash64((ROW(" + t.cols +
-                                "))::text)::numeric), 0)::text FROM " + t.rel + " WHERE " + t.filter;
-        if (PQsendQuery(src, sql.c_str()) == 0)
+        // Of a shard-partitioned table, the shard's leaf alone at each end
+        // where it has one (the same rows: no other leaf holds any of the
+        // shard's); the filter is applied all the same.
+        const std::string leaf_of = "SELECT s.leaf FROM (" + shard_leaves_sql(lit(t.rel) + "::pg_catalog.regclass") +
+                                    ") s WHERE s.shard = " + lit(t.filter);
+        auto sql_from = [&](const char *conn) {
+            Text leaf = dbl(conn, leaf_of);
+            return "SELECT pg_catalog.count(*)::text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) "
+                   "coalesce(pg_catalog.sum(sharding.hash64((ROW(" + t.cols +
+                   "))::text)::numeric), 0)::text FROM " + leaf.value_or(t.rel) + " WHERE " + t.filter;
+        };
+        const std::string src_sql = sql_from(kSrc), dst_sql = sql_from(kVerify);
+        if (PQsendQuery(src, src_sql.c_str()) == 0)
             fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement to the source: %s", PQerrorMessage(src));
-        if (PQsendQuery(dst, sql.c_str()) == 0) {
+        if (PQsendQuery(dst, dst_sql.c_str()) == 0) {
             cancel_and_drain(src);
             fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement to the destination: %s", PQerrorMessage(dst));
         }
