@@ -218,7 +218,7 @@ std::string begin_sql(const std::string &origin) {
 // A shard-partitioned table's leaf that holds exactly the rows a delete at
 // the source removes (shard_leaves_sql): truncated instead, under the
 // move's origin, in the delete's transaction. Its lock is asked for
-// briefly, again and again for up to about two seconds (a query of the
+// briefly, again and again for up to about three seconds (a query of the
 // whole partitioned table holds every leaf; a TRUNCATE waiting for it
 // would hold up every later one); then, or if the TRUNCATE fails (a
 // foreign key referencing the table, no right to truncate), the rows are

@@ -5,9 +5,10 @@
 # shard L. A move of shard L copies parts_<L> alone at the source (COPY of
 # the leaf, no condition, no other leaf read) and, once switched and
 # verified, truncates it there (new storage) instead of deleting its rows.
-#   1. under writers (on accounts, moving with it), and while another
-#      shard's move is in flight from the same source (its storage check
-#      must not take the other leaf's TRUNCATE for a user's): every row
+#   1. under writers (on accounts, moving with it), two shards of n1 at
+#      once, the second one's cutover held until the first has truncated
+#      its leaf (its check that nobody truncated its tables must not take
+#      that TRUNCATE for a user's): every row
 #      where node_for says, the leaf empty at the source with new storage,
 #      every parts row at the destination;
 #   2. kill -9 of the caller while the source's TRUNCATE is held (a BEFORE
@@ -49,9 +50,23 @@ my $log_at = -s $a->logfile;
 my $dlog_at = -s $b->logfile;
 my $ws = start_writers($coord, 3, \@tenants);
 sleep 1;
-my @mv = map { psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $_, 'n2')") } ($S1, $S2);
-$_->{h}->finish for @mv;
-is(join(' | ', map { ${ $_->{err} } } @mv), ' | ', 'both moves returned without error');
+# The second move's cutover held (a session at n1 holds its shard's share
+# lock: sharding.fence, no transaction id, so no slot waits for it) until
+# the first move has truncated its leaf: the second move's check that its
+# tables kept their storage runs after that TRUNCATE.
+my $gate = $a->background_psql('n1', on_error_stop => 1);
+$gate->query_safe('BEGIN');
+$gate->query_safe("SELECT sharding.fence('bank', $S2, sharding.epoch('bank', $S2))");
+# (A minute per attempt to freeze: the hold lasts as long as the first move.)
+my @mv = map { psql_bg($coord, 'coord', "SET sharding.move_freeze_timeout = 60000; SELECT sharding.move_shard_online('bank', $_, 'n2')") } ($S1, $S2);
+$mv[0]->{h}->finish;
+isnt($filenode->($a, 'n1', $S1), $node0{$S1}, "the move of shard $S1 has returned: its leaf at n1 truncated");
+like($coord->safe_psql('coord', "SELECT phase FROM sharding.move_journal WHERE logical = $S2 ORDER BY move DESC LIMIT 1"),
+	qr/^(copying|catching_up|cutover)$/, "the move of shard $S2 has not switched meanwhile (held at its freeze)");
+$gate->query_safe('COMMIT');
+$gate->quit;
+$mv[1]->{h}->finish;
+is(join(' | ', map { ${ $_->{err} } } @mv), ' | ', 'both moves returned without error (the second did not take the first one\'s TRUNCATE for a user\'s)');
 sleep 1;
 writers_kept($coord, $a, $b, $ws, 'two moves under writers: ');
 for my $s ($S1, $S2)
