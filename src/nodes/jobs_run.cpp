@@ -310,7 +310,7 @@ void record_waits(const Text &job, const Waits &waits) {
 // move is in flight.
 Text claim(const Text &job) {
     static KeptPlan job_plan, held_plan, flying_plan, failed_plan, not_begun_plan, live_of_job_plan, live_plan,
-        candidates_plan, receiving_plan;
+        candidates_plan;
     std::vector<Row> jr = spi_kept_rows(&job_plan,
                                         "SELECT t.state, t.map, t.max_parallel::text, t.cancel_requested::text, "
                                         "t.deferred::text, t.retried::text, t.error FROM sharding.move_jobs t "
@@ -419,26 +419,20 @@ Text claim(const Text &job) {
         "AND m.move NOT IN (SELECT f.move FROM (" + in_flight() + ") f) "
         "AND m.logical NOT IN (SELECT f.logical FROM (" + in_flight() + ") f) "
         "AND (NOT $2::boolean OR m.phase <> 'queued') ORDER BY (m.phase = 'queued'), m.move";
-    static const std::string receiving =
-        "SELECT pg_catalog.format('destination %s is receiving move %s of logical shard %s (one move into a node at a "
-        "time)', $4, x.move, x.logical) FROM sharding.move_journal x "
-        "WHERE x.map = $2 AND x.destination = $4 AND x.move <> $3::bigint "
-        "AND (x.phase IN ('copying', 'catching_up', 'cutover', 'cleanup') "
-        "OR x.move IN (SELECT f.move FROM (" + in_flight() + ") f)) LIMIT 1";
     Waits waits;
     // A node pair's capacity, asked once per claim (the nodes answer over
     // the network; nothing this claim does changes it before it returns).
     std::map<std::pair<Text, Text>, Text> capacity_of;
     for (Row &m : spi_kept_rows(&candidates_plan, candidates.c_str(), {c(job), cancel_requested ? "true" : "false"})) {
         if (m[4] == Text("queued")) {
-            // One move at a time into a node, per map (docs/rebalance.md).
-            Text reason = spi_kept_value(&receiving_plan, receiving.c_str(), {c(job), c(map), c(m[0]), c(m[3])});
-            if (!reason) {
-                auto pair = std::make_pair(m[2], m[3]);
-                auto known = capacity_of.find(pair);
-                if (known == capacity_of.end()) known = capacity_of.emplace(pair, capacity(m[2], m[3])).first;
-                reason = known->second;
-            }
+            // Any number of moves into and out of one node at once (each
+            // move's decoder sends only its shard, each applies and deletes
+            // under names of its own: docs/rebalance.md), as far as the
+            // nodes' capacity goes.
+            auto pair = std::make_pair(m[2], m[3]);
+            auto known = capacity_of.find(pair);
+            if (known == capacity_of.end()) known = capacity_of.emplace(pair, capacity(m[2], m[3])).first;
+            const Text &reason = known->second;
             if (reason) {
                 waits.emplace_back(must(m[0]), *reason);
                 continue;

@@ -518,6 +518,22 @@ std::string blocks_query(const std::string &rel) {
            "::pg_catalog.regclass) / pg_catalog.current_setting('block_size')::pg_catalog.int8";
 }
 
+std::string shard_leaves_sql(const std::string &rel) {
+    return "SELECT c.oid, pg_catalog.format('%I.%I', n.nspname, c.relname) AS leaf, "
+           "pg_catalog.format('sharding.shard_of(%s, %s) OPERATOR(pg_catalog.=) %s', pg_catalog.quote_ident(a.attname), "
+           "b.m[1], b.m[2]) AS shard FROM pg_catalog.pg_partitioned_table pt "
+           "JOIN pg_catalog.pg_opclass oc ON oc.oid = pt.partclass[0] "
+           "JOIN pg_catalog.pg_namespace ocn ON ocn.oid = oc.opcnamespace AND ocn.nspname = 'sharding' "
+           "JOIN pg_catalog.pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0] AND a.attnotnull "
+           "JOIN pg_catalog.pg_inherits i ON i.inhparent = pt.partrelid "
+           "JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid AND c.relkind = 'r' "
+           "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+           "CROSS JOIN LATERAL pg_catalog.regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid), "
+           "'^FOR VALUES WITH \\(modulus ([0-9]+), remainder ([0-9]+)\\)$') AS b(m) "
+           "WHERE pt.partrelid = " + rel + " AND pt.partstrat = 'h' AND pt.partnatts = 1 "
+           "AND oc.opcname LIKE '%\\_shard\\_ops'";
+}
+
 std::string answer(PGresult *res) {
     std::string out;
     if (res == nullptr) return out;

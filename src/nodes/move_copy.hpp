@@ -65,6 +65,21 @@ std::string part_condition(const std::string &condition, int64 blocks, int i, in
 // pg_catalog; rel qualified and quoted.
 std::string blocks_query(const std::string &rel);
 
+// Shard-partitioned tables (docs/partitions.md): a SELECT, for a session
+// with search_path pg_catalog, of the leaf partitions of `rel` (a regclass
+// expression) that hold exactly one logical shard: plain tables directly
+// under it, bounded FOR VALUES WITH (MODULUS n, REMAINDER r), rel hash-
+// partitioned on one column with one of sharding's *_shard_ops classes.
+// The column must be NOT NULL (PostgreSQL puts NULL keys in remainder 0,
+// which shard_of(NULL, n) = 0 does not select); the primary key a
+// distributed table needs includes it in practice (a partitioned table's
+// primary key includes its partition key).
+// Columns: the leaf's oid, its qualified quoted name, and `shard`, the
+// condition that selects exactly its rows, written as filter_sql writes a
+// shard move's (sharding.shard_of(<column>, n) OPERATOR(pg_catalog.=) r).
+// A move whose condition for rel is exactly one leaf's reads that leaf
+// alone and, once switched, truncates it at the source.
+std::string shard_leaves_sql(const std::string &rel);
 // A result's answer: a query's first value ("" if none or NULL), a
 // command's tag; the result is cleared.
 std::string answer(PGresult *res);

@@ -215,9 +215,51 @@ std::string begin_sql(const std::string &origin) {
 // every delete has succeeded, so a failure or cancel before them rolls
 // every session back (the next call deletes everything again, and its
 // count is the move's), and none commits by itself when the caller is gone.
+// A shard-partitioned table's leaf that holds exactly the rows a delete at
+// the source removes (shard_leaves_sql): truncated instead, under the
+// move's origin, in the delete's transaction. Its lock is asked for
+// briefly, again and again for up to about three seconds (a query of the
+// whole partitioned table holds every leaf; a TRUNCATE waiting for it
+// would hold up every later one); then, or if the TRUNCATE fails (a
+// foreign key referencing the table, no right to truncate), the rows are
+// deleted as for any table. The rows truncated, or -1 when it did not.
+int64 truncate_leaf(PGconn *conn, const std::string &leaf) {
+    for (int attempt = 0; attempt < 20; attempt++) {
+        try {
+            run_on(conn, "SAVEPOINT sharding_truncate; SET LOCAL lock_timeout = '100ms'; LOCK TABLE " + leaf +
+                             " IN ACCESS EXCLUSIVE MODE");
+        } catch (const Error &) {
+            run_on(conn, "ROLLBACK TO SAVEPOINT sharding_truncate; RELEASE SAVEPOINT sharding_truncate");
+            sleep_ms(50);
+            continue;
+        }
+        try {
+            run_on(conn, "SET LOCAL lock_timeout = DEFAULT");
+            std::string n = run_on(conn, "SELECT pg_catalog.count(*) FROM " + leaf);
+            run_on(conn, "TRUNCATE " + leaf);
+            run_on(conn, "RELEASE SAVEPOINT sharding_truncate");
+            return std::strtoll(n.c_str(), nullptr, 10);
+        } catch (const Error &) {
+            break;
+        }
+    }
+    run_on(conn, "ROLLBACK TO SAVEPOINT sharding_truncate; RELEASE SAVEPOINT sharding_truncate; "
+                 "SET LOCAL lock_timeout = DEFAULT");
+    return -1;
+}
+
 int64 delete_rows(const char *conn, const DeletePlan *plan) {
     PGconn *named = named_connection(conn);
     std::vector<int64> blocks(plan->ntables);
+    // At the source after the switch only (an undo or a copy's leftovers at
+    // the destination delete row by row: a TRUNCATE there would give the
+    // leaf new storage, which the move's own cutover refuses).
+    std::vector<std::string> leaves(plan->ntables);
+    if (std::strcmp(conn, kSrc) == 0)
+        for (int t = 0; t < plan->ntables; t++)
+            leaves[t] = run_on(named, "SELECT s.leaf FROM (" +
+                                          shard_leaves_sql(lit(std::string(plan->rels[t])) + "::pg_catalog.regclass") +
+                                          ") s WHERE s.shard = " + lit(std::string(plan->filters[t])));
     int nparts = 1;
     for (int t = 0; t < plan->ntables; t++) {
         blocks[t] = move_parallel < 2 ? 0 : std::strtoll(run_on(named, blocks_query(plan->rels[t])).c_str(), nullptr, 10);
@@ -245,6 +287,13 @@ int64 delete_rows(const char *conn, const DeletePlan *plan) {
         }
         on_parts(parts, sql);
         for (int t = 0; t < plan->ntables; t++) {
+            if (!leaves[t].empty()) {
+                int64 truncated = truncate_leaf(parts[0].conn, leaves[t]);
+                if (truncated >= 0) {
+                    total += truncated;
+                    continue;
+                }
+            }
             int n = parts_for(blocks[t]);
             for (int i = 0; i < nparts; i++)
                 sql[i] = i >= n ? std::string()

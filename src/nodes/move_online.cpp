@@ -357,8 +357,9 @@ void open_stream(OnlineMove &m) {
     std::string rels;
     for (const MoveTable &t : m.described) rels += (rels.empty() ? "" : ", ") + lit(t.rel);
     rels = "ARRAY[" + rels + "]::pg_catalog.regclass[]";
-    m.storage_src = storage_of(kSrc, rels);
-    m.storage_dst = storage_of(kDst, rels);
+    const std::string others = other_shards_leaves(m.described, m.shards, m.logical_s);
+    m.storage_src = storage_of(kSrc, rels, others);
+    m.storage_dst = storage_of(kDst, rels, others);
     // Publication, then the slot: changes from here on are kept. A
     // partitioned table's changes are published as its own (the decoder
     // maps each leaf to it), so the destination applies them into its
@@ -424,6 +425,23 @@ void copy_rows(OnlineMove &m) {
         // from the source under the slot's exported snapshot, straight
         // into the table (move_copy.cpp).
         std::string query = "SELECT " + t.cols + " FROM " + t.rel + " WHERE " + t.filter;
+        // A shard-partitioned table: the shard's leaf at the source, read
+        // whole (no filter, no other leaf scanned), written straight into
+        // the shard's leaf at the destination too where it has one: no
+        // routing, and CopyFrom batches (the guard's idle trigger is left
+        // out on the table it writes to, not on the leaves it would route
+        // to).
+        std::string target = t.rel;
+        if (!m.key) {
+            const std::string leaf_of = "SELECT s.leaf FROM (" + shard_leaves_sql(lit(t.rel) + "::pg_catalog.regclass") +
+                                        ") s WHERE s.shard = " + lit(t.filter);
+            Text leaf = dbl(kSrc, leaf_of);
+            if (leaf) {
+                query = "SELECT " + t.cols + " FROM " + *leaf;
+                Text there = dbl(kDst, leaf_of);
+                if (there) target = *there;
+            }
+        }
         Copied seen;
         Text pulled;
         {
@@ -446,7 +464,7 @@ void copy_rows(OnlineMove &m) {
                 },
                 250);
             pulled = dbl(kDst, "SELECT sharding._move_pull(" + lit(m.source) + ", " + lit(m.snapshot) + ", " +
-                                   lit(t.rel) + ", " + text_array(t.attnames) + ", " + lit(query) + ")::text");
+                                   lit(target) + ", " + text_array(t.attnames) + ", " + lit(query) + ")::text");
         }
         Copied done = pulled_pair(pulled);
         copied_rows += done.rows;

@@ -61,7 +61,9 @@ std::string column_signature(const char *conn, const std::string &rel);
 
 // The tables' storage at an end, and the cutover's checks that neither end
 // rewrote (storage) or altered (columns) a table since.
-std::string storage_of(const char *conn, const std::string &rels);
+std::string storage_of(const char *conn, const std::string &rels, const std::string &others);
+std::string other_shards_leaves(const std::vector<MoveTable> &tables, const std::string &shards,
+                                const std::string &logical);
 void hold_storage(const char *conn, const std::string &table_list, const std::string &noted, const Text &where,
                   const std::string &map, int32 logical);
 void hold_columns(const char *conn, const std::vector<online::CopyTable> &tables,

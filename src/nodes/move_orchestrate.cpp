@@ -471,12 +471,21 @@ std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables) {
     PGconn *src = named_connection(kSrc);
     PGconn *dst = named_connection(kVerify);
     for (const CopyTable &t : tables) {
-        const std::string sql = "SELECT pg_catalog.count(*)::text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) "
-                                "coalesce(pg_catalog.sum(sharding.hash64((ROW(" + t.cols +
-                                "))::text)::numeric), 0)::text FROM " + t.rel + " WHERE " + t.filter;
-        if (PQsendQuery(src, sql.c_str()) == 0)
+        // Of a shard-partitioned table, the shard's leaf alone at each end
+        // where it has one (the same rows: no other leaf holds any of the
+        // shard's); the filter is applied all the same.
+        const std::string leaf_of = "SELECT s.leaf FROM (" + shard_leaves_sql(lit(t.rel) + "::pg_catalog.regclass") +
+                                    ") s WHERE s.shard = " + lit(t.filter);
+        auto sql_from = [&](const char *conn) {
+            Text leaf = dbl(conn, leaf_of);
+            return "SELECT pg_catalog.count(*)::text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) "
+                   "coalesce(pg_catalog.sum(sharding.hash64((ROW(" + t.cols +
+                   "))::text)::numeric), 0)::text FROM " + leaf.value_or(t.rel) + " WHERE " + t.filter;
+        };
+        const std::string src_sql = sql_from(kSrc), dst_sql = sql_from(kVerify);
+        if (PQsendQuery(src, src_sql.c_str()) == 0)
             fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement to the source: %s", PQerrorMessage(src));
-        if (PQsendQuery(dst, sql.c_str()) == 0) {
+        if (PQsendQuery(dst, dst_sql.c_str()) == 0) {
             cancel_and_drain(src);
             fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement to the destination: %s", PQerrorMessage(dst));
         }
@@ -699,15 +708,34 @@ void refuse_written() {
 // the switch and the move is rolled back.
 //
 // storage_of: "oid:filenode" of every leaf of `rels` (a regclass[] literal
-// expression) there, as a text[] literal.
-std::string storage_of(const char *conn, const std::string &rels) {
+// expression) there, as a text[] literal. `others`: an SQL list of oids
+// left out (the leaves of shard-partitioned tables that hold other shards:
+// another move's clean-up truncates them).
+std::string storage_of(const char *conn, const std::string &rels, const std::string &others) {
     // (pg_partition_tree lists nothing for a table that is not partitioned.)
     return must(dbl(conn, "SELECT coalesce(pg_catalog.array_agg(x.relid::pg_catalog.oid::text || ':' || "
                           "pg_catalog.pg_relation_filenode(x.relid)::text ORDER BY x.relid::pg_catalog.oid), '{}')::text "
                           "FROM (SELECT r.rel AS relid FROM pg_catalog.unnest(" + rels + ") AS r(rel) UNION "
                           "SELECT p.relid FROM pg_catalog.unnest(" + rels + ") AS r(rel), "
                           "pg_catalog.pg_partition_tree(r.rel) AS p WHERE p.isleaf) AS x "
-                          "WHERE pg_catalog.pg_relation_filenode(x.relid) IS NOT NULL"));
+                          "WHERE pg_catalog.pg_relation_filenode(x.relid) IS NOT NULL "
+                          "AND x.relid::pg_catalog.oid NOT IN (" + others + ")"));
+}
+
+// The leaves of the move's shard-partitioned tables that hold another
+// logical shard than the move's, as an SQL subquery of their oids: a
+// TRUNCATE or rewrite of one of them changes nothing the move carries
+// (and a clean-up of another move truncates them: shard_leaves_sql).
+std::string other_shards_leaves(const std::vector<MoveTable> &tables, const std::string &shards,
+                                const std::string &logical) {
+    std::string out = "SELECT 0::pg_catalog.oid";
+    for (const MoveTable &m : tables) {
+        const std::string prefix = "sharding.shard_of(" + ident(m.key_column) + ", " + shards + ") OPERATOR(pg_catalog.=) ";
+        out += " UNION ALL SELECT s.oid FROM (" + shard_leaves_sql(lit(m.rel) + "::pg_catalog.regclass") +
+               ") s WHERE pg_catalog.left(s.shard, " + std::to_string(prefix.size()) + ") = " + lit(prefix) +
+               " AND s.shard <> " + lit(prefix + logical);
+    }
+    return out;
 }
 
 // hold_storage: in a transaction there (ended by the caller), the tables

@@ -2,47 +2,44 @@
 # Benchmark of rebalance jobs (docs/rebalance.md), ratios
 # measured in one run:
 #
-#   1. parallel moves: a job of 4 moves with max_parallel => 2, against the
-#      same 4 moves one after another (a job with max_parallel => 1)
-#      (target: at most 0.8);
-#   2. overhead: a job's time (rebalance_start until rebalance_wait returns)
+#   1. parallel moves, one source and one destination: a job of 4 moves
+#      from n1 to n2 with max_parallel => 2, against the same 4 moves one
+#      after another (a job with max_parallel => 1) (target: at most 0.8);
+#   2. the same with two destinations: 4 moves over n1..n4, two into n3
+#      and two into n4 (target: at most 0.8);
+#   3. overhead: a job's time (rebalance_start until rebalance_wait returns)
 #      against the sum of its moves' own times (journal: finished - started)
 #      (target: at most 1.1).
 #
 # Topology: the coordinator on instance i0; data nodes n1 and n3 on i1, n2
 # and n4 on i2. Map `bench` has 8 shards over n1 and n2, one distributed
-# table of BENCH_ROWS rows (default 400,000). The job rebalances over
-# n1..n4: 4 moves, two into n3 and two into n4, so two can run at once
-# (a job runs one move into a node at a time). Each round times the job
-# with max_parallel 1 and with 2 (order alternating), moving the shards
-# back in between (untimed). Median of BENCH_RUNS rounds (default 3). Not
-# part of the test command:
+# table of BENCH_ROWS rows (default 2,000,000: 250,000 per shard). Each
+# round times each job with max_parallel 1 and with 2 (order alternating),
+# moving the shards back in between (untimed). Median of BENCH_RUNS rounds
+# (default 3). Not part of the test command:
 #
 #   SHARDING_PGROOT=/tmp/pgroot bash test/bench/jobs/run.sh
 #
-# Measured on a shared 2-core machine (BENCH_RUNS=5, 400,000 rows, moves of
-# ~0.5-1.5 s), two runs: parallel 0.76 and 0.35; overhead 1.099 and 1.085
-# from the client (1.079 and 1.074 in the server). What limits the parallel
-# gain on 2 cores: the copy of a move is CPU-bound (source backend, psql,
-# destination backend), so two at once each take ~1.5x as long; what
-# overlaps is the catch-up and cutover waits (WAL flush, followers seeing
-# the switch). The overhead is the worker's start, a claim per move (job
-# row lock, pg_locks, a capacity query at source and destination) and the
-# engine's loopback enqueue of each move.
+# Figures: docs/performance.md. What limits the parallel gain on 2 cores:
+# the copy of a move is CPU-bound (source backend, the pipe, destination
+# backend), so two at once each take longer; what overlaps is the catch-up
+# and cutover waits (WAL flush, followers seeing the switch), and a slot of
+# one move waits for the clean-up delete of another at its source (a
+# logical slot is created once every writing transaction there has ended).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 . test/lib/multinode.sh
 . test/bench/lib.sh
 
 RUNS=${BENCH_RUNS:-3}
-ROWS=${BENCH_ROWS:-400000}
+ROWS=${BENCH_ROWS:-2000000}
 bench_nodes i0 i1 i2
 declare -A HOST=([coord]=i0 [n1]=i1 [n3]=i1 [n2]=i2 [n4]=i2)
 
 for n in coord n1 n2 n3 n4; do
     q "${HOST[$n]}" postgres -c "CREATE DATABASE $n" >/dev/null
     qn "$n" -c 'CREATE EXTENSION sharding' -c 'CREATE EXTENSION dblink' \
-        -c 'CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text)' >/dev/null
+        -c 'CREATE TABLE accounts (tenant text NOT NULL, id bigint, val text, PRIMARY KEY (id, tenant))' >/dev/null
 done
 qn coord >/dev/null <<SQL
 SELECT sharding.create_map('bench', 8, ARRAY['n1', 'n2']);
@@ -74,21 +71,25 @@ job() {
                                    FROM sharding.move_journal m JOIN sharding.move_jobs j USING (job)
                                   WHERE m.job = $j AND m.phase = 'done'")"
 }
-spread="'n1', 'n2', 'n3', 'n4'"
-back="'n1', 'n2'"
+# Scenarios: name, nodes of the timed job, nodes of the job moving back.
+SCENARIOS=("one 'n2' 'n1','n2'" "two 'n1','n2','n3','n4' 'n1','n2'")
 for r in $(seq 1 "$RUNS"); do
     if [ $((r % 2)) -eq 1 ]; then order="1 2"; else order="2 1"; fi
-    for p in $order; do
-        res=$(job "$spread" "$p")
-        echo "# round $r, max_parallel $p: job ${res%% *} ms (in the server $(echo "$res" | cut -d' ' -f4) ms), its moves $(echo "$res" | cut -d' ' -f2) ms in total ($(echo "$res" | cut -d' ' -f3) moves)"
-        echo "$res" >"$ROOT/r$r.p$p"
-        job "$back" 2 >/dev/null
+    for sc in "${SCENARIOS[@]}"; do
+        read -r name there back <<<"$sc"
+        for p in $order; do
+            res=$(job "$there" "$p")
+            echo "# round $r, $name destination(s), max_parallel $p: job ${res%% *} ms (in the server $(echo "$res" | cut -d' ' -f4) ms), its moves $(echo "$res" | cut -d' ' -f2) ms in total ($(echo "$res" | cut -d' ' -f3) moves)"
+            echo "$res" >"$ROOT/$name.r$r.p$p"
+            job "$back" 2 >/dev/null
+        done
     done
 done
 # Ratios per round (both jobs of a round ran back to back), then the median.
-par=$(for r in $(seq 1 "$RUNS"); do paste -d' ' "$ROOT/r$r.p2" "$ROOT/r$r.p1" | awk '{print $1 / $5}'; done | median)
-over=$(for r in $(seq 1 "$RUNS"); do awk '{print $1 / $2}' "$ROOT/r$r.p1"; done | median)
-over_server=$(for r in $(seq 1 "$RUNS"); do awk '{print $4 / $2}' "$ROOT/r$r.p1"; done | median)
-echo "parallel: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$par") (median of $RUNS rounds; target <= 0.8)"
+ratio() { for r in $(seq 1 "$RUNS"); do paste -d' ' "$ROOT/$1.r$r.p2" "$ROOT/$1.r$r.p1" | awk '{print $1 / $5}'; done | median; }
+over=$(for r in $(seq 1 "$RUNS"); do awk '{print $1 / $2}' "$ROOT/two.r$r.p1"; done | median)
+over_server=$(for r in $(seq 1 "$RUNS"); do awk '{print $4 / $2}' "$ROOT/two.r$r.p1"; done | median)
+echo "parallel, one source and one destination: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio one)") (median of $RUNS rounds; target <= 0.8)"
+echo "parallel, two destinations: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio two)") (median of $RUNS rounds; target <= 0.8)"
 echo "overhead: job time / sum of its moves (max_parallel 1) = $(printf '%.3f' "$over") from the client, $(printf '%.3f' "$over_server") in the server (target <= 1.1)"
 echo "nproc: $(nproc)"

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Benchmark of a move against the plain COPY pipe of the same rows, per
+# table layout (docs/moves.md, docs/partitions.md; issue 38), ratios
+# measured in one run on three instances (coordinator, n1, n2):
+#
+#   1. plain table: a BENCH_ROWS-row (default 1,000,000) move of one shard
+#      with sharding.move_verify = off / the pipe
+#      COPY (SELECT ... WHERE shard_of(tenant, 4) = 0) TO STDOUT | COPY ...
+#      FROM STDIN into a table with the same primary key at the destination
+#      (target: at most 1.2);
+#   2. shard-partitioned table (PARTITION BY HASH (tenant
+#      sharding.text_shard_ops), create_partitions(.., 4)): the same move /
+#      the pipe of the partition, COPY parted_0 TO STDOUT | COPY FROM STDIN
+#      into a table partitioned the same way at the destination (target:
+#      at most 1.15);
+#   3. the clean-up of each move (replication dropped to return: the
+#      source-side delete, or the leaf's TRUNCATE), and each move with
+#      move_verify = on / the pipe, reported.
+#
+# Each layout is a map of its own (4 shards over n1 and n2), the rows in
+# shard 0 at n1. Per run, for each layout: VACUUM and CHECKPOINT at both
+# nodes, the pipe, then the move n1 -> n2 timed with verification off, the
+# move back (untimed), the move with verification on, back again. Median
+# of BENCH_RUNS runs (default 3). Not part of the test command:
+#
+#   SHARDING_PGROOT=/work/pgroot/you BENCH_RUNS=3 bash test/bench/move/layouts.sh
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+. test/lib/multinode.sh
+. test/bench/lib.sh
+
+RUNS=${BENCH_RUNS:-3}
+ROWS=${BENCH_ROWS:-1000000}
+bench_nodes i0 i1 i2
+declare -A HOST=([coord]=i0 [n1]=i1 [n2]=i2)
+
+for n in coord n1 n2; do
+    q "${HOST[$n]}" postgres -c "CREATE DATABASE $n" >/dev/null
+    qn "$n" >/dev/null <<'SQL'
+CREATE EXTENSION sharding; CREATE EXTENSION dblink;
+CREATE TABLE plain (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (id, tenant));
+CREATE TABLE parted (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (id, tenant))
+    PARTITION BY HASH (tenant sharding.text_shard_ops);
+SELECT sharding.create_partitions('parted', 4);
+CREATE TABLE pipe_plain (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (id, tenant));
+CREATE TABLE pipe_parted (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (id, tenant))
+    PARTITION BY HASH (tenant sharding.text_shard_ops);
+SELECT sharding.create_partitions('pipe_parted', 4);
+SQL
+done
+qn coord >/dev/null <<SQL
+SELECT sharding.create_map('mplain', 4, ARRAY['n1', 'n2']);
+SELECT sharding.create_map('mparted', 4, ARRAY['n1', 'n2']);
+SELECT sharding.add_node('n1', '$(ndsn n1)'), sharding.add_node('n2', '$(ndsn n2)');
+SELECT sharding.distribute('plain', 'tenant', 'mplain');
+SELECT sharding.distribute('parted', 'tenant', 'mparted');
+SELECT sharding.attach_node('n1');
+SELECT sharding.attach_node('n2');
+SQL
+for m in mplain mparted; do
+    [ "$(qn coord -c "SELECT node FROM sharding.shards WHERE map = '$m' AND logical = 0")" = n1 ] ||
+        qn coord -c "SELECT sharding.move_shard_online('$m', 0, 'n1')" >/dev/null
+done
+mn_wait i1 n1 "SELECT count(*) FROM sharding.shards WHERE node = 'n1' AND logical = 0" 2 30 >/dev/null
+# ROWS rows over 1,000 tenants of shard 0.
+for t in plain parted; do
+    qn n1 -c "INSERT INTO $t SELECT t, i, repeat('x', 100) FROM
+                (SELECT array_agg(t) AS ts FROM (SELECT 'tenant-' || i AS t FROM generate_series(1, 10000) i) x
+                  WHERE sharding.shard_of(t, 4) = 0) a, LATERAL (SELECT ts[1 + i % 1000] AS t, i FROM generate_series(1, $ROWS) i) g" >/dev/null
+done
+
+settle() { for n in n1 n2; do qn "$n" -c 'VACUUM ANALYZE' -c 'CHECKPOINT' >/dev/null; done; }
+ts() { date -d "$1" +%s.%N; }
+# move MAP TO VERIFY: prints "total_ms cleanup_ms" (clean-up: replication
+# dropped to return).
+move() {
+    local t0 t1 out x
+    t0=$(date +%s.%N)
+    out=$(PGOPTIONS="-c client_min_messages=debug1 -c sharding.move_verify=$3" qn coord -c "SELECT sharding.move_shard_online('$1', 0, '$2')" 2>&1)
+    t1=$(date +%s.%N)
+    x=$(echo "$out" | sed -n 's/.*: replication dropped at \(.*\)$/\1/p')
+    [ -n "$x" ] || { echo "move failed: $out" >&2; exit 1; }
+    awk -v a="$t0" -v b="$t1" -v x="$(ts "$x")" 'BEGIN { printf "%.0f %.0f\n", (b - a) * 1000, (b - x) * 1000 }'
+}
+# pipe QUERY TABLE: COPY (QUERY) TO STDOUT at n1 | COPY TABLE FROM STDIN at n2; ms.
+pipe() {
+    local t0
+    qn n2 -c "TRUNCATE $2" >/dev/null
+    t0=$(date +%s%N)
+    qn n1 -c "\\copy ($1) TO STDOUT" | qn n2 -c "\\copy $2 FROM STDIN"
+    echo $((($(date +%s%N) - t0) / 1000000))
+    qn n2 -c "TRUNCATE $2" >/dev/null
+}
+for r in $(seq 1 "$RUNS"); do
+    for layout in plain parted; do
+        if [ "$layout" = plain ]; then query="SELECT tenant, id, val FROM plain WHERE sharding.shard_of(tenant, 4) = 0"
+        else query="SELECT tenant, id, val FROM parted_0"; fi
+        settle
+        p=$(pipe "$query" "pipe_$layout")
+        settle
+        read -r m mc <<<"$(move "m$layout" n2 off)"
+        move "m$layout" n1 off >/dev/null
+        settle
+        read -r v vc <<<"$(move "m$layout" n2 on)"
+        move "m$layout" n1 off >/dev/null
+        echo "# run $r, $layout: pipe $p ms; move (verify off) $m ms, clean-up $mc ms; move (verify on) $v ms, clean-up $vc ms"
+        echo "$p $m $mc $v $vc" >"$ROOT/$layout.r$r"
+    done
+done
+med() { for r in $(seq 1 "$RUNS"); do awk "{print $2}" "$ROOT/$1.r$r"; done | median; }
+for layout in plain parted; do
+    target=$([ "$layout" = plain ] && echo 1.2 || echo 1.15)
+    echo "$layout: move (move_verify off) / pipe = $(printf '%.2f' "$(med "$layout" '$2 / $1')") (target <= $target); with verification $(printf '%.2f' "$(med "$layout" '$4 / $1')"); median pipe $(med "$layout" '$1') ms, move $(med "$layout" '$2') ms, clean-up $(med "$layout" '$3') ms (verify on: $(med "$layout" '$5') ms)"
+done
+echo "rows: $ROWS; nproc: $(nproc)"
