@@ -6,6 +6,9 @@
 -- @include sharding._node_secret
 -- @replace sharding.cluster_partitions
 -- @replace sharding._config_tables
+-- A follower refuses changes to it, as to every table it copies.
+CREATE TRIGGER refuse_on_follower BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE
+    ON sharding.node_secrets FOR EACH STATEMENT EXECUTE FUNCTION sharding._refuse_on_follower();
 -- @replace sharding._leads_here
 -- @replace sharding.attach_node
 -- @replace sharding.detach_node
@@ -23,3 +26,7 @@ BEGIN
          WHERE n.dsn IS NOT NULL AND sharding._mask_password(n.dsn) <> n.dsn;
     END IF;
 END $$;
+-- pin and unpin take a key by value, as isolate does (CONTRACT 15.1).
+-- @include sharding._canonical_key
+-- @replace sharding.pin
+-- @replace sharding.unpin
