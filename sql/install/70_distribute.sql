@@ -186,7 +186,9 @@ COMMENT ON TABLE sharding.frozen_shards IS
 SELECT pg_catalog.pg_extension_config_dump('sharding.local_node', '');
 SELECT pg_catalog.pg_extension_config_dump('sharding.frozen_shards', '');
 GRANT SELECT ON sharding.local_node, sharding.frozen_shards TO PUBLIC;
-GRANT INSERT, UPDATE, DELETE ON sharding.local_node, sharding.frozen_shards TO sharding_admin;
+-- Written only by _follow, _unfollow, _freeze_shard and _thaw_shard, which
+-- the engine runs on a node as the DSN's user; never by sharding_admin
+-- directly (SEC-2).
 
 -- this_node(): NULL where this database was never attached.
 CREATE FUNCTION sharding.this_node() RETURNS text

@@ -126,6 +126,56 @@ is($d->safe_psql('n3', "SELECT coalesce(string_agg(DISTINCT what || ' by ' || ap
 	"SEC-5: no object of the node's own search_path ran for the engine's sessions");
 is($d->safe_psql('n3', "SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'"), 'f', 'SEC-5: mallory is no superuser');
 
+# ------------------------------------------------------------ SEC-2
+# dan may not write directly the tables through which a role could choose
+# what the engine runs, or as whom: move_decoding, frozen_shards and
+# local_node (42501, on the coordinator and on a node), a job's deferred
+# moves or its revival when the job runs as another role, or a journal row
+# of such a job; his own job he may.
+my $sjob = $q->("INSERT INTO sharding.move_jobs (map, strategy, state, max_parallel, runas)
+	VALUES ('bank', 'count', 'done', 1, 10) RETURNING job");
+my %direct = (
+	'move_decoding' => ["INSERT INTO sharding.move_decoding (slot, map, shards, logical, tables, key_columns)
+	                      VALUES ('s', 'bank', 8, 0, '{}', '{}')", "UPDATE sharding.move_decoding SET logical = 1",
+	                    "DELETE FROM sharding.move_decoding"],
+	'frozen_shards' => ["INSERT INTO sharding.frozen_shards (map, logical) VALUES ('bank', 0)",
+	                    "UPDATE sharding.frozen_shards SET logical = 1", "DELETE FROM sharding.frozen_shards"],
+	'local_node'    => ["INSERT INTO sharding.local_node (node, coordinator_dsn, following) VALUES ('x', 'host=evil', false)",
+	                    "UPDATE sharding.local_node SET coordinator_dsn = 'host=evil'", "DELETE FROM sharding.local_node"],
+);
+for my $t (sort keys %direct)
+{
+	for my $sql (@{ $direct{$t} })
+	{
+		my ($verb) = $sql =~ /^(\w+)/;
+		like($as->($c, 'coord', 'dan', $sql), qr/^42501: permission denied for table $t/,
+			"SEC-2: dan's direct $verb on $t at the coordinator: 42501");
+		like($as->($d, 'n1', 'dan', $sql), qr/^42501: permission denied for table $t/,
+			"SEC-2: dan's direct $verb on $t at a node: 42501");
+	}
+}
+like($as->($c, 'coord', 'dan', "UPDATE sharding.move_jobs SET deferred = '[{\"logical\": 0}]' WHERE job = $sjob"),
+	qr/^42501: permission denied to change rebalance job $sjob, which runs as role /,
+	"SEC-2: dan may not add deferred moves to a superuser's job (42501)");
+like($as->($c, 'coord', 'dan', "UPDATE sharding.move_jobs SET state = 'queued' WHERE job = $sjob"),
+	qr/^42501: permission denied to change rebalance job $sjob/, "SEC-2: nor make it live again (42501)");
+like($as->($c, 'coord', 'dan', "INSERT INTO sharding.move_journal (job, map, logical, source, destination)
+	VALUES ($sjob, 'bank', 5, 'n2', 'n3')"), qr/^42501: permission denied/,
+	"SEC-2: nor insert a journal row of it (42501)");
+is($q->("SELECT state || ' ' || deferred::text || ' ' || (SELECT count(*) FROM sharding.move_journal WHERE job = $sjob)
+	FROM sharding.move_jobs WHERE job = $sjob"), 'done [] 0', 'SEC-2: the job is unchanged and has no move');
+# His own job runs, and so does distribute.
+$d->safe_psql($_, "CREATE TABLE public.ledger (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
+	ALTER TABLE public.ledger REPLICA IDENTITY FULL") for qw(n1 n2 n3);
+$q->("CREATE TABLE ledger (tenant text NOT NULL, id bigint PRIMARY KEY, val text); ALTER TABLE ledger REPLICA IDENTITY FULL");
+is($as->($c, 'coord', 'dan', "SELECT sharding.distribute('ledger', 'tenant', 'bank')"), '', 'dan distributes a table');
+my $job = $as->($c, 'coord', 'dan', "SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2', 'n3'])");
+like($job, qr/^\d+$/, "dan starts a rebalance job ($job)");
+is($q->("SELECT sharding.rebalance_wait($job, '120 s')"), 'done', "dan's job ends done");
+note $q->("SELECT state || ' ' || coalesce(error, '') FROM sharding.move_jobs WHERE job = $job");
+check_data("after dan's job");
+is(leftovers(), 'n1:0/0/0/0/0 n2:0/0/0/0/0 n3:0/0/0/0/0 coord:0', 'nothing of the moves is left');
+
 # ------------------------------------------------------------ add_node
 # A new password of a known node: shown masked, kept whole, and the maps
 # using the node see a new cluster_version (running proxies reconnect).

@@ -30,3 +30,7 @@ END $$;
 -- @include sharding._canonical_key
 -- @replace sharding.pin
 -- @replace sharding.unpin
+-- SEC-2: the tables only the engine's sessions on a node write, closed to
+-- sharding_admin; a job's role guarded (deferred moves, journal rows).
+REVOKE INSERT, UPDATE, DELETE ON sharding.move_decoding, sharding.local_node, sharding.frozen_shards FROM sharding_admin;
+-- @include sharding._job_role_guard
