@@ -118,6 +118,11 @@ check_data('after the move by dan');
 $moved = $as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n1')");
 like($moved, qr/^\d+$/, "and moves it back from n3 (n3 pulls from n1 with n1's password): $moved");
 check_data('after the move back');
+# LK-1: once move_shard_online has returned, no session of the engine
+# (application_name sharding) is left open on the coordinator or the nodes.
+my $engine_sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sharding' AND backend_type = 'client backend'";
+ok(wait_for('coord', $engine_sessions, '0', 10) && wait_for('n1', $engine_sessions, '0', 10),
+	'LK-1: no idle engine session is left after the move returned');
 is(leftovers(), 'n1:0/0/0/0/0 n2:0/0/0/0/0 n3:0/0/0/0/0 coord:0', 'nothing of the moves is left');
 
 # SEC-5: nothing of mallory's ran, and mallory is no superuser.
