@@ -386,32 +386,73 @@ COMMENT ON FUNCTION sharding.drop_map(text) IS
     'drops a map with its shards and pins (its configuration version lives on)';
 -- @end
 
+-- @object sharding._canonical_key
+-- A key as the map's key column type reads and prints it (CONTRACT 15.1,
+-- "Keys by value"; the same conversion as isolate's, move_journal.cpp
+-- canonical_key): '007' and ' +7' are 7, a uuid in lower case, a bytea in
+-- \x hex; a spelling the type rejects raises its error (22P02). Text keys,
+-- and maps without a distributed table, stay as given.
+CREATE FUNCTION sharding._canonical_key(map text, key text) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t regtype;
+BEGIN
+    SELECT sharding._key_type(a.atttypid::pg_catalog.regtype) INTO t
+      FROM sharding.distributed_tables AS d
+      JOIN pg_catalog.pg_attribute AS a
+        ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name))
+       AND a.attname = d.key_column
+     WHERE d.map = $1
+     ORDER BY d.schema_name, d.table_name
+     LIMIT 1;
+    IF t IS NULL OR $2 IS NULL THEN
+        RETURN $2;
+    ELSIF t IN ('pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype,
+                'pg_catalog.int8'::pg_catalog.regtype) THEN
+        RETURN $2::pg_catalog.int8::pg_catalog.text;
+    ELSIF t = 'pg_catalog.uuid'::pg_catalog.regtype THEN
+        RETURN $2::pg_catalog.uuid::pg_catalog.text;
+    ELSIF t = 'pg_catalog.bytea'::pg_catalog.regtype THEN
+        RETURN '\x' OPERATOR(pg_catalog.||) pg_catalog.encode($2::pg_catalog.bytea, 'hex');
+    END IF;
+    RETURN $2;
+END $$;
+COMMENT ON FUNCTION sharding._canonical_key(text, text) IS
+    'internal: a key converted once through its map''s key type (the spelling pins and routing use)';
+-- @end
+
 -- @object sharding.pin
 CREATE FUNCTION sharding.pin(map text, key text, node text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
+DECLARE
+    k text;
 BEGIN
     IF key IS NULL THEN
         RAISE EXCEPTION 'pin key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM sharding._check_node(node);
     PERFORM sharding._require_map($1, false);
+    -- The key by value: converted once through the map's key type.
+    k := sharding._canonical_key($1, $2);
     -- Not a key of a shard whose move is in flight (55006).
-    PERFORM sharding._move_refuse($1, NULL, 'pin', ARRAY[$2]);
+    PERFORM sharding._move_refuse($1, NULL, 'pin', ARRAY[k]);
     -- Waits for claim_node calls in flight on the map, for writers fenced on
     -- the shards the key routes by, and for moves (sharding._lock_pin).
-    PERFORM sharding._lock_pin($1, $2);
+    PERFORM sharding._lock_pin($1, k);
     PERFORM sharding._require_map($1, true);
     -- On a database map, a pin to a node without DSN would break every proxied call.
     PERFORM sharding._check_database_nodes($1, ARRAY[$3]);
     INSERT INTO sharding.nodes (node) VALUES ($3) ON CONFLICT DO NOTHING;
-    INSERT INTO sharding.pins AS p (map, key, node) VALUES ($1, $2, $3)
+    INSERT INTO sharding.pins AS p (map, key, node) VALUES ($1, k, $3)
         ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET node = EXCLUDED.node;
     PERFORM sharding._touch_map($1);
 END $$;
 COMMENT ON FUNCTION sharding.pin(text, text, text) IS
-    'pins (or re-pins) one key, by its text form, to a node, overriding its logical shard';
+    'pins (or re-pins) one key, by value (converted through the map''s key type), to a node, overriding its logical shard';
 -- @end
 
 -- @object sharding.unpin
@@ -419,17 +460,20 @@ CREATE FUNCTION sharding.unpin(map text, key text) RETURNS boolean
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
+DECLARE
+    k text;
 BEGIN
     IF key IS NULL THEN
         RAISE EXCEPTION 'pin key must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM sharding._require_map($1, false);
+    k := sharding._canonical_key($1, $2);
     -- Not a key of a shard whose move is in flight (55006).
-    PERFORM sharding._move_refuse($1, NULL, 'unpin', ARRAY[$2]);
+    PERFORM sharding._move_refuse($1, NULL, 'unpin', ARRAY[k]);
     -- The key goes back to its shard's owner: the same waits as pin.
-    PERFORM sharding._lock_pin($1, $2);
+    PERFORM sharding._lock_pin($1, k);
     PERFORM sharding._require_map($1, true);
-    DELETE FROM sharding.pins p WHERE p.map = $1 AND p.key = $2;
+    DELETE FROM sharding.pins p WHERE p.map = $1 AND p.key = k;
     IF NOT FOUND THEN
         RETURN false;
     END IF;

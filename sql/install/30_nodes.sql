@@ -81,6 +81,65 @@ COMMENT ON FUNCTION sharding._node_dsn(text) IS
     'internal: a node''s connection string, 55000 if it has none';
 -- @end
 
+-- @object sharding.node_secrets
+-- Passwords (CONTRACT 15.2, docs/nodes.md "Passwords"): a DSN given with a
+-- password is kept whole here, readable by the extension's owner alone (no
+-- role is granted anything on it), and sharding.nodes.dsn, readable by all,
+-- shows it with the password as ********. The engine's connections
+-- (src/nodes/move_remote.cpp, real_dsn) and the subscriptions it creates
+-- take the DSN from here, read as the extension's owner; a row counts only
+-- while the node's shown DSN is this one masked (a DSN changed by other
+-- means is used as shown). Dumped, and copied by followers (_config_tables)
+-- for the moves they take part in.
+CREATE TABLE sharding.node_secrets (
+    node text PRIMARY KEY,
+    dsn  text NOT NULL
+);
+COMMENT ON TABLE sharding.node_secrets IS
+    'internal: the connection strings of sharding.nodes with their passwords, for the extension''s owner alone';
+SELECT pg_catalog.pg_extension_config_dump('sharding.node_secrets', '');
+REVOKE ALL ON sharding.node_secrets FROM PUBLIC;
+-- @end
+
+-- @object sharding._node_secret
+-- On sharding.nodes, each row written or deleted: a DSN with a password
+-- goes whole to sharding.node_secrets and is stored masked. SECURITY
+-- DEFINER so that add_node, run by sharding_admin, can write the owner's
+-- table (a trigger function cannot be called directly). A new password of a
+-- node already known raises the versions of the maps that use it, so that
+-- running proxies reconnect with it (add_node sees the same masked DSN).
+CREATE FUNCTION sharding._node_secret() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    old_secret text;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM sharding.node_secrets AS s WHERE s.node OPERATOR(pg_catalog.=) OLD.node;
+        RETURN OLD;
+    END IF;
+    IF NEW.dsn IS NOT NULL AND sharding._mask_password(NEW.dsn) IS DISTINCT FROM NEW.dsn THEN
+        SELECT s.dsn INTO old_secret FROM sharding.node_secrets AS s WHERE s.node OPERATOR(pg_catalog.=) NEW.node;
+        INSERT INTO sharding.node_secrets AS s (node, dsn) VALUES (NEW.node, NEW.dsn)
+            ON CONFLICT (node) DO UPDATE SET dsn = EXCLUDED.dsn;
+        IF old_secret IS DISTINCT FROM NEW.dsn THEN
+            PERFORM sharding._touch_map(u.map)
+               FROM (SELECT s.map FROM sharding.shards AS s WHERE s.node OPERATOR(pg_catalog.=) NEW.node
+                     UNION
+                     SELECT p.map FROM sharding.pins AS p WHERE p.node OPERATOR(pg_catalog.=) NEW.node) AS u
+              ORDER BY u.map;
+        END IF;
+        NEW.dsn := sharding._mask_password(NEW.dsn);
+    END IF;
+    RETURN NEW;
+END $$;
+COMMENT ON FUNCTION sharding._node_secret() IS
+    'internal: keeps the passwords of sharding.nodes in sharding.node_secrets (trigger)';
+CREATE TRIGGER node_secret BEFORE INSERT OR UPDATE OF dsn OR DELETE ON sharding.nodes
+    FOR EACH ROW EXECUTE FUNCTION sharding._node_secret();
+-- @end
+
 -- drop_node(node text): forget a node. Not STRICT, for the same reason.
 -- @object sharding.drop_node
 CREATE FUNCTION sharding.drop_node(node text) RETURNS void
@@ -163,6 +222,11 @@ COMMENT ON FUNCTION sharding.partition_for(text, uuid) IS
 -- @end
 
 -- cluster_partitions(map text): the DSNs of the map's PL/Proxy partitions.
+-- The extension's owner (and a superuser) gets each DSN whole, password
+-- included (sharding.node_secrets); every other role gets it as
+-- sharding.nodes shows it, the password as ******** (docs/nodes.md,
+-- "Passwords": such a caller's proxy logs in with a password file).
+-- @object sharding.cluster_partitions
 CREATE FUNCTION sharding.cluster_partitions(map text) RETURNS SETOF text
     LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
@@ -171,6 +235,8 @@ CREATE FUNCTION sharding.cluster_partitions(map text) RETURNS SETOF text
 DECLARE
     shards integer;
     part record;
+    whole boolean := pg_catalog.has_table_privilege('sharding.node_secrets', 'SELECT');
+    secret text;
 BEGIN
     SELECT m.logical_shards INTO shards FROM sharding.maps AS m WHERE m.map = cluster_partitions.map;
     IF NOT FOUND THEN
@@ -202,12 +268,20 @@ BEGIN
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       HINT = 'Set one with sharding.add_node(node, dsn).';
         END IF;
-        RETURN NEXT part.dsn;
+        IF whole THEN
+            -- Two statements: a role without the privilege never plans a read of the table.
+            SELECT s.dsn INTO secret FROM sharding.node_secrets AS s
+             WHERE s.node = part.node AND sharding._mask_password(s.dsn) = part.dsn;
+            RETURN NEXT coalesce(secret, part.dsn);
+        ELSE
+            RETURN NEXT part.dsn;
+        END IF;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION sharding.cluster_partitions(text) IS
     'PL/Proxy partitions of a map: the owner''s DSN of each logical shard, then one per pin-only node by name';
+-- @end
 
 -- cluster_version(map text): PL/Proxy calls it on every request.
 CREATE FUNCTION sharding.cluster_version(map text) RETURNS integer

@@ -186,7 +186,9 @@ COMMENT ON TABLE sharding.frozen_shards IS
 SELECT pg_catalog.pg_extension_config_dump('sharding.local_node', '');
 SELECT pg_catalog.pg_extension_config_dump('sharding.frozen_shards', '');
 GRANT SELECT ON sharding.local_node, sharding.frozen_shards TO PUBLIC;
-GRANT INSERT, UPDATE, DELETE ON sharding.local_node, sharding.frozen_shards TO sharding_admin;
+-- Written only by _follow, _unfollow, _freeze_shard and _thaw_shard, which
+-- the engine runs on a node as the DSN's user; never by sharding_admin
+-- directly (SEC-2).
 
 -- this_node(): NULL where this database was never attached.
 CREATE FUNCTION sharding.this_node() RETURNS text
@@ -217,7 +219,7 @@ ALTER TABLE sharding.frozen_shards ENABLE ALWAYS TRIGGER local_changed;
 CREATE FUNCTION sharding._config_tables() RETURNS name[]
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT ARRAY['maps', 'nodes', 'shards', 'pins', 'map_versions', 'distributed_tables']::name[] $$;
+    AS $$ SELECT ARRAY['maps', 'nodes', 'shards', 'pins', 'map_versions', 'distributed_tables', 'node_secrets']::name[] $$;
 COMMENT ON FUNCTION sharding._config_tables() IS
     'internal: the configuration tables (schema sharding) that followers copy through publication sharding_config';
 -- @end
@@ -459,34 +461,34 @@ COMMENT ON FUNCTION sharding._remote_exec(text, text) IS
 -- Whether a connection string leads to this very database (the same
 -- server and database, whatever host, port or user it names). A clone of
 -- this cluster (pg_basebackup, a copied disk image) has the same system
--- identifier and database name, so those prove nothing; instead a
--- connection is opened, marked with a random application_name, and looked
--- for in this server's pg_stat_activity, which lists every backend of this
--- server and none of another's. The application_name of every backend is
--- visible to every role.
+-- identifier and database name, so those prove nothing; instead this
+-- session takes a random application_name for a moment, and a session
+-- opened with the DSN looks for it in its own server's pg_stat_activity,
+-- among the backends of its own database: it is there only if the DSN leads
+-- here. The application_name of every backend is visible to every role.
 CREATE FUNCTION sharding._leads_here(dsn text) RETURNS boolean
     LANGUAGE plpgsql VOLATILE STRICT
     SET search_path = pg_catalog, pg_temp
     AS $$
 DECLARE
-    dl name := sharding._dblink_schema('this operation');
     token text := 'sharding_probe_' || pg_catalog.replace(pg_catalog.gen_random_uuid()::text, '-', '');
-    here boolean;
+    was text := pg_catalog.current_setting('application_name');
+    here text;
 BEGIN
-    EXECUTE pg_catalog.format('SELECT %I.dblink_connect($1, $2)', dl) USING token, dsn;
+    -- This session is marked, and the session the DSN leads to looks for
+    -- the mark (through the engine's connections, which take a node's
+    -- password from sharding.node_secrets: dblink would need it here).
+    PERFORM pg_catalog.set_config('application_name', token, false);
     BEGIN
-        EXECUTE pg_catalog.format('SELECT f.v FROM %I.dblink($1, $2) AS f(v text)', dl)
-          USING token, pg_catalog.format('SELECT pg_catalog.set_config(%L, %L, false)', 'application_name', token);
-        -- This transaction may have read pg_stat_activity before: read it anew.
-        PERFORM pg_catalog.pg_stat_clear_snapshot();
-        here := EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a
-                         WHERE a.application_name = token AND a.datname = pg_catalog.current_database());
+        here := sharding._remote(dsn, pg_catalog.format(
+            'SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity AS a WHERE a.application_name OPERATOR(pg_catalog.=) %L '
+            'AND a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())::pg_catalog.text', token));
     EXCEPTION WHEN OTHERS THEN
-        EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', dl) USING token;
+        PERFORM pg_catalog.set_config('application_name', was, false);
         RAISE;
     END;
-    EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', dl) USING token;
-    RETURN here;
+    PERFORM pg_catalog.set_config('application_name', was, false);
+    RETURN here::boolean;
 END $$;
 COMMENT ON FUNCTION sharding._leads_here(text) IS
     'internal: whether a connection string leads back to this database (a probe connection seen in pg_stat_activity)';
@@ -638,7 +640,8 @@ DECLARE
     me text;
     sub text;
     slot text;
-    facts record;
+    following_as text;
+    reply json;
     node_maps text[];
     node_versions bigint[];
     pending integer;
@@ -670,8 +673,6 @@ BEGIN
     sub := sharding._config_subscription(attach_node.node);
     slot := sharding._config_slot(attach_node.node);
 
-    -- (Each dblink query to the node pins search_path first: the node
-    -- role's own search_path must not resolve what it names.)
     -- The node: not this very database, this extension (1.2) there, not
     -- following as another node. Nothing has changed anywhere yet.
     IF sharding._leads_here(dsn) THEN
@@ -679,24 +680,25 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   DETAIL = format('Its connection string %s leads back here.', dsn);
     END IF;
-    EXECUTE format($q$SELECT * FROM %I.dblink($1, $2) AS f(has_follow boolean, following_as text)$q$, dl)
-       INTO facts
-      USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || $r$SELECT pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL, NULL::text$r$;
-    IF NOT facts.has_follow THEN
+    -- Every query to the node goes through the engine's connections
+    -- (_remote, _remote_exec), which pin search_path first and take the
+    -- node's password from sharding.node_secrets (dsn shows it masked).
+    IF NOT sharding._remote(dsn, $r$SELECT (pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL)::pg_catalog.text$r$)::boolean THEN
         RAISE EXCEPTION 'node "%" has no sharding extension of version 1.2 or later', attach_node.node
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'CREATE EXTENSION sharding (or ALTER EXTENSION sharding UPDATE) in the node''s database.';
     END IF;
-    facts.following_as := sharding._remote(dsn, 'SELECT node FROM sharding.local_node WHERE following');
-    IF facts.following_as IS DISTINCT FROM attach_node.node AND facts.following_as IS NOT NULL THEN
+    following_as := sharding._remote(dsn, 'SELECT node FROM sharding.local_node WHERE following');
+    IF following_as IS DISTINCT FROM attach_node.node AND following_as IS NOT NULL THEN
         RAISE EXCEPTION 'the database of node "%" already follows a coordinator as node "%"',
-                attach_node.node, facts.following_as
+                attach_node.node, following_as
             USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = format('Detach it first: sharding.detach_node(%L) on its coordinator.', facts.following_as);
+                  HINT = format('Detach it first: sharding.detach_node(%L) on its coordinator.', following_as);
     END IF;
-    EXECUTE format($q$SELECT array_agg(f.map), array_agg(f.version) FROM %I.dblink($1, $2) AS f(map text, version bigint)$q$, dl)
-       INTO node_maps, node_versions
-      USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || 'SELECT map, version FROM sharding.map_versions';
+    reply := sharding._remote(dsn, 'SELECT pg_catalog.json_build_array(pg_catalog.array_agg(v.map ORDER BY v.map)::text, '
+                                   'pg_catalog.array_agg(v.version ORDER BY v.map)::text)::text FROM sharding.map_versions AS v')::json;
+    node_maps := (reply ->> 0)::text[];
+    node_versions := (reply ->> 1)::bigint[];
 
     -- Coordinator side, committed before the node subscribes (a publication
     -- nobody subscribes to, and versions that rose, are harmless leftovers
@@ -707,11 +709,13 @@ BEGIN
     -- before its configuration is touched. Its slot is made from here first:
     -- a CREATE SUBSCRIPTION that creates its slot hangs when the node lives
     -- in this same PostgreSQL instance.
-    EXECUTE format($q$SELECT f.c, f.e FROM %I.dblink($1, $2) AS f(c text, e boolean)$q$, dl)
-       INTO sub_conninfo, sub_enabled
-      USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || format($s$SELECT subconninfo, subenabled FROM pg_catalog.pg_subscription
-                            WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
-                                                               WHERE datname = pg_catalog.current_database())$s$, sub);
+    reply := sharding._remote(dsn, format($s$SELECT pg_catalog.json_build_array(subconninfo, subenabled)::text
+                                             FROM pg_catalog.pg_subscription
+                                            WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
+                                                                               WHERE datname = pg_catalog.current_database())$s$,
+                                         sub))::json;
+    sub_conninfo := reply ->> 0;
+    sub_enabled := (reply ->> 1)::boolean;
     IF sub_conninfo IS NULL THEN
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots AS r WHERE r.slot_name = slot) THEN
             PERFORM sharding._remote(me, format(
@@ -731,6 +735,11 @@ BEGIN
     ELSIF sub_conninfo IS DISTINCT FROM me THEN
         PERFORM sharding._remote_exec(dsn, format('ALTER SUBSCRIPTION %I CONNECTION %L', sub, me));
     END IF;
+    -- A table that the publication gained since (an older version's node):
+    -- copied too.
+    IF sub_enabled THEN
+        PERFORM sharding._remote_exec(dsn, format('ALTER SUBSCRIPTION %I REFRESH PUBLICATION', sub));
+    END IF;
 
     -- The node's configuration gives way to ours, then the copy starts.
     BEGIN
@@ -748,12 +757,10 @@ BEGIN
     -- The full copy: wait (up to a minute) until every table is synchronised.
     deadline := clock_timestamp() + interval '60 seconds';
     LOOP
-        EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
-           INTO pending
-          USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || format($s$SELECT (%s - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::integer
+        pending := sharding._remote(dsn, format($s$SELECT (%s - count(*) FILTER (WHERE r.srsubstate IN ('r', 's')))::text
                                  FROM pg_catalog.pg_subscription AS s
                                  JOIN pg_catalog.pg_subscription_rel AS r ON r.srsubid = s.oid
-                                WHERE s.subname = %L$s$, cardinality(sharding._config_tables()), sub);
+                                WHERE s.subname = %L$s$, cardinality(sharding._config_tables()), sub))::integer;
         EXIT WHEN pending <= 0;
         IF clock_timestamp() > deadline THEN
             RAISE WARNING 'node "%" is still copying the configuration (% tables to go)', attach_node.node, pending
@@ -788,12 +795,10 @@ BEGIN
     dl := sharding._dblink_schema('detach_node');
     sub := sharding._config_subscription(detach_node.node);
     BEGIN
-        EXECUTE format($q$SELECT f.n FROM %I.dblink($1, $2) AS f(n integer)$q$, dl)
-           INTO n
-          USING dsn, 'SET search_path = pg_catalog, pg_temp; ' || format($s$SELECT count(*)::integer FROM pg_catalog.pg_subscription
+        n := sharding._remote(dsn, format($s$SELECT count(*)::text FROM pg_catalog.pg_subscription
                                 WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
                                                                    WHERE datname = pg_catalog.current_database())$s$,
-                            sub);
+                            sub))::integer;
     EXCEPTION WHEN sqlclient_unable_to_establish_sqlconnection OR connection_exception THEN
         RAISE EXCEPTION 'cannot reach node "%" to detach it: %', detach_node.node, SQLERRM
             USING ERRCODE = 'sqlclient_unable_to_establish_sqlconnection',

@@ -349,7 +349,8 @@ CREATE TABLE sharding.move_decoding (
 COMMENT ON TABLE sharding.move_decoding IS
     'internal: what the decoder of an online move''s slot carries (source side; one row per slot)';
 GRANT SELECT ON sharding.move_decoding TO PUBLIC;
-GRANT INSERT, UPDATE, DELETE ON sharding.move_decoding TO sharding_admin;
+-- Written only by the engine's sessions at the source (the DSN's user),
+-- never by sharding_admin directly (SEC-2).
 CREATE TRIGGER local_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sharding.move_decoding
     FOR EACH STATEMENT EXECUTE FUNCTION sharding._local_changed();
 ALTER TABLE sharding.move_decoding ENABLE ALWAYS TRIGGER local_changed;

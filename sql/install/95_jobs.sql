@@ -67,6 +67,51 @@ GRANT INSERT (map, strategy, state, nodes, loads, max_imbalance, drained, max_pa
 GRANT UPDATE (state, switched, cancel_requested, started, finished, error, waiting, waits, deferred, retried)
     ON sharding.move_jobs TO sharding_admin;
 
+-- @object sharding._job_role_guard
+-- Nothing a role writes makes a job run something as a role it has not the
+-- privileges of (SEC-2, CONTRACT 15.2): the moves a job adds later
+-- (move_jobs.deferred), a finished job made live again, and a move of the
+-- journal given a job (as _move_enqueue checks) need the privileges of the
+-- job's role (a superuser has them; the extension's owner, whose scanner
+-- looks after every job, too): 42501 otherwise.
+CREATE FUNCTION sharding._job_role_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    j bigint;
+    r oid;
+BEGIN
+    IF TG_TABLE_NAME = 'move_jobs' THEN
+        IF NEW.deferred IS NOT DISTINCT FROM OLD.deferred OR NEW.deferred = '[]'::jsonb THEN
+            IF NOT (NEW.state IN ('queued', 'running') AND OLD.state NOT IN ('queued', 'running')) THEN
+                RETURN NEW;
+            END IF;
+        END IF;
+        j := OLD.job;
+        r := OLD.runas;
+    ELSE
+        j := NEW.job;
+        SELECT t.runas INTO r FROM sharding.move_jobs AS t WHERE t.job = NEW.job;
+    END IF;
+    IF j IS NULL OR r IS NULL OR pg_catalog.pg_has_role(CURRENT_USER, r, 'USAGE')
+       OR EXISTS (SELECT FROM pg_catalog.pg_extension AS e
+                   WHERE e.extname = 'sharding' AND e.extowner = (SELECT a.oid FROM pg_catalog.pg_roles AS a
+                                                                   WHERE a.rolname = CURRENT_USER)) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'permission denied to change rebalance job %, which runs as role %', j, r::regrole
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'Only a role with the privileges of the job''s role adds moves to it or makes it live again.';
+END $$;
+COMMENT ON FUNCTION sharding._job_role_guard() IS
+    'internal: refuses (42501) a write that would make a rebalance job run something as a role the writer lacks';
+CREATE TRIGGER job_role_guard BEFORE UPDATE ON sharding.move_jobs
+    FOR EACH ROW EXECUTE FUNCTION sharding._job_role_guard();
+CREATE TRIGGER job_role_guard BEFORE INSERT OR UPDATE OF job ON sharding.move_journal
+    FOR EACH ROW EXECUTE FUNCTION sharding._job_role_guard();
+-- @end
+
 -- Background runners (src/nodes/jobs.cpp).
 CREATE FUNCTION sharding._job_launch(job bigint, runners integer, runas oid) RETURNS boolean
     AS 'MODULE_PATHNAME', 'sharding__job_launch' LANGUAGE C VOLATILE STRICT;

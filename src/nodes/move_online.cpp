@@ -486,7 +486,7 @@ void subscribe(OnlineMove &m) {
     const std::string &name = m.name;
     Text conninfo;
     if (m.src_dsn)
-        conninfo = *m.src_dsn + (m.plugin_opts && !m.plugin_opts->empty() ? " options='" + *m.plugin_opts + "'"
+        conninfo = real_dsn(*m.src_dsn) + (m.plugin_opts && !m.plugin_opts->empty() ? " options='" + *m.plugin_opts + "'"
                                                                            : std::string());
     // It connects to the source over a replication connection. Right after
     // another move's stream from there ended, that stream's WAL sender may

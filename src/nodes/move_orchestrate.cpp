@@ -809,6 +809,24 @@ double wait_flush(const std::string &name, double seconds, const std::string &jo
             journal("UPDATE sharding.move_journal SET lag_bytes = " + std::to_string(lag) + " " + journal_where +
                     " AND phase IN ('catching_up', 'cutover')");
             noted = clock_seconds();
+            // RB-6: an apply worker at the destination that keeps failing
+            // (a constraint or a column there that the source's rows break)
+            // fails the move now, not after `seconds`: the move's
+            // subscription's third apply error ends the wait (one or two
+            // may pass: a deadlock, a lock timeout, the source restarting;
+            // the worker retries every wal_retrieve_retry_interval, 5 s by
+            // default); the move is rolled back.
+            if (!reached) {
+                Text errors = dbl(kDst, "SELECT COALESCE(pg_catalog.sum(s.apply_error_count), 0)::text "
+                                        "FROM pg_catalog.pg_stat_subscription_stats s WHERE s.subname = " + lit(name));
+                if (errors && int64_value(*errors, "destination", "its apply errors") >= 3)
+                    fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                         Explain{"Its subscription " + name + " failed to apply the source's changes " + *errors +
+                                     " times (pg_stat_subscription_stats.apply_error_count).",
+                                 "The destination's log names each error (logical replication apply worker); "
+                                 "fix it there and move again."},
+                         "the destination of move %s cannot apply the source's changes", name.c_str());
+            }
         }
         if (reached) break;
         if (clock_seconds() - started > seconds)

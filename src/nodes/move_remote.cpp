@@ -6,6 +6,10 @@
 
 extern "C" {
 #include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "utils/syscache.h"
+#include "utils/lsyscache.h"
 #include "portability/instr_time.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -239,6 +243,63 @@ std::string node_dsn(const std::string &node) {
     return s;
 }
 
+// real_dsn's catalog part, C-style (it may ereport): the whole DSN whose
+// masked form is `shown`, palloc'd in the current memory context, or NULL.
+// The table's owner is the extension's owner (the extension script made it).
+// The user id is restored on every path; SECURITY_RESTRICTED_OPERATION as
+// for any code run on another role's behalf, every name and operator
+// schema-qualified.
+static char *unmask_as_owner(const char *shown) {
+    if (!IsTransactionState()) return nullptr;
+    Oid nsp = get_namespace_oid("sharding", true);
+    Oid rel = OidIsValid(nsp) ? get_relname_relid("node_secrets", nsp) : InvalidOid;
+    if (!OidIsValid(rel)) return nullptr;
+    HeapTuple tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
+    if (!HeapTupleIsValid(tup)) return nullptr;
+    Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(tup))->relowner;
+    ReleaseSysCache(tup);
+
+    Oid save_user;
+    int save_sec;
+    GetUserIdAndSecContext(&save_user, &save_sec);
+    MemoryContext caller = CurrentMemoryContext;
+    char *out = nullptr;
+    SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+    PG_TRY();
+    {
+        if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+        Oid types[1] = {TEXTOID};
+        Datum vals[1] = {CStringGetTextDatum(shown)};
+        if (SPI_execute_with_args(
+                "SELECT s.dsn FROM sharding.node_secrets AS s JOIN sharding.nodes AS n "
+                "ON n.node OPERATOR(pg_catalog.=) s.node "
+                "WHERE n.dsn OPERATOR(pg_catalog.=) $1 AND sharding._mask_password(s.dsn) OPERATOR(pg_catalog.=) $1 "
+                "ORDER BY s.node COLLATE \"C\" LIMIT 1",
+                1, types, vals, nullptr, true, 1) == SPI_OK_SELECT &&
+            SPI_processed == 1) {
+            char *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+            if (v != nullptr) out = MemoryContextStrdup(caller, v);
+        }
+        SPI_finish();
+    }
+    PG_FINALLY();
+    {
+        SetUserIdAndSecContext(save_user, save_sec);
+    }
+    PG_END_TRY();
+    return out;
+}
+
+std::string real_dsn(const std::string &dsn) {
+    if (dsn.find("********") == std::string::npos) return dsn;
+    const char *shown = dsn.c_str();
+    char *whole = pg_call([&]() -> char * { return unmask_as_owner(shown); });
+    if (whole == nullptr) return dsn;
+    std::string s(whole);
+    pfree(whole);
+    return s;
+}
+
 void cancel_and_drain(PGconn *conn) noexcept {
     cancel_conn(conn);
     (void)PQsetnonblocking(conn, 0);
@@ -308,9 +369,11 @@ PGresult *collect_statement(PGconn *conn, const char *prefix, bool drain) {
     return last;
 }
 
-Remote::Remote(const std::string &dsn, bool replication, const std::string &application_name,
+Remote::Remote(const std::string &dsn_in, bool replication, const std::string &application_name,
                const std::string &options) {
     glue(install_callbacks);
+    // A node's shown DSN becomes its whole one (password included).
+    const std::string dsn = real_dsn(dsn_in);
     // dblink's rule, for every connection the engine, the jobs and follow
     // make, checked before connecting: a role that is not a superuser must
     // give the password in the connection string itself. libpq would

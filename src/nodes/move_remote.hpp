@@ -27,6 +27,14 @@ namespace sharding::move {
 // The DSN of a node from this database's sharding.nodes (55000 if none).
 std::string node_dsn(const std::string &node);
 
+// The DSN the engine connects with: a DSN that is a node's shown DSN
+// (sharding.nodes.dsn, its password masked as ********) becomes the whole
+// one kept in sharding.node_secrets, read as the extension's owner (the
+// table is the owner's alone; docs/nodes.md "Passwords"); any other DSN as
+// it is. Every Remote connects through it; a subscription's CONNECTION
+// needs it too.
+std::string real_dsn(const std::string &dsn);
+
 class Remote {
   public:
     // Connects (interruptibly). replication: a logical replication

@@ -11,7 +11,7 @@ NEW=sharding_upgrade_new
 current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
 # Every released version upgrades to the current one.
 FROMS="1.0 1.1 1.2 1.3"
-echo "1..$((8 * $(echo $FROMS | wc -w)))"
+echo "1..$((9 * $(echo $FROMS | wc -w)))"
 . test/lib/tap.sh
 trap 'dropdb --if-exists $OLD 2>/dev/null; dropdb --if-exists $NEW 2>/dev/null' EXIT
 
@@ -28,6 +28,7 @@ SELECT sharding.pin('docs', 'whale', 'dedicated');
 SELECT sharding.pin('docs', '42', 'n2');
 SELECT sharding.move_shard('docs', 5, 'n3');
 SELECT sharding.add_node(n, 'host=' || n) FROM unnest(ARRAY['n1', 'n2', 'n3', 'dedicated']) AS n;
+SELECT sharding.add_node('n3', 'host=n3 user=u password=pw3');
 CREATE TABLE orders (id bigint PRIMARY KEY, status text);
 INSERT INTO orders VALUES (1, 'delivered');
 SELECT sharding.guard_rank('orders', 'status', ARRAY['new', 'shipped', 'delivered']);
@@ -41,7 +42,7 @@ routes="SELECT string_agg(sharding.partition_for('docs', k)::text || '/' || shar
 before=$(psql -XAtd $OLD -c "$routes")
 data="SELECT (SELECT string_agg(map || logical || node || epoch, ',' ORDER BY map, logical) FROM sharding.shards),
              (SELECT string_agg(key || node, ',' ORDER BY key) FROM sharding.pins),
-             (SELECT string_agg(node || coalesce(dsn, ''), ',' ORDER BY node) FROM sharding.nodes),
+             (SELECT string_agg(node || regexp_replace(coalesce(dsn, ''), 'password=\S+', 'password=********'), ',' ORDER BY node) FROM sharding.nodes),
              (SELECT count(*) FROM jobs), sharding.cluster_version('docs')"
 data_before=$(psql -XAtd $OLD -c "$data")
 
@@ -119,6 +120,10 @@ ok_rc $? "partition_for and node_for route 302 keys (pins included) as before th
 data_after=$(psql -XAtd $OLD -c "$data")
 [ -n "$data_before" ] && [ "$data_before" = "$data_after" ]
 ok_rc $? "maps, epochs, pins, DSNs, queue rows and cluster_version survive the update"
+# A DSN's password (CONTRACT 15.2): kept whole for the owner, shown masked.
+got=$(psql -XAtd $OLD -c "SELECT n.dsn || ' | ' || s.dsn FROM sharding.nodes n JOIN sharding.node_secrets s USING (node) WHERE node = 'n3'")
+[ "$got" = "host=n3 user=u password=******** | host=n3 user=u password=pw3" ]
+ok_rc $? "a DSN's password survives the update in sharding.node_secrets, shown masked in sharding.nodes (got $got)"
 got=$(psql -XAtd $OLD -c "UPDATE orders SET status = 'new' WHERE id = 1" -c "SELECT status FROM orders WHERE id = 1" 2>&1 | tail -1)
 [ "$got" = "delivered" ]
 ok_rc $? "the rank guard installed under $from still guards after the update"
