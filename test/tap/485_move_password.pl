@@ -74,6 +74,12 @@ is($c->safe_psql('coord', "SELECT sharding._dbl_connect('s', '@{[ $dsn->('n1') ]
 is(bob_logins($since), 1, 'the log shows that login');
 
 # _job_lag (executable by every role: move_progress calls it) as alice.
+# The superuser's session of bob above has been closed, but its backend
+# exits on its own time: wait until it has gone (under load it was still
+# listed when alice looked), so that a session of bob seen below can only
+# be one that alice's call opened.
+ok($c->poll_query_until('coord', "SELECT count(*) = 0 FROM pg_stat_activity WHERE usename = 'bob'"),
+	"the superuser's session of bob has ended");
 $since = -s $c->logfile;
 is(as($alice, "SELECT coalesce(sharding._job_lag('n1', 'sharding_move_bank_0')::text, 'NULL');
 	SELECT count(*) FROM pg_stat_activity WHERE usename = 'bob';"),
