@@ -178,16 +178,29 @@ DECLARE
     n bigint := 0;
     m text;
     expires timestamptz;
+    busy boolean := false;
     t timestamptz;
 BEGIN
     IF op = 'reap_all' THEN
+        -- The background worker's reaper: never waits long for a map
+        -- (claim_node in an open transaction holds it): a map whose lock
+        -- is not had within 100 ms is left for a retry a second later.
+        PERFORM set_config('lock_timeout', '100ms', true);
         FOR m IN SELECT DISTINCT w.map FROM sharding.worker_members w
                   WHERE w.lease_expires < clock_timestamp() ORDER BY 1 LOOP
-            PERFORM sharding._lock_map(m);
-            PERFORM sharding._group_deal(m, false);
-            n := n + 1;
+            BEGIN
+                PERFORM sharding._lock_map(m);
+                PERFORM sharding._group_deal(m, false);
+                n := n + 1;
+            EXCEPTION WHEN lock_not_available THEN
+                busy := true;
+            END;
         END LOOP;
-        SELECT min(w.lease_expires) INTO expires FROM sharding.worker_members w;
+        SELECT min(w.lease_expires) INTO expires FROM sharding.worker_members w
+         WHERE w.lease_expires >= clock_timestamp();
+        IF busy THEN
+            expires := least(expires, clock_timestamp() + interval '1 second');
+        END IF;
         PERFORM sharding._group_watch(expires, true);
         RETURN n;
     END IF;

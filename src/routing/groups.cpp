@@ -52,6 +52,7 @@ struct Watch {
     Oid db;            // InvalidOid: a free entry
     bool touched;      // a lease was taken or renewed since the reaper started
     TimestampTz due;   // the next expiry (or the reaper's retry)
+    TimestampTz reaping;  // 0, or when a reaper was started (the launcher does not wait for it)
 };
 
 struct GroupsShared {
@@ -167,6 +168,7 @@ Watch *watch_of(Oid db, bool add) {
     free_one->db = db;
     free_one->touched = false;
     free_one->due = DT_NOEND;
+    free_one->reaping = 0;
     return free_one;
 }
 
@@ -226,7 +228,7 @@ SHARDING_FUNCTION(sharding__group_watch) {
             if (has)
                 w->due = expires;
             else
-                *w = Watch{InvalidOid, false, 0};
+                *w = Watch{InvalidOid, false, 0, 0};
         } else if (has && expires < w->due) {
             w->due = expires;
         }
@@ -249,8 +251,11 @@ void groups_init() {
 }
 
 // For the launcher: the databases whose next lease expiry has come (at
-// most max, into dbs), each given a retry 5 s later in case its reaper
-// fails; in *next_ms the milliseconds until the next one not due (-1: none).
+// most max, into dbs), each marked reaping (no second reaper while one
+// runs: the launcher does not wait for them) and given a retry 5 s later
+// in case its reaper fails; in *next_ms the milliseconds until the next
+// one not due (-1: none). A reaper that has not ended after 60 s (never
+// started) no longer counts.
 int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept {
     *next_ms = -1;
     if (gshared == nullptr) return 0;
@@ -259,9 +264,11 @@ int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept {
     SpinLockAcquire(&gshared->mutex);
     for (Watch &w : gshared->watches) {
         if (!OidIsValid(w.db)) continue;
+        if (w.reaping != 0 && w.reaping > TimestampTzPlusMilliseconds(now, -60000)) continue;
         if (w.due <= now && n < max) {
             dbs[n++] = w.db;
             w.touched = false;
+            w.reaping = now;
             w.due = TimestampTzPlusMilliseconds(now, 5000);
         }
         long ms = w.due <= now ? 0 : (long)((w.due - now + 999) / 1000);
@@ -269,6 +276,28 @@ int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept {
     }
     SpinLockRelease(&gshared->mutex);
     return n;
+}
+
+// A reaper of db ended, or could not be started: the next one may start
+// (at once if its report made the database due again). `forget`: it found
+// no extension (dropped, or not updated to 1.4) in db: the entry goes (a
+// later join adds it again).
+void groups_reaper_done(Oid db, bool forget) noexcept {
+    if (gshared == nullptr) return;
+    bool due = false;
+    TimestampTz now = GetCurrentTimestamp();
+    SpinLockAcquire(&gshared->mutex);
+    for (Watch &w : gshared->watches)
+        if (w.db == db) {
+            if (forget && !w.touched) {
+                w = Watch{InvalidOid, false, 0, 0};
+                continue;
+            }
+            w.reaping = 0;
+            due = w.due <= now;
+        }
+    SpinLockRelease(&gshared->mutex);
+    if (due) jobs_poke_launcher();
 }
 
 // claim_node's first step (queue_ordered.cpp): if a member of the map's
