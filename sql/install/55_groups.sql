@@ -338,8 +338,10 @@ REVOKE ALL ON FUNCTION sharding._group_apply(text, text, text, interval, oid) FR
 
 -- @object sharding._group_call
 -- Calls sharding._group_apply as the extension's owner, passing the
--- calling role (C++, src/routing/groups.cpp). Any role may call it: what a
--- role may do is decided there, by its rights.
+-- calling role (C++, src/routing/groups.cpp). Any role may call it for
+-- join, heartbeat and leave (what it may do is decided there, by its
+-- rights); 'reap' and 'reap_all' only the extension's owner or a superuser
+-- (else 42501).
 CREATE FUNCTION sharding._group_call(op text, map text, worker text, lease interval) RETURNS bigint
     AS 'MODULE_PATHNAME', 'sharding__group_call' LANGUAGE C VOLATILE
     SET search_path = pg_catalog, pg_temp;
