@@ -186,6 +186,52 @@ SET ROLE grp_plain;
 SELECT count(*) >= 0 FROM sharding.group_members;
 RESET ROLE;
 
+-- Only join, heartbeat and leave go through sharding._group_call for a
+-- role that is not the extension's owner: a reap asked by a worker or any
+-- other role is refused (42501), changing nothing.
+SELECT grp_state() AS before \gset
+SET ROLE grp_plain;
+SELECT grp_try($$SELECT sharding._group_call('reap', 'g', NULL, NULL)$$);
+SELECT grp_try($$SELECT sharding._group_call('reap_all', NULL, NULL, NULL)$$);
+RESET ROLE;
+SET ROLE grp_w2;
+SELECT grp_try($$SELECT sharding._group_call('reap_all', NULL, NULL, NULL)$$);
+RESET ROLE;
+SELECT grp_state() = :'before' AS unchanged;
+
+-- Leases count from the statement, not from the transaction's start: a
+-- join and a heartbeat late in a long transaction give a lease that is
+-- still to come.
+SET ROLE grp_w2;
+BEGIN;
+SELECT pg_sleep(1.2);
+SELECT count(*) >= 0 FROM sharding.join('g', 'w7', '1 second');
+SELECT lease_expires > clock_timestamp() AS join_lease_ahead FROM sharding.worker_members WHERE worker = 'w7';
+SELECT pg_sleep(0.3);
+SELECT sharding.heartbeat('g', 'w7') >= 0 AS renewed;
+SELECT lease_expires > clock_timestamp() + interval '0.8 second' AS beat_lease_ahead
+  FROM sharding.worker_members WHERE worker = 'w7';
+COMMIT;
+SELECT sharding.leave('g', 'w7');
+RESET ROLE;
+
+-- A change of a member's shards by other means than join and leave
+-- (move_shard, rebalance, and the move jobs of rebalance_start and
+-- drain_node) raises the group's generation too, once per statement that
+-- moved shards; a write that moves nothing leaves it.
+SELECT generation AS gen0 FROM sharding.worker_groups WHERE map = 'g' \gset
+SELECT min(logical) AS lg FROM sharding.shards WHERE map = 'g' AND node = 'w5' \gset
+SET ROLE grp_admin;
+SELECT sharding.move_shard('g', :lg, 'seed1') > 0 AS moved;
+RESET ROLE;
+SELECT generation - :gen0 AS raised FROM sharding.worker_groups WHERE map = 'g';
+SET ROLE grp_admin;
+SELECT count(*) AS moves FROM sharding.rebalance('g', ARRAY['w5', 'seed1']);
+RESET ROLE;
+SELECT generation - :gen0 AS raised FROM sharding.worker_groups WHERE map = 'g';
+UPDATE sharding.shards SET epoch = epoch WHERE map = 'g';
+SELECT generation - :gen0 AS raised FROM sharding.worker_groups WHERE map = 'g';
+
 -- A dropped map takes its group and members with it (also for
 -- sharding_admin, as whom drop_map runs).
 SET ROLE grp_admin;

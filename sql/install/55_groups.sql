@@ -16,9 +16,17 @@
 -- for fenced writers, and serialises every change of one group), expired
 -- members are dropped, then the shards are planned over the live members
 -- (in order of joining) by rebalance's planner (sharding._rebalance_plan:
--- count-balanced, fewest moves), each moved shard's epoch + 1, and the
--- generation + 1 when a shard moved. A group without live members keeps
--- its assignment.
+-- count-balanced, fewest moves), each moved shard's epoch + 1. A group
+-- without live members keeps its assignment.
+--
+-- Generation: + 1 for each statement that changes the owner of a shard of
+-- the group's map, whatever wrote it (a deal, move_shard, rebalance, the
+-- moves of rebalance_start and drain_node): the trigger
+-- groups_shards_moved on sharding.shards.
+--
+-- Time: leases are taken and checked at clock_timestamp() (not now(), the
+-- transaction's start), so a join late in a long transaction still gets
+-- its whole lease.
 --
 -- Routing (src/routing/maps.cpp): on a map with a group, a pin to a node
 -- that is not a member routes as if the key were not pinned; a change of
@@ -72,6 +80,27 @@ COMMENT ON COLUMN sharding.worker_members.member_role IS
 GRANT SELECT ON sharding.worker_members TO PUBLIC;
 -- @end
 
+-- @object sharding._groups_shards_moved
+-- Runs as the role that moved shards (a deal runs as the extension's
+-- owner; move_shard, rebalance and the move jobs as a sharding_admin).
+GRANT UPDATE (generation) ON sharding.worker_groups TO sharding_admin;
+CREATE FUNCTION sharding._groups_shards_moved() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+BEGIN
+    UPDATE sharding.worker_groups g SET generation = g.generation + 1
+     WHERE g.map IN (SELECT n.map FROM moved_new n JOIN moved_old o ON o.map = n.map AND o.logical = n.logical
+                      WHERE o.node IS DISTINCT FROM n.node);
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION sharding._groups_shards_moved() IS
+    'internal: a statement that changed the owner of a shard of a worker group''s map raises its generation';
+CREATE TRIGGER groups_shards_moved AFTER UPDATE ON sharding.shards
+    REFERENCING OLD TABLE AS moved_old NEW TABLE AS moved_new
+    FOR EACH STATEMENT EXECUTE FUNCTION sharding._groups_shards_moved();
+-- @end
+
 -- @object sharding.group_members
 CREATE VIEW sharding.group_members AS
 SELECT m.map, m.worker, m.joined, m.lease_expires,
@@ -80,7 +109,7 @@ SELECT m.map, m.worker, m.joined, m.lease_expires,
        g.generation
   FROM sharding.worker_members m
   JOIN sharding.worker_groups g ON g.map OPERATOR(pg_catalog.=) m.map
- WHERE m.lease_expires OPERATOR(pg_catalog.>=) pg_catalog.now();
+ WHERE m.lease_expires OPERATOR(pg_catalog.>=) pg_catalog.statement_timestamp();
 COMMENT ON VIEW sharding.group_members IS
     'one row per live member of every worker group: its lease, how many shards it owns, the group''s generation';
 GRANT SELECT ON sharding.group_members TO PUBLIC;
@@ -89,7 +118,8 @@ GRANT SELECT ON sharding.group_members TO PUBLIC;
 -- @object sharding._group_deal
 -- Deals the map's shards over its live members (under the map lock, which
 -- the caller holds): drops the expired members, plans with rebalance's
--- planner, moves, raises epochs and the generation. Returns how many
+-- planner, moves and raises epochs (the generation: the trigger on
+-- sharding.shards, sharding._groups_shards_moved). Returns how many
 -- shards moved. `changed`: membership changed by the caller (a member
 -- joined or left), so that routing of pins is rebuilt.
 CREATE FUNCTION sharding._group_deal(map text, changed boolean) RETURNS integer
@@ -99,24 +129,21 @@ CREATE FUNCTION sharding._group_deal(map text, changed boolean) RETURNS integer
 DECLARE
     live text[];
     owners text[];
-    mv record;
     moved integer := 0;
     dropped integer;
 BEGIN
-    DELETE FROM sharding.worker_members m WHERE m.map = $1 AND m.lease_expires < now();
+    DELETE FROM sharding.worker_members m WHERE m.map = $1 AND m.lease_expires < clock_timestamp();
     GET DIAGNOSTICS dropped = ROW_COUNT;
     SELECT array_agg(m.worker ORDER BY m.joined, m.worker) INTO live
       FROM sharding.worker_members m WHERE m.map = $1;
     IF live IS NOT NULL THEN
         SELECT array_agg(s.node ORDER BY s.logical) INTO owners FROM sharding.shards s WHERE s.map = $1;
-        FOR mv IN SELECT * FROM sharding._rebalance_plan(owners, live) LOOP
-            UPDATE sharding.shards s SET node = mv.to_node, epoch = s.epoch + 1
-             WHERE s.map = $1 AND s.logical = mv.logical;
-            moved := moved + 1;
-        END LOOP;
-    END IF;
-    IF moved > 0 THEN
-        UPDATE sharding.worker_groups g SET generation = g.generation + 1 WHERE g.map = $1;
+        -- One statement: the trigger on sharding.shards raises the
+        -- generation once.
+        UPDATE sharding.shards s SET node = mv.to_node, epoch = s.epoch + 1
+          FROM sharding._rebalance_plan(owners, live) mv
+         WHERE s.map = $1 AND s.logical = mv.logical;
+        GET DIAGNOSTICS moved = ROW_COUNT;
     END IF;
     -- A pin to a node that stopped (or started) being a member routes
     -- differently: every backend rebuilds the map (its row changed).
@@ -148,23 +175,37 @@ DECLARE
     manager boolean;
     member_role oid;
     was_live boolean := false;
-    gen bigint;
     n bigint := 0;
     m text;
     expires timestamptz;
+    busy boolean := false;
+    t timestamptz;
 BEGIN
     IF op = 'reap_all' THEN
-        FOR m IN SELECT DISTINCT w.map FROM sharding.worker_members w WHERE w.lease_expires < now() ORDER BY 1 LOOP
-            PERFORM sharding._lock_map(m);
-            PERFORM sharding._group_deal(m, false);
-            n := n + 1;
+        -- The background worker's reaper: never waits long for a map
+        -- (claim_node in an open transaction holds it): a map whose lock
+        -- is not had within 100 ms is left for a retry a second later.
+        PERFORM set_config('lock_timeout', '100ms', true);
+        FOR m IN SELECT DISTINCT w.map FROM sharding.worker_members w
+                  WHERE w.lease_expires < clock_timestamp() ORDER BY 1 LOOP
+            BEGIN
+                PERFORM sharding._lock_map(m);
+                PERFORM sharding._group_deal(m, false);
+                n := n + 1;
+            EXCEPTION WHEN lock_not_available THEN
+                busy := true;
+            END;
         END LOOP;
-        SELECT min(w.lease_expires) INTO expires FROM sharding.worker_members w;
+        SELECT min(w.lease_expires) INTO expires FROM sharding.worker_members w
+         WHERE w.lease_expires >= clock_timestamp();
+        IF busy THEN
+            expires := least(expires, clock_timestamp() + interval '1 second');
+        END IF;
         PERFORM sharding._group_watch(expires, true);
         RETURN n;
     END IF;
     IF op = 'reap' THEN
-        IF NOT EXISTS (SELECT FROM sharding.worker_members w WHERE w.map = $2 AND w.lease_expires < now()) THEN
+        IF NOT EXISTS (SELECT FROM sharding.worker_members w WHERE w.map = $2 AND w.lease_expires < clock_timestamp()) THEN
             RETURN 0;
         END IF;
         PERFORM sharding._lock_map($2);
@@ -193,17 +234,11 @@ BEGIN
         RAISE EXCEPTION 'lease must be positive, got %', coalesce(lease::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF op NOT IN ('join', 'heartbeat', 'leave') THEN
+        RAISE EXCEPTION 'unknown worker group operation %', quote_literal(op) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF NOT EXISTS (SELECT FROM sharding.maps p WHERE p.map = $2) THEN
         RAISE EXCEPTION 'map "%" does not exist', $2 USING ERRCODE = 'undefined_object';
-    END IF;
-
-    -- A live member of another role: only that role or a manager.
-    SELECT w.member_role, w.lease_expires >= now() INTO member_role, was_live
-      FROM sharding.worker_members w WHERE w.map = $2 AND w.worker = $3;
-    was_live := coalesce(was_live, false);
-    IF was_live AND member_role <> caller AND NOT manager THEN
-        RAISE EXCEPTION 'permission denied for %: worker "%" of map "%" was joined by another role', op, $3, $2
-            USING ERRCODE = 'insufficient_privilege';
     END IF;
 
     IF op = 'heartbeat' THEN
@@ -211,14 +246,23 @@ BEGIN
         -- member of the map has expired (it is dropped and its shards
         -- dealt), and then before the member's row is locked: join and
         -- leave lock the map, then the row.
-        IF EXISTS (SELECT FROM sharding.worker_members w WHERE w.map = $2 AND w.lease_expires < now()) THEN
+        IF EXISTS (SELECT FROM sharding.worker_members w WHERE w.map = $2 AND w.lease_expires < clock_timestamp()) THEN
             PERFORM sharding._lock_map($2);
             PERFORM sharding._group_deal($2, false);
         END IF;
-        UPDATE sharding.worker_members w SET lease_expires = now() + w.lease
-         WHERE w.map = $2 AND w.worker = $3 AND w.lease_expires >= now()
+        -- Only the member's role (or a manager) renews it: in the UPDATE
+        -- itself, so that it holds for the row as it is when locked.
+        t := clock_timestamp();
+        UPDATE sharding.worker_members w SET lease_expires = t + w.lease
+         WHERE w.map = $2 AND w.worker = $3 AND w.lease_expires >= t
+           AND (manager OR w.member_role = caller)
         RETURNING w.lease_expires INTO expires;
         IF NOT FOUND THEN
+            IF EXISTS (SELECT FROM sharding.worker_members w
+                        WHERE w.map = $2 AND w.worker = $3 AND w.lease_expires >= t) THEN
+                RAISE EXCEPTION 'permission denied for %: worker "%" of map "%" was joined by another role', op, $3, $2
+                    USING ERRCODE = 'insufficient_privilege';
+            END IF;
             RAISE EXCEPTION 'worker "%" is not a live member of the group of map "%"', $3, $2
                 USING ERRCODE = 'object_not_in_prerequisite_state',
                       HINT = 'Its lease expired, it left or it never joined: call sharding.join again (and read its shards).';
@@ -227,9 +271,19 @@ BEGIN
         RETURN (SELECT g.generation FROM sharding.worker_groups g WHERE g.map = $2);
     END IF;
 
-    -- join, leave: the map lock serialises every change of the group.
+    -- join, leave: the map lock serialises every change of the group; the
+    -- member's row is read (and its role checked) only under it.
     PERFORM sharding._lock_map($2);
     PERFORM sharding._require_map($2, true);
+    t := clock_timestamp();
+    -- A live member of another role: only that role or a manager.
+    SELECT w.member_role, w.lease_expires >= t INTO member_role, was_live
+      FROM sharding.worker_members w WHERE w.map = $2 AND w.worker = $3;
+    was_live := coalesce(was_live, false);
+    IF was_live AND member_role <> caller AND NOT manager THEN
+        RAISE EXCEPTION 'permission denied for %: worker "%" of map "%" was joined by another role', op, $3, $2
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     IF op = 'join' THEN
         IF EXISTS (SELECT FROM sharding.distributed_tables d WHERE d.map = $2) THEN
             RAISE EXCEPTION 'map "%" has distributed tables: its shards cannot be dealt to workers', $2
@@ -247,24 +301,35 @@ BEGIN
         END IF;
         INSERT INTO sharding.worker_groups (map) VALUES ($2) ON CONFLICT DO NOTHING;
         INSERT INTO sharding.nodes (node) VALUES ($3) ON CONFLICT DO NOTHING;
-        -- An expired row (of whatever role) is a new membership.
+        -- An expired row (of whatever role) is a new membership; a live
+        -- one is renewed only for its role or a manager (checked above,
+        -- and again on the row as written).
         INSERT INTO sharding.worker_members AS w (map, worker, member_role, joined, lease, lease_expires)
-        VALUES ($2, $3, caller, now(), $4, now() + $4)
+        VALUES ($2, $3, caller, t, $4, t + $4)
         ON CONFLICT ON CONSTRAINT worker_members_pkey DO UPDATE
-           SET member_role = CASE WHEN w.lease_expires < now() THEN EXCLUDED.member_role ELSE w.member_role END,
-               joined = CASE WHEN w.lease_expires < now() THEN EXCLUDED.joined ELSE w.joined END,
-               lease = EXCLUDED.lease, lease_expires = EXCLUDED.lease_expires;
-        PERFORM sharding._group_watch(now() + $4, false);
+           SET member_role = CASE WHEN w.lease_expires < t THEN EXCLUDED.member_role ELSE w.member_role END,
+               joined = CASE WHEN w.lease_expires < t THEN EXCLUDED.joined ELSE w.joined END,
+               lease = EXCLUDED.lease, lease_expires = EXCLUDED.lease_expires
+         WHERE manager OR w.member_role = caller OR w.lease_expires < t;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'permission denied for %: worker "%" of map "%" was joined by another role', op, $3, $2
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+        PERFORM sharding._group_watch(t + $4, false);
         PERFORM sharding._group_deal($2, NOT was_live);
         RETURN (SELECT g.generation FROM sharding.worker_groups g WHERE g.map = $2);
     END IF;
-    IF op = 'leave' THEN
-        DELETE FROM sharding.worker_members w WHERE w.map = $2 AND w.worker = $3 AND w.lease_expires >= now();
-        GET DIAGNOSTICS n = ROW_COUNT;
-        PERFORM sharding._group_deal($2, n > 0);
-        RETURN n;
+    -- leave
+    DELETE FROM sharding.worker_members w
+     WHERE w.map = $2 AND w.worker = $3 AND w.lease_expires >= t AND (manager OR w.member_role = caller);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n = 0 AND EXISTS (SELECT FROM sharding.worker_members w
+                          WHERE w.map = $2 AND w.worker = $3 AND w.lease_expires >= t) THEN
+        RAISE EXCEPTION 'permission denied for %: worker "%" of map "%" was joined by another role', op, $3, $2
+            USING ERRCODE = 'insufficient_privilege';
     END IF;
-    RAISE EXCEPTION 'unknown worker group operation %', quote_literal(op) USING ERRCODE = 'invalid_parameter_value';
+    PERFORM sharding._group_deal($2, n > 0);
+    RETURN n;
 END $$;
 COMMENT ON FUNCTION sharding._group_apply(text, text, text, interval, oid) IS
     'internal: join, heartbeat, leave and lease expiry of worker groups, run as the extension''s owner';
@@ -273,8 +338,10 @@ REVOKE ALL ON FUNCTION sharding._group_apply(text, text, text, interval, oid) FR
 
 -- @object sharding._group_call
 -- Calls sharding._group_apply as the extension's owner, passing the
--- calling role (C++, src/routing/groups.cpp). Any role may call it: what a
--- role may do is decided there, by its rights.
+-- calling role (C++, src/routing/groups.cpp). Any role may call it for
+-- join, heartbeat and leave (what it may do is decided there, by its
+-- rights); 'reap' and 'reap_all' only the extension's owner or a superuser
+-- (else 42501).
 CREATE FUNCTION sharding._group_call(op text, map text, worker text, lease interval) RETURNS bigint
     AS 'MODULE_PATHNAME', 'sharding__group_call' LANGUAGE C VOLATILE
     SET search_path = pg_catalog, pg_temp;

@@ -489,6 +489,7 @@ SHARDING_EXPORT void sharding_groups_reaper_main(Datum arg);
 }
 namespace sharding {
 int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept;  // src/routing/groups.cpp
+void groups_reaper_done(Oid db, bool forget) noexcept;           // src/routing/groups.cpp
 }
 
 // A runner: claims and executes the moves of its job until the job is over,
@@ -674,6 +675,9 @@ void sharding_jobs_scanner_main(Datum arg) {
 // expired are dealt again (sharding._group_reap, as the extension's owner,
 // as a scanner runs _job_pickup).
 void sharding_groups_reaper_main(Datum arg) {
+    // However it ends (an error too), the launcher may start the next one.
+    static bool no_extension = false;
+    before_shmem_exit([](int, Datum db) { sharding::groups_reaper_done(DatumGetObjectId(db), no_extension); }, arg);
     pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
     BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(arg), InvalidOid, 0);
@@ -685,7 +689,10 @@ void sharding_groups_reaper_main(Datum arg) {
         ext = find_extension();
         if (OidIsValid(ext.oid)) reap = extension_function(ext, "_group_reap", 0, nullptr);
     });
-    if (!OidIsValid(reap)) proc_exit(0);
+    if (!OidIsValid(reap)) {
+        no_extension = true;  // its entry in the shared table goes
+        proc_exit(0);
+    }
     SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
     (void)in_own_transaction([&] {
         pgstat_report_activity(STATE_RUNNING, "SELECT sharding._group_reap()");
@@ -699,7 +706,9 @@ namespace {
 
 // Starts a scanner in each of the databases, one at a time (each is
 // short); false if no background worker slot was free (then the launcher
-// tries again at its next round).
+// tries again at its next round). Group reapers (groups): started, not
+// waited for (a reaper must never hold up the launcher; it clears its
+// database's reaping mark when it ends, groups_reaper_done).
 bool scan_list(const Oid *dbs, int n, bool groups = false) {
     for (int i = 0; i < n; i++) {
         BackgroundWorker w;
@@ -713,8 +722,12 @@ bool scan_list(const Oid *dbs, int n, bool groups = false) {
         w.bgw_main_arg = ObjectIdGetDatum(dbs[i]);
         w.bgw_notify_pid = MyProcPid;
         BackgroundWorkerHandle *handle = nullptr;
-        if (!RegisterDynamicBackgroundWorker(&w, &handle)) return false;
-        (void)WaitForBackgroundWorkerShutdown(handle);
+        if (!RegisterDynamicBackgroundWorker(&w, &handle)) {
+            if (groups)
+                for (int j = i; j < n; j++) sharding::groups_reaper_done(dbs[j], false);
+            return false;
+        }
+        if (!groups) (void)WaitForBackgroundWorkerShutdown(handle);
         pfree(handle);
     }
     return true;

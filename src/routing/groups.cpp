@@ -52,6 +52,7 @@ struct Watch {
     Oid db;            // InvalidOid: a free entry
     bool touched;      // a lease was taken or renewed since the reaper started
     TimestampTz due;   // the next expiry (or the reaper's retry)
+    TimestampTz reaping;  // 0, or when a reaper was started (the launcher does not wait for it)
 };
 
 struct GroupsShared {
@@ -112,9 +113,11 @@ void find_group_apply(Oid *owner, Oid *fn) {
 }
 
 // _group_apply(op, map, worker, lease, caller) as the extension's owner.
-// NULL arguments pass as NULL. C-style: may ereport.
+// NULL arguments pass as NULL. `owner_only`: an operation of the reapers
+// ('reap', 'reap_all'), refused (42501) unless the caller is the
+// extension's owner or a superuser. C-style: may ereport.
 int64 group_apply(Datum op, Datum map, bool map_null, Datum worker, bool worker_null, Datum lease, bool lease_null,
-                  bool *result_null) {
+                  bool owner_only, bool *result_null) {
     Oid caller = GetUserId();
     Oid owner, fn;
     find_group_apply(&owner, &fn);
@@ -122,6 +125,11 @@ int64 group_apply(Datum op, Datum map, bool map_null, Datum worker, bool worker_
         ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
                         errmsg("worker groups need version 1.4 of the extension sharding"),
                         errhint("ALTER EXTENSION sharding UPDATE")));
+    if (owner_only && caller != owner && !superuser())
+        ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+                        errmsg("permission denied for worker group operation %s", TextDatumGetCString(op)),
+                        errdetail("Only join, heartbeat and leave may be called by a role other than the "
+                                  "extension's owner.")));
     FmgrInfo flinfo;
     fmgr_info(fn, &flinfo);
     LOCAL_FCINFO(fcinfo, 5);
@@ -160,6 +168,7 @@ Watch *watch_of(Oid db, bool add) {
     free_one->db = db;
     free_one->touched = false;
     free_one->due = DT_NOEND;
+    free_one->reaping = 0;
     return free_one;
 }
 
@@ -182,9 +191,17 @@ SHARDING_FUNCTION(sharding__group_call) {
     if (PG_ARGISNULL(0)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "operation must not be NULL");
     bool isnull = false;
     int64 r = sharding::pg_call([&] {
-        return group_apply(PG_GETARG_DATUM(0), PG_ARGISNULL(1) ? 0 : PG_GETARG_DATUM(1), PG_ARGISNULL(1),
+        // Any role may call join, heartbeat and leave (_group_apply checks
+        // its rights); anything else only the extension's owner (the
+        // reaper's sharding._group_reap) or a superuser.
+        text *op = PG_GETARG_TEXT_PP(0);
+        const char *o = VARDATA_ANY(op);
+        size_t len = VARSIZE_ANY_EXHDR(op);
+        auto is = [&](const char *w) { return len == strlen(w) && memcmp(o, w, len) == 0; };
+        bool worker_op = is("join") || is("heartbeat") || is("leave");
+        return group_apply(PointerGetDatum(op), PG_ARGISNULL(1) ? 0 : PG_GETARG_DATUM(1), PG_ARGISNULL(1),
                            PG_ARGISNULL(2) ? 0 : PG_GETARG_DATUM(2), PG_ARGISNULL(2),
-                           PG_ARGISNULL(3) ? 0 : PG_GETARG_DATUM(3), PG_ARGISNULL(3), &isnull);
+                           PG_ARGISNULL(3) ? 0 : PG_GETARG_DATUM(3), PG_ARGISNULL(3), !worker_op, &isnull);
     });
     if (isnull) PG_RETURN_NULL();
     PG_RETURN_INT64(r);
@@ -211,7 +228,7 @@ SHARDING_FUNCTION(sharding__group_watch) {
             if (has)
                 w->due = expires;
             else
-                *w = Watch{InvalidOid, false, 0};
+                *w = Watch{InvalidOid, false, 0, 0};
         } else if (has && expires < w->due) {
             w->due = expires;
         }
@@ -234,8 +251,11 @@ void groups_init() {
 }
 
 // For the launcher: the databases whose next lease expiry has come (at
-// most max, into dbs), each given a retry 5 s later in case its reaper
-// fails; in *next_ms the milliseconds until the next one not due (-1: none).
+// most max, into dbs), each marked reaping (no second reaper while one
+// runs: the launcher does not wait for them) and given a retry 5 s later
+// in case its reaper fails; in *next_ms the milliseconds until the next
+// one not due (-1: none). A reaper that has not ended after 60 s (never
+// started) no longer counts.
 int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept {
     *next_ms = -1;
     if (gshared == nullptr) return 0;
@@ -244,9 +264,11 @@ int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept {
     SpinLockAcquire(&gshared->mutex);
     for (Watch &w : gshared->watches) {
         if (!OidIsValid(w.db)) continue;
+        if (w.reaping != 0 && w.reaping > TimestampTzPlusMilliseconds(now, -60000)) continue;
         if (w.due <= now && n < max) {
             dbs[n++] = w.db;
             w.touched = false;
+            w.reaping = now;
             w.due = TimestampTzPlusMilliseconds(now, 5000);
         }
         long ms = w.due <= now ? 0 : (long)((w.due - now + 999) / 1000);
@@ -254,6 +276,28 @@ int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept {
     }
     SpinLockRelease(&gshared->mutex);
     return n;
+}
+
+// A reaper of db ended, or could not be started: the next one may start
+// (at once if its report made the database due again). `forget`: it found
+// no extension (dropped, or not updated to 1.4) in db: the entry goes (a
+// later join adds it again).
+void groups_reaper_done(Oid db, bool forget) noexcept {
+    if (gshared == nullptr) return;
+    bool due = false;
+    TimestampTz now = GetCurrentTimestamp();
+    SpinLockAcquire(&gshared->mutex);
+    for (Watch &w : gshared->watches)
+        if (w.db == db) {
+            if (forget && !w.touched) {
+                w = Watch{InvalidOid, false, 0, 0};
+                continue;
+            }
+            w.reaping = 0;
+            due = w.due <= now;
+        }
+    SpinLockRelease(&gshared->mutex);
+    if (due) jobs_poke_launcher();
 }
 
 // claim_node's first step (queue_ordered.cpp): if a member of the map's
@@ -268,7 +312,7 @@ void groups_notice(Datum map) {
         expired_plan = nullptr;
         Oid types[1] = {TEXTOID};
         SPIPlanPtr p = SPI_prepare("SELECT FROM sharding.worker_members w WHERE w.map OPERATOR(pg_catalog.=) $1 "
-                                   "AND w.lease_expires OPERATOR(pg_catalog.<) pg_catalog.now() LIMIT 1",
+                                   "AND w.lease_expires OPERATOR(pg_catalog.<) pg_catalog.clock_timestamp() LIMIT 1",
                                    1, types);
         if (p == nullptr) elog(ERROR, "worker groups: preparing the lease check failed");
         if (SPI_keepplan(p) != 0) elog(ERROR, "worker groups: keeping the lease check failed");
@@ -280,7 +324,7 @@ void groups_notice(Datum map) {
     if (rc != SPI_OK_SELECT) elog(ERROR, "worker groups: the lease check failed");
     if (SPI_processed == 0) return;
     bool isnull;
-    (void)group_apply(CStringGetTextDatum("reap"), map, false, 0, true, 0, true, &isnull);
+    (void)group_apply(CStringGetTextDatum("reap"), map, false, 0, true, 0, true, false, &isnull);
 }
 
 }  // namespace sharding

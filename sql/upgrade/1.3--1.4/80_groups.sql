@@ -3,6 +3,7 @@
 -- @include sharding_worker_role
 -- @include sharding.worker_groups
 -- @include sharding.worker_members
+-- @include sharding._groups_shards_moved
 -- @include sharding.group_members
 -- @include sharding._group_deal
 -- @include sharding._group_apply
