@@ -115,6 +115,14 @@ CREATE FUNCTION sharding._node_secret() RETURNS trigger
 DECLARE
     old_secret text;
 BEGIN
+    -- Only on sharding.nodes: the one SECURITY DEFINER function of the
+    -- extension writes the owner's table for no other table's trigger
+    -- (EXECUTE is revoked from PUBLIC as well, so no other role can make
+    -- such a trigger).
+    IF TG_RELID OPERATOR(pg_catalog.<>) 'sharding.nodes'::pg_catalog.regclass THEN
+        RAISE EXCEPTION 'sharding._node_secret is the trigger of sharding.nodes only'
+            USING ERRCODE = '42501';
+    END IF;
     IF TG_OP = 'DELETE' THEN
         DELETE FROM sharding.node_secrets AS s WHERE s.node OPERATOR(pg_catalog.=) OLD.node;
         RETURN OLD;
@@ -138,6 +146,7 @@ COMMENT ON FUNCTION sharding._node_secret() IS
     'internal: keeps the passwords of sharding.nodes in sharding.node_secrets (trigger)';
 CREATE TRIGGER node_secret BEFORE INSERT OR UPDATE OF dsn OR DELETE ON sharding.nodes
     FOR EACH ROW EXECUTE FUNCTION sharding._node_secret();
+REVOKE ALL ON FUNCTION sharding._node_secret() FROM PUBLIC;
 -- @end
 
 -- drop_node(node text): forget a node. Not STRICT, for the same reason.

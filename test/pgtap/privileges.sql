@@ -4,7 +4,7 @@
 -- plain roles; claim and complete obey the caller's privileges on the queue.
 \set QUIET on
 BEGIN;
-SELECT plan(56);
+SELECT plan(59);
 
 CREATE ROLE priv_plain NOLOGIN;
 CREATE ROLE priv_admin NOLOGIN IN ROLE sharding_admin;
@@ -113,9 +113,27 @@ RESET ROLE;
 SELECT is(current_setting('sharding.coordinator_dsn'), 'host=coord.invalid user=u password=pw',
           'superuser: coordinator_dsn as set');
 
--- Every function is SECURITY INVOKER.
-SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
-            WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'sharding') AND p.prosecdef), 0,
-          'no function of the extension is SECURITY DEFINER');
+-- Every function is SECURITY INVOKER but one: the trigger of sharding.nodes
+-- that keeps passwords in the owner's sharding.node_secrets (add_node runs
+-- as sharding_admin). It cannot be called, no role but the owner may make
+-- a trigger of it, and it refuses to run for any other table.
+SELECT is((SELECT string_agg(p.oid::regprocedure::text, ', ') FROM pg_proc p
+             JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
+            WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'sharding') AND p.prosecdef),
+          'sharding._node_secret()', 'the one SECURITY DEFINER function of the extension is the trigger of sharding.nodes');
+SELECT is((SELECT p.prorettype = 'trigger'::regtype AND p.proconfig = '{"search_path=pg_catalog, pg_temp"}'
+                  AND NOT has_function_privilege('public', p.oid, 'EXECUTE')
+             FROM pg_proc p WHERE p.oid = 'sharding._node_secret()'::regprocedure), true,
+          '_node_secret: a trigger function, search_path pinned, not executable by PUBLIC');
+CREATE TABLE public.priv_fake_nodes (node text, dsn text);
+GRANT ALL ON public.priv_fake_nodes TO priv_plain;
+SET LOCAL ROLE priv_plain;
+SELECT throws_ok($$CREATE TRIGGER t BEFORE INSERT ON public.priv_fake_nodes
+                   FOR EACH ROW EXECUTE FUNCTION sharding._node_secret()$$, '42501', NULL,
+                 'plain: no trigger of _node_secret on a table of its own');
+RESET ROLE;
+CREATE TRIGGER t BEFORE INSERT ON public.priv_fake_nodes FOR EACH ROW EXECUTE FUNCTION sharding._node_secret();
+SELECT throws_ok($$INSERT INTO public.priv_fake_nodes VALUES ('n1', 'host=x password=y')$$, '42501', NULL,
+                 '_node_secret refuses to run for any table but sharding.nodes');
 SELECT * FROM finish();
 ROLLBACK;
