@@ -20,7 +20,8 @@
 //   (FATAL), or a scan could not resolve it; then after 1 s, and every 2,
 //   4, 8, then 10 s for as long as a scan leaves moves it could not
 //   resolve, so that a move of a direct call is rolled back without a
-//   further call once its nodes answer again;
+//   further call once its nodes answer again; the scanner also re-points
+//   the nodes a take_over could not reach (_take_over_pending);
 // - runners (dynamic background workers, at most sharding.max_move_workers
 //   per server, counted in shared memory): each loops claim -> execute ->
 //   claim on one job until the job is over, then adopts another job of its
@@ -651,6 +652,16 @@ void sharding_jobs_scanner_main(Datum arg) {
         bool isnull;
         (void)call_function(pickup, 0, nullptr, &isnull);
     });
+    // Nodes this coordinator's take_over could not reach (take_over.cpp):
+    // re-pointed now, or another scan is asked for.
+    Oid pending = InvalidOid;
+    (void)in_own_transaction([&] { pending = extension_function(ext, "_take_over_pending", 0, nullptr); });
+    if (OidIsValid(pending))
+        (void)in_own_transaction([&] {
+            pgstat_report_activity(STATE_RUNNING, "SELECT sharding._take_over_pending()");
+            bool isnull;
+            (void)call_function(pending, 0, nullptr, &isnull);
+        });
     proc_exit(0);
 }
 

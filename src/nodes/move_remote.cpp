@@ -30,6 +30,8 @@ struct Held {
 };
 Held held[kMaxConns];
 bool callbacks_installed = false;
+// take_over's connections skip the identity check until the transaction ends.
+bool takeover_mode = false;
 
 void xact_callback(XactEvent event, void *) {
     switch (event) {
@@ -39,6 +41,7 @@ void xact_callback(XactEvent event, void *) {
     case XACT_EVENT_PARALLEL_ABORT:
     case XACT_EVENT_PREPARE:
         close_all_connections();
+        takeover_mode = false;
         break;
     default:
         break;
@@ -46,6 +49,7 @@ void xact_callback(XactEvent event, void *) {
 }
 
 void exit_callback(int, Datum) { close_all_connections(); }
+
 
 void install_callbacks() {
     if (callbacks_installed) return;
@@ -212,6 +216,11 @@ bool close_held(const std::string &slot) noexcept {
     return found;
 }
 
+void set_takeover_mode() {
+    glue(install_callbacks);
+    takeover_mode = true;
+}
+
 std::string node_dsn(const std::string &node) {
     // SPI from C++: through pg_call (it may ereport), with plain C values.
     const char *name = node.c_str();
@@ -351,6 +360,10 @@ Remote::Remote(const std::string &dsn, bool replication, const std::string &appl
     }
     try {
         establish();
+        if (!replication && !takeover_mode) {
+            std::string check = serve_check_sql();
+            if (!check.empty()) run(check);
+        }
     } catch (...) {
         unregister_conn(conn_);
         PQfinish(conn_);

@@ -1,0 +1,3 @@
+-- The coordinator fails over: take_over(), the coordinator identity and the
+-- nodes' check of it (sql/install/97_take_over.sql, CONTRACT 15.3).
+-- @include sharding.take_over
