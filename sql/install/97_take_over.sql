@@ -302,6 +302,23 @@ CREATE FUNCTION sharding._take_over_later() RETURNS void
 COMMENT ON FUNCTION sharding._take_over_later() IS
     'internal: the jobs launcher re-points the nodes take_over could not reach, a little later';
 
+-- Whether this server was promoted from a standby of the coordinator (or
+-- restored from its backup) and take_over has not run yet: the identity it
+-- holds is of its system but of an earlier timeline. The jobs launcher's
+-- scanner does not recover moves nor run jobs here until take_over has.
+CREATE FUNCTION sharding._take_over_needed() RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+    SELECT NOT pg_catalog.pg_is_in_recovery() AND EXISTS (
+        SELECT FROM sharding.coordinator_identity AS i, pg_catalog.pg_control_system() AS c
+         WHERE i.system_identifier = c.system_identifier::text
+           AND i.timeline < ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::integer
+           AND NOT EXISTS (SELECT FROM sharding.local_node AS l WHERE l.following))
+$$;
+COMMENT ON FUNCTION sharding._take_over_needed() IS
+    'internal: whether this server was promoted (or restored) and waits for take_over before it runs moves and jobs';
+
 -- What the launcher's scanner calls in every database: where this server's
 -- own take_over left nodes out of reach, take_over again (a failure is a
 -- WARNING, and another try is asked for).
@@ -520,8 +537,10 @@ BEGIN
     -- next call.
     PERFORM sharding._remote(me, format('UPDATE sharding.coordinator_identity SET unreached = %L '
                                         'WHERE unreached IS DISTINCT FROM %L RETURNING 1', missed, missed));
+    -- The jobs launcher scans here again: it picks up the jobs (and the
+    -- nodes out of reach).
+    PERFORM sharding._take_over_later();
     IF cardinality(missed) > 0 THEN
-        PERFORM sharding._take_over_later();
         RAISE NOTICE 'take_over: % node(s) follow this server; out of reach: %', n_following, array_to_string(missed, ', ');
     END IF;
     RETURN n_following;
@@ -533,11 +552,11 @@ COMMENT ON FUNCTION sharding.take_over(boolean) IS
 REVOKE ALL ON FUNCTION sharding.take_over(boolean), sharding._config_json(), sharding._take_over_probe(text),
     sharding._take_over_accept(text, uuid, text, integer, text, boolean), sharding._take_over_sync(text, text, jsonb),
     sharding._take_over_commit(uuid, text, integer, text, jsonb, bigint), sharding._take_over_config(text, text),
-    sharding._take_over_mode(), sharding._take_over_later(), sharding._take_over_pending()
+    sharding._take_over_mode(), sharding._take_over_later(), sharding._take_over_pending(), sharding._take_over_needed()
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.take_over(boolean), sharding._config_json(), sharding._take_over_probe(text),
     sharding._take_over_accept(text, uuid, text, integer, text, boolean), sharding._take_over_sync(text, text, jsonb),
     sharding._take_over_commit(uuid, text, integer, text, jsonb, bigint), sharding._take_over_config(text, text),
-    sharding._take_over_mode(), sharding._take_over_later(), sharding._take_over_pending()
+    sharding._take_over_mode(), sharding._take_over_later(), sharding._take_over_pending(), sharding._take_over_needed()
     TO sharding_admin;
 -- @end

@@ -644,6 +644,23 @@ void sharding_jobs_scanner_main(Datum arg) {
     });
     if (!OidIsValid(pickup)) proc_exit(0);
     SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
+    // A server promoted from a standby of the coordinator (or restored from
+    // its backup) leaves moves and jobs alone until take_over has made the
+    // nodes follow it (take_over.cpp; it asks for a scan when it is done).
+    Oid needed = InvalidOid;
+    bool wait_takeover = false;
+    (void)in_own_transaction([&] { needed = extension_function(ext, "_take_over_needed", 0, nullptr); });
+    if (OidIsValid(needed))
+        (void)in_own_transaction([&] {
+            bool isnull;
+            Datum d = call_function(needed, 0, nullptr, &isnull);
+            wait_takeover = !isnull && DatumGetBool(d);
+        });
+    if (wait_takeover) {
+        ereport(LOG, (errmsg("sharding move scanner: this server was promoted or restored; moves and jobs wait for "
+                             "sharding.take_over()")));
+        proc_exit(0);
+    }
     // (Moves it cannot roll back or finish yet, a node still out of reach,
     // have this database scanned again a little later: _move_recover asks
     // for it.)
