@@ -178,7 +178,9 @@ while (time - $t0 < 60)
 	last if $done eq 'done';
 	usleep(100_000);
 }
-is($done, 'done', sprintf('the move past its switch was finished, not undone (%.1f s after take_over began)', time - $t0));
+my $finished = time - $t0;
+is($done, 'done', sprintf('the move past its switch was finished, not undone (%.1f s after take_over began)', $finished));
+diag(sprintf('figures: take_over on c3 and the move past its switch finished %.1f s after take_over began', $finished));
 is(n('n1', "SELECT count(*) FROM docs WHERE sharding.logical_shard('m', k) = $S") . '/'
 	  . n('n2', "SELECT count(*) FROM docs WHERE sharding.logical_shard('m', k) = $S"), "0/$shard_rows",
 	"shard $S's rows are all at n2, none left at n1");
