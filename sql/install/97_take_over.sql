@@ -457,7 +457,7 @@ BEGIN
         probed := probed || jsonb_build_object(n.node, facts);
     END LOOP;
     IF cardinality(ahead) > 0 AND NOT force THEN
-        RAISE EXCEPTION 'take_over refused: % holds a configuration change this server lacks', ahead[1]
+        RAISE EXCEPTION 'take_over refused: %, a configuration change this server lacks', ahead[1]
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   DETAIL = 'Nothing was changed. ' || array_to_string(ahead, '; ') || '.',
                   HINT = 'This server missed changes the old coordinator had sent (an asynchronous standby). '

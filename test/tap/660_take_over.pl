@@ -212,7 +212,7 @@ my $n2_version = n('n2', "SELECT version FROM sharding.map_versions WHERE map = 
 my $n2_epoch = n('n2', "SELECT epoch FROM sharding.shards WHERE map = 'm' AND logical = 3");
 my $ident = q2('SELECT token || since FROM sharding.coordinator_identity');
 like(q2('SELECT sharding.take_over()', verbose => 1),
-	qr/ERROR:\s+55000: take_over refused: node "n2" holds map "m" at version $n2_version \(here \d+\) holds a configuration change this server lacks/,
+	qr/ERROR:\s+55000: take_over refused: node "n2" holds map "m" at version $n2_version \(here \d+\), a configuration change this server lacks/,
 	'take_over refuses while n2 holds a change c2 lacks, naming the node and the change');
 is(q2('SELECT token || since FROM sharding.coordinator_identity') . '|' . n('n2', "SELECT version FROM sharding.map_versions WHERE map = 'm'"),
 	"$ident|$n2_version", '... and changed nothing');
