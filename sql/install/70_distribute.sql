@@ -538,6 +538,16 @@ BEGIN
             EXECUTE pg_catalog.format('ALTER PUBLICATION sharding_config ADD TABLE sharding.%I', t);
         END IF;
     END LOOP;
+    -- This coordinator's identity (sql/install/97_take_over.sql), from its
+    -- first attach on: a server promoted from its standby, or restored from
+    -- its backup, sees a later timeline than the one recorded, and its jobs
+    -- wait for take_over (_take_over_needed).
+    INSERT INTO sharding.coordinator_identity AS i (token, system_identifier, timeline, coordinator)
+    SELECT pg_catalog.gen_random_uuid(), c.system_identifier::text,
+           ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::integer,
+           sharding._mask_password(sharding._coordinator_dsn())
+      FROM pg_catalog.pg_control_system() AS c
+        ON CONFLICT (one_row) DO NOTHING;
     top := (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(node_versions) AS v);
     IF top IS NOT NULL THEN
         IF (SELECT s.last_value FROM sharding.version_seq AS s) < top THEN

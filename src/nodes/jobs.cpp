@@ -20,7 +20,8 @@
 //   (FATAL), or a scan could not resolve it; then after 1 s, and every 2,
 //   4, 8, then 10 s for as long as a scan leaves moves it could not
 //   resolve, so that a move of a direct call is rolled back without a
-//   further call once its nodes answer again;
+//   further call once its nodes answer again; the scanner also re-points
+//   the nodes a take_over could not reach (_take_over_pending);
 // - runners (dynamic background workers, at most sharding.max_move_workers
 //   per server, counted in shared memory): each loops claim -> execute ->
 //   claim on one job until the job is over, then adopts another job of its
@@ -650,6 +651,23 @@ void sharding_jobs_scanner_main(Datum arg) {
     });
     if (!OidIsValid(pickup)) proc_exit(0);
     SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
+    // A server promoted from a standby of the coordinator (or restored from
+    // its backup) leaves moves and jobs alone until take_over has made the
+    // nodes follow it (take_over.cpp; it asks for a scan when it is done).
+    Oid needed = InvalidOid;
+    bool wait_takeover = false;
+    (void)in_own_transaction([&] { needed = extension_function(ext, "_take_over_needed", 0, nullptr); });
+    if (OidIsValid(needed))
+        (void)in_own_transaction([&] {
+            bool isnull;
+            Datum d = call_function(needed, 0, nullptr, &isnull);
+            wait_takeover = !isnull && DatumGetBool(d);
+        });
+    if (wait_takeover) {
+        ereport(LOG, (errmsg("sharding move scanner: this server was promoted or restored; moves and jobs wait for "
+                             "sharding.take_over()")));
+        proc_exit(0);
+    }
     // (Moves it cannot roll back or finish yet, a node still out of reach,
     // have this database scanned again a little later: _move_recover asks
     // for it.)
@@ -668,6 +686,16 @@ void sharding_jobs_scanner_main(Datum arg) {
         sharding::ddl_recover_in_worker(left_p);
     });
     if (left) sharding::jobs_recheck(MyDatabaseId, true);
+    // Nodes this coordinator's take_over could not reach (take_over.cpp):
+    // re-pointed now, or another scan is asked for.
+    Oid pending = InvalidOid;
+    (void)in_own_transaction([&] { pending = extension_function(ext, "_take_over_pending", 0, nullptr); });
+    if (OidIsValid(pending))
+        (void)in_own_transaction([&] {
+            pgstat_report_activity(STATE_RUNNING, "SELECT sharding._take_over_pending()");
+            bool isnull;
+            (void)call_function(pending, 0, nullptr, &isnull);
+        });
     proc_exit(0);
 }
 

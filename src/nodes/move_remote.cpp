@@ -34,6 +34,8 @@ struct Held {
 };
 Held held[kMaxConns];
 bool callbacks_installed = false;
+// take_over's connections skip the identity check until the transaction ends.
+bool takeover_mode = false;
 
 void xact_callback(XactEvent event, void *) {
     switch (event) {
@@ -43,6 +45,7 @@ void xact_callback(XactEvent event, void *) {
     case XACT_EVENT_PARALLEL_ABORT:
     case XACT_EVENT_PREPARE:
         close_all_connections();
+        takeover_mode = false;
         break;
     default:
         break;
@@ -50,6 +53,7 @@ void xact_callback(XactEvent event, void *) {
 }
 
 void exit_callback(int, Datum) { close_all_connections(); }
+
 
 void install_callbacks() {
     if (callbacks_installed) return;
@@ -214,6 +218,11 @@ bool close_held(const std::string &slot) noexcept {
             found = true;
         }
     return found;
+}
+
+void set_takeover_mode() {
+    glue(install_callbacks);
+    takeover_mode = true;
 }
 
 std::string node_dsn(const std::string &node) {
@@ -414,6 +423,10 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
     }
     try {
         establish();
+        if (!replication && !takeover_mode) {
+            std::string check = serve_check_sql();
+            if (!check.empty()) run(check);
+        }
     } catch (...) {
         unregister_conn(conn_);
         PQfinish(conn_);

@@ -34,6 +34,13 @@ std::string node_dsn(const std::string &node);
 // it is. Every Remote connects through it; a subscription's CONNECTION
 // needs it too.
 std::string real_dsn(const std::string &dsn);
+// Fencing (take_over.cpp, docs/nodes.md "Failover of the coordinator"):
+// every connection but a replication one first runs serve_check_sql() there,
+// so that a database following another coordinator refuses the session
+// (55000) before it runs anything; set_takeover_mode() lifts that for the
+// connections the rest of this transaction opens (take_over's own).
+std::string serve_check_sql();
+void set_takeover_mode();
 
 class Remote {
   public:

@@ -1,0 +1,5 @@
+-- The coordinator fails over: take_over(), the coordinator identity and the
+-- nodes' check of it (sql/install/97_take_over.sql, CONTRACT 15.3).
+-- @include sharding.take_over
+-- A coordinator records its identity from its first attach on.
+-- @replace sharding._publish_config
