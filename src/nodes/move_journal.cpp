@@ -166,6 +166,21 @@ void refuse_snapshot_isolation() {
              "moving a shard online requires isolation level READ COMMITTED");
 }
 
+// move_shard_online, isolate and _move_execute: not on a server promoted
+// from a standby of the coordinator (or restored from its backup) before
+// take_over has made the nodes follow it: they would refuse its steps
+// (fenced) or never see its switch (docs/nodes.md, "Failover of the
+// coordinator"). A database still at 1.3's SQL has no such state.
+void refuse_before_take_over() {
+    if (spi_value("SELECT pg_catalog.to_regprocedure('sharding._take_over_needed()') IS NOT NULL", {}) != Text("t")) return;
+    if (spi_value("SELECT sharding._take_over_needed()", {}) == Text("t"))
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"This server was promoted from a standby of the coordinator, or restored from its backup, and "
+                     "the nodes still follow the coordinator it was a copy of.",
+                     "Run SELECT sharding.take_over(); here first."},
+             "no move before take_over on this server");
+}
+
 // move_shard_online and isolate: the move, journaled and carried out here;
 // its id. The source's slot would wait for this transaction if it had
 // written: refused before anything happens.
@@ -451,6 +466,7 @@ int64 move_id(FunctionCallInfo fcinfo) {
 // shard's epoch afterwards. Not STRICT: NULL arguments raise 22023.
 SHARDING_FUNCTION(sharding_move_shard_online) {
     refuse_snapshot_isolation();
+    refuse_before_take_over();
     Text map = text_arg(fcinfo, 0);
     Text logical = int_arg(fcinfo, 1);
     Text node = text_arg(fcinfo, 2);
@@ -476,6 +492,7 @@ SHARDING_FUNCTION(sharding_move_shard_online) {
 // isolate(map text, key text, node text): bigint, the rows moved. Not STRICT.
 SHARDING_FUNCTION(sharding_isolate) {
     refuse_snapshot_isolation();
+    refuse_before_take_over();
     Text map = text_arg(fcinfo, 0);
     Text key = text_arg(fcinfo, 1);
     Text node = text_arg(fcinfo, 2);
@@ -516,6 +533,7 @@ SHARDING_FUNCTION(sharding__move_enqueue) {
 // COMMITTED, as move_shard_online.
 SHARDING_FUNCTION(sharding__move_execute) {
     refuse_snapshot_isolation();
+    refuse_before_take_over();
     int64 id = move_id(fcinfo);
     std::string result = execute(id);
     PG_RETURN_DATUM(text_datum(result));

@@ -126,6 +126,9 @@ my $t_kill = time;
 $c2->promote;
 my $t_promoted = time;
 $c2->safe_psql('postgres', "ALTER DATABASE coord SET sharding.coordinator_dsn = '$c2_dsn'");
+# No move before take_over: the nodes still follow c1 (fenced or blind to c2's switch).
+like(q2("SELECT sharding.move_shard_online('m', 0, 'n3')", verbose => 1),
+	qr/ERROR:\s+55000: no move before take_over on this server/, 'a move on the promoted standby before take_over: 55000');
 my $t0 = time;
 my $following = q2('SELECT sharding.take_over()', stderr => 1);
 my $t_taken = time;
