@@ -476,7 +476,7 @@ std::string mask_password(const std::string &dsn) {
     return out;
 }
 
-// SHOW sharding.coordinator_dsn, current_setting() and pg_settings: the
+// SHOW sharding.coordinator_dsn and current_setting() (pg_settings does not list it): the
 // value as set for a superuser, its password masked for every other role.
 // (The engine reads the value itself, not through this.)
 const char *show_coordinator_dsn() {
@@ -504,7 +504,11 @@ void guard_init() {
         "sharding.coordinator_dsn", "Connection string data nodes use to reach this coordinator.",
         "attach_node gives it to the node's subscription; when empty, attach_node derives one from this "
         "connection (host, port, database, user).",
-        &coordinator_dsn, "", PGC_SUSET, 0, nullptr, nullptr, show_coordinator_dsn);
+        &coordinator_dsn, "", PGC_SUSET,
+        // Not in pg_settings: its reset_val and boot_val columns are copied
+        // raw, past the show hook, and would hand any role the password of
+        // a value set in postgresql.conf, ALTER SYSTEM or ALTER DATABASE.
+        GUC_NO_SHOW_ALL, nullptr, nullptr, show_coordinator_dsn);
 }
 }  // namespace sharding
 

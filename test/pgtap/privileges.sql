@@ -106,8 +106,8 @@ SELECT is(current_setting('sharding.coordinator_dsn'), 'host=coord.invalid user=
           'admin: coordinator_dsn shown with the password masked');
 RESET ROLE;
 SET LOCAL ROLE priv_plain;
-SELECT is((SELECT setting FROM pg_settings WHERE name = 'sharding.coordinator_dsn'),
-          'host=coord.invalid user=u password=********', 'plain: pg_settings masks the password');
+SELECT is((SELECT count(*)::int FROM pg_settings WHERE name = 'sharding.coordinator_dsn'), 0,
+          'plain: pg_settings does not list it (its reset_val is copied raw)');
 SELECT throws_ok($$SELECT sharding._coordinator_dsn()$$, '42501', NULL, 'plain: _coordinator_dsn refused');
 RESET ROLE;
 SELECT is(current_setting('sharding.coordinator_dsn'), 'host=coord.invalid user=u password=pw',
