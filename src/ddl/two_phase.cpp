@@ -361,16 +361,92 @@ std::string run_there(Participant &p, const std::string &sql) {
     return tag;
 }
 
+// Whether the calling role is an administrator (CONTRACT 15.4, docs/nodes.md
+// SEC-4: superuser-equivalent wherever the nodes' DSNs reach): a superuser,
+// the extension's owner or a role with sharding_admin's privileges. Glue.
+bool caller_is_admin() {
+    Oid me = GetUserId();
+    if (superuser_arg(me)) return true;
+    Oid admin = get_role_oid("sharding_admin", true);
+    if (OidIsValid(admin) && has_privs_of_role(me, admin)) return true;
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    Oid types[1] = {OIDOID};
+    Datum vals[1] = {ObjectIdGetDatum(me)};
+    int rc = SPI_execute_with_args(
+        "SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname = 'sharding' AND e.extowner = $1", 1, types, vals,
+        nullptr, true, 1);
+    bool owner = rc == SPI_OK_SELECT && SPI_processed == 1;
+    SPI_finish();
+    return owner;
+}
+
+// A libpq value quoted for a connection string.
+std::string conninfo_quote(const char *v) {
+    std::string out = "'";
+    for (const char *c = v; *c; c++) {
+        if (*c == '\'' || *c == '\\') out += '\\';
+        out += *c;
+    }
+    return out + "'";
+}
+
+// The node's DSN with its user and password replaced by role (no
+// password): the node's own authentication (pg_hba.conf, a password file,
+// certificates) decides whether role logs in.
+std::string dsn_as_role(const std::string &dsn, const std::string &role) {
+    char *err = nullptr;
+    PQconninfoOption *opts = PQconninfoParse(dsn.c_str(), &err);
+    if (opts == nullptr) {
+        std::string m = err ? err : "out of memory";
+        if (err) PQfreemem(err);
+        fail(ERRCODE_INVALID_PARAMETER_VALUE, "invalid connection string: %s", m.c_str());
+    }
+    std::string out;
+    for (PQconninfoOption *o = opts; o->keyword != nullptr; o++) {
+        if (o->val == nullptr || o->val[0] == '\0') continue;
+        if (std::strcmp(o->keyword, "user") == 0 || std::strcmp(o->keyword, "password") == 0) continue;
+        out += std::string(o->keyword) + "=" + conninfo_quote(o->val) + " ";
+    }
+    PQconninfoFree(opts);
+    return out + "user=" + conninfo_quote(role.c_str());
+}
+
 // Connects to node and prepares its session: the checks of CONTRACT 15.4
 // (max_prepared_transactions, the role), search_path pinned. Leaves the
 // connection to the caller (closed on a throw).
+//
+// The role (docs/ddl.md, "Privileges"): an administrator's session logs in
+// with the node's DSN and switches to the caller's role (SET ROLE); any
+// other role logs in as itself (the DSN's host, port, database and the
+// like, user = the role, never the DSN's password), so that nothing its
+// statement runs there (a DEFAULT, a USING expression, a function of its
+// own) can RESET ROLE back to the DSN's user: no role gains a right there.
 PGconn *connect_node(const std::string &node, bool begin) {
     std::string dsn = move::node_dsn(node);
+    char *me = glue(current_role_name);
+    std::string role(me);
+    bool admin = glue(caller_is_admin);
     PGconn *conn = nullptr;
     try {
-        move::Remote r(dsn, false, "sharding ddl");
-        conn = r.detach();
+        if (admin) {
+            move::Remote r(dsn, false, "sharding ddl");
+            conn = r.detach();
+        } else {
+            move::Remote r(dsn_as_role(dsn, role), false, "sharding ddl", std::string(), true);
+            conn = r.detach();
+        }
     } catch (const Error &e) {
+        std::string what = e.what();
+        // The node refused the role's own login (a server's FATAL): 42501,
+        // with what allows it.
+        if (!admin && what.find("FATAL") != std::string::npos)
+            throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE,
+                        node_prefix(node.c_str()) + format("role \"%s\" could not log in there: %s", role.c_str(),
+                                                           what.c_str()),
+                        "DDL of a role that is not an administrator (a superuser, the extension's owner or a member "
+                        "of sharding_admin) runs on each node in a session of that role, logged in as itself.",
+                        "Let the role log in on the node (LOGIN, a pg_hba.conf entry, a password file or certificate "
+                        "of the coordinator's server), or have an administrator run the statement.");
         throw Error(e.sqlstate(), node_prefix(node.c_str()) + e.what(), e.detail(), e.hint());
     }
     try {
@@ -390,10 +466,9 @@ PGconn *connect_node(const std::string &node, bool begin) {
                          "Set max_prepared_transactions (at least the number of such transactions at once, e.g. "
                          "max_connections) in the node's postgresql.conf and restart it."},
                  "node \"%s\" has max_prepared_transactions = 0", node.c_str());
-        // The same role as here (CONTRACT 15.4): the DSN's user switches to
-        // it, which must exist there and be one it may SET ROLE to.
-        char *me = glue(current_role_name);
-        std::string role(me);
+        // The same role as here (CONTRACT 15.4): an administrator's DSN
+        // user switches to it, which must exist there and be one it may SET
+        // ROLE to (a plain role logged in as itself).
         if (remote_user != role) {
             char *q = glue(quote_ident_c, role.c_str());
             std::string set = std::string("SET ROLE ") + q;
