@@ -575,6 +575,30 @@ std::string ddl_run_alone(const std::string &node, const std::string &setup, con
     return tag;
 }
 
+// Which of nodes lack the table named (qualified, as to_regclass reads it):
+// each asked in a session of its own, outside any transaction (no
+// two-phase commit, no max_prepared_transactions needed).
+std::vector<std::string> ddl_nodes_lacking(const std::vector<std::string> &nodes, const std::string &qualified) {
+    std::vector<std::string> out;
+    char *lit = glue(quote_literal_cstr, qualified.c_str());
+    std::string sql = std::string("SELECT pg_catalog.to_regclass(") + lit + ") IS NULL";
+    for (const auto &n : nodes) {
+        PGconn *conn = connect_node(n, false);
+        bool lacks = false;
+        try {
+            PGresult *r = move::run_statement(conn, sql.c_str(), node_prefix(n.c_str()).c_str(), true);
+            lacks = r != nullptr && PQntuples(r) == 1 && std::strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+            if (r) PQclear(r);
+        } catch (...) {
+            PQfinish(conn);
+            throw;
+        }
+        PQfinish(conn);
+        if (lacks) out.push_back(n);
+    }
+    return out;
+}
+
 namespace {
 // SPI glue: the attached data nodes into a palloc'd array.
 int attached_nodes_c(char ***out) {
@@ -649,6 +673,23 @@ void put_row(ReturnSetInfo *rsinfo, const char *node, const char *tag) {
 }
 void init_srf(FunctionCallInfo fcinfo) { InitMaterializedSRF(fcinfo, 0); }
 }  // namespace
+
+namespace {
+ArrayType *text_array(const std::vector<std::string> *v) {
+    Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (v->size() + 1)));
+    for (size_t i = 0; i < v->size(); i++) d[i] = CStringGetTextDatum((*v)[i].c_str());
+    return construct_array(d, (int)v->size(), TEXTOID, -1, false, TYPALIGN_INT);
+}
+}  // namespace
+
+// _ddl_nodes_lacking(qualified text): text[], the attached data nodes where
+// to_regclass(qualified) is NULL (distribute creates the table there only).
+SHARDING_FUNCTION(sharding_ddl_nodes_lacking) {
+    if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the table name must not be NULL");
+    std::string qualified = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    std::vector<std::string> lacking = ddl_nodes_lacking(ddl_attached_nodes(), qualified);
+    PG_RETURN_ARRAYTYPE_P(glue(text_array, &lacking));
+}
 
 // run_on_nodes(command text, nodes text[] DEFAULT NULL): TABLE(node, result).
 SHARDING_FUNCTION(sharding_run_on_nodes) {
