@@ -52,6 +52,9 @@ extern "C" {
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "storage/latch.h"
+#include "pgstat.h"
 #include "utils/tuplestore.h"
 }
 
@@ -210,19 +213,47 @@ void pre_commit() {
     fault_hold("prepared");
 }
 
+// How long the commit (or rollback) waits, in all, for the nodes' answers
+// to COMMIT PREPARED / ROLLBACK PREPARED once this transaction has ended
+// here: a node that has not answered by then (or when the session is
+// cancelled or terminated meanwhile) is left to recovery with a WARNING.
+constexpr long kFinishWaitMs = 10000;
+
+// Waits for conn's answer without raising anything (past the local commit):
+// true when a result can be read without blocking; false when the
+// connection broke, the deadline passed or an interrupt (cancel,
+// statement_timeout, terminate) is pending.
+bool wait_answer(PGconn *conn, TimestampTz deadline) noexcept {
+    for (;;) {
+        if (PQflush(conn) < 0) return false;
+        if (PQconsumeInput(conn) == 0) return false;
+        if (!PQisBusy(conn)) return true;
+        if (QueryCancelPending || ProcDiePending) return false;
+        long ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+        if (ms <= 0) return false;
+        pgsocket sock = PQsocket(conn);
+        if (sock == PGINVALID_SOCKET) return false;
+        int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+                                   sock, ms < 1000 ? ms : 1000, PG_WAIT_EXTENSION);
+        if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
+    }
+}
+
 void finish(bool commit) noexcept {
     bool left = false;
     if (commit) fault_hold("commit");
-    // Sent to every node at once, then each answer read (blocking libpq:
-    // nothing here may raise an ERROR any more).
+    // Sent to every node at once, then each answer read, waiting at most
+    // kFinishWaitMs in all and never past an interrupt (nothing here may
+    // raise an ERROR any more).
     for (int i = 0; i < nparts; i++) {
         Participant &p = parts[i];
         if (!p.prepared) continue;
         char sql[256];
         snprintf(sql, sizeof sql, "%s PREPARED '%s'", commit ? "COMMIT" : "ROLLBACK", p.gid);
-        (void)PQsetnonblocking(p.conn, 0);
+        (void)PQsetnonblocking(p.conn, 1);
         p.sent = PQsendQuery(p.conn, sql) != 0;
     }
+    TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kFinishWaitMs);
     for (int i = 0; i < nparts; i++) {
         Participant &p = parts[i];
         if (!p.prepared) continue;
@@ -230,7 +261,21 @@ void finish(bool commit) noexcept {
         if (!p.sent) {
             err = PQerrorMessage(p.conn);
         } else {
-            for (PGresult *r; (r = PQgetResult(p.conn)) != nullptr;) {
+            for (;;) {
+                if (!wait_answer(p.conn, deadline)) {
+                    if (PQstatus(p.conn) == CONNECTION_BAD)
+                        err = PQerrorMessage(p.conn);
+                    else if (QueryCancelPending || ProcDiePending)
+                        err = "the wait for its answer was interrupted";
+                    else
+                        err = "no answer within 10 s";
+                    // Not drained (it may never answer): closed as it is.
+                    PQfinish(p.conn);
+                    p.conn = nullptr;
+                    break;
+                }
+                PGresult *r = PQgetResult(p.conn);
+                if (r == nullptr) break;
                 const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
                 // 42704: no such prepared transaction any more: recovery
                 // (recover.cpp, the same decision) resolved it meanwhile.
@@ -242,7 +287,7 @@ void finish(bool commit) noexcept {
                 PQclear(r);
                 if (PQstatus(p.conn) == CONNECTION_BAD) break;
             }
-            if (err.empty() && PQstatus(p.conn) == CONNECTION_BAD) err = PQerrorMessage(p.conn);
+            if (err.empty() && p.conn != nullptr && PQstatus(p.conn) == CONNECTION_BAD) err = PQerrorMessage(p.conn);
         }
         if (!err.empty()) {
             left = true;
