@@ -165,12 +165,25 @@ COMMENT ON FUNCTION sharding._ddl_table_definition(regclass) IS
     'internal: the statements that create a table as it is here (columns, constraints, indexes, replica identity)';
 -- @end
 
+-- @object sharding._ddl_nodes_lacking
+-- _ddl_nodes_lacking(qualified): the attached data nodes where
+-- to_regclass(qualified) is NULL, each asked outside any transaction block
+-- (no two-phase commit, so no max_prepared_transactions needed there).
+CREATE FUNCTION sharding._ddl_nodes_lacking(qualified text) RETURNS text[]
+    AS 'MODULE_PATHNAME', 'sharding_ddl_nodes_lacking' LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION sharding._ddl_nodes_lacking(text) IS
+    'internal: the attached data nodes that lack a table (distribute creates it there only)';
+REVOKE ALL ON FUNCTION sharding._ddl_nodes_lacking(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._ddl_nodes_lacking(text) TO sharding_admin;
+-- @end
+
 -- @object sharding._ddl_create_on_nodes
 -- distribute (a row inserted into sharding.distributed_tables here, not by
 -- a follower's apply) creates the table on every attached data node that
 -- lacks it, in the caller's two-phase transaction (run_on_nodes): a node
--- that has it already keeps its own; a node that fails fails distribute,
--- and no node keeps anything.
+-- that has it already keeps its own and takes no part (when every node has
+-- it, no remote transaction at all, as in 1.3); a node that fails fails
+-- distribute, and no node keeps anything.
 CREATE FUNCTION sharding._ddl_create_on_nodes() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -179,12 +192,17 @@ DECLARE
     rel regclass := pg_catalog.to_regclass(pg_catalog.format('%I.%I', NEW.schema_name, NEW.table_name));
     body text := '';
     s text;
+    lacking text[];
 BEGIN
     -- sharding.propagate_ddl = off: the nodes' tables are left to them.
     IF rel IS NULL OR pg_catalog.current_setting('sharding.propagate_ddl', true)::boolean IS FALSE OR NOT EXISTS (
         SELECT FROM sharding.nodes AS n WHERE n.dsn IS NOT NULL AND EXISTS (
             SELECT FROM pg_catalog.pg_replication_slots AS r
              WHERE r.slot_name = sharding._config_slot(n.node) AND r.database = pg_catalog.current_database())) THEN
+        RETURN NULL;
+    END IF;
+    lacking := sharding._ddl_nodes_lacking(pg_catalog.format('%I.%I', NEW.schema_name, NEW.table_name));
+    IF pg_catalog.cardinality(lacking) = 0 THEN
         RETURN NULL;
     END IF;
     IF (SELECT c.relkind FROM pg_catalog.pg_class AS c WHERE c.oid = rel) = 'p' THEN
@@ -198,7 +216,8 @@ BEGIN
     END IF;
     PERFORM sharding.run_on_nodes(pg_catalog.format(
         'DO %s BEGIN IF pg_catalog.to_regclass(%L) IS NULL THEN %s END IF; END %s',
-        '$sharding_ddl$', pg_catalog.format('%I.%I', NEW.schema_name, NEW.table_name), body, '$sharding_ddl$'));
+        '$sharding_ddl$', pg_catalog.format('%I.%I', NEW.schema_name, NEW.table_name), body, '$sharding_ddl$'),
+        lacking);
     RETURN NULL;
 END $$;
 COMMENT ON FUNCTION sharding._ddl_create_on_nodes() IS

@@ -21,6 +21,9 @@ std::vector<std::string> ddl_attached_nodes();
 // result, in order. Errors carry the node's SQLSTATE and message, naming
 // the node; the first failure in node order is thrown.
 std::vector<std::string> ddl_run_on_all(const std::vector<std::string> &nodes, const std::string &sql);
+// Which of nodes lack the table (to_regclass(qualified) IS NULL there),
+// each asked outside any transaction block.
+std::vector<std::string> ddl_nodes_lacking(const std::vector<std::string> &nodes, const std::string &qualified);
 // Opens node's participant without running anything (the checks first, on
 // every node, before a command runs anywhere).
 void ddl_open(const std::string &node);

@@ -52,6 +52,9 @@ extern "C" {
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "storage/latch.h"
+#include "pgstat.h"
 #include "utils/tuplestore.h"
 }
 
@@ -210,19 +213,47 @@ void pre_commit() {
     fault_hold("prepared");
 }
 
+// How long the commit (or rollback) waits, in all, for the nodes' answers
+// to COMMIT PREPARED / ROLLBACK PREPARED once this transaction has ended
+// here: a node that has not answered by then (or when the session is
+// cancelled or terminated meanwhile) is left to recovery with a WARNING.
+constexpr long kFinishWaitMs = 10000;
+
+// Waits for conn's answer without raising anything (past the local commit):
+// true when a result can be read without blocking; false when the
+// connection broke, the deadline passed or an interrupt (cancel,
+// statement_timeout, terminate) is pending.
+bool wait_answer(PGconn *conn, TimestampTz deadline) noexcept {
+    for (;;) {
+        if (PQflush(conn) < 0) return false;
+        if (PQconsumeInput(conn) == 0) return false;
+        if (!PQisBusy(conn)) return true;
+        if (QueryCancelPending || ProcDiePending) return false;
+        long ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+        if (ms <= 0) return false;
+        pgsocket sock = PQsocket(conn);
+        if (sock == PGINVALID_SOCKET) return false;
+        int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+                                   sock, ms < 1000 ? ms : 1000, PG_WAIT_EXTENSION);
+        if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
+    }
+}
+
 void finish(bool commit) noexcept {
     bool left = false;
     if (commit) fault_hold("commit");
-    // Sent to every node at once, then each answer read (blocking libpq:
-    // nothing here may raise an ERROR any more).
+    // Sent to every node at once, then each answer read, waiting at most
+    // kFinishWaitMs in all and never past an interrupt (nothing here may
+    // raise an ERROR any more).
     for (int i = 0; i < nparts; i++) {
         Participant &p = parts[i];
         if (!p.prepared) continue;
         char sql[256];
         snprintf(sql, sizeof sql, "%s PREPARED '%s'", commit ? "COMMIT" : "ROLLBACK", p.gid);
-        (void)PQsetnonblocking(p.conn, 0);
+        (void)PQsetnonblocking(p.conn, 1);
         p.sent = PQsendQuery(p.conn, sql) != 0;
     }
+    TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kFinishWaitMs);
     for (int i = 0; i < nparts; i++) {
         Participant &p = parts[i];
         if (!p.prepared) continue;
@@ -230,7 +261,21 @@ void finish(bool commit) noexcept {
         if (!p.sent) {
             err = PQerrorMessage(p.conn);
         } else {
-            for (PGresult *r; (r = PQgetResult(p.conn)) != nullptr;) {
+            for (;;) {
+                if (!wait_answer(p.conn, deadline)) {
+                    if (PQstatus(p.conn) == CONNECTION_BAD)
+                        err = PQerrorMessage(p.conn);
+                    else if (QueryCancelPending || ProcDiePending)
+                        err = "the wait for its answer was interrupted";
+                    else
+                        err = "no answer within 10 s";
+                    // Not drained (it may never answer): closed as it is.
+                    PQfinish(p.conn);
+                    p.conn = nullptr;
+                    break;
+                }
+                PGresult *r = PQgetResult(p.conn);
+                if (r == nullptr) break;
                 const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
                 // 42704: no such prepared transaction any more: recovery
                 // (recover.cpp, the same decision) resolved it meanwhile.
@@ -242,7 +287,7 @@ void finish(bool commit) noexcept {
                 PQclear(r);
                 if (PQstatus(p.conn) == CONNECTION_BAD) break;
             }
-            if (err.empty() && PQstatus(p.conn) == CONNECTION_BAD) err = PQerrorMessage(p.conn);
+            if (err.empty() && p.conn != nullptr && PQstatus(p.conn) == CONNECTION_BAD) err = PQerrorMessage(p.conn);
         }
         if (!err.empty()) {
             left = true;
@@ -361,16 +406,92 @@ std::string run_there(Participant &p, const std::string &sql) {
     return tag;
 }
 
+// Whether the calling role is an administrator (CONTRACT 15.4, docs/nodes.md
+// SEC-4: superuser-equivalent wherever the nodes' DSNs reach): a superuser,
+// the extension's owner or a role with sharding_admin's privileges. Glue.
+bool caller_is_admin() {
+    Oid me = GetUserId();
+    if (superuser_arg(me)) return true;
+    Oid admin = get_role_oid("sharding_admin", true);
+    if (OidIsValid(admin) && has_privs_of_role(me, admin)) return true;
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    Oid types[1] = {OIDOID};
+    Datum vals[1] = {ObjectIdGetDatum(me)};
+    int rc = SPI_execute_with_args(
+        "SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname = 'sharding' AND e.extowner = $1", 1, types, vals,
+        nullptr, true, 1);
+    bool owner = rc == SPI_OK_SELECT && SPI_processed == 1;
+    SPI_finish();
+    return owner;
+}
+
+// A libpq value quoted for a connection string.
+std::string conninfo_quote(const char *v) {
+    std::string out = "'";
+    for (const char *c = v; *c; c++) {
+        if (*c == '\'' || *c == '\\') out += '\\';
+        out += *c;
+    }
+    return out + "'";
+}
+
+// The node's DSN with its user and password replaced by role (no
+// password): the node's own authentication (pg_hba.conf, a password file,
+// certificates) decides whether role logs in.
+std::string dsn_as_role(const std::string &dsn, const std::string &role) {
+    char *err = nullptr;
+    PQconninfoOption *opts = PQconninfoParse(dsn.c_str(), &err);
+    if (opts == nullptr) {
+        std::string m = err ? err : "out of memory";
+        if (err) PQfreemem(err);
+        fail(ERRCODE_INVALID_PARAMETER_VALUE, "invalid connection string: %s", m.c_str());
+    }
+    std::string out;
+    for (PQconninfoOption *o = opts; o->keyword != nullptr; o++) {
+        if (o->val == nullptr || o->val[0] == '\0') continue;
+        if (std::strcmp(o->keyword, "user") == 0 || std::strcmp(o->keyword, "password") == 0) continue;
+        out += std::string(o->keyword) + "=" + conninfo_quote(o->val) + " ";
+    }
+    PQconninfoFree(opts);
+    return out + "user=" + conninfo_quote(role.c_str());
+}
+
 // Connects to node and prepares its session: the checks of CONTRACT 15.4
 // (max_prepared_transactions, the role), search_path pinned. Leaves the
 // connection to the caller (closed on a throw).
+//
+// The role (docs/ddl.md, "Privileges"): an administrator's session logs in
+// with the node's DSN and switches to the caller's role (SET ROLE); any
+// other role logs in as itself (the DSN's host, port, database and the
+// like, user = the role, never the DSN's password), so that nothing its
+// statement runs there (a DEFAULT, a USING expression, a function of its
+// own) can RESET ROLE back to the DSN's user: no role gains a right there.
 PGconn *connect_node(const std::string &node, bool begin) {
     std::string dsn = move::node_dsn(node);
+    char *me = glue(current_role_name);
+    std::string role(me);
+    bool admin = glue(caller_is_admin);
     PGconn *conn = nullptr;
     try {
-        move::Remote r(dsn, false, "sharding ddl");
-        conn = r.detach();
+        if (admin) {
+            move::Remote r(dsn, false, "sharding ddl");
+            conn = r.detach();
+        } else {
+            move::Remote r(dsn_as_role(dsn, role), false, "sharding ddl", std::string(), true);
+            conn = r.detach();
+        }
     } catch (const Error &e) {
+        std::string what = e.what();
+        // The node refused the role's own login (a server's FATAL): 42501,
+        // with what allows it.
+        if (!admin && what.find("FATAL") != std::string::npos)
+            throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE,
+                        node_prefix(node.c_str()) + format("role \"%s\" could not log in there: %s", role.c_str(),
+                                                           what.c_str()),
+                        "DDL of a role that is not an administrator (a superuser, the extension's owner or a member "
+                        "of sharding_admin) runs on each node in a session of that role, logged in as itself.",
+                        "Let the role log in on the node (LOGIN, a pg_hba.conf entry, a password file or certificate "
+                        "of the coordinator's server), or have an administrator run the statement.");
         throw Error(e.sqlstate(), node_prefix(node.c_str()) + e.what(), e.detail(), e.hint());
     }
     try {
@@ -390,10 +511,9 @@ PGconn *connect_node(const std::string &node, bool begin) {
                          "Set max_prepared_transactions (at least the number of such transactions at once, e.g. "
                          "max_connections) in the node's postgresql.conf and restart it."},
                  "node \"%s\" has max_prepared_transactions = 0", node.c_str());
-        // The same role as here (CONTRACT 15.4): the DSN's user switches to
-        // it, which must exist there and be one it may SET ROLE to.
-        char *me = glue(current_role_name);
-        std::string role(me);
+        // The same role as here (CONTRACT 15.4): an administrator's DSN
+        // user switches to it, which must exist there and be one it may SET
+        // ROLE to (a plain role logged in as itself).
         if (remote_user != role) {
             char *q = glue(quote_ident_c, role.c_str());
             std::string set = std::string("SET ROLE ") + q;
@@ -500,6 +620,30 @@ std::string ddl_run_alone(const std::string &node, const std::string &setup, con
     return tag;
 }
 
+// Which of nodes lack the table named (qualified, as to_regclass reads it):
+// each asked in a session of its own, outside any transaction (no
+// two-phase commit, no max_prepared_transactions needed).
+std::vector<std::string> ddl_nodes_lacking(const std::vector<std::string> &nodes, const std::string &qualified) {
+    std::vector<std::string> out;
+    char *lit = glue(quote_literal_cstr, qualified.c_str());
+    std::string sql = std::string("SELECT pg_catalog.to_regclass(") + lit + ") IS NULL";
+    for (const auto &n : nodes) {
+        PGconn *conn = connect_node(n, false);
+        bool lacks = false;
+        try {
+            PGresult *r = move::run_statement(conn, sql.c_str(), node_prefix(n.c_str()).c_str(), true);
+            lacks = r != nullptr && PQntuples(r) == 1 && std::strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+            if (r) PQclear(r);
+        } catch (...) {
+            PQfinish(conn);
+            throw;
+        }
+        PQfinish(conn);
+        if (lacks) out.push_back(n);
+    }
+    return out;
+}
+
 namespace {
 // SPI glue: the attached data nodes into a palloc'd array.
 int attached_nodes_c(char ***out) {
@@ -574,6 +718,23 @@ void put_row(ReturnSetInfo *rsinfo, const char *node, const char *tag) {
 }
 void init_srf(FunctionCallInfo fcinfo) { InitMaterializedSRF(fcinfo, 0); }
 }  // namespace
+
+namespace {
+ArrayType *text_array(const std::vector<std::string> *v) {
+    Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (v->size() + 1)));
+    for (size_t i = 0; i < v->size(); i++) d[i] = CStringGetTextDatum((*v)[i].c_str());
+    return construct_array(d, (int)v->size(), TEXTOID, -1, false, TYPALIGN_INT);
+}
+}  // namespace
+
+// _ddl_nodes_lacking(qualified text): text[], the attached data nodes where
+// to_regclass(qualified) is NULL (distribute creates the table there only).
+SHARDING_FUNCTION(sharding_ddl_nodes_lacking) {
+    if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the table name must not be NULL");
+    std::string qualified = text_to_cstring(PG_GETARG_TEXT_PP(0));
+    std::vector<std::string> lacking = ddl_nodes_lacking(ddl_attached_nodes(), qualified);
+    PG_RETURN_ARRAYTYPE_P(glue(text_array, &lacking));
+}
 
 // run_on_nodes(command text, nodes text[] DEFAULT NULL): TABLE(node, result).
 SHARDING_FUNCTION(sharding_run_on_nodes) {

@@ -379,7 +379,8 @@ PGresult *collect_statement(PGconn *conn, const char *prefix, bool drain) {
 }
 
 Remote::Remote(const std::string &dsn_in, bool replication, const std::string &application_name,
-               const std::string &options) {
+               const std::string &options, bool own_login)
+    : own_login_(own_login) {
     glue(install_callbacks);
     // A node's shown DSN becomes its whole one (password included).
     const std::string dsn = real_dsn(dsn_in);
@@ -389,7 +390,7 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
     // otherwise take one from the server OS user's password file (or
     // environment) and log in on that user's behalf; establish() then
     // checks that the server did ask for it.
-    if (!glue(superuser) && !dsn_has_password(dsn.c_str()))
+    if (!own_login && !glue(superuser) && !dsn_has_password(dsn.c_str()))
         fail(ERRCODE_S_R_E_PROHIBITED_SQL_STATEMENT_ATTEMPTED,
              Explain{"Non-superusers must provide a password in the connection string.",
                      "Give the node's connection string a password, or run the operation as a superuser."},
@@ -452,7 +453,7 @@ void Remote::establish() {
     // dblink's rule, the second half: a role that is not a superuser may
     // only use a connection that authenticated with a password, never the
     // server's own identity (peer, trust).
-    if (!PQconnectionUsedPassword(conn_) && !glue(superuser))
+    if (!own_login_ && !PQconnectionUsedPassword(conn_) && !glue(superuser))
         fail(ERRCODE_S_R_E_PROHIBITED_SQL_STATEMENT_ATTEMPTED,
              Explain{"Non-superusers may connect only where the server asks for a password.",
                      "Give the node's connection string a password, or run the operation as a superuser."},

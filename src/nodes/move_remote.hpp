@@ -48,8 +48,14 @@ class Remote {
     // connection (replication=database). application_name names this
     // session there (an undo ends it by that name).
     // options: libpq's "options" (server settings of the session), or "".
+    // own_login: dsn names the calling role itself as its user and carries
+    // no password of another role (propagated DDL of a role that is not an
+    // administrator, src/ddl/two_phase.cpp): the session is the caller's
+    // own, so dblink's password rule (which keeps a plain role from
+    // logging in as another one on the server's credentials) is not
+    // applied; the node's own authentication decides.
     Remote(const std::string &dsn, bool replication, const std::string &application_name,
-           const std::string &options = std::string());
+           const std::string &options = std::string(), bool own_login = false);
     ~Remote();
     Remote(const Remote &) = delete;
     Remote &operator=(const Remote &) = delete;
@@ -80,6 +86,7 @@ class Remote {
   private:
     void establish();
     void wait(bool for_write);
+    bool own_login_ = false;
     PGresult *next_result();
     PGconn *conn_ = nullptr;
     char *copy_buf_ = nullptr;

@@ -9,5 +9,6 @@
 -- @include sharding_ddl_refuse
 -- @include sharding_ddl_refuse_drop
 -- @include sharding._ddl_table_definition
+-- @include sharding._ddl_nodes_lacking
 -- @include sharding._ddl_create_on_nodes
 -- @include sharding.distributed_tables.create_on_nodes
