@@ -74,10 +74,8 @@ namespace {
 // order (docs/moves.md numbers them the same way):
 //   1. find_source      the shard's owner and epoch, under the shard's move lock
 //      check_ends       both ends attached and guarded, wal_level, the tables there
+//      compare_schemas  replica identities, the columns copied, their signatures
 //      fix_plan         the plan in the journal row ('copying'): shard count, pins, tables
-//      compare_schemas  replica identities, the columns copied, their signatures (after the
-//                       plan: DDL committed before it is seen, DDL after it waits for the move)
-//      plan_tables      the plan's tables with their conditions and columns
 //   2. open_stream      controller lock, storage noted, publication, decoder's row, slot
 //   3. copy_rows        the destination pulls each table under the slot's snapshot
 //   4. subscribe        the destination streams from the slot
@@ -99,8 +97,7 @@ struct OnlineMove {
     std::vector<MoveTable> live;
     std::map<std::string, std::pair<std::string, std::vector<std::string>>> copied_columns;
     std::map<std::string, std::pair<std::string, std::string>> signatures;
-    // The plan (fix_plan, then plan_tables).
-    std::vector<Row> planned;  // the journal row's plan: pins, count, shards, then per table rel and filter
+    // The plan (fix_plan).
     Text move_id, pins;
     int npins = 0;
     std::vector<MoveTable> described;
@@ -276,7 +273,7 @@ void fix_plan(OnlineMove &m) {
                    ", " + (m.key ? lit(m.key) : std::string("NULL")) + "::text, p.pins) ORDER BY m.rel), '{}') AS filters "
                    "FROM sharding._move_tables(" + lit(map) + ") AS m) AS t "
                    "WHERE j.map = " + lit(map) + " AND j.logical = " + logical_s + " AND j." + kLive + " RETURNING j.move");
-    std::vector<Row> &planned = m.planned;
+    std::vector<Row> planned;
     if (m.move_id) {
         planned = spi_rows("SELECT j.plan_pins::text, pg_catalog.cardinality(j.plan_pins)::text, j.plan_shards::text, "
                            "r.rel, r.filter FROM sharding.move_journal j LEFT JOIN LATERAL "
@@ -296,18 +293,12 @@ void fix_plan(OnlineMove &m) {
         m.pins = p[0][0];
         m.npins = std::atoi(must(p[0][1]).c_str());
     }
-}
-
-// The tables the plan carries, each with its condition and the columns
-// compare_schemas read at the source (the same at the destination).
-void plan_tables(OnlineMove &m) {
-    const std::string &map = m.map, &logical_s = m.logical_s;
     for (const MoveTable &t : m.live) {
         std::string filter;
         if (m.move_id) {
             // Only the tables of the plan, with its conditions.
             bool found = false;
-            for (const Row &r : m.planned)
+            for (const Row &r : planned)
                 if (r[3] && *r[3] == t.rel) {
                     filter = must(r[4]);
                     found = true;
@@ -320,20 +311,6 @@ void plan_tables(OnlineMove &m) {
         m.tables.push_back(CopyTable{t.rel, filter, copied.first, copied.second});
         m.described.push_back(t);
         m.table_list += (m.table_list.empty() ? "" : ", ") + t.rel;
-    }
-    // A table distributed between the look above and the plan would be
-    // deleted at the source by the plan and never copied: refused.
-    if (m.move_id) {
-        for (size_t i = 0; i < m.planned.size(); i++) {
-            const Text &rel = m.planned[i][3];
-            if (!rel) continue;
-            bool described = false;
-            for (const CopyTable &t : m.tables) described = described || t.rel == *rel;
-            if (!described)
-                fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, Explain{"", "Move the shard again."},
-                     "table %s of map \"%s\" was distributed while the move of logical shard %d started",
-                     rel->c_str(), map.c_str(), m.logical);
-        }
     }
     if (m.tables.empty())
         // Undistributed between the look above and the plan (its journal
@@ -781,6 +758,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     refuse_written();
     connect(m.source, Text(node));
     check_ends(m);
+    compare_schemas(m);
     if (m.live.empty()) {
         // No distributed table: nothing to carry, the switch is the move.
         disconnect();
@@ -791,14 +769,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
         return m.out;
     }
     m.src_dsn = spi_value("SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1", {c(m.source)});
-    // The plan first, then what the ends have: DDL of the map's tables
-    // (src/ddl) that committed before the plan lock is seen by
-    // compare_schemas; DDL after it sees the move in flight and waits for
-    // it or is refused (55006). Read the other way round, an ALTER TABLE
-    // between the two failed the move at its cutover.
     fix_plan(m);
-    compare_schemas(m);
-    plan_tables(m);
     prepare_sessions(m);
 
     m.verify = move_verify;
