@@ -84,8 +84,11 @@ sub wait_for_restart
 	my $coord = shift;
 	for (1 .. 600)
 	{
-		my ($rc) = $coord->psql('coord', 'SELECT 1');
-		return if $rc == 0;
+		# (psql refused while the server is still in recovery may exit before
+		# it reads its stdin; IPC::Run then dies of a broken pipe: seen once
+		# on PostgreSQL 17. Not up yet, as any other refusal.)
+		my $rc = eval { ($coord->psql('coord', 'SELECT 1'))[0] };
+		return if defined $rc && $rc == 0;
 		usleep(100_000);
 	}
 	die 'the coordinator did not come back';
