@@ -232,9 +232,11 @@ void refuse_missing_on_coordinator(OnlineMove &m) {
 // read after the plan (fix_plan): DDL of the map's tables propagated from
 // the coordinator has either committed before the plan lock was granted,
 // and is seen here, or waits for the move (55006) and changes nothing it
-// carries. Each end's tables are first locked in ACCESS SHARE mode for a
-// moment: such DDL commits on the coordinator before its nodes' COMMIT
-// PREPARED, and a node's prepared transaction holds the table until then.
+// carries. Such DDL holds the plan lock until its nodes have committed it
+// too (COMMIT PREPARED, from its commit callback), except on a node that
+// did not answer in time, left to recovery (docs/ddl.md), whose prepared
+// transaction holds the table until then: each end's tables are first
+// locked in ACCESS SHARE mode for a moment, which waits for it.
 // Then: a table the coordinator does not have is not left behind unmoved;
 // the plan's tables exist at both ends; each table's replica identity at
 // both ends; its columns read at the source (what is copied) and found at
