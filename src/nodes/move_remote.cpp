@@ -1,6 +1,7 @@
 // libpq connections of the move engine: see move_remote.hpp.
 #include "nodes/move_remote.hpp"
 
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -569,6 +570,63 @@ int Remote::next_copy(const char **data, int *len, bool may_wait) {
         if (failed != nullptr) throw_result(failed, conn_);
         return 0;
     }
+}
+
+void Remote::start_copy_in(const std::string &sql) {
+    if (PQsendQuery(conn_, sql.c_str()) == 0)
+        fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", chomp(PQerrorMessage(conn_)).c_str());
+    PGresult *res = next_result();
+    if (res == nullptr || PQresultStatus(res) != PGRES_COPY_IN) throw_result(res, conn_);
+    PQclear(res);
+}
+
+// What libpq has queued goes out, waiting (interruptibly) while the
+// socket is full; what the server sent meanwhile is read, so neither side
+// waits for the other.
+void Remote::flush_out() {
+    for (;;) {
+        int r = PQflush(conn_);
+        if (r == 0) return;
+        if (r < 0) fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
+        wait(true);
+        if (PQconsumeInput(conn_) == 0)
+            fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
+    }
+}
+
+void Remote::put_copy(const char *data, int len) {
+    for (;;) {
+        int r = PQputCopyData(conn_, data, len);
+        if (r == 1) break;
+        if (r < 0) fail(ERRCODE_CONNECTION_FAILURE, "the copy failed: %s", chomp(PQerrorMessage(conn_)).c_str());
+        flush_out();  // 0: libpq's buffer is full
+    }
+    flush_out();
+}
+
+int64 Remote::end_copy_in() {
+    for (;;) {
+        int r = PQputCopyEnd(conn_, nullptr);
+        if (r == 1) break;
+        if (r < 0) fail(ERRCODE_CONNECTION_FAILURE, "the copy failed: %s", chomp(PQerrorMessage(conn_)).c_str());
+        flush_out();
+    }
+    flush_out();
+    PGresult *failed = nullptr;
+    int64 rows = 0;
+    for (PGresult *res; (res = next_result()) != nullptr;) {
+        if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+            if (failed == nullptr) {
+                failed = res;
+                continue;
+            }
+        } else {
+            rows = std::strtoll(PQcmdTuples(res), nullptr, 10);
+        }
+        PQclear(res);
+    }
+    if (failed != nullptr) throw_result(failed, conn_);
+    return rows;
 }
 
 }  // namespace sharding::move

@@ -72,6 +72,11 @@ class Remote {
     // The same, and with may_wait false: -1 at once when no whole chunk has
     // arrived yet (the socket read without waiting); 1 a chunk, 0 the end.
     int next_copy(const char **data, int *len, bool may_wait);
+    // Starts a COPY ... FROM STDIN; then put_copy() for each chunk and
+    // end_copy_in(), which returns the command's row count.
+    void start_copy_in(const std::string &sql);
+    void put_copy(const char *data, int len);
+    int64 end_copy_in();
     // Sends a cancel request for what runs there (best effort, no throw).
     void cancel() noexcept;
     PGconn *conn() const { return conn_; }
@@ -86,6 +91,7 @@ class Remote {
   private:
     void establish();
     void wait(bool for_write);
+    void flush_out();
     bool own_login_ = false;
     PGresult *next_result();
     PGconn *conn_ = nullptr;
