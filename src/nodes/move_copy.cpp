@@ -616,7 +616,10 @@ SHARDING_FUNCTION(sharding__move_pull) {
     ArrayType *cols = pg_call([&]() -> ArrayType * { return PG_GETARG_ARRAYTYPE_P(3); });
     std::string query = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(4)); });
 
-    std::string dsn = node_dsn(source);
+    // SEC-4: the source's whole DSN (its kept password) only for the
+    // engine's own copy (a caller who may use the owner's credentials: the
+    // engine's session at the destination logs in as the node DSN's role).
+    std::string dsn = caller_dsn(node_dsn(source));
     const char *appname = pg_call([]() -> const char * { return GetConfigOption("application_name", true, false); });
     std::string name = appname ? appname : "sharding";
     Remote remote(dsn, false, name + "_copy");
