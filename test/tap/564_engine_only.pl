@@ -23,7 +23,7 @@ use lib 'lib';
 use ShardingNode;
 use JobsCluster;
 
-my ($c, $d) = jobs_cluster(rows => 500);
+my ($c, $d) = jobs_cluster(rows => 500, data_conf => "max_prepared_transactions = 10\n");
 my $q = sub { return $c->safe_psql('coord', $_[0]); };
 for my $n ($c, $d)
 {
@@ -98,6 +98,16 @@ like($as->($c, 'coord', 'dan', "SELECT sharding._move_delete_local('dans.loot',
 	'(SELECT count(*) FROM pg_catalog.pg_authid) > 0')"), qr/^42501: permission denied for table pg_authid/,
 	'_move_delete_local: dan\'s filter runs with his own rights (42501 on pg_authid)');
 
+# ------------------------------------------------------------ run_on_nodes
+# Statements run on the nodes as dan himself: in a session logged in as
+# dan, not as the DSN's bob switched to dan with SET ROLE (which RESET ROLE
+# would undo).
+$as->($c, 'coord', 'dan', "SELECT * FROM sharding.run_on_nodes('RESET ROLE; ALTER ROLE dan SUPERUSER', ARRAY['n1'])");
+is($super->($d), 'f', 'run_on_nodes: dan\'s RESET ROLE does not make him the DSN\'s superuser on the node');
+$reset->();
+is($as->($c, 'coord', 'dan', "SELECT node || ': ' || result FROM sharding.run_on_nodes('SELECT current_user', ARRAY['n1'])"),
+	'n1: SELECT 1', 'run_on_nodes: dan runs a statement of his on a node');
+
 # ------------------------------------------------------------ the public API still works for dan
 is($as->($c, 'coord', 'dan', "SELECT sharding.detach_node('n3')"), '', 'dan detaches n3');
 is($as->($c, 'coord', 'dan', "SELECT sharding.attach_node('n3')"), '', 'dan attaches n3 again');
@@ -115,6 +125,20 @@ like($as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n3
 	  'sharding_move_dst']) AS c WHERE sharding._dbl_open(c);"), qr/^(42501: |\d+\n?$)/,
 	'after a move, dan may not run SQL of his own over the engine\'s named connections');
 is($super->($c) . $super->($d), 'ff', '... and dan is a superuser nowhere');
+# The connection the engine keeps for its journal in dan's session after his
+# move is the engine's: no statement of his, nor one of the internals that
+# take a connection's name.
+for my $call ("sharding._dbl_value('sharding_move_self', 'SELECT current_user')",
+	"sharding._move_stop_backends('sharding_move_self', 'no_such_application')",
+	"sharding._move_call('sharding_move_self', '_thaw_shard', 'bank', 5)")
+{
+	my $got = $as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n1');
+		SELECT sharding._dbl_open('sharding_move_self');
+		SELECT $call;");
+	like($got, qr/^42501: /, "after a move, dan's $call on the engine's journal connection: 42501 ($got)");
+	$q->("SELECT sharding.move_shard_online('bank', 0, 'n3')");
+}
+
 $reset->();
 check_data('after the moves by dan');
 
