@@ -175,6 +175,12 @@ bool named_run(const char *name, const char *sql, std::string *out);
 // The libpq connection behind a name (as named_run finds it), for a caller
 // that runs statements on several connections at once (move_delete.cpp).
 PGconn *named_connection(const char *name);
+// For an internal function given a connection name by its SQL caller
+// (_dbl_run, _dbl_value, _move_delete_rows, _move_call, _move_sees_switch,
+// _move_stop_backends): one of the engine's own named connections (logged
+// in with the owner's credentials) is refused (42501) to a caller who may
+// not use them (SEC-4); any other name goes on as before.
+void check_named_for_caller(const char *name);
 
 void hold_connection(const std::string &slot, PGconn *conn);
 bool close_held(const std::string &slot) noexcept;

@@ -236,6 +236,16 @@ bool named_run(const char *name, const char *sql, std::string *out) { return run
 
 PGconn *named_connection(const char *name) { return named_conn(name); }
 
+void check_named_for_caller(const char *name) {
+    Named *n = find(name);
+    if (n != nullptr && n->engine && !may_use_owner_credentials())
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+             Explain{"The extension's own connections log in with the nodes' kept passwords; they run only the "
+                     "statements the extension writes.",
+                     "Call the extension's public functions, or open a connection of your own with sharding._dbl_connect."},
+             "permission denied to use connection \"%s\" of the extension", name);
+}
+
 }  // namespace sharding::move
 
 // _dbl_connect(conn, dsn): opens the named connection (closing one of that
@@ -250,8 +260,7 @@ SHARDING_FUNCTION(sharding__dbl_connect) {
     // masked DSN.
     bool engine = may_use_owner_credentials();
     if (!engine) {
-        if (Named *n = find(name); n != nullptr && n->engine)
-            fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied to reopen connection \"%s\" of the extension", name);
+        check_named_for_caller(name);
         if (dsn != nullptr) (void)caller_dsn(dsn);
     }
     connect_named(name, dsn, engine);
@@ -278,11 +287,8 @@ Datum run_named(FunctionCallInfo fcinfo) {
     char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
     char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
     PGconn *conn = sharding::move::named_conn(name);
-    // SEC-4: the engine's own connections (logged in with the owner's
-    // credentials) run only the engine's statements.
-    if (sharding::move::find(name)->engine && !may_use_owner_credentials())
-        fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied to run statements over connection \"%s\" of the extension",
-             name);
+    // SEC-4: the engine's own connections run only the engine's statements.
+    check_named_for_caller(name);
     bool has;
     Datum d;
     {
