@@ -696,6 +696,10 @@ SHARDING_FUNCTION(sharding__move_slot_create) {
     std::string plugin = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(2)); });
     std::string options =
         PG_ARGISNULL(3) ? std::string() : pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(3)); });
+    // SEC-4: a slot (and a replication session with the caller's options)
+    // at a node logged in with its kept password only for the engine (which
+    // calls create_slot itself), the owner and superusers.
+    (void)caller_dsn(node_dsn(source));
     const SlotMade made = create_slot(source, slot, plugin, options);
     const std::string &lsn = made.lsn, &snap = made.snapshot;
 

@@ -90,6 +90,10 @@ like($as->($c, 'coord', 'dan', "SELECT sharding._move_pull('n1', NULL, 'dans.loo
 	'SELECT rolname::text FROM pg_catalog.pg_authid WHERE rolpassword IS NOT NULL')"), qr/^42501: /,
 	'_move_pull with a node\'s name and a query of dan\'s: 42501');
 is($q->('SELECT count(*) FROM dans.loot'), '0', '... and nothing of pg_authid was copied');
+like($as->($c, 'coord', 'dan', "SELECT * FROM sharding._move_slot_create('n1', 'dans_slot2', 'pgoutput', '-c work_mem=64MB')"),
+	qr/^42501: /, '_move_slot_create at a node with options of dan\'s: 42501');
+is($d->safe_psql('n1', "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'dans_slot2'"), '0',
+	'... and no slot was made there');
 
 # ------------------------------------------------------------ _move_delete_local
 # It runs its DELETE in the caller's own session, with the caller's rights
