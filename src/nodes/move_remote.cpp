@@ -39,7 +39,7 @@ bool callbacks_installed = false;
 // take_over's connections skip the identity check until the transaction ends.
 bool takeover_mode = false;
 // How many of the engine's own entry points run in this backend
-// (EngineScope, sharding__engine_call): the owner's credentials serve
+// (sharding__engine_call): the owner's credentials serve
 // their statements (may_use_owner_credentials).
 int engine_depth = 0;
 
@@ -346,10 +346,6 @@ std::string caller_dsn(const std::string &dsn) {
 
 int engine_scope_enter() { return engine_depth++; }
 void engine_scope_leave(int saved) { engine_depth = saved; }
-EngineScope::EngineScope() { engine_depth++; }
-EngineScope::~EngineScope() {
-    if (engine_depth > 0) engine_depth--;
-}
 
 namespace {
 

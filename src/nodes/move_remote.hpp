@@ -40,22 +40,15 @@ std::string real_dsn(const std::string &dsn);
 // (SEC-4, docs/nodes.md "What a sharding_admin member can do on the
 // nodes"). may_use_owner_credentials(): the caller is a superuser, has the
 // rights of the extension's owner, or runs inside one of the engine's own
-// entry points (an EngineScope is alive: attach_node, detach_node,
-// take_over, through sharding__engine_call). caller_dsn(dsn): for an
+// entry points (attach_node, detach_node, take_over, through
+// sharding__engine_call, which enters the engine's scope). caller_dsn(dsn): for an
 // internal function given a connection string by its SQL caller, the DSN as
 // given; a node's masked DSN, which would become the whole one, is refused
 // (42501) to a caller who may not use the owner's credentials.
 bool may_use_owner_credentials();
 std::string caller_dsn(const std::string &dsn);
-class EngineScope {
-  public:
-    EngineScope();
-    ~EngineScope();
-    EngineScope(const EngineScope &) = delete;
-    EngineScope &operator=(const EngineScope &) = delete;
-};
-// Its plain C form, for glue code that may longjmp (restore the saved depth
-// on every path, PG_FINALLY).
+// The engine's scope, in plain C form for glue code that may longjmp:
+// enter returns the depth to restore, on every path (PG_FINALLY).
 int engine_scope_enter();
 void engine_scope_leave(int saved);
 // A connection string with every password libpq would read (password,
