@@ -11,7 +11,9 @@
 //
 // Both sessions pin search_path and name everything qualified; every
 // identifier is quoted, the pinned keys a literal. The dblink password rule
-// of every Remote applies to both DSNs (docs/nodes.md "Passwords").
+// of every Remote applies to both DSNs (docs/nodes.md "Passwords"), and a
+// node's masked DSN becomes the whole one only for a caller who may use
+// the owner's credentials (caller_dsn, SEC-4).
 #include "nodes/move_engine.hpp"
 #include "nodes/move_remote.hpp"
 
@@ -110,5 +112,9 @@ SHARDING_FUNCTION(sharding_copy_shard) {
     Text from = text_arg(fcinfo, 4);
     Text to = text_arg(fcinfo, 5);
     CopyPlan p = plan_copy(map, logical, tbl, key_column);
-    PG_RETURN_INT64(copy_between(p, must(from), must(to)));
+    // DSNs given by the caller: a node's masked DSN (which would become the
+    // whole one) only for a caller who may use the owner's credentials.
+    const std::string from_dsn = caller_dsn(must(from));
+    const std::string to_dsn = caller_dsn(must(to));
+    PG_RETURN_INT64(copy_between(p, from_dsn, to_dsn));
 }

@@ -1,6 +1,7 @@
 // libpq connections of the move engine: see move_remote.hpp.
 #include "nodes/move_remote.hpp"
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -17,6 +18,7 @@ extern "C" {
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/wait_event.h"
 }
@@ -37,6 +39,10 @@ Held held[kMaxConns];
 bool callbacks_installed = false;
 // take_over's connections skip the identity check until the transaction ends.
 bool takeover_mode = false;
+// How many of the engine's own entry points run in this backend
+// (sharding__engine_call): the owner's credentials serve
+// their statements (may_use_owner_credentials).
+int engine_depth = 0;
 
 void xact_callback(XactEvent event, void *) {
     switch (event) {
@@ -47,6 +53,7 @@ void xact_callback(XactEvent event, void *) {
     case XACT_EVENT_PREPARE:
         close_all_connections();
         takeover_mode = false;
+        engine_depth = 0;
         break;
     default:
         break;
@@ -253,6 +260,28 @@ std::string node_dsn(const std::string &node) {
     return s;
 }
 
+// The owner of sharding.node_secrets: the extension's owner (the
+// extension script made it); InvalidOid if there is none.
+static Oid secrets_owner() {
+    Oid nsp = get_namespace_oid("sharding", true);
+    Oid rel = OidIsValid(nsp) ? get_relname_relid("node_secrets", nsp) : InvalidOid;
+    if (!OidIsValid(rel)) return InvalidOid;
+    HeapTuple tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
+    if (!HeapTupleIsValid(tup)) return InvalidOid;
+    Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(tup))->relowner;
+    ReleaseSysCache(tup);
+    return owner;
+}
+
+// Glue: whether the current user is a superuser or has the rights of the
+// extension's owner.
+static bool owner_or_superuser() {
+    if (!IsTransactionState()) return false;
+    if (superuser()) return true;
+    Oid owner = secrets_owner();
+    return OidIsValid(owner) && has_privs_of_role(GetUserId(), owner);
+}
+
 // real_dsn's catalog part, C-style (it may ereport): the whole DSN whose
 // masked form is `shown`, palloc'd in the current memory context, or NULL.
 // The table's owner is the extension's owner (the extension script made it).
@@ -261,13 +290,8 @@ std::string node_dsn(const std::string &node) {
 // schema-qualified.
 static char *unmask_as_owner(const char *shown) {
     if (!IsTransactionState()) return nullptr;
-    Oid nsp = get_namespace_oid("sharding", true);
-    Oid rel = OidIsValid(nsp) ? get_relname_relid("node_secrets", nsp) : InvalidOid;
-    if (!OidIsValid(rel)) return nullptr;
-    HeapTuple tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
-    if (!HeapTupleIsValid(tup)) return nullptr;
-    Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(tup))->relowner;
-    ReleaseSysCache(tup);
+    Oid owner = secrets_owner();
+    if (!OidIsValid(owner)) return nullptr;
 
     Oid save_user;
     int save_sec;
@@ -308,6 +332,170 @@ std::string real_dsn(const std::string &dsn) {
     std::string s(whole);
     pfree(whole);
     return s;
+}
+
+bool may_use_owner_credentials() { return engine_depth > 0 || glue(owner_or_superuser); }
+
+std::string caller_dsn(const std::string &dsn) {
+    if (may_use_owner_credentials() || real_dsn(dsn) == dsn) return dsn;
+    fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+         Explain{"The whole connection strings of the nodes (sharding.node_secrets) serve only the statements the "
+                 "extension itself runs: attach_node, detach_node, moves, rebalance jobs, take_over.",
+                 "Give a connection string with a password of your own, or call the extension's public functions."},
+         "permission denied to use the connection string of a node with its password masked");
+}
+
+int engine_scope_enter() { return engine_depth++; }
+void engine_scope_leave(int saved) { engine_depth = saved; }
+
+namespace {
+
+bool is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; }
+
+bool is_secret_key(const std::string &key) { return key == "password" || key == "sslpassword"; }
+
+const char *const kStars = "********";
+
+// A URI's query keyword as libpq reads it (%XX decoded); "" if malformed.
+std::string uri_decode(const std::string &s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); i++) {
+        if (s[i] != '%') {
+            out += s[i];
+            continue;
+        }
+        if (i + 2 >= s.size() || !std::isxdigit((unsigned char)s[i + 1]) || !std::isxdigit((unsigned char)s[i + 2]))
+            return std::string();
+        out += (char)std::stoi(s.substr(i + 1, 2), nullptr, 16);
+        i += 2;
+    }
+    return out;
+}
+
+// A URI, as libpq's conninfo_uri_parse_options reads it: the user
+// information runs up to the first '@' met before any '/' (a '?' or ':'
+// there is the password's); the query parameters start at the first '?'
+// after it, separated by '&', their keywords percent-decoded.
+std::string mask_uri(const std::string &dsn) {
+    std::string out = dsn;
+    size_t start = out.find("://") + 3;
+    size_t end = out.find_first_of("@/", start);
+    size_t after = start;
+    if (end != std::string::npos && out[end] == '@') {
+        size_t colon = out.find(':', start);
+        if (colon != std::string::npos && colon < end) {
+            out.replace(colon + 1, end - colon - 1, kStars);
+            end = colon + 1 + std::strlen(kStars);
+        }
+        after = end + 1;
+    }
+    size_t q = out.find('?', after);
+    if (q == std::string::npos) return out;
+    for (size_t p = q + 1; p <= out.size();) {
+        size_t amp = out.find('&', p);
+        if (amp == std::string::npos) amp = out.size();
+        size_t eq = out.find('=', p);
+        if (eq != std::string::npos && eq < amp && is_secret_key(uri_decode(out.substr(p, eq - p)))) {
+            out.replace(eq + 1, amp - eq - 1, kStars);
+            amp = eq + 1 + std::strlen(kStars);
+        }
+        p = amp + 1;
+    }
+    return out;
+}
+
+// key = value pairs, as libpq's conninfo_parse reads them.
+std::string mask_pairs(const std::string &dsn) {
+    std::string out;
+    size_t i = 0, n = dsn.size();
+    while (i < n) {
+        size_t ws = i;
+        while (i < n && is_space(dsn[i])) i++;
+        size_t k = i;
+        while (i < n && !is_space(dsn[i]) && dsn[i] != '=') i++;
+        const std::string key = dsn.substr(k, i - k);
+        while (i < n && is_space(dsn[i])) i++;
+        if (i >= n || dsn[i] != '=') {
+            out += dsn.substr(ws);
+            return out;
+        }
+        i++;
+        while (i < n && is_space(dsn[i])) i++;
+        size_t v = i;
+        if (i < n && dsn[i] == '\'') {
+            i++;
+            while (i < n && dsn[i] != '\'') i += (dsn[i] == '\\' && i + 1 < n) ? 2 : 1;
+            if (i >= n) {  // unterminated: hide the rest
+                out += dsn.substr(ws, v - ws) + kStars;
+                return out;
+            }
+            i++;
+        } else {
+            while (i < n && !is_space(dsn[i])) i += (dsn[i] == '\\' && i + 1 < n) ? 2 : 1;
+        }
+        out += dsn.substr(ws, v - ws);
+        out += is_secret_key(key) ? std::string(kStars) : dsn.substr(v, i - v);
+    }
+    return out;
+}
+
+// The options libpq reads from dsn (nullptr if it does not parse).
+struct Parsed {
+    PQconninfoOption *opts;
+    explicit Parsed(const std::string &dsn) : opts(PQconninfoParse(dsn.c_str(), nullptr)) {}
+    ~Parsed() {
+        if (opts != nullptr) PQconninfoFree(opts);
+    }
+    Parsed(const Parsed &) = delete;
+    Parsed &operator=(const Parsed &) = delete;
+};
+
+// Whether `shown` gives libpq no password of `orig` (each one absent or
+// ********, and no password of orig's anywhere in its text).
+bool hides(const Parsed &orig, const std::string &shown) {
+    Parsed after(shown);
+    if (after.opts == nullptr) return false;
+    for (PQconninfoOption *o = after.opts; o->keyword != nullptr; o++)
+        if (is_secret_key(o->keyword) && o->val != nullptr && o->val[0] != '\0' && std::strcmp(o->val, kStars) != 0)
+            return false;
+    for (PQconninfoOption *o = orig.opts; o->keyword != nullptr; o++)
+        if (is_secret_key(o->keyword) && o->val != nullptr && o->val[0] != '\0' && std::strcmp(o->val, kStars) != 0 &&
+            shown.find(o->val) != std::string::npos)
+            return false;
+    return true;
+}
+
+// The options as key = 'value' pairs, the passwords masked.
+std::string pairs_of(const Parsed &p) {
+    std::string out;
+    for (PQconninfoOption *o = p.opts; o->keyword != nullptr; o++) {
+        if (o->val == nullptr) continue;
+        if (!out.empty()) out += ' ';
+        out += o->keyword;
+        out += '=';
+        if (is_secret_key(o->keyword)) {
+            out += kStars;
+            continue;
+        }
+        out += '\'';
+        for (const char *c = o->val; *c; c++) {
+            if (*c == '\'' || *c == '\\') out += '\\';
+            out += *c;
+        }
+        out += '\'';
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string mask_password(const std::string &dsn) {
+    const bool uri = dsn.rfind("postgresql://", 0) == 0 || dsn.rfind("postgres://", 0) == 0;
+    std::string shown = uri ? mask_uri(dsn) : mask_pairs(dsn);
+    Parsed orig(dsn);
+    if (orig.opts == nullptr) return shown;  // libpq reads no password from it either
+    if (hides(orig, shown)) return shown;
+    return pairs_of(orig);
 }
 
 void cancel_and_drain(PGconn *conn) noexcept {
