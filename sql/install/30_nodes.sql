@@ -406,9 +406,9 @@ GRANT EXECUTE ON FUNCTION sharding.plproxy_install() TO sharding_admin;
 -- copy, kept from 1.1 (moves use move_shard_online since 1.2): copies the
 -- rows of `tbl` whose key is in logical shard `logical` of `map` and is not
 -- pinned, from the database at from_dsn to the one at to_dsn, over the
--- engine's own connections (src/nodes/copy_shard.cpp; no dblink since
--- 1.4): the source's COPY ... TO STDOUT passed on to the destination,
--- which adds the rows in one transaction. Rows already at the destination
+-- engine's own connections (src/nodes/copy_shard.cpp, since 1.4): the
+-- source's COPY ... TO STDOUT passed on to the destination, which adds the
+-- rows in one transaction. Rows already at the destination
 -- are skipped (ON CONFLICT DO NOTHING), so a repeated copy carries INSERTS
 -- ONLY: rows updated or deleted at the source since the last copy keep
 -- their old state at the destination. Returns the number of rows inserted.

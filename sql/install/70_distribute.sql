@@ -150,8 +150,9 @@ GRANT EXECUTE ON FUNCTION sharding.distribute(regclass, name, text), sharding.un
 -- sharding_config); each attached data node subscribes to it (subscription
 -- sharding_config_<node>), so it routes, fences and guards with the
 -- coordinator's maps, shards and epochs, pins, nodes and distributed tables.
--- attach_node drives both ends from the coordinator through dblink, since
--- CREATE SUBSCRIPTION cannot run in a transaction block.
+-- attach_node drives both ends from the coordinator over the engine's own
+-- connections (src/nodes/remote_exec.cpp), since CREATE SUBSCRIPTION cannot
+-- run in a transaction block.
 --
 -- How the node reaches the coordinator: the setting sharding.coordinator_dsn
 -- of the coordinator (ALTER DATABASE ... SET, or postgresql.conf) when it is
@@ -418,25 +419,6 @@ COMMENT ON FUNCTION sharding._mask_password(text) IS
     'internal: the connection string with its password shown as ********';
 -- @end
 
--- The schema dblink is installed in (42883 if it is not).
-CREATE FUNCTION sharding._dblink_schema(purpose text) RETURNS name
-    LANGUAGE plpgsql STABLE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    s name;
-BEGIN
-    SELECT e.extnamespace::pg_catalog.regnamespace::name INTO s
-      FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dblink';
-    IF NOT FOUND THEN
-        RAISE EXCEPTION '% needs extension "dblink"', purpose
-            USING ERRCODE = 'undefined_function',
-                  HINT = 'CREATE EXTENSION dblink on the coordinator.';
-    END IF;
-    RETURN s;
-END $$;
-COMMENT ON FUNCTION sharding._dblink_schema(text) IS 'internal: schema of extension dblink (42883 without it)';
-
 -- Follow's remote calls, on the move's libpq helper (src/nodes/remote_exec.cpp):
 -- a connection for the call, the statement in its own transaction there,
 -- every wait interruptible, the remote statement cancelled when the caller
@@ -477,7 +459,7 @@ DECLARE
 BEGIN
     -- This session is marked, and the session the DSN leads to looks for
     -- the mark (through the engine's connections, which take a node's
-    -- password from sharding.node_secrets: dblink would need it here).
+    -- password from sharding.node_secrets).
     PERFORM pg_catalog.set_config('application_name', token, false);
     BEGIN
         here := sharding._remote(dsn, pg_catalog.format(
@@ -515,8 +497,9 @@ COMMENT ON FUNCTION sharding._config_slot(text) IS
     'internal: replication slot (on the coordinator) of a node''s configuration subscription';
 
 -- @object sharding._publish_config
--- On the coordinator, in its own transaction (attach_node calls it through
--- dblink, so that its writes are committed before the node subscribes):
+-- On the coordinator, in its own transaction (attach_node calls it over a
+-- connection of its own, so that its writes are committed before the node
+-- subscribes):
 -- the publication, and versions above those the node already reported, so
 -- that cluster_version never falls on the node when it starts following.
 CREATE FUNCTION sharding._publish_config(node_maps text[], node_versions bigint[]) RETURNS void
@@ -565,7 +548,7 @@ COMMENT ON FUNCTION sharding._publish_config(text[], bigint[]) IS
 -- @end
 
 -- @object sharding._follow
--- On the node (through dblink): forget its own configuration and follow.
+-- On the node (called over the engine's connections): forget its own configuration and follow.
 -- Returns false when it already follows as `node` (nothing to do).
 CREATE FUNCTION sharding._follow(node text, coordinator_dsn text) RETURNS boolean
     LANGUAGE plpgsql VOLATILE
@@ -610,7 +593,7 @@ COMMENT ON FUNCTION sharding._follow(text, text) IS
     'internal: makes this database a follower named node (its configuration is replaced by the coordinator''s)';
 -- @end
 
--- On the node (through dblink), after its subscription is gone.
+-- On the node (called over the engine's connections), after its subscription is gone.
 CREATE FUNCTION sharding._unfollow() RETURNS boolean
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -645,7 +628,6 @@ CREATE FUNCTION sharding._attach_node_body(node text) RETURNS void
     AS $$
 #variable_conflict use_column
 DECLARE
-    dl name;
     dsn text;
     me text;
     sub text;
@@ -678,7 +660,6 @@ BEGIN
             USING ERRCODE = 'active_sql_transaction',
                   HINT = 'Call it in its own transaction.';
     END IF;
-    dl := sharding._dblink_schema('attach_node');
     me := sharding._coordinator_dsn();
     sub := sharding._config_subscription(_attach_node_body.node);
     slot := sharding._config_slot(_attach_node_body.node);
@@ -800,7 +781,6 @@ CREATE FUNCTION sharding._detach_node_body(node text) RETURNS void
     AS $$
 #variable_conflict use_column
 DECLARE
-    dl name;
     dsn text;
     sub text;
     n integer;
@@ -809,7 +789,6 @@ BEGIN
     -- Not an end of a move in flight (55006): its guards hold the cutover.
     PERFORM sharding._move_refuse(NULL, NULL, 'detach_node', NULL, _detach_node_body.node);
     dsn := sharding._node_dsn(_detach_node_body.node);
-    dl := sharding._dblink_schema('detach_node');
     sub := sharding._config_subscription(_detach_node_body.node);
     BEGIN
         n := sharding._remote(dsn, format($s$SELECT count(*)::text FROM pg_catalog.pg_subscription

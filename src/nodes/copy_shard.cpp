@@ -1,6 +1,6 @@
 // copy_shard(map, logical, tbl, key_column, from_dsn, to_dsn): the low-level
 // copy kept from 1.1 (moves use move_shard_online since 1.2), on the
-// engine's own libpq connections (move_remote.hpp) since 1.4, no dblink:
+// engine's own libpq connections (move_remote.hpp) since 1.4:
 //
 //   the source runs COPY (SELECT <stored columns> FROM tbl WHERE the key is
 //   in the shard and not pinned) TO STDOUT; this backend passes each chunk
@@ -10,7 +10,7 @@
 //   a repeated copy carries inserts only. Returns the rows inserted.
 //
 // Both sessions pin search_path and name everything qualified; every
-// identifier is quoted, the pinned keys a literal. The dblink password rule
+// identifier is quoted, the pinned keys a literal. The password rule
 // of every Remote applies to both DSNs (docs/nodes.md "Passwords"), and a
 // node's masked DSN becomes the whole one only for a caller who may use
 // the owner's credentials (caller_dsn, SEC-4).

@@ -573,7 +573,8 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
     glue(install_callbacks);
     // A node's shown DSN becomes its whole one (password included).
     const std::string dsn = real_dsn(dsn_in);
-    // dblink's rule, for every connection the engine, the jobs and follow
+    // The password rule of PostgreSQL's own remote connectors (postgres_fdw's
+    // password_required), for every connection the engine, the jobs and follow
     // make, checked before connecting: a role that is not a superuser must
     // give the password in the connection string itself. libpq would
     // otherwise take one from the server OS user's password file (or
@@ -639,7 +640,7 @@ void Remote::establish() {
     }
     if (PQsetnonblocking(conn_, 1) != 0)
         fail(ERRCODE_CONNECTION_FAILURE, "could not make the connection non-blocking");
-    // dblink's rule, the second half: a role that is not a superuser may
+    // The password rule, the second half: a role that is not a superuser may
     // only use a connection that authenticated with a password, never the
     // server's own identity (peer, trust).
     if (!own_login_ && !PQconnectionUsedPassword(conn_) && !glue(superuser))

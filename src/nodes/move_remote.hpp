@@ -76,7 +76,7 @@ class Remote {
     // own_login: dsn names the calling role itself as its user and carries
     // no password of another role (propagated DDL of a role that is not an
     // administrator, src/ddl/two_phase.cpp): the session is the caller's
-    // own, so dblink's password rule (which keeps a plain role from
+    // own, so the password rule (which keeps a plain role from
     // logging in as another one on the server's credentials) is not
     // applied; the node's own authentication decides.
     Remote(const std::string &dsn, bool replication, const std::string &application_name,

@@ -1,8 +1,8 @@
 // The session's named remote connections: one libpq helper for the move's
 // orchestration (sharding._dbl_connect/_dbl_run/_dbl_value/_dbl_disconnect/
-// _dbl_open), replacing contrib's dblink on the move's path.
+// _dbl_open): the engine's remote sessions, one libpq stack.
 //
-// A named connection lives for the session (as a dblink named connection
+// A named connection lives for the session (as a named connection of contrib's
 // did): the move journal's own connection is opened once and reused by
 // later transactions. It is closed by _dbl_disconnect, by a _dbl_connect of
 // the same name, or at process exit.
@@ -149,7 +149,7 @@ bool run(PGconn *conn, const char *sql, std::string *out) {
     return has;
 }
 
-// dblink's password rule is Remote's (move_remote.cpp): every connection
+// The password rule is Remote's (move_remote.cpp): every connection
 // is checked as it is established.
 
 PGconn *named_conn(const char *name) {

@@ -24,11 +24,12 @@
 # 4. Refusals: same owner, no DSN, a node that does not follow, bad input,
 #    a source whose wal_level is not logical.
 # 5. copy_shard skips a pinned bytea key where bytea_output = escape.
+# 6. No dblink in any database: a shard still moves.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
-use Test::More tests => 48;
+use Test::More tests => 51;
 use Time::HiRes qw(time usleep);
 use lib 'lib';
 use ShardingNode;
@@ -285,3 +286,17 @@ my $src = qn('n1', "$sum WHERE sharding.shard_of(k, 8) = 3");
 my ($rows) = split /:/, $src;
 is(qn('coord', "SELECT sharding.copy_shard('bank', 3, 'big', 'k', '" . dsn_of('n1') . "', '" . dsn_of('n3') . "')")
 	. '|' . qn('n3', $sum), "$rows|$src", "copy_shard of $rows rows (about 1 MB and more): the shard's rows exactly");
+
+# ------------------------------------------------------------------ 6. no dblink anywhere
+# Since 1.4 nothing of the extension uses dblink: with it dropped from every
+# database, a shard of n1 still moves online to n2.
+qn($_, 'DROP EXTENSION IF EXISTS dblink CASCADE') for qw(coord n1 n2 n3);
+is(join(' ', map { qn($_, "SELECT count(*) FROM pg_extension WHERE extname = 'dblink'") } qw(coord n1 n2 n3)), '0 0 0 0',
+	'dblink is in no database');
+my $L = qn('coord', "SELECT s.logical FROM sharding.shards s WHERE s.map = 'bank' AND s.node = 'n1' ORDER BY s.logical LIMIT 1");
+my $before = checksums('n1', $L);
+my ($epoch_before) = owner($L) =~ /\|(\d+)$/;
+qn('coord', "SELECT sharding.move_shard_online('bank', $L, 'n2')");
+is(owner($L) . ' ' . checksums('n2', $L) . ' ' . checksums('n1', $L), 'n2|' . ($epoch_before + 1) . " $before 0/0 0/0",
+	"without dblink: shard $L moved from n1 to n2 online ($before), none of its rows left at n1");
+is(leftovers(), $CLEAN, '... and nothing of the move is left');
