@@ -14,8 +14,9 @@ DEMODIR=$(make_cluster_dir demo)
 trap 'stop_cluster "$DEMODIR"; rm -rf "$DEMODIR"' EXIT
 # wal_level = logical and room for replication: scene 8 moves shards online
 # (logical replication between databases of this cluster, jobs in
-# background workers).
-start_cluster "$DEMODIR" -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20 \
+# background workers; max_prepared_transactions: distribute creates the
+# table on the nodes in one two-phase transaction).
+start_cluster "$DEMODIR" -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20 -c max_prepared_transactions=10 \
     -c max_worker_processes=24 -c max_logical_replication_workers=12 || exit 1
 export PGDATABASE=postgres
 psql -Xq -v ON_ERROR_STOP=1 -f demo/demo.sql || exit 1

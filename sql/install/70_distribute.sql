@@ -150,8 +150,9 @@ GRANT EXECUTE ON FUNCTION sharding.distribute(regclass, name, text), sharding.un
 -- sharding_config); each attached data node subscribes to it (subscription
 -- sharding_config_<node>), so it routes, fences and guards with the
 -- coordinator's maps, shards and epochs, pins, nodes and distributed tables.
--- attach_node drives both ends from the coordinator through dblink, since
--- CREATE SUBSCRIPTION cannot run in a transaction block.
+-- attach_node drives both ends from the coordinator over the engine's own
+-- connections (src/nodes/remote_exec.cpp), since CREATE SUBSCRIPTION cannot
+-- run in a transaction block.
 --
 -- How the node reaches the coordinator: the setting sharding.coordinator_dsn
 -- of the coordinator (ALTER DATABASE ... SET, or postgresql.conf) when it is
@@ -418,25 +419,6 @@ COMMENT ON FUNCTION sharding._mask_password(text) IS
     'internal: the connection string with its password shown as ********';
 -- @end
 
--- The schema dblink is installed in (42883 if it is not).
-CREATE FUNCTION sharding._dblink_schema(purpose text) RETURNS name
-    LANGUAGE plpgsql STABLE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    s name;
-BEGIN
-    SELECT e.extnamespace::pg_catalog.regnamespace::name INTO s
-      FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dblink';
-    IF NOT FOUND THEN
-        RAISE EXCEPTION '% needs extension "dblink"', purpose
-            USING ERRCODE = 'undefined_function',
-                  HINT = 'CREATE EXTENSION dblink on the coordinator.';
-    END IF;
-    RETURN s;
-END $$;
-COMMENT ON FUNCTION sharding._dblink_schema(text) IS 'internal: schema of extension dblink (42883 without it)';
-
 -- Follow's remote calls, on the move's libpq helper (src/nodes/remote_exec.cpp):
 -- a connection for the call, the statement in its own transaction there,
 -- every wait interruptible, the remote statement cancelled when the caller
@@ -477,7 +459,7 @@ DECLARE
 BEGIN
     -- This session is marked, and the session the DSN leads to looks for
     -- the mark (through the engine's connections, which take a node's
-    -- password from sharding.node_secrets: dblink would need it here).
+    -- password from sharding.node_secrets).
     PERFORM pg_catalog.set_config('application_name', token, false);
     BEGIN
         here := sharding._remote(dsn, pg_catalog.format(
@@ -515,8 +497,9 @@ COMMENT ON FUNCTION sharding._config_slot(text) IS
     'internal: replication slot (on the coordinator) of a node''s configuration subscription';
 
 -- @object sharding._publish_config
--- On the coordinator, in its own transaction (attach_node calls it through
--- dblink, so that its writes are committed before the node subscribes):
+-- On the coordinator, in its own transaction (attach_node calls it over a
+-- connection of its own, so that its writes are committed before the node
+-- subscribes):
 -- the publication, and versions above those the node already reported, so
 -- that cluster_version never falls on the node when it starts following.
 CREATE FUNCTION sharding._publish_config(node_maps text[], node_versions bigint[]) RETURNS void
@@ -565,7 +548,7 @@ COMMENT ON FUNCTION sharding._publish_config(text[], bigint[]) IS
 -- @end
 
 -- @object sharding._follow
--- On the node (through dblink): forget its own configuration and follow.
+-- On the node (called over the engine's connections): forget its own configuration and follow.
 -- Returns false when it already follows as `node` (nothing to do).
 CREATE FUNCTION sharding._follow(node text, coordinator_dsn text) RETURNS boolean
     LANGUAGE plpgsql VOLATILE
@@ -610,7 +593,7 @@ COMMENT ON FUNCTION sharding._follow(text, text) IS
     'internal: makes this database a follower named node (its configuration is replaced by the coordinator''s)';
 -- @end
 
--- On the node (through dblink), after its subscription is gone.
+-- On the node (called over the engine's connections), after its subscription is gone.
 CREATE FUNCTION sharding._unfollow() RETURNS boolean
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -639,13 +622,12 @@ COMMENT ON FUNCTION sharding._unfollow() IS
 
 -- @object sharding.attach_node
 -- attach_node(node text): see the top of this file. Not STRICT: NULL raises.
-CREATE FUNCTION sharding.attach_node(node text) RETURNS void
+CREATE FUNCTION sharding._attach_node_body(node text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
 #variable_conflict use_column
 DECLARE
-    dl name;
     dsn text;
     me text;
     sub text;
@@ -659,7 +641,7 @@ DECLARE
     sub_conninfo text;
     sub_enabled boolean;
 BEGIN
-    PERFORM sharding._check_node(attach_node.node);
+    PERFORM sharding._check_node(_attach_node_body.node);
     IF current_setting('wal_level') <> 'logical' THEN
         RAISE EXCEPTION 'attach_node needs wal_level = logical on the coordinator, got %', current_setting('wal_level')
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -667,10 +649,10 @@ BEGIN
                          'in postgresql.conf, then restart PostgreSQL.';
     END IF;
     IF EXISTS (SELECT FROM sharding.local_node AS l WHERE l.following) THEN
-        RAISE EXCEPTION 'this database follows a coordinator: attach node "%" there', attach_node.node
+        RAISE EXCEPTION 'this database follows a coordinator: attach node "%" there', _attach_node_body.node
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    dsn := sharding._node_dsn(attach_node.node);
+    dsn := sharding._node_dsn(_attach_node_body.node);
     -- The node's CREATE SUBSCRIPTION makes a replication slot here, which
     -- waits for every transaction holding a transaction id to end.
     IF txid_current_if_assigned() IS NOT NULL THEN
@@ -678,15 +660,14 @@ BEGIN
             USING ERRCODE = 'active_sql_transaction',
                   HINT = 'Call it in its own transaction.';
     END IF;
-    dl := sharding._dblink_schema('attach_node');
     me := sharding._coordinator_dsn();
-    sub := sharding._config_subscription(attach_node.node);
-    slot := sharding._config_slot(attach_node.node);
+    sub := sharding._config_subscription(_attach_node_body.node);
+    slot := sharding._config_slot(_attach_node_body.node);
 
     -- The node: not this very database, this extension (1.2) there, not
     -- following as another node. Nothing has changed anywhere yet.
     IF sharding._leads_here(dsn) THEN
-        RAISE EXCEPTION 'node "%" is this database: a coordinator cannot follow itself', attach_node.node
+        RAISE EXCEPTION 'node "%" is this database: a coordinator cannot follow itself', _attach_node_body.node
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   DETAIL = format('Its connection string %s leads back here.', dsn);
     END IF;
@@ -694,14 +675,14 @@ BEGIN
     -- (_remote, _remote_exec), which pin search_path first and take the
     -- node's password from sharding.node_secrets (dsn shows it masked).
     IF NOT sharding._remote(dsn, $r$SELECT (pg_catalog.to_regprocedure('sharding._follow(text,text)') IS NOT NULL)::pg_catalog.text$r$)::boolean THEN
-        RAISE EXCEPTION 'node "%" has no sharding extension of version 1.2 or later', attach_node.node
+        RAISE EXCEPTION 'node "%" has no sharding extension of version 1.2 or later', _attach_node_body.node
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'CREATE EXTENSION sharding (or ALTER EXTENSION sharding UPDATE) in the node''s database.';
     END IF;
     following_as := sharding._remote(dsn, 'SELECT node FROM sharding.local_node WHERE following');
-    IF following_as IS DISTINCT FROM attach_node.node AND following_as IS NOT NULL THEN
+    IF following_as IS DISTINCT FROM _attach_node_body.node AND following_as IS NOT NULL THEN
         RAISE EXCEPTION 'the database of node "%" already follows a coordinator as node "%"',
-                attach_node.node, following_as
+                _attach_node_body.node, following_as
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = format('Detach it first: sharding.detach_node(%L) on its coordinator.', following_as);
     END IF;
@@ -753,7 +734,7 @@ BEGIN
 
     -- The node's configuration gives way to ours, then the copy starts.
     BEGIN
-        PERFORM sharding._remote(dsn, format('SELECT sharding._follow(%L, %L)::text', attach_node.node, me));
+        PERFORM sharding._remote(dsn, format('SELECT sharding._follow(%L, %L)::text', _attach_node_body.node, me));
     EXCEPTION WHEN OTHERS THEN
         IF NOT sub_enabled THEN
             PERFORM sharding._remote_exec(dsn, format('DROP SUBSCRIPTION %I', sub));
@@ -773,7 +754,7 @@ BEGIN
                                 WHERE s.subname = %L$s$, cardinality(sharding._config_tables()), sub))::integer;
         EXIT WHEN pending <= 0;
         IF clock_timestamp() > deadline THEN
-            RAISE WARNING 'node "%" is still copying the configuration (% tables to go)', attach_node.node, pending
+            RAISE WARNING 'node "%" is still copying the configuration (% tables to go)', _attach_node_body.node, pending
                 USING HINT = 'It follows once the copy ends; check pg_subscription_rel on the node.';
             EXIT;
         END IF;
@@ -781,39 +762,44 @@ BEGIN
     END LOOP;
     PERFORM sharding._remote(dsn, 'SELECT sharding._install_guards()::text');
 END $$;
+COMMENT ON FUNCTION sharding._attach_node_body(text) IS
+    'internal: attach_node''s steps, run by attach_node in the engine''s scope (the extension''s owner alone may call it)';
+REVOKE ALL ON FUNCTION sharding._attach_node_body(text) FROM PUBLIC;
+-- The entry point (SEC-4): runs the body in the engine's scope, where the
+-- nodes' whole DSNs and the coordinator's password serve its statements.
+CREATE FUNCTION sharding.attach_node(node text) RETURNS void
+    AS 'MODULE_PATHNAME', 'sharding__engine_call' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding.attach_node(text) IS
     'makes a data node follow this coordinator''s configuration through logical replication (repeating is harmless)';
 -- @end
 
 -- @object sharding.detach_node
 -- detach_node(node text): the node stops following and keeps its copy.
-CREATE FUNCTION sharding.detach_node(node text) RETURNS void
+CREATE FUNCTION sharding._detach_node_body(node text) RETURNS void
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
 #variable_conflict use_column
 DECLARE
-    dl name;
     dsn text;
     sub text;
     n integer;
 BEGIN
-    PERFORM sharding._check_node(detach_node.node);
+    PERFORM sharding._check_node(_detach_node_body.node);
     -- Not an end of a move in flight (55006): its guards hold the cutover.
-    PERFORM sharding._move_refuse(NULL, NULL, 'detach_node', NULL, detach_node.node);
-    dsn := sharding._node_dsn(detach_node.node);
-    dl := sharding._dblink_schema('detach_node');
-    sub := sharding._config_subscription(detach_node.node);
+    PERFORM sharding._move_refuse(NULL, NULL, 'detach_node', NULL, _detach_node_body.node);
+    dsn := sharding._node_dsn(_detach_node_body.node);
+    sub := sharding._config_subscription(_detach_node_body.node);
     BEGIN
         n := sharding._remote(dsn, format($s$SELECT count(*)::text FROM pg_catalog.pg_subscription
                                 WHERE subname = %L AND subdbid = (SELECT oid FROM pg_catalog.pg_database
                                                                    WHERE datname = pg_catalog.current_database())$s$,
                             sub))::integer;
     EXCEPTION WHEN sqlclient_unable_to_establish_sqlconnection OR connection_exception THEN
-        RAISE EXCEPTION 'cannot reach node "%" to detach it: %', detach_node.node, SQLERRM
+        RAISE EXCEPTION 'cannot reach node "%" to detach it: %', _detach_node_body.node, SQLERRM
             USING ERRCODE = 'sqlclient_unable_to_establish_sqlconnection',
                   HINT = format('If the node is gone for good, drop its replication slot here: '
-                                'SELECT pg_drop_replication_slot(%L);', sharding._config_slot(detach_node.node));
+                                'SELECT pg_drop_replication_slot(%L);', sharding._config_slot(_detach_node_body.node));
     END;
     IF n > 0 THEN
         -- Drops the subscription's slot here too.
@@ -821,6 +807,11 @@ BEGIN
     END IF;
     PERFORM sharding._remote(dsn, 'SELECT sharding._unfollow()::text');
 END $$;
+COMMENT ON FUNCTION sharding._detach_node_body(text) IS
+    'internal: detach_node''s steps, run by detach_node in the engine''s scope (the extension''s owner alone may call it)';
+REVOKE ALL ON FUNCTION sharding._detach_node_body(text) FROM PUBLIC;
+CREATE FUNCTION sharding.detach_node(node text) RETURNS void
+    AS 'MODULE_PATHNAME', 'sharding__engine_call' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding.detach_node(text) IS
     'stops a data node following this coordinator; it keeps its copy of the configuration, editable again';
 -- @end

@@ -104,6 +104,24 @@ CREATE EVENT TRIGGER sharding_ddl_refuse_drop ON sql_drop
     EXECUTE FUNCTION sharding._ddl_refuse();
 -- @end
 
+-- @object sharding._ddl_refuse_start
+-- A distributed table is known by its schema and name (the map, the nodes'
+-- copies, PL/Proxy): renaming it or moving it to another schema is refused
+-- (0A000), preloaded or not. Without the library preloaded, DROP INDEX of
+-- a distributed table's index is refused too (55000), while the index
+-- still names its table (at sql_drop it no longer does).
+CREATE FUNCTION sharding._ddl_refuse_start() RETURNS event_trigger
+    AS 'MODULE_PATHNAME', 'sharding__ddl_refuse_start' LANGUAGE C;
+COMMENT ON FUNCTION sharding._ddl_refuse_start() IS
+    'internal: refuses renaming a distributed table (or moving it to another schema), and DROP INDEX of its index without the library preloaded';
+-- @end
+
+-- @object sharding_ddl_refuse_start
+CREATE EVENT TRIGGER sharding_ddl_refuse_start ON ddl_command_start
+    WHEN TAG IN ('ALTER TABLE', 'DROP INDEX')
+    EXECUTE FUNCTION sharding._ddl_refuse_start();
+-- @end
+
 -- @object sharding._ddl_table_definition
 -- The statements that create a table as it is here: its schema (if
 -- missing), columns (types, defaults, identity, generated, NOT NULL),

@@ -253,7 +253,7 @@ COMMENT ON FUNCTION sharding._move_name(text, integer) IS
 -- search_path = pg_catalog, pg_temp (every name in them is qualified
 -- anyway), and commit synchronously: a commit whose WAL waited for the WAL
 -- writer would reach walsenders, and so the destination and the followers,
--- that much later, inside the cutover's refusal window. No dblink.
+-- that much later, inside the cutover's refusal window.
 -- @object sharding._dbl_connect
 CREATE FUNCTION sharding._dbl_connect(conn text, dsn text) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding__dbl_connect' LANGUAGE C VOLATILE;

@@ -16,7 +16,7 @@
 --
 -- Every function below is C++ (src/nodes/jobs_run.cpp) behind its SQL
 -- name: no PL/pgSQL on a move's path. The capacity checks ask the nodes
--- over the move engine's libpq helper, not dblink.
+-- over the move engine's libpq helper.
 
 CREATE TABLE sharding.move_jobs (
     job              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -348,7 +348,7 @@ COMMENT ON FUNCTION sharding._take_over_pending() IS
     'internal: take_over again where this server''s last one left nodes out of reach (the jobs launcher calls it)';
 
 -- take_over(force): see the top of this file and docs/nodes.md.
-CREATE FUNCTION sharding.take_over(force boolean DEFAULT false) RETURNS integer
+CREATE FUNCTION sharding._take_over_body(force boolean) RETURNS integer
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
     AS $$
@@ -545,6 +545,13 @@ BEGIN
     END IF;
     RETURN n_following;
 END $$;
+COMMENT ON FUNCTION sharding._take_over_body(boolean) IS
+    'internal: take_over''s steps, run by take_over in the engine''s scope (the extension''s owner alone may call it)';
+REVOKE ALL ON FUNCTION sharding._take_over_body(boolean) FROM PUBLIC;
+-- The entry point (SEC-4): runs the body in the engine's scope, where the
+-- nodes' whole DSNs and the coordinator's password serve its statements.
+CREATE FUNCTION sharding.take_over(force boolean DEFAULT false) RETURNS integer
+    AS 'MODULE_PATHNAME', 'sharding__engine_call' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding.take_over(boolean) IS
     'makes this promoted standby the coordinator of every attached node; returns how many now follow it';
 

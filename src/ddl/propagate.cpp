@@ -41,6 +41,8 @@ namespace {
 
 ProcessUtility_hook_type prev_utility = nullptr;
 
+char *table_label(Oid rel);
+
 // What a statement does to a distributed table: the table (InvalidOid:
 // nothing to propagate), whether it cannot run in a transaction block.
 struct Target {
@@ -146,6 +148,55 @@ Target classify(Node *stmt) {
     return t;
 }
 
+// Glue: a distributed table is known by its schema and name (its map's
+// sharding.distributed_tables row, the nodes' copies of it, PL/Proxy's
+// cluster_partitions): renaming it or moving it to another schema would
+// leave the map naming a table that no longer exists, here and on every
+// node. Refused (0A000) whatever sharding.propagate_ddl says; the way to do
+// it is in the hint. Nothing else of the statement has run yet.
+void refuse_rename_c(Node *stmt) {
+    RangeVar *rv = nullptr;
+    const char *what = nullptr;
+    if (IsA(stmt, RenameStmt)) {
+        auto *s = reinterpret_cast<RenameStmt *>(stmt);
+        if (s->renameType == OBJECT_TABLE) {
+            rv = s->relation;
+            what = "renamed";
+        }
+    } else if (IsA(stmt, AlterObjectSchemaStmt)) {
+        auto *s = reinterpret_cast<AlterObjectSchemaStmt *>(stmt);
+        if (s->objectType == OBJECT_TABLE) {
+            rv = s->relation;
+            what = "moved to another schema";
+        }
+    }
+    if (rv == nullptr) return;
+    char *map;
+    Oid rel = relation_of(rv);
+    if (!distributed_c(rel, &map)) return;
+    ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+                    errmsg("distributed table %s cannot be %s", table_label(rel), what),
+                    errdetail("Map \"%s\" knows its tables by schema and name, here and on every data node.", map),
+                    errhint("Undistribute it (sharding.undistribute), change it here and on every node "
+                            "(sharding.run_on_nodes), then distribute it again.")));
+}
+
+// Glue: the first index of a DROP INDEX whose table is distributed (while
+// the index still exists: the sql_drop event no longer knows its table);
+// InvalidOid if none.
+Oid dropped_index_table_c(Node *stmt) {
+    if (!IsA(stmt, DropStmt)) return InvalidOid;
+    auto *s = reinterpret_cast<DropStmt *>(stmt);
+    if (s->removeType != OBJECT_INDEX) return InvalidOid;
+    ListCell *lc;
+    foreach (lc, s->objects) {
+        Oid rel = table_of(relation_of_names(static_cast<List *>(lfirst(lc)), 0));
+        char *map;
+        if (distributed_c(rel, &map)) return rel;
+    }
+    return InvalidOid;
+}
+
 // Glue: SET LOCAL search_path spelling out this session's schemas, so that
 // the statement's names resolve on the nodes as they do here.
 char *search_path_setting() {
@@ -228,6 +279,9 @@ void ddl_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
                  ParamListInfo params, QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc) {
     Node *stmt = pstmt->utilityStmt;
     NodeTag tag = nodeTag(stmt);
+    if ((tag == T_RenameStmt || tag == T_AlterObjectSchemaStmt) && !creating_extension && !IsBinaryUpgrade &&
+        IsTransactionState() && extension_here())
+        refuse_rename_c(stmt);
     bool candidate = ddl_propagate && !creating_extension && !IsBinaryUpgrade &&
                      (context == PROCESS_UTILITY_TOPLEVEL || context == PROCESS_UTILITY_QUERY) &&
                      (tag == T_AlterTableStmt || tag == T_IndexStmt || tag == T_CreateTrigStmt ||
@@ -363,6 +417,26 @@ SHARDING_FUNCTION(sharding__ddl_refuse) {
     if (ddl_attached_nodes().empty()) PG_RETURN_VOID();
     char *table = glue(touched_c, drop);
     if (table[0] == '\0') PG_RETURN_VOID();
+    fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+         Explain{"This database is a coordinator with attached data nodes; the statement would change it alone.",
+                 "Preload the library (shared_preload_libraries = 'sharding') so that DDL of distributed tables runs "
+                 "on every node, or run it with sharding.run_on_nodes()."},
+         "DDL of distributed table %s is not propagated to the nodes without the library preloaded", table);
+}
+
+// _ddl_refuse_start(): event trigger (ddl_command_start of ALTER TABLE and
+// DROP INDEX), with or without the library preloaded: renaming a
+// distributed table or moving it to another schema is refused (0A000); and,
+// without the hook, DROP INDEX of a distributed table's index (55000, as
+// _ddl_refuse: at sql_drop the index's table is no longer known).
+SHARDING_FUNCTION(sharding__ddl_refuse_start) {
+    if (!CALLED_AS_EVENT_TRIGGER(fcinfo)) fail(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED, "not fired by an event trigger");
+    auto *ev = reinterpret_cast<EventTriggerData *>(fcinfo->context);
+    glue(refuse_rename_c, ev->parsetree);
+    if (ddl_hook_installed || !ddl_propagate) PG_RETURN_VOID();
+    Oid rel = glue(dropped_index_table_c, ev->parsetree);
+    if (!OidIsValid(rel) || ddl_attached_nodes().empty()) PG_RETURN_VOID();
+    char *table = glue(table_label, rel);
     fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
          Explain{"This database is a coordinator with attached data nodes; the statement would change it alone.",
                  "Preload the library (shared_preload_libraries = 'sharding') so that DDL of distributed tables runs "

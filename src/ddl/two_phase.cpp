@@ -406,8 +406,7 @@ std::string run_there(Participant &p, const std::string &sql) {
     return tag;
 }
 
-// Whether the calling role is an administrator (CONTRACT 15.4, docs/nodes.md
-// SEC-4: superuser-equivalent wherever the nodes' DSNs reach): a superuser,
+// Whether the calling role is an administrator (CONTRACT 15.4): a superuser,
 // the extension's owner or a role with sharding_admin's privileges. Glue.
 bool caller_is_admin() {
     Oid me = GetUserId();
@@ -460,9 +459,10 @@ std::string dsn_as_role(const std::string &dsn, const std::string &role) {
 // (max_prepared_transactions, the role), search_path pinned. Leaves the
 // connection to the caller (closed on a throw).
 //
-// The role (docs/ddl.md, "Privileges"): an administrator's session logs in
-// with the node's DSN and switches to the caller's role (SET ROLE); any
-// other role logs in as itself (the DSN's host, port, database and the
+// The role (docs/ddl.md, "Privileges"): a superuser's or the extension
+// owner's session logs in with the node's DSN and switches to the caller's
+// role (SET ROLE); any other role (a member of sharding_admin too, SEC-4)
+// logs in as itself (the DSN's host, port, database and the
 // like, user = the role, never the DSN's password), so that nothing its
 // statement runs there (a DEFAULT, a USING expression, a function of its
 // own) can RESET ROLE back to the DSN's user: no role gains a right there.
@@ -470,7 +470,11 @@ PGconn *connect_node(const std::string &node, bool begin) {
     std::string dsn = move::node_dsn(node);
     char *me = glue(current_role_name);
     std::string role(me);
-    bool admin = glue(caller_is_admin);
+    // SEC-4: the DSN's login (the owner's credentials) only for a superuser
+    // or the extension's owner; a member of sharding_admin who is neither
+    // logs in as itself, as any other role: its statement could otherwise
+    // RESET ROLE back to the DSN's user.
+    bool admin = glue(caller_is_admin) && move::may_use_owner_credentials();
     PGconn *conn = nullptr;
     try {
         if (admin) {

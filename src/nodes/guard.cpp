@@ -25,6 +25,7 @@
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
 #include "pg/shard_lock.hpp"
+#include "nodes/move_remote.hpp"
 #include "core/hash_core.hpp"
 
 extern "C" {
@@ -414,68 +415,6 @@ void check_key_change(GuardQuery *g, TriggerData *td, Datum old_key, Datum new_k
 
 namespace {
 
-bool is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; }
-
-// A connection string with its password shown as ******** (CONTRACT 15.2):
-// key = value pairs (password=secret, password = 'a b\'c'), and URIs
-// (postgresql://user:secret@host/db?password=secret). What does not parse
-// is kept up to where it stops parsing, the rest shown as ********.
-std::string mask_password(const std::string &dsn) {
-    const std::string stars = "********";
-    if (dsn.rfind("postgresql://", 0) == 0 || dsn.rfind("postgres://", 0) == 0) {
-        std::string out = dsn;
-        size_t start = out.find("://") + 3;
-        size_t end = out.find_first_of("/?", start);
-        if (end == std::string::npos) end = out.size();
-        size_t at = out.rfind('@', end);
-        if (at != std::string::npos && at >= start) {
-            size_t colon = out.find(':', start);
-            if (colon != std::string::npos && colon < at) {
-                out.replace(colon + 1, at - colon - 1, stars);
-                end = end - (at - colon - 1) + stars.size();
-            }
-        }
-        for (size_t q = out.find_first_of("?&", end); q != std::string::npos; q = out.find('&', q + 1)) {
-            if (out.compare(q + 1, 9, "password=") != 0) continue;
-            size_t v = q + 10, e = out.find('&', v);
-            if (e == std::string::npos) e = out.size();
-            out.replace(v, e - v, stars);
-        }
-        return out;
-    }
-    std::string out;
-    size_t i = 0, n = dsn.size();
-    while (i < n) {
-        size_t ws = i;
-        while (i < n && is_space(dsn[i])) i++;
-        size_t k = i;
-        while (i < n && !is_space(dsn[i]) && dsn[i] != '=') i++;
-        const std::string key = dsn.substr(k, i - k);
-        while (i < n && is_space(dsn[i])) i++;
-        if (i >= n || dsn[i] != '=') {
-            out += dsn.substr(ws);
-            return out;
-        }
-        i++;
-        while (i < n && is_space(dsn[i])) i++;
-        size_t v = i;
-        if (i < n && dsn[i] == '\'') {
-            i++;
-            while (i < n && dsn[i] != '\'') i += (dsn[i] == '\\' && i + 1 < n) ? 2 : 1;
-            if (i >= n) {  // unterminated: hide the rest
-                out += dsn.substr(ws, v - ws) + stars;
-                return out;
-            }
-            i++;
-        } else {
-            while (i < n && !is_space(dsn[i])) i += (dsn[i] == '\\' && i + 1 < n) ? 2 : 1;
-        }
-        out += dsn.substr(ws, v - ws);
-        out += key == "password" ? stars : dsn.substr(v, i - v);
-    }
-    return out;
-}
-
 // SHOW sharding.coordinator_dsn and current_setting() (pg_settings does not list it): the
 // value as set for a superuser, its password masked for every other role.
 // (The engine reads the value itself, not through this.)
@@ -484,7 +423,7 @@ const char *show_coordinator_dsn() {
     const char *v = coordinator_dsn != nullptr ? coordinator_dsn : "";
     if (IsTransactionState() && superuser()) return v;
     try {
-        shown = mask_password(v);
+        shown = sharding::move::mask_password(v);
         return shown.c_str();
     } catch (...) {
         return "********";
@@ -565,6 +504,6 @@ SHARDING_FUNCTION(sharding_local_changed) {
 // shown as ******** (what local_node keeps of the coordinator's DSN).
 SHARDING_FUNCTION(sharding__mask_password) {
     text *t = PG_GETARG_TEXT_PP(0);
-    std::string masked = mask_password(std::string(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)));
+    std::string masked = sharding::move::mask_password(std::string(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t)));
     PG_RETURN_TEXT_P(sharding::pg_call([&] { return cstring_to_text_with_len(masked.data(), (int)masked.size()); }));
 }

@@ -25,7 +25,7 @@
 // connections of remote_exec.cpp (one per node, named after its DSN's
 // hash, kept open), with the helper's password rule for non-superusers; a
 // node that cannot answer is not waited for (the move then fails and says
-// why). No dblink.
+// why).
 #include "nodes/move_engine.hpp"
 
 #include <cstdlib>

@@ -616,7 +616,10 @@ SHARDING_FUNCTION(sharding__move_pull) {
     ArrayType *cols = pg_call([&]() -> ArrayType * { return PG_GETARG_ARRAYTYPE_P(3); });
     std::string query = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(4)); });
 
-    std::string dsn = node_dsn(source);
+    // SEC-4: the source's whole DSN (its kept password) only for the
+    // engine's own copy (a caller who may use the owner's credentials: the
+    // engine's session at the destination logs in as the node DSN's role).
+    std::string dsn = caller_dsn(node_dsn(source));
     const char *appname = pg_call([]() -> const char * { return GetConfigOption("application_name", true, false); });
     std::string name = appname ? appname : "sharding";
     Remote remote(dsn, false, name + "_copy");
@@ -693,6 +696,10 @@ SHARDING_FUNCTION(sharding__move_slot_create) {
     std::string plugin = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(2)); });
     std::string options =
         PG_ARGISNULL(3) ? std::string() : pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(3)); });
+    // SEC-4: a slot (and a replication session with the caller's options)
+    // at a node logged in with its kept password only for the engine (which
+    // calls create_slot itself), the owner and superusers.
+    (void)caller_dsn(node_dsn(source));
     const SlotMade made = create_slot(source, slot, plugin, options);
     const std::string &lsn = made.lsn, &snap = made.snapshot;
 

@@ -370,5 +370,6 @@ SHARDING_FUNCTION(sharding__move_delete_rows) {
     int32 logical = PG_GETARG_INT32(2);
     Text key;
     if (!PG_ARGISNULL(3)) key = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(3)); });
+    check_named_for_caller(conn.c_str());
     PG_RETURN_INT64(delete_shard_rows(conn.c_str(), map, logical, key));
 }

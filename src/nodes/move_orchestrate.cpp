@@ -1065,6 +1065,7 @@ SHARDING_FUNCTION(sharding__move_phase) {
 // _move_call(conn, fn, map, logical): sharding.<fn>(map, logical) there.
 SHARDING_FUNCTION(sharding__move_call) {
     Text conn = text_arg(fcinfo, 0);
+    check_named_for_caller(conn->c_str());
     Text fn = text_arg(fcinfo, 1);
     Text map = text_arg(fcinfo, 2);
     call_fn(conn->c_str(), *fn, *map, PG_GETARG_INT32(3));
@@ -1112,6 +1113,7 @@ SHARDING_FUNCTION(sharding__move_drop_triggers) {
 // _move_stop_backends(conn, name).
 SHARDING_FUNCTION(sharding__move_stop_backends) {
     Text conn = text_arg(fcinfo, 0);
+    check_named_for_caller(conn->c_str());
     Text name = text_arg(fcinfo, 1);
     stop_backends(conn->c_str(), *name);
     PG_RETURN_VOID();
@@ -1135,6 +1137,7 @@ SHARDING_FUNCTION(sharding__move_sees_switch) {
     Text map = text_arg(fcinfo, 1);
     Text key = text_arg(fcinfo, 3);
     Text node = text_arg(fcinfo, 4);
+    check_named_for_caller(conn->c_str());
     Text epoch;
     if (!PG_ARGISNULL(5)) epoch = std::to_string(PG_GETARG_INT64(5));
     bool seen = sees_switch(conn->c_str(), *map, PG_GETARG_INT32(2), key, *node, epoch);

@@ -1,6 +1,8 @@
 // libpq connections of the move engine: see move_remote.hpp.
 #include "nodes/move_remote.hpp"
 
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -16,6 +18,7 @@ extern "C" {
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/wait_event.h"
 }
@@ -36,6 +39,10 @@ Held held[kMaxConns];
 bool callbacks_installed = false;
 // take_over's connections skip the identity check until the transaction ends.
 bool takeover_mode = false;
+// How many of the engine's own entry points run in this backend
+// (sharding__engine_call): the owner's credentials serve
+// their statements (may_use_owner_credentials).
+int engine_depth = 0;
 
 void xact_callback(XactEvent event, void *) {
     switch (event) {
@@ -46,6 +53,7 @@ void xact_callback(XactEvent event, void *) {
     case XACT_EVENT_PREPARE:
         close_all_connections();
         takeover_mode = false;
+        engine_depth = 0;
         break;
     default:
         break;
@@ -252,6 +260,28 @@ std::string node_dsn(const std::string &node) {
     return s;
 }
 
+// The owner of sharding.node_secrets: the extension's owner (the
+// extension script made it); InvalidOid if there is none.
+static Oid secrets_owner() {
+    Oid nsp = get_namespace_oid("sharding", true);
+    Oid rel = OidIsValid(nsp) ? get_relname_relid("node_secrets", nsp) : InvalidOid;
+    if (!OidIsValid(rel)) return InvalidOid;
+    HeapTuple tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
+    if (!HeapTupleIsValid(tup)) return InvalidOid;
+    Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(tup))->relowner;
+    ReleaseSysCache(tup);
+    return owner;
+}
+
+// Glue: whether the current user is a superuser or has the rights of the
+// extension's owner.
+static bool owner_or_superuser() {
+    if (!IsTransactionState()) return false;
+    if (superuser()) return true;
+    Oid owner = secrets_owner();
+    return OidIsValid(owner) && has_privs_of_role(GetUserId(), owner);
+}
+
 // real_dsn's catalog part, C-style (it may ereport): the whole DSN whose
 // masked form is `shown`, palloc'd in the current memory context, or NULL.
 // The table's owner is the extension's owner (the extension script made it).
@@ -260,13 +290,8 @@ std::string node_dsn(const std::string &node) {
 // schema-qualified.
 static char *unmask_as_owner(const char *shown) {
     if (!IsTransactionState()) return nullptr;
-    Oid nsp = get_namespace_oid("sharding", true);
-    Oid rel = OidIsValid(nsp) ? get_relname_relid("node_secrets", nsp) : InvalidOid;
-    if (!OidIsValid(rel)) return nullptr;
-    HeapTuple tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
-    if (!HeapTupleIsValid(tup)) return nullptr;
-    Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(tup))->relowner;
-    ReleaseSysCache(tup);
+    Oid owner = secrets_owner();
+    if (!OidIsValid(owner)) return nullptr;
 
     Oid save_user;
     int save_sec;
@@ -307,6 +332,170 @@ std::string real_dsn(const std::string &dsn) {
     std::string s(whole);
     pfree(whole);
     return s;
+}
+
+bool may_use_owner_credentials() { return engine_depth > 0 || glue(owner_or_superuser); }
+
+std::string caller_dsn(const std::string &dsn) {
+    if (may_use_owner_credentials() || real_dsn(dsn) == dsn) return dsn;
+    fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+         Explain{"The whole connection strings of the nodes (sharding.node_secrets) serve only the statements the "
+                 "extension itself runs: attach_node, detach_node, moves, rebalance jobs, take_over.",
+                 "Give a connection string with a password of your own, or call the extension's public functions."},
+         "permission denied to use the connection string of a node with its password masked");
+}
+
+int engine_scope_enter() { return engine_depth++; }
+void engine_scope_leave(int saved) { engine_depth = saved; }
+
+namespace {
+
+bool is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; }
+
+bool is_secret_key(const std::string &key) { return key == "password" || key == "sslpassword"; }
+
+const char *const kStars = "********";
+
+// A URI's query keyword as libpq reads it (%XX decoded); "" if malformed.
+std::string uri_decode(const std::string &s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); i++) {
+        if (s[i] != '%') {
+            out += s[i];
+            continue;
+        }
+        if (i + 2 >= s.size() || !std::isxdigit((unsigned char)s[i + 1]) || !std::isxdigit((unsigned char)s[i + 2]))
+            return std::string();
+        out += (char)std::stoi(s.substr(i + 1, 2), nullptr, 16);
+        i += 2;
+    }
+    return out;
+}
+
+// A URI, as libpq's conninfo_uri_parse_options reads it: the user
+// information runs up to the first '@' met before any '/' (a '?' or ':'
+// there is the password's); the query parameters start at the first '?'
+// after it, separated by '&', their keywords percent-decoded.
+std::string mask_uri(const std::string &dsn) {
+    std::string out = dsn;
+    size_t start = out.find("://") + 3;
+    size_t end = out.find_first_of("@/", start);
+    size_t after = start;
+    if (end != std::string::npos && out[end] == '@') {
+        size_t colon = out.find(':', start);
+        if (colon != std::string::npos && colon < end) {
+            out.replace(colon + 1, end - colon - 1, kStars);
+            end = colon + 1 + std::strlen(kStars);
+        }
+        after = end + 1;
+    }
+    size_t q = out.find('?', after);
+    if (q == std::string::npos) return out;
+    for (size_t p = q + 1; p <= out.size();) {
+        size_t amp = out.find('&', p);
+        if (amp == std::string::npos) amp = out.size();
+        size_t eq = out.find('=', p);
+        if (eq != std::string::npos && eq < amp && is_secret_key(uri_decode(out.substr(p, eq - p)))) {
+            out.replace(eq + 1, amp - eq - 1, kStars);
+            amp = eq + 1 + std::strlen(kStars);
+        }
+        p = amp + 1;
+    }
+    return out;
+}
+
+// key = value pairs, as libpq's conninfo_parse reads them.
+std::string mask_pairs(const std::string &dsn) {
+    std::string out;
+    size_t i = 0, n = dsn.size();
+    while (i < n) {
+        size_t ws = i;
+        while (i < n && is_space(dsn[i])) i++;
+        size_t k = i;
+        while (i < n && !is_space(dsn[i]) && dsn[i] != '=') i++;
+        const std::string key = dsn.substr(k, i - k);
+        while (i < n && is_space(dsn[i])) i++;
+        if (i >= n || dsn[i] != '=') {
+            out += dsn.substr(ws);
+            return out;
+        }
+        i++;
+        while (i < n && is_space(dsn[i])) i++;
+        size_t v = i;
+        if (i < n && dsn[i] == '\'') {
+            i++;
+            while (i < n && dsn[i] != '\'') i += (dsn[i] == '\\' && i + 1 < n) ? 2 : 1;
+            if (i >= n) {  // unterminated: hide the rest
+                out += dsn.substr(ws, v - ws) + kStars;
+                return out;
+            }
+            i++;
+        } else {
+            while (i < n && !is_space(dsn[i])) i += (dsn[i] == '\\' && i + 1 < n) ? 2 : 1;
+        }
+        out += dsn.substr(ws, v - ws);
+        out += is_secret_key(key) ? std::string(kStars) : dsn.substr(v, i - v);
+    }
+    return out;
+}
+
+// The options libpq reads from dsn (nullptr if it does not parse).
+struct Parsed {
+    PQconninfoOption *opts;
+    explicit Parsed(const std::string &dsn) : opts(PQconninfoParse(dsn.c_str(), nullptr)) {}
+    ~Parsed() {
+        if (opts != nullptr) PQconninfoFree(opts);
+    }
+    Parsed(const Parsed &) = delete;
+    Parsed &operator=(const Parsed &) = delete;
+};
+
+// Whether `shown` gives libpq no password of `orig` (each one absent or
+// ********, and no password of orig's anywhere in its text).
+bool hides(const Parsed &orig, const std::string &shown) {
+    Parsed after(shown);
+    if (after.opts == nullptr) return false;
+    for (PQconninfoOption *o = after.opts; o->keyword != nullptr; o++)
+        if (is_secret_key(o->keyword) && o->val != nullptr && o->val[0] != '\0' && std::strcmp(o->val, kStars) != 0)
+            return false;
+    for (PQconninfoOption *o = orig.opts; o->keyword != nullptr; o++)
+        if (is_secret_key(o->keyword) && o->val != nullptr && o->val[0] != '\0' && std::strcmp(o->val, kStars) != 0 &&
+            shown.find(o->val) != std::string::npos)
+            return false;
+    return true;
+}
+
+// The options as key = 'value' pairs, the passwords masked.
+std::string pairs_of(const Parsed &p) {
+    std::string out;
+    for (PQconninfoOption *o = p.opts; o->keyword != nullptr; o++) {
+        if (o->val == nullptr) continue;
+        if (!out.empty()) out += ' ';
+        out += o->keyword;
+        out += '=';
+        if (is_secret_key(o->keyword)) {
+            out += kStars;
+            continue;
+        }
+        out += '\'';
+        for (const char *c = o->val; *c; c++) {
+            if (*c == '\'' || *c == '\\') out += '\\';
+            out += *c;
+        }
+        out += '\'';
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string mask_password(const std::string &dsn) {
+    const bool uri = dsn.rfind("postgresql://", 0) == 0 || dsn.rfind("postgres://", 0) == 0;
+    std::string shown = uri ? mask_uri(dsn) : mask_pairs(dsn);
+    Parsed orig(dsn);
+    if (orig.opts == nullptr) return shown;  // libpq reads no password from it either
+    if (hides(orig, shown)) return shown;
+    return pairs_of(orig);
 }
 
 void cancel_and_drain(PGconn *conn) noexcept {
@@ -384,7 +573,8 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
     glue(install_callbacks);
     // A node's shown DSN becomes its whole one (password included).
     const std::string dsn = real_dsn(dsn_in);
-    // dblink's rule, for every connection the engine, the jobs and follow
+    // The password rule of PostgreSQL's own remote connectors (postgres_fdw's
+    // password_required), for every connection the engine, the jobs and follow
     // make, checked before connecting: a role that is not a superuser must
     // give the password in the connection string itself. libpq would
     // otherwise take one from the server OS user's password file (or
@@ -450,7 +640,7 @@ void Remote::establish() {
     }
     if (PQsetnonblocking(conn_, 1) != 0)
         fail(ERRCODE_CONNECTION_FAILURE, "could not make the connection non-blocking");
-    // dblink's rule, the second half: a role that is not a superuser may
+    // The password rule, the second half: a role that is not a superuser may
     // only use a connection that authenticated with a password, never the
     // server's own identity (peer, trust).
     if (!own_login_ && !PQconnectionUsedPassword(conn_) && !glue(superuser))
@@ -569,6 +759,63 @@ int Remote::next_copy(const char **data, int *len, bool may_wait) {
         if (failed != nullptr) throw_result(failed, conn_);
         return 0;
     }
+}
+
+void Remote::start_copy_in(const std::string &sql) {
+    if (PQsendQuery(conn_, sql.c_str()) == 0)
+        fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", chomp(PQerrorMessage(conn_)).c_str());
+    PGresult *res = next_result();
+    if (res == nullptr || PQresultStatus(res) != PGRES_COPY_IN) throw_result(res, conn_);
+    PQclear(res);
+}
+
+// What libpq has queued goes out, waiting (interruptibly) while the
+// socket is full; what the server sent meanwhile is read, so neither side
+// waits for the other.
+void Remote::flush_out() {
+    for (;;) {
+        int r = PQflush(conn_);
+        if (r == 0) return;
+        if (r < 0) fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
+        wait(true);
+        if (PQconsumeInput(conn_) == 0)
+            fail(ERRCODE_CONNECTION_FAILURE, "lost the connection: %s", chomp(PQerrorMessage(conn_)).c_str());
+    }
+}
+
+void Remote::put_copy(const char *data, int len) {
+    for (;;) {
+        int r = PQputCopyData(conn_, data, len);
+        if (r == 1) break;
+        if (r < 0) fail(ERRCODE_CONNECTION_FAILURE, "the copy failed: %s", chomp(PQerrorMessage(conn_)).c_str());
+        flush_out();  // 0: libpq's buffer is full
+    }
+    flush_out();
+}
+
+int64 Remote::end_copy_in() {
+    for (;;) {
+        int r = PQputCopyEnd(conn_, nullptr);
+        if (r == 1) break;
+        if (r < 0) fail(ERRCODE_CONNECTION_FAILURE, "the copy failed: %s", chomp(PQerrorMessage(conn_)).c_str());
+        flush_out();
+    }
+    flush_out();
+    PGresult *failed = nullptr;
+    int64 rows = 0;
+    for (PGresult *res; (res = next_result()) != nullptr;) {
+        if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+            if (failed == nullptr) {
+                failed = res;
+                continue;
+            }
+        } else {
+            rows = std::strtoll(PQcmdTuples(res), nullptr, 10);
+        }
+        PQclear(res);
+    }
+    if (failed != nullptr) throw_result(failed, conn_);
+    return rows;
 }
 
 }  // namespace sharding::move

@@ -34,6 +34,31 @@ std::string node_dsn(const std::string &node);
 // it is. Every Remote connects through it; a subscription's CONNECTION
 // needs it too.
 std::string real_dsn(const std::string &dsn);
+
+// The owner's credentials (the whole DSNs of sharding.node_secrets, the
+// password of sharding.coordinator_dsn) serve only SQL the engine wrote
+// (SEC-4, docs/nodes.md "What a sharding_admin member can do on the
+// nodes"). may_use_owner_credentials(): the caller is a superuser, has the
+// rights of the extension's owner, or runs inside one of the engine's own
+// entry points (attach_node, detach_node, take_over, through
+// sharding__engine_call, which enters the engine's scope). caller_dsn(dsn): for an
+// internal function given a connection string by its SQL caller, the DSN as
+// given; a node's masked DSN, which would become the whole one, is refused
+// (42501) to a caller who may not use the owner's credentials.
+bool may_use_owner_credentials();
+std::string caller_dsn(const std::string &dsn);
+// The engine's scope, in plain C form for glue code that may longjmp:
+// enter returns the depth to restore, on every path (PG_FINALLY).
+int engine_scope_enter();
+void engine_scope_leave(int saved);
+// A connection string with every password libpq would read (password,
+// sslpassword; a URI's userinfo and query parameters, percent-encoded keys
+// too) shown as ******** (CONTRACT 15.2); the form kept (key = value pairs
+// or a URI). Checked by parsing (PQconninfoParse): should a password of
+// the original still show, the parsed options are written out as
+// key = value pairs instead, passwords masked; what does not parse is
+// kept up to where it stops parsing, the rest shown as ********.
+std::string mask_password(const std::string &dsn);
 // Fencing (take_over.cpp, docs/nodes.md "Failover of the coordinator"):
 // every connection but a replication one first runs serve_check_sql() there,
 // so that a database following another coordinator refuses the session
@@ -51,7 +76,7 @@ class Remote {
     // own_login: dsn names the calling role itself as its user and carries
     // no password of another role (propagated DDL of a role that is not an
     // administrator, src/ddl/two_phase.cpp): the session is the caller's
-    // own, so dblink's password rule (which keeps a plain role from
+    // own, so the password rule (which keeps a plain role from
     // logging in as another one on the server's credentials) is not
     // applied; the node's own authentication decides.
     Remote(const std::string &dsn, bool replication, const std::string &application_name,
@@ -72,6 +97,11 @@ class Remote {
     // The same, and with may_wait false: -1 at once when no whole chunk has
     // arrived yet (the socket read without waiting); 1 a chunk, 0 the end.
     int next_copy(const char **data, int *len, bool may_wait);
+    // Starts a COPY ... FROM STDIN; then put_copy() for each chunk and
+    // end_copy_in(), which returns the command's row count.
+    void start_copy_in(const std::string &sql);
+    void put_copy(const char *data, int len);
+    int64 end_copy_in();
     // Sends a cancel request for what runs there (best effort, no throw).
     void cancel() noexcept;
     PGconn *conn() const { return conn_; }
@@ -86,6 +116,7 @@ class Remote {
   private:
     void establish();
     void wait(bool for_write);
+    void flush_out();
     bool own_login_ = false;
     PGresult *next_result();
     PGconn *conn_ = nullptr;
@@ -143,6 +174,12 @@ bool named_run(const char *name, const char *sql, std::string *out);
 // The libpq connection behind a name (as named_run finds it), for a caller
 // that runs statements on several connections at once (move_delete.cpp).
 PGconn *named_connection(const char *name);
+// For an internal function given a connection name by its SQL caller
+// (_dbl_run, _dbl_value, _move_delete_rows, _move_call, _move_sees_switch,
+// _move_stop_backends): one of the engine's own named connections (logged
+// in with the owner's credentials) is refused (42501) to a caller who may
+// not use them (SEC-4); any other name goes on as before.
+void check_named_for_caller(const char *name);
 
 void hold_connection(const std::string &slot, PGconn *conn);
 bool close_held(const std::string &slot) noexcept;

@@ -197,6 +197,9 @@ SHARDING_FUNCTION(sharding__switch_owner) {
 // _coordinator_dsn(): text.
 SHARDING_FUNCTION(sharding__coordinator_dsn) {
     (void)fcinfo;
+    // SEC-4: its password for the engine's own statements (attach_node,
+    // take_over), the extension's owner and superusers; masked for others.
     std::string dsn = coordinator_dsn();
+    if (!may_use_owner_credentials()) dsn = mask_password(dsn);
     PG_RETURN_DATUM(text_datum(dsn));
 }

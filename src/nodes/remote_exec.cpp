@@ -1,8 +1,8 @@
 // The session's named remote connections: one libpq helper for the move's
 // orchestration (sharding._dbl_connect/_dbl_run/_dbl_value/_dbl_disconnect/
-// _dbl_open), replacing contrib's dblink on the move's path.
+// _dbl_open): the engine's remote sessions, one libpq stack.
 //
-// A named connection lives for the session (as a dblink named connection
+// A named connection lives for the session (as a named connection of contrib's
 // did): the move journal's own connection is opened once and reused by
 // later transactions. It is closed by _dbl_disconnect, by a _dbl_connect of
 // the same name, or at process exit.
@@ -26,7 +26,14 @@
 #include <string>
 
 extern "C" {
+#include "access/htup_details.h"
+#include "catalog/pg_proc.h"
 #include "fmgr.h"
+#include "nodes/makefuncs.h"
+#include "nodes/value.h"
+#include "parser/parse_func.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
 #include "storage/ipc.h"
@@ -43,6 +50,9 @@ constexpr int kMaxNamed = 64;
 struct Named {
     char name[NAMEDATALEN];
     PGconn *conn;
+    // Opened by the engine itself (named_connect from C++, or a caller who
+    // may use the owner's credentials): its login may be the owner's.
+    bool engine;
 };
 Named named[kMaxNamed];
 bool exit_installed = false;
@@ -139,7 +149,7 @@ bool run(PGconn *conn, const char *sql, std::string *out) {
     return has;
 }
 
-// dblink's password rule is Remote's (move_remote.cpp): every connection
+// The password rule is Remote's (move_remote.cpp): every connection
 // is checked as it is established.
 
 PGconn *named_conn(const char *name) {
@@ -165,7 +175,8 @@ using namespace sharding::move;
 
 namespace sharding::move {
 
-void named_connect(const char *name, const char *dsn) {
+namespace {
+void connect_named(const char *name, const char *dsn, bool engine) {
     if (dsn == nullptr)
         fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "no connection string for connection \"%s\"", name);
     if (std::strlen(name) >= NAMEDATALEN) fail(ERRCODE_NAME_TOO_LONG, "connection name too long");
@@ -190,6 +201,7 @@ void named_connect(const char *name, const char *dsn) {
     }
     std::strncpy(slot->name, name, NAMEDATALEN - 1);
     slot->conn = conn;
+    slot->engine = engine;
     std::string ignored;
     try {
         run(conn, "SET search_path = pg_catalog, pg_temp", &ignored);
@@ -199,6 +211,10 @@ void named_connect(const char *name, const char *dsn) {
         throw;
     }
 }
+
+}  // namespace
+
+void named_connect(const char *name, const char *dsn) { connect_named(name, dsn, true); }
 
 bool named_open(const char *name) {
     Named *n = find(name);
@@ -220,6 +236,16 @@ bool named_run(const char *name, const char *sql, std::string *out) { return run
 
 PGconn *named_connection(const char *name) { return named_conn(name); }
 
+void check_named_for_caller(const char *name) {
+    Named *n = find(name);
+    if (n != nullptr && n->engine && !may_use_owner_credentials())
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+             Explain{"The extension's own connections log in with the nodes' kept passwords; they run only the "
+                     "statements the extension writes.",
+                     "Call the extension's public functions, or open a connection of your own with sharding._dbl_connect."},
+             "permission denied to use connection \"%s\" of the extension", name);
+}
+
 }  // namespace sharding::move
 
 // _dbl_connect(conn, dsn): opens the named connection (closing one of that
@@ -229,7 +255,15 @@ SHARDING_FUNCTION(sharding__dbl_connect) {
     if (PG_ARGISNULL(0)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the connection name must not be NULL");
     char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
     char *dsn = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
-    named_connect(name, dsn);
+    // SEC-4: a caller who may not use the owner's credentials neither
+    // replaces one of the engine's connections nor opens one with a node's
+    // masked DSN.
+    bool engine = may_use_owner_credentials();
+    if (!engine) {
+        check_named_for_caller(name);
+        if (dsn != nullptr) (void)caller_dsn(dsn);
+    }
+    connect_named(name, dsn, engine);
     PG_RETURN_VOID();
 }
 
@@ -253,6 +287,8 @@ Datum run_named(FunctionCallInfo fcinfo) {
     char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
     char *sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
     PGconn *conn = sharding::move::named_conn(name);
+    // SEC-4: the engine's own connections run only the engine's statements.
+    check_named_for_caller(name);
     bool has;
     Datum d;
     {
@@ -288,6 +324,8 @@ static Datum one_shot(FunctionCallInfo fcinfo) {
     {
         std::string v;
         try {
+            // SEC-4: a node's masked DSN only for the engine's statements.
+            (void)caller_dsn(dsn);
             Remote r(dsn, false, std::string());
             // The node role's own search_path (ALTER DATABASE/ROLE ... SET
             // there) must not resolve what the statement names, as for a
@@ -307,3 +345,52 @@ static Datum one_shot(FunctionCallInfo fcinfo) {
 
 SHARDING_FUNCTION(sharding__remote) { return one_shot(fcinfo); }
 SHARDING_FUNCTION(sharding__remote_exec) { return one_shot(fcinfo); }
+
+namespace {
+// Glue: calls the body of the engine's entry point fcinfo calls,
+// sharding._<name>_body with the same arguments, by OID (fmgr checks no
+// EXECUTE right: the body is the owner's alone), the engine scope set
+// around it and restored on every path.
+Datum call_body(FunctionCallInfo fcinfo, bool *isnull) {
+    HeapTuple tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid));
+    if (!HeapTupleIsValid(tup)) elog(ERROR, "cache lookup failed for function %u", fcinfo->flinfo->fn_oid);
+    Form_pg_proc proc = (Form_pg_proc)GETSTRUCT(tup);
+    char *body = psprintf("_%s_body", NameStr(proc->proname));
+    char *schema = get_namespace_name(proc->pronamespace);
+    int nargs = proc->pronargs;
+    Oid *types = (Oid *)palloc(sizeof(Oid) * (nargs > 0 ? nargs : 1));
+    for (int i = 0; i < nargs; i++) types[i] = proc->proargtypes.values[i];
+    ReleaseSysCache(tup);
+    Oid fn = LookupFuncName(list_make2(makeString(schema), makeString(body)), nargs, types, false);
+    FmgrInfo flinfo;
+    fmgr_info(fn, &flinfo);
+    LOCAL_FCINFO(call, FUNC_MAX_ARGS);
+    InitFunctionCallInfoData(*call, &flinfo, nargs, fcinfo->fncollation, nullptr, nullptr);
+    for (int i = 0; i < nargs; i++) call->args[i] = fcinfo->args[i];
+    int saved = sharding::move::engine_scope_enter();
+    Datum result = (Datum)0;
+    PG_TRY();
+    {
+        result = FunctionCallInvoke(call);
+    }
+    PG_FINALLY();
+    {
+        sharding::move::engine_scope_leave(saved);
+    }
+    PG_END_TRY();
+    *isnull = call->isnull;
+    return result;
+}
+}  // namespace
+
+// The engine's entry points written in PL/pgSQL (attach_node, detach_node,
+// take_over): LANGUAGE C, this function, which runs sharding._<name>_body
+// in the engine's scope (SEC-4): the owner's credentials (the nodes' whole
+// DSNs, the coordinator's password) serve the statements the body writes
+// and nothing a caller passes to an internal function outside it.
+SHARDING_FUNCTION(sharding__engine_call) {
+    bool isnull = false;
+    Datum d = glue(call_body, fcinfo, &isnull);
+    if (isnull) PG_RETURN_NULL();
+    return d;
+}

@@ -38,7 +38,8 @@ using namespace sharding::move;
 
 // _take_over_config(dsn text, slot text): text (JSON).
 SHARDING_FUNCTION(sharding__take_over_config) {
-    std::string dsn = must(text_arg(fcinfo, 0));
+    // SEC-4: a node's masked DSN only within take_over.
+    std::string dsn = caller_dsn(must(text_arg(fcinfo, 0)));
     std::string slot = must(text_arg(fcinfo, 1));
     for (char ch : slot)
         if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_'))

@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . test/lib/tap.sh
 
-echo "1..15"
+echo "1..16"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 bash demo/run.sh >"$out" 2>&1
@@ -38,6 +38,10 @@ ok "$(grep -A12 '^sharding.rebalance_by_load moves' "$out" | grep -cE '^ +[0-9]+
     "scene 7: rebalance_by_load moves three shards off db2"
 ok "$(grep -A20 '^sharding.rebalance_by_load moves' "$out" | grep -qE '^ db2 +\| +1 \| +200 \|' && echo t || echo f)" \
     "scene 7: the whale stays alone on db2"
+# Scene 8: the table is created on the coordinator only; distribute makes
+# it on the three attached nodes (docs/ddl.md).
+ok "$(grep -qx 'orders was created here only; distribute made it on n1, n2, n3 in one two-phase transaction.' "$out" && echo t || echo f)" \
+    "scene 8: distribute creates orders on n1, n2 and n3"
 # Scene 8: the job ended done, and every order the writers committed is on
 # exactly one node (counts and amounts match).
 ok "$(grep -A3 '^rebalance_wait returns' "$out" | grep -qE '^ done$' && echo t || echo f)" "scene 8: the rebalance job ends done"

@@ -4,7 +4,7 @@
 -- plain roles; claim and complete obey the caller's privileges on the queue.
 \set QUIET on
 BEGIN;
-SELECT plan(59);
+SELECT plan(62);
 
 CREATE ROLE priv_plain NOLOGIN;
 CREATE ROLE priv_admin NOLOGIN IN ROLE sharding_admin;
@@ -125,6 +125,20 @@ SELECT is((SELECT p.prorettype = 'trigger'::regtype AND p.proconfig = '{"search_
                   AND NOT has_function_privilege('public', p.oid, 'EXECUTE')
              FROM pg_proc p WHERE p.oid = 'sharding._node_secret()'::regprocedure), true,
           '_node_secret: a trigger function, search_path pinned, not executable by PUBLIC');
+-- SEC-4: the engine's entry points written in PL/pgSQL run their bodies
+-- in the engine's scope; the bodies are the owner's alone.
+SELECT is((SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) FROM pg_proc p
+            WHERE p.pronamespace = 'sharding'::regnamespace AND p.prosrc = 'sharding__engine_call'),
+          'sharding.attach_node(text), sharding.detach_node(text), sharding.take_over(boolean)',
+          'SEC-4: attach_node, detach_node and take_over are the engine''s entry points (sharding__engine_call)');
+SELECT is((SELECT string_agg(p.oid::regprocedure::text || ':' || has_function_privilege('priv_admin', p.oid, 'EXECUTE'), ', '
+                             ORDER BY p.oid::regprocedure::text) FROM pg_proc p
+            WHERE p.pronamespace = 'sharding'::regnamespace AND p.proname LIKE '\_%\_body'),
+          'sharding._attach_node_body(text):false, sharding._detach_node_body(text):false, sharding._take_over_body(boolean):false',
+          'SEC-4: their bodies are not executable by sharding_admin');
+SET LOCAL ROLE priv_admin;
+SELECT throws_ok($$SELECT sharding._attach_node_body('a')$$, '42501', NULL, 'SEC-4: admin: attach_node''s body refused');
+RESET ROLE;
 CREATE TABLE public.priv_fake_nodes (node text, dsn text);
 GRANT ALL ON public.priv_fake_nodes TO priv_plain;
 SET LOCAL ROLE priv_plain;

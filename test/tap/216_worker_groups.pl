@@ -35,9 +35,12 @@ sub sql { return $node->safe_psql('postgres', $_[0]); }
 sql(qq{
 CREATE ROLE gworker IN ROLE sharding_worker;
 SELECT sharding.create_map('gm', 64, ARRAY['seed']);
-INSERT INTO jobs (id, key, created)
-SELECT g, 'k' || (g * 7919 % 2000), '2026-01-01'::timestamptz + g * interval '1 millisecond'
-  FROM generate_series(1, $jobs) g;
+CREATE FUNCTION add_jobs(first integer, last integer) RETURNS void LANGUAGE sql AS \$\$
+    INSERT INTO jobs (id, key, created)
+    SELECT g, 'k' || (g * 7919 % 2000), '2026-01-01'::timestamptz + g * interval '1 millisecond'
+      FROM generate_series(first, last) g
+\$\$;
+SELECT add_jobs(1, 8000);
 ANALYZE jobs;
 GRANT SELECT, UPDATE ON jobs TO gworker;
 
@@ -86,7 +89,7 @@ BEGIN
 END \$\$;
 CREATE TRIGGER snap AFTER UPDATE OF generation ON sharding.worker_groups FOR EACH ROW EXECUTE FUNCTION snap();
 
-CREATE TABLE ctl (worker text PRIMARY KEY);   -- workers told to leave
+CREATE TABLE ctl (worker text PRIMARY KEY);   -- workers told to leave ('*': no more jobs come)
 CREATE TABLE slow (worker text PRIMARY KEY);  -- workers that hold each batch 1 s
 GRANT SELECT ON slow TO gworker;
 CREATE TABLE rejoins (worker text, at timestamptz DEFAULT clock_timestamp());
@@ -96,8 +99,8 @@ GRANT INSERT ON rejoins TO gworker;
 -- The worker loop of docs/workers.md, with the audit's needs: join; then
 -- heartbeat every 250 ms (join again if the lease was lost), claim a
 -- batch through claim_node (commit), work 2 ms (1 s for a worker in table
--- slow), complete it (commit); leave when told to or when the queue is
--- drained.
+-- slow), complete it (commit); leave when told to, or when the queue is
+-- drained once the test has added its last jobs.
 CREATE PROCEDURE gwork(me text, seconds integer) LANGUAGE plpgsql AS \$\$
 DECLARE
     ids bigint[];
@@ -129,7 +132,8 @@ BEGIN
             PERFORM sharding.complete('jobs', ids, me);
             COMMIT;
         ELSE
-            EXIT WHEN NOT EXISTS (SELECT FROM jobs WHERE status IN ('pending', 'processing'));
+            EXIT WHEN NOT EXISTS (SELECT FROM jobs WHERE status IN ('pending', 'processing'))
+                  AND EXISTS (SELECT FROM public.ctl WHERE worker = '*');
             PERFORM pg_sleep(0.02);
         END IF;
         EXIT WHEN clock_timestamp() - t0 > seconds * interval '1 second'
@@ -159,6 +163,12 @@ ok(defined sharding_wait($node, 'postgres', done(3000), 't', 120), 'six workers:
 $w{w7} = start_worker('w7');
 ok(defined sharding_wait($node, 'postgres', member('w7'), '1', 60), 'w7 joined');
 ok(defined sharding_wait($node, 'postgres', done(6000), 't', 120), '6,000 jobs done');
+# The jobs come in three parts, each added once the test has seen what it
+# waits for: the workers' pace never decides whether work is left for the
+# next step (eight workers once drained all 20,000 jobs in under 2 s, before
+# w8 was told to slow down; it left with the others and held nothing when
+# killed).
+sql('SELECT add_jobs(8001, 14000)');
 $w{w8} = start_worker('w8');
 ok(defined sharding_wait($node, 'postgres', "SELECT count(*) > 0 FROM audit WHERE worker = 'w8' AND event = 'done'", 't', 60),
 	'w8 joined and works');
@@ -169,8 +179,10 @@ is($w3_rc, 0, 'w3 ended normally');
 ok(defined sharding_wait($node, 'postgres', done(12000), 't', 120), '12,000 jobs done');
 
 # w8 dies: its client is killed while it works (it holds each batch for a
-# second from now on, so that it certainly holds one when killed).
+# second from now on, so that it certainly holds one when killed: the last
+# jobs come after it is told, and only w8 claims those of its shards).
 sql("INSERT INTO slow VALUES ('w8')");
+sql("SELECT add_jobs(14001, $jobs); INSERT INTO ctl VALUES ('*')");
 ok(defined sharding_wait($node, 'postgres', "SELECT count(*) > 0 FROM jobs WHERE owner = 'w8' AND status = 'processing'", 't', 30),
 	'w8 holds a batch');
 $w{w8}{h}->signal('KILL');

@@ -24,11 +24,12 @@
 # 4. Refusals: same owner, no DSN, a node that does not follow, bad input,
 #    a source whose wal_level is not logical.
 # 5. copy_shard skips a pinned bytea key where bytea_output = escape.
+# 6. No dblink in any database: a shard still moves.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
-use Test::More tests => 46;
+use Test::More tests => 51;
 use Time::HiRes qw(time usleep);
 use lib 'lib';
 use ShardingNode;
@@ -267,7 +268,35 @@ my $pinned_blob = qn('coord', "SELECT '\\x' || encode(k, 'hex') FROM (SELECT dec
                                FROM generate_series(1, 400) i) x WHERE sharding.logical_shard('bank', k) = 0 LIMIT 1");
 qn('coord', "SELECT sharding.pin('bank', '$pinned_blob', 'n3')");
 my $in_shard0 = qn('n1', 'SELECT count(*) FROM blobs WHERE sharding.shard_of(k, 8) = 0');
+# Since 1.4 copy_shard runs on the engine's own connections: no dblink at
+# either end of the call.
+qn($_, 'DROP EXTENSION IF EXISTS dblink') for qw(coord n3);
 is(qn('coord', "SELECT sharding.copy_shard('bank', 0, 'blobs', 'k', '" . dsn_of('n1') . "', '" . dsn_of('n3') . "')") . '|'
 	  . qn('n3', "SELECT count(*) FROM blobs WHERE '\\x' || encode(k, 'hex') = '$pinned_blob'"),
 	($in_shard0 - 1) . '|0',
 	'copy_shard skips a pinned bytea key even where bytea_output = escape (' . ($in_shard0 - 1) . " of $in_shard0 rows)");
+is(qn('coord', "SELECT sharding.copy_shard('bank', 0, 'blobs', 'k', '" . dsn_of('n1') . "', '" . dsn_of('n3') . "')"), '0',
+	'copy_shard repeated: rows already there are skipped (0 inserted)');
+# A shard larger than libpq's buffers, toasted values: every row of the
+# shard and only those, byte for byte.
+qn($_, 'CREATE TABLE big (k bigint PRIMARY KEY, pad text)') for qw(coord n1 n3);
+qn('n1', "INSERT INTO big SELECT i, repeat(md5(i::text), 1 + i % 40) FROM generate_series(1, 30000) i");
+my $sum = "SELECT count(*) || ':' || coalesce(md5(string_agg(k || pad, ',' ORDER BY k)), '-') FROM big";
+my $src = qn('n1', "$sum WHERE sharding.shard_of(k, 8) = 3");
+my ($rows) = split /:/, $src;
+is(qn('coord', "SELECT sharding.copy_shard('bank', 3, 'big', 'k', '" . dsn_of('n1') . "', '" . dsn_of('n3') . "')")
+	. '|' . qn('n3', $sum), "$rows|$src", "copy_shard of $rows rows (about 1 MB and more): the shard's rows exactly");
+
+# ------------------------------------------------------------------ 6. no dblink anywhere
+# Since 1.4 nothing of the extension uses dblink: with it dropped from every
+# database, a shard of n1 still moves online to n2.
+qn($_, 'DROP EXTENSION IF EXISTS dblink CASCADE') for qw(coord n1 n2 n3);
+is(join(' ', map { qn($_, "SELECT count(*) FROM pg_extension WHERE extname = 'dblink'") } qw(coord n1 n2 n3)), '0 0 0 0',
+	'dblink is in no database');
+my $L = qn('coord', "SELECT s.logical FROM sharding.shards s WHERE s.map = 'bank' AND s.node = 'n1' ORDER BY s.logical LIMIT 1");
+my $before = checksums('n1', $L);
+my ($epoch_before) = owner($L) =~ /\|(\d+)$/;
+qn('coord', "SELECT sharding.move_shard_online('bank', $L, 'n2')");
+is(owner($L) . ' ' . checksums('n2', $L) . ' ' . checksums('n1', $L), 'n2|' . ($epoch_before + 1) . " $before 0/0 0/0",
+	"without dblink: shard $L moved from n1 to n2 online ($before), none of its rows left at n1");
+is(leftovers(), $CLEAN, '... and nothing of the move is left');

@@ -10,7 +10,7 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
-use Test::More tests => 39;
+use Test::More tests => 50;
 use Time::HiRes qw(time usleep);
 use lib 'lib';
 use ShardingNode;
@@ -164,6 +164,28 @@ is(on_all(q{SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute WH
 $out = c('CREATE INDEX CONCURRENTLY docs_note ON docs (note)', stderr => 1);
 like($out, qr/NOTICE:.*not atomically/, 'CREATE INDEX CONCURRENTLY: a NOTICE that it is not atomic');
 is(on_all(q{SELECT count(*) FROM pg_indexes WHERE indexname = 'docs_note'}), '1 1 1', '... and the index on every node');
+
+# Renames inside the table propagate; DROP INDEX too.
+c('ALTER TABLE docs RENAME COLUMN a2 TO a3');
+is(on_all(q{SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'docs'::regclass AND attname IN ('a1', 'a2', 'a3')}),
+	'a1,a3 a1,a3 a1,a3', 'ALTER TABLE ... RENAME COLUMN: renamed on every node');
+c('DROP INDEX docs_note');
+is(join(' ', c(q{SELECT count(*) FROM pg_indexes WHERE indexname = 'docs_note'}), on_all(q{SELECT count(*) FROM pg_indexes WHERE indexname = 'docs_note'})),
+	'0 0 0 0', 'DROP INDEX of a distributed table\'s index: dropped on every node');
+# A distributed table is known by its name (sharding.distributed_tables, the
+# nodes' copies, PL/Proxy): renaming it, or moving it to another schema,
+# would leave the map naming a table that no longer exists. Refused (0A000,
+# with the way to do it), nothing changed anywhere, propagation on or off.
+c('CREATE SCHEMA other');
+my $where = q{SELECT coalesce(string_agg(n.nspname || '.' || c.relname, ',' ORDER BY c.relname), '-') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relname IN ('docs', 'docs_renamed') AND c.relkind = 'r'};
+for my $stmt ('ALTER TABLE docs RENAME TO docs_renamed', 'ALTER TABLE docs SET SCHEMA other',
+		'SET sharding.propagate_ddl = off; ALTER TABLE docs RENAME TO docs_renamed') {
+	$out = c($stmt, verbose => 1);
+	like($out, qr/ERROR:\s+0A000: distributed table public\.docs cannot be (renamed|moved to another schema)/, "$stmt: 0A000");
+	like($out, qr/HINT:.*undistribute/, '... with the way to do it in the hint');
+	is(join(' ', c($where), on_all($where), c(q{SELECT count(*) FROM sharding.distributed_tables WHERE schema_name = 'public' AND table_name = 'docs'})),
+		'public.docs public.docs public.docs public.docs 1', '... nothing renamed anywhere, docs still distributed');
+}
 
 # ---------------------------------------------------------------- distribute creates the table
 # On the nodes that lack it (n2 has its own, kept), in the same two-phase

@@ -9,7 +9,7 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
-use Test::More tests => 11;
+use Test::More tests => 15;
 use lib 'lib';
 use ShardingNode;
 
@@ -37,6 +37,19 @@ my @refused = map { c($_, verbose => 1) =~ /ERROR:\s+55000/ ? 'refused' : 'ran' 
 	 'CREATE TRIGGER t BEFORE INSERT ON docs FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger()');
 is(join(' ', @refused), 'refused refused refused refused', 'CREATE INDEX, COMMENT, DROP TABLE, CREATE TRIGGER: refused');
 is(c("SELECT count(*) FROM pg_class WHERE relname IN ('docs', 'docs_v')"), '1', 'nothing of them happened here');
+# DROP INDEX of a distributed table's index (the sql_drop event has lost
+# the index's table by then), renaming the table or moving it to another
+# schema (the map would name a table that no longer exists): refused too.
+c('SET sharding.propagate_ddl = off; CREATE INDEX docs_v ON docs (v)');
+$out = c('DROP INDEX docs_v', verbose => 1);
+like($out, qr/ERROR:\s+55000: DDL of distributed table public\.docs is not propagated/, 'DROP INDEX of its index: 55000');
+is(c("SELECT count(*) FROM pg_class WHERE relname = 'docs_v'"), '1', '... and the index is still here');
+c('CREATE SCHEMA other');
+@refused = map { c($_, verbose => 1) =~ /ERROR:\s+(\w{5}): (distributed table public\.docs cannot be|DDL of distributed table public\.docs)/ ? $1 : 'ran' }
+	('ALTER TABLE docs RENAME TO docs2', 'ALTER TABLE docs SET SCHEMA other', 'ALTER TABLE docs RENAME COLUMN v TO w');
+is(join(' ', @refused), '0A000 0A000 55000', 'RENAME TO, SET SCHEMA: 0A000; RENAME COLUMN: the 55000 of any ALTER TABLE');
+is(c("SELECT string_agg(n.nspname || '.' || c.relname || ':' || a.attname, ',' ORDER BY a.attnum) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 WHERE c.relname IN ('docs', 'docs2') AND c.relkind = 'r'"),
+	'public.docs:k,public.docs:v', '... the table, its schema and its columns unchanged');
 is(c('ALTER TABLE plain ADD COLUMN note text; SELECT 1'), '1', 'DDL of a table that is not distributed: as usual');
 # The way without preloading: run_on_nodes, and the same statement here with
 # propagation off (the setting says: this database only).

@@ -8,6 +8,8 @@
 -- @include sharding._ddl_refuse
 -- @include sharding_ddl_refuse
 -- @include sharding_ddl_refuse_drop
+-- @include sharding._ddl_refuse_start
+-- @include sharding_ddl_refuse_start
 -- @include sharding._ddl_table_definition
 -- @include sharding._ddl_nodes_lacking
 -- @include sharding._ddl_create_on_nodes

@@ -1,0 +1,11 @@
+-- SEC-4 (CONTRACT 15.2, docs/nodes.md "What a sharding_admin member can do
+-- on the nodes"): the owner's credentials (the nodes' whole DSNs in
+-- sharding.node_secrets, the password of sharding.coordinator_dsn) serve
+-- only the statements the extension writes. attach_node and detach_node
+-- become C entry points running their PL/pgSQL bodies (owner-only) in the
+-- engine's scope; take_over likewise (97_take_over.sql, included whole by
+-- 90_takeover.sql). _remote, _remote_exec, _dbl_connect, _dbl_run,
+-- _dbl_value, _move_pull, _take_over_config and _coordinator_dsn check the
+-- caller in C (no SQL change).
+-- @replace sharding.attach_node
+-- @replace sharding.detach_node
