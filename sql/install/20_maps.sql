@@ -423,6 +423,44 @@ COMMENT ON FUNCTION sharding._canonical_key(text, text) IS
     'internal: a key converted once through its map''s key type (the spelling pins and routing use)';
 -- @end
 
+-- @object sharding._canonical_keys
+-- _canonical_key of every element of keys, in order, for pin_many: the
+-- map's key type looked up once, the integer and uuid keys converted by one
+-- array cast each way (a million keys in one statement); the first
+-- spelling the type rejects raises its error naming it (22P02). Text keys,
+-- and maps without a distributed table, stay as given.
+CREATE FUNCTION sharding._canonical_keys(map text, keys text[]) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    t regtype;
+BEGIN
+    SELECT sharding._key_type(a.atttypid::pg_catalog.regtype) INTO t
+      FROM sharding.distributed_tables AS d
+      JOIN pg_catalog.pg_attribute AS a
+        ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name))
+       AND a.attname = d.key_column
+     WHERE d.map = $1
+     ORDER BY d.schema_name, d.table_name
+     LIMIT 1;
+    IF t IS NULL OR $2 IS NULL THEN
+        RETURN $2;
+    ELSIF t IN ('pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype,
+                'pg_catalog.int8'::pg_catalog.regtype) THEN
+        RETURN $2::pg_catalog.int8[]::pg_catalog.text[];
+    ELSIF t = 'pg_catalog.uuid'::pg_catalog.regtype THEN
+        RETURN $2::pg_catalog.uuid[]::pg_catalog.text[];
+    ELSIF t = 'pg_catalog.bytea'::pg_catalog.regtype THEN
+        RETURN ARRAY(SELECT '\x' OPERATOR(pg_catalog.||) pg_catalog.encode(u.k::pg_catalog.bytea, 'hex')
+                       FROM pg_catalog.unnest($2) WITH ORDINALITY AS u(k, i) ORDER BY u.i);
+    END IF;
+    RETURN $2;
+END $$;
+COMMENT ON FUNCTION sharding._canonical_keys(text, text[]) IS
+    'internal: keys converted once through their map''s key type, in order (pin_many)';
+-- @end
+
 -- @object sharding.pin
 CREATE FUNCTION sharding.pin(map text, key text, node text) RETURNS void
     LANGUAGE plpgsql VOLATILE
@@ -927,7 +965,9 @@ COMMENT ON FUNCTION sharding._routing_cache_counts() IS
 -- @object sharding.pin_many
 -- pin_many(map, keys, nodes) (docs/directory.md) pins (or re-pins) keys[i] to
 -- nodes[i] in one statement and returns how many keys it pinned (a key given
--- twice counts once; the last one wins, as two pin calls would). Arrays of
+-- twice counts once; the last one wins, as two pin calls would). Each key by
+-- value, as pin takes it (_canonical_keys: '007' and '7' are one key of an
+-- integer map; a spelling the type rejects: 22P02, nothing pinned). Arrays of
 -- different lengths, a NULL or multi-dimensional array, a NULL key: 22023,
 -- nothing pinned; each node is checked as pin checks it (empty or NULL:
 -- 22023; on a database map, a node without DSN: 55000); followers refuse
@@ -968,6 +1008,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM sharding._require_map($1, false);
+    -- The keys by value: converted once through the map's key type.
+    keys := sharding._canonical_keys($1, keys);
     -- Not keys of a shard whose move is in flight (55006).
     PERFORM sharding._move_refuse($1, NULL, 'pin_many', keys);
     PERFORM sharding._lock_map($1);

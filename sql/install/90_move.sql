@@ -9,7 +9,9 @@
 --   1. journal  a row in sharding.move_journal, committed at once through a
 --               loopback connection, so that a later call knows what a
 --               crashed or failed one left behind and undoes it; both ends
---               checked, the plan fixed in the row ('copying');
+--               checked, the plan fixed in the row ('copying'), then the
+--               plan's tables read at both ends (after DDL committed
+--               before the plan; later DDL waits for the move);
 --   2. source   CREATE PUBLICATION of the map's distributed tables, then a
 --               row in sharding.move_decoding naming the shard, then a
 --               logical replication slot made over a replication

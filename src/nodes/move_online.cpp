@@ -73,9 +73,13 @@ namespace {
 // One online move as its steps see it. move_online runs the steps in
 // order (docs/moves.md numbers them the same way):
 //   1. find_source      the shard's owner and epoch, under the shard's move lock
-//      check_ends       both ends attached and guarded, wal_level, the tables there
-//      compare_schemas  replica identities, the columns copied, their signatures
-//      fix_plan         the plan in the journal row ('copying'): shard count, pins, tables
+//      check_ends       both ends attached and guarded, wal_level
+//      fix_plan         the plan in the journal row ('copying'): shard count, pins, tables;
+//                       from here on DDL of the map's tables waits for the move (55006)
+//      compare_schemas  the plan's tables at both ends (after DDL committed before the
+//                       plan): replica identities, the columns copied, their signatures
+//      plan_tables      the plan's tables with their conditions and columns
+//                       (a refusal of these two ends the journal row: refuse_after_plan)
 //   2. open_stream      controller lock, storage noted, publication, decoder's row, slot
 //   3. copy_rows        the destination pulls each table under the slot's snapshot
 //   4. subscribe        the destination streams from the slot
@@ -91,13 +95,14 @@ struct OnlineMove {
     std::string shards;  // the map's shard count (the plan's, once fixed)
     std::string live_where;  // the move's live journal row
     MoveResult out;
-    // What the ends have (check_ends, compare_schemas): per table, what the
-    // copy takes (the source's columns) and its column signatures at both
-    // ends (compared again at the cutover).
+    // What the ends have (check_ends, then compare_schemas under the plan):
+    // per table, what the copy takes (the source's columns) and its column
+    // signatures at both ends (compared again at the cutover).
     std::vector<MoveTable> live;
     std::map<std::string, std::pair<std::string, std::vector<std::string>>> copied_columns;
     std::map<std::string, std::pair<std::string, std::string>> signatures;
-    // The plan (fix_plan).
+    // The plan (fix_plan, then plan_tables).
+    std::vector<Row> planned;  // the journal row's plan: pins, count, shards, then per table rel and filter
     Text move_id, pins;
     int npins = 0;
     std::vector<MoveTable> described;
@@ -172,19 +177,9 @@ void check_ends(OnlineMove &m) {
                      "Set wal_level = logical on the source (postgresql.conf) and restart it."},
              "wal_level of node \"%s\" is not logical", c(m.source) ? c(m.source) : "<NULL>");
     }
-    // The map's tables now, for the prerequisites (the plan keeps those of
-    // them that are still distributed then).
+    // The map's tables now: whether there is anything to carry (compare_schemas
+    // reads them again under the plan).
     m.live = move_tables(m.map);
-    for (const MoveTable &t : m.live) {
-        if (dbl(kSrc, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t") ||
-            dbl(kDst, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t")) {
-            disconnect();
-            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                 Explain{"", "Create the map's distributed tables on every data node."},
-                 "table %s of map \"%s\" is missing on node \"%s\" or \"%s\"", t.rel.c_str(), m.map.c_str(),
-                 c(m.source) ? c(m.source) : "<NULL>", m.node.c_str());
-        }
-    }
 }
 
 // One table's columns as the copy takes them: every column the source
@@ -215,12 +210,9 @@ void compare_columns(OnlineMove &m, const MoveTable &t) {
     m.signatures[t.rel] = {column_signature(kSrc, t.rel), column_signature(kDst, t.rel)};
 }
 
-// What the ends have, before anything is created (CONTRACT 15.1): a table
-// the coordinator does not have is not left behind unmoved; each table's
-// replica identity at both ends; its columns read at the source (what is
-// copied) and found at the destination with the same types; and each
-// table's column signature at both ends, compared again at the cutover.
-void compare_schemas(OnlineMove &m) {
+// A distributed table of the map the coordinator does not have would stay
+// behind unmoved at the source: refused (55000).
+void refuse_missing_on_coordinator(OnlineMove &m) {
     Text missing = spi_value("SELECT pg_catalog.string_agg(pg_catalog.quote_ident(d.schema_name) || '.' || "
                              "pg_catalog.quote_ident(d.table_name), ', ') FROM sharding.distributed_tables d "
                              "WHERE d.map = $1 AND pg_catalog.to_regclass(pg_catalog.quote_ident(d.schema_name) "
@@ -234,19 +226,41 @@ void compare_schemas(OnlineMove &m) {
                      "Create the table on the coordinator too (it holds no rows), or undistribute it."},
              "distributed table %s of map \"%s\" does not exist on the coordinator", missing->c_str(), m.map.c_str());
     }
-    Caught why;
-    const bool refused = !subxact(
-        [&] {
-            for (const MoveTable &t : m.live) {
-                check_identity(kSrc, m.source, t, m.map);
-                check_identity(kDst, Text(m.node), t, m.map);
-                compare_columns(m, t);
-            }
-        },
-        &why);
-    if (refused) {
-        disconnect();
-        reraise(why);
+}
+
+// What the ends have, before anything is created there (CONTRACT 15.1),
+// read after the plan (fix_plan): DDL of the map's tables propagated from
+// the coordinator has either committed before the plan lock was granted,
+// and is seen here, or waits for the move (55006) and changes nothing it
+// carries. Such DDL holds the plan lock until its nodes have committed it
+// too (COMMIT PREPARED, from its commit callback), except on a node that
+// did not answer in time, left to recovery (docs/ddl.md), whose prepared
+// transaction holds the table until then: each end's tables are first
+// locked in ACCESS SHARE mode for a moment, which waits for it.
+// Then: a table the coordinator does not have is not left behind unmoved;
+// the plan's tables exist at both ends; each table's replica identity at
+// both ends; its columns read at the source (what is copied) and found at
+// the destination with the same types; and each table's column signature
+// at both ends, compared again at the cutover.
+void compare_schemas(OnlineMove &m) {
+    refuse_missing_on_coordinator(m);
+    m.live = move_tables(m.map);
+    std::string rels;
+    for (const MoveTable &t : m.live) {
+        if (dbl(kSrc, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t") ||
+            dbl(kDst, "SELECT pg_catalog.to_regclass(" + lit(t.rel) + ") IS NOT NULL") != Text("t"))
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                 Explain{"", "Create the map's distributed tables on every data node."},
+                 "table %s of map \"%s\" is missing on node \"%s\" or \"%s\"", t.rel.c_str(), m.map.c_str(),
+                 c(m.source) ? c(m.source) : "<NULL>", m.node.c_str());
+        rels += (rels.empty() ? "" : ", ") + t.rel;
+    }
+    if (!rels.empty())
+        for (const char *conn : {kSrc, kDst}) dbl(conn, "BEGIN; LOCK TABLE " + rels + " IN ACCESS SHARE MODE; COMMIT");
+    for (const MoveTable &t : m.live) {
+        check_identity(kSrc, m.source, t, m.map);
+        check_identity(kDst, Text(m.node), t, m.map);
+        compare_columns(m, t);
     }
 }
 
@@ -273,7 +287,7 @@ void fix_plan(OnlineMove &m) {
                    ", " + (m.key ? lit(m.key) : std::string("NULL")) + "::text, p.pins) ORDER BY m.rel), '{}') AS filters "
                    "FROM sharding._move_tables(" + lit(map) + ") AS m) AS t "
                    "WHERE j.map = " + lit(map) + " AND j.logical = " + logical_s + " AND j." + kLive + " RETURNING j.move");
-    std::vector<Row> planned;
+    std::vector<Row> &planned = m.planned;
     if (m.move_id) {
         planned = spi_rows("SELECT j.plan_pins::text, pg_catalog.cardinality(j.plan_pins)::text, j.plan_shards::text, "
                            "r.rel, r.filter FROM sharding.move_journal j LEFT JOIN LATERAL "
@@ -293,12 +307,18 @@ void fix_plan(OnlineMove &m) {
         m.pins = p[0][0];
         m.npins = std::atoi(must(p[0][1]).c_str());
     }
+}
+
+// The tables the plan carries, each with its condition and the columns
+// compare_schemas read at the source (the same at the destination).
+void plan_tables(OnlineMove &m) {
+    const std::string &map = m.map, &logical_s = m.logical_s;
     for (const MoveTable &t : m.live) {
         std::string filter;
         if (m.move_id) {
             // Only the tables of the plan, with its conditions.
             bool found = false;
-            for (const Row &r : planned)
+            for (const Row &r : m.planned)
                 if (r[3] && *r[3] == t.rel) {
                     filter = must(r[4]);
                     found = true;
@@ -312,10 +332,21 @@ void fix_plan(OnlineMove &m) {
         m.described.push_back(t);
         m.table_list += (m.table_list.empty() ? "" : ", ") + t.rel;
     }
+    // Every table of the plan is carried: one the plan has and the look at
+    // the map's tables has not would be deleted at the source by the plan
+    // and never copied.
+    for (const Row &r : m.planned) {
+        if (!r[3]) continue;
+        bool described = false;
+        for (const CopyTable &t : m.tables) described = described || t.rel == *r[3];
+        if (!described)
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, Explain{"", "Move the shard again."},
+                 "table %s of map \"%s\" changed while the move of logical shard %d started", r[3]->c_str(),
+                 map.c_str(), m.logical);
+    }
     if (m.tables.empty())
-        // Undistributed between the look above and the plan (its journal
-        // row, in 'copying' with a plan of no table, is rolled back: nothing
-        // was made anywhere).
+        // Undistributed between the look at the map's tables and the plan
+        // (refuse_after_plan ends its journal row: nothing was made anywhere).
         fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, Explain{"", "Move the shard again."},
              "the distributed tables of map \"%s\" changed while the move of logical shard %d started", map.c_str(),
              m.logical);
@@ -323,6 +354,29 @@ void fix_plan(OnlineMove &m) {
         m.signature_src.push_back(m.signatures[t.rel].first);
         m.signature_dst.push_back(m.signatures[t.rel].second);
     }
+}
+
+// compare_schemas and plan_tables, after the plan: when they refuse the
+// move, nothing has been made at either end yet (no publication, slot,
+// decoder's row, subscription or frozen shard, no row copied). The journal
+// row, in 'copying' since fix_plan committed it, is marked undone, so that
+// its executor (move_journal.cpp) ends it 'failed' (or 'cancelled') with
+// the refusal's SQLSTATE, message, detail and hint; then the refusal is
+// raised as it was.
+void refuse_after_plan(OnlineMove &m, const std::function<void()> &steps) {
+    Caught why;
+    if (subxact(steps, &why)) return;
+    if (m.move_id) {
+        Caught inner;
+        if (!subxact([&] { journal("UPDATE sharding.move_journal SET undone = true " + m.live_where); }, &inner)) {
+            if (not_others(inner.code)) reraise(inner);
+            warn(format("could not record the refusal of the move of logical shard %d of map \"%s\": %s", m.logical,
+                        m.map.c_str(), inner.message.c_str()),
+                 "The next sharding.move_shard_online or sharding._move_recover of this shard ends it.");
+        }
+    }
+    disconnect();
+    reraise(why);
 }
 
 // The sessions at both ends, named and bounded.
@@ -758,9 +812,9 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     refuse_written();
     connect(m.source, Text(node));
     check_ends(m);
-    compare_schemas(m);
     if (m.live.empty()) {
         // No distributed table: nothing to carry, the switch is the move.
+        refuse_missing_on_coordinator(m);
         disconnect();
         if (!key)
             m.out.new_epoch = switch_owner(Text(m.map), Text(m.logical_s), Text(node));
@@ -769,7 +823,16 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
         return m.out;
     }
     m.src_dsn = spi_value("SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1", {c(m.source)});
+    // The plan first, then what the ends have: DDL of the map's tables
+    // (src/ddl) that committed before the plan lock is seen by
+    // compare_schemas; DDL after it sees the move in flight and waits for
+    // it or is refused (55006). Read the other way round, an ALTER TABLE
+    // between the two failed the move at its cutover.
     fix_plan(m);
+    refuse_after_plan(m, [&] {
+        compare_schemas(m);
+        plan_tables(m);
+    });
     prepare_sessions(m);
 
     m.verify = move_verify;

@@ -299,6 +299,8 @@ is($owner->($S), 'n1', 'e: n1 still owns the shard');
 is(sum_of($a, 'n1', $S), $before, 'e: the source has every row of the shard');
 is(shard_rows($b, 'n2', $S), '0', 'e: the destination has none');
 is(leftovers($coord, $a, $b), $clean, 'e: nothing of the refused move is left');
+is($coord->safe_psql('coord', "SELECT phase || ' ' || error_state || ' ' || (error LIKE '%has no replica identity%') FROM sharding.move_journal ORDER BY move DESC LIMIT 1"),
+	'failed 55000 true', "e: the move's journal row ended failed with the refusal");
 $a->safe_psql('n1', 'UPDATE accounts SET val = val WHERE id = (SELECT min(id) FROM accounts)');
 $a->safe_psql('n1', 'ALTER TABLE accounts REPLICA IDENTITY FULL');
 
@@ -332,6 +334,9 @@ for my $c ([ 'missing', 'ALTER TABLE accounts ADD COLUMN extra integer', '', qr/
 	is(sum_of($a, 'n1', $S), $before, "f $what: the source has every row of the shard");
 	is($b->safe_psql('n2', 'SELECT count(*) FROM accounts'), $n2_before, "f $what: nothing was copied");
 	is(leftovers($coord, $a, $b), $clean, "f $what: nothing of the refused move is left");
+	is($coord->safe_psql('coord', "SELECT phase || ' ' || error_state || ' ' || (error LIKE '%column \"extra\" of public.accounts%') || ' ' || coalesce(rows_copied, 0) "
+		  . "FROM sharding.move_journal ORDER BY move DESC LIMIT 1"), 'failed 55000 true 0',
+		"f $what: the move's journal row ended failed with the refusal, nothing copied");
 	$a->safe_psql('n1', 'ALTER TABLE accounts DROP COLUMN extra');
 	$b->safe_psql('n2', 'ALTER TABLE accounts DROP COLUMN extra') if $dst;
 }

@@ -1,0 +1,4 @@
+-- pin_many takes its keys by value, as pin and unpin do: each converted
+-- once through the map's key type (sharding._canonical_keys).
+-- @include sharding._canonical_keys
+-- @replace sharding.pin_many
