@@ -443,13 +443,21 @@ void note_expected(const std::string &live_where, const std::vector<CopyTable> &
                     where = "true";
                 }
             }
-            Text blocks_t = dbl(kSrc, "SELECT (pg_catalog.sum(pg_catalog.pg_relation_size(p.relid)) / "
+            // The table's blocks, with its partitions' (pg_partition_tree
+            // has no row for a table that is neither partitioned nor a
+            // partition).
+            Text blocks_t = dbl(kSrc, "SELECT (pg_catalog.sum(pg_catalog.pg_relation_size(s.r)) / "
                                       "pg_catalog.current_setting('block_size')::pg_catalog.int8)::pg_catalog.int8 "
-                                      "FROM pg_catalog.pg_partition_tree(" + lit(from) + "::pg_catalog.regclass) p");
+                                      "FROM (SELECT " + lit(from) + "::pg_catalog.regclass AS r UNION "
+                                      "SELECT p.relid FROM pg_catalog.pg_partition_tree(" + lit(from) +
+                                      "::pg_catalog.regclass) p) s");
             const int64 blocks = blocks_t ? std::strtoll(blocks_t->c_str(), nullptr, 10) : 0;
+            int64 rows;
             if (blocks <= kSampleBlocks) {
-                total += std::strtoll(must(dbl(kSrc, "SELECT pg_catalog.count(*) FROM " + from + " WHERE " + where))
-                                          .c_str(), nullptr, 10);
+                rows = std::strtoll(must(dbl(kSrc, "SELECT pg_catalog.count(*) FROM " + from + " WHERE " + where)).c_str(),
+                                    nullptr, 10);
+                debug_at("rows expected from " + from + ": " + std::to_string(rows) + " (counted, " +
+                         std::to_string(blocks) + " blocks)");
             } else {
                 const double pct = 100.0 * double(kSampleBlocks) / double(blocks);
                 char pct_s[32];
@@ -457,8 +465,11 @@ void note_expected(const std::string &live_where, const std::vector<CopyTable> &
                 const int64 seen = std::strtoll(
                     must(dbl(kSrc, "SELECT pg_catalog.count(*) FROM " + from + " TABLESAMPLE SYSTEM (" + pct_s +
                                        ") WHERE " + where)).c_str(), nullptr, 10);
-                total += int64(double(seen) * 100.0 / pct + 0.5);
+                rows = int64(double(seen) * 100.0 / pct + 0.5);
+                debug_at("rows expected from " + from + ": " + std::to_string(rows) + " (a sample of about " +
+                         std::to_string(kSampleBlocks) + " of " + std::to_string(blocks) + " blocks)");
             }
+            total += rows;
         }
         journal("UPDATE sharding.move_journal SET rows_expected = " + std::to_string(total) +
                 ", copy_started = pg_catalog.clock_timestamp() " + live_where);
