@@ -104,7 +104,11 @@ CREATE TABLE sharding.move_journal (
     plan_pins     text[],
     plan_tables   text[],
     plan_filters  text[],
-    plan_leaves   text[]
+    plan_leaves   text[],
+    -- internal: what the copy is expected to send (estimated at the source
+    -- when it starts) and when it started: move_progress.time_left
+    rows_expected bigint,
+    copy_started  timestamptz
 );
 -- At most one live move per shard, and per key for isolate.
 CREATE UNIQUE INDEX move_journal_live_shard ON sharding.move_journal (map, logical)

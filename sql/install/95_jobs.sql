@@ -273,10 +273,13 @@ GRANT SELECT ON sharding.rebalance_jobs TO PUBLIC;
 -- move_shard_online/isolate call), every move of a job still running, and
 -- every move whose copies differed (error_state XX001: the source kept its
 -- copy of the shard for an operator, docs/moves.md).
--- lag_bytes is read live at the source while the move catches up. The bar
--- and time_left come from how long the job's (else the map's) finished
--- moves took: a move is expected to take their median; without history,
--- the bar shows the phase and time_left is NULL.
+-- lag_bytes is read live at the source while the move catches up. While
+-- a move copies, once it has copied a row, time_left is the time its copy
+-- needs for the rows still to copy (rows_expected, estimated at the source
+-- when the copy started, less rows_copied) at the rate measured since it
+-- started. Otherwise the bar and time_left come from how long the job's
+-- (else the map's) finished moves took: a move is expected to take their
+-- median; without history, the bar shows the phase and time_left is NULL.
 CREATE VIEW sharding.move_progress AS
     SELECT m.job, m.map, m.logical, m.key, m.source, m.destination, m.phase,
            m.rows_copied, m.bytes_copied,
@@ -287,6 +290,11 @@ CREATE VIEW sharding.move_progress AS
            sharding.bar(p.fraction, 1, 20) AS bar,
            pg_catalog.date_trunc('second',
                CASE WHEN m.phase IN ('done', 'failed', 'cancelled') THEN interval '0'
+                    WHEN m.phase = 'copying' AND m.rows_copied > 0 AND m.rows_expected IS NOT NULL
+                         AND m.copy_started IS NOT NULL
+                    THEN greatest((pg_catalog.clock_timestamp() - m.copy_started)
+                                  * (greatest(m.rows_expected - m.rows_copied, 0)::float8 / m.rows_copied),
+                                  interval '1 s')
                     WHEN h.expected IS NULL THEN NULL
                     WHEN m.phase = 'queued' THEN greatest(h.expected, interval '1 s')
                     ELSE greatest(h.expected - (pg_catalog.clock_timestamp() - m.started), interval '1 s') END

@@ -474,6 +474,8 @@ void copy_rows(OnlineMove &m) {
     // wait.
     int64 copied_rows = 0, copied_bytes = 0;
     bool tick_warned = false;
+    // What the copy is expected to send, and when it starts (time_left).
+    note_expected(m.live_where, m.tables, !m.key);
     for (const CopyTable &t : m.tables) {
         // The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
         // from the source under the slot's exported snapshot, straight

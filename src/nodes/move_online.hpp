@@ -47,6 +47,7 @@ std::string text_array(const std::vector<std::string> &items);
 Copied pulled_pair(const Text &pulled);
 Copied copy_progress(const std::string &name);
 void note_copied(const std::string &live_where, int64 rows, int64 bytes);
+void note_expected(const std::string &live_where, const std::vector<CopyTable> &tables, bool shard_move);
 // The verification: the destination's snapshot taken at the cutover, the
 // copies compared after the switch.
 void hold_verify_snapshot(const std::string &destination);

@@ -43,6 +43,7 @@
 #include <cctype>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -414,6 +415,73 @@ Copied copy_progress(const std::string &name) {
 void note_copied(const std::string &live_where, int64 rows, int64 bytes) {
     journal("UPDATE sharding.move_journal SET rows_copied = " + std::to_string(rows) +
             ", bytes_copied = " + std::to_string(bytes) + " " + live_where);
+}
+
+// The rows the copy of a move is expected to send, for move_progress's
+// time_left (docs/rebalance.md): per table, at the source over
+// sharding_move_src, the rows of its condition (or of the shard's leaf, for
+// a shard-partitioned table): counted where the table (all its
+// partitions) has at most kSampleBlocks blocks, else counted in a sample of
+// about kSampleBlocks of its blocks (TABLESAMPLE SYSTEM) and scaled up, so
+// that the estimate reads at most some 2 MB whatever the table's size.
+// Noted in the journal (rows_expected) with the copy's start
+// (copy_started), from which move_progress takes the rate measured so
+// far. Only informs: what it fails with is logged (DEBUG1) and leaves
+// rows_expected NULL (time_left then falls back on the history).
+constexpr int64 kSampleBlocks = 256;
+
+void note_expected(const std::string &live_where, const std::vector<CopyTable> &tables, bool shard_move) {
+    try {
+        int64 total = 0;
+        for (const CopyTable &t : tables) {
+            std::string from = t.rel, where = t.filter;
+            if (shard_move) {
+                Text leaf = dbl(kSrc, "SELECT s.leaf FROM (" + shard_leaves_sql(lit(t.rel) + "::pg_catalog.regclass") +
+                                          ") s WHERE s.shard = " + lit(t.filter));
+                if (leaf) {
+                    from = *leaf;
+                    where = "true";
+                }
+            }
+            // The table's blocks, with its partitions' (pg_partition_tree
+            // has no row for a table that is neither partitioned nor a
+            // partition).
+            Text blocks_t = dbl(kSrc, "SELECT (pg_catalog.sum(pg_catalog.pg_relation_size(s.r)) / "
+                                      "pg_catalog.current_setting('block_size')::pg_catalog.int8)::pg_catalog.int8 "
+                                      "FROM (SELECT " + lit(from) + "::pg_catalog.regclass AS r UNION "
+                                      "SELECT p.relid FROM pg_catalog.pg_partition_tree(" + lit(from) +
+                                      "::pg_catalog.regclass) p) s");
+            const int64 blocks = blocks_t ? std::strtoll(blocks_t->c_str(), nullptr, 10) : 0;
+            int64 rows;
+            if (blocks <= kSampleBlocks) {
+                rows = std::strtoll(must(dbl(kSrc, "SELECT pg_catalog.count(*) FROM " + from + " WHERE " + where)).c_str(),
+                                    nullptr, 10);
+                debug_at("rows expected from " + from + ": " + std::to_string(rows) + " (counted, " +
+                         std::to_string(blocks) + " blocks)");
+            } else {
+                const double pct = 100.0 * double(kSampleBlocks) / double(blocks);
+                char pct_s[32];
+                std::snprintf(pct_s, sizeof pct_s, "%.6f", pct);
+                const int64 seen = std::strtoll(
+                    must(dbl(kSrc, "SELECT pg_catalog.count(*) FROM " + from + " TABLESAMPLE SYSTEM (" + pct_s +
+                                       ") WHERE " + where)).c_str(), nullptr, 10);
+                rows = int64(double(seen) * 100.0 / pct + 0.5);
+                debug_at("rows expected from " + from + ": " + std::to_string(rows) + " (a sample of about " +
+                         std::to_string(kSampleBlocks) + " of " + std::to_string(blocks) + " blocks)");
+            }
+            total += rows;
+        }
+        journal("UPDATE sharding.move_journal SET rows_expected = " + std::to_string(total) +
+                ", copy_started = pg_catalog.clock_timestamp() " + live_where);
+    } catch (const Error &e) {
+        debug_at(std::string("could not estimate the rows of a move's copy: ") + e.what());
+        try {
+            journal("UPDATE sharding.move_journal SET rows_expected = NULL, "
+                    "copy_started = pg_catalog.clock_timestamp() " + live_where);
+        } catch (const Error &) {
+            // The journal refused: time_left stays on the history.
+        }
+    }
 }
 
 // ------------------------------------------------------------------ verification

@@ -7,7 +7,10 @@
 #      rolls back and the call's own finish deletes the rows again;
 #   2. the caller's backend is killed (kill -9) while the delete waits: the
 #      source's session of the move rolls back when it finds its client
-#      gone, and the next call (_move_recover) finishes the move.
+#      gone, and the next call (_move_recover) finishes the move;
+#   3. a VACUUM FULL of the source's table queued behind the held delete
+#      (one part): it rewrites the table right after the delete commits,
+#      and no row of the shard is left behind.
 # The shard's table is large enough (4 MB) for the delete to run in two
 # sessions at once (parts, each on a range of blocks, sharding.move_parallel),
 # which commit together once both have deleted: the part holding the locked
@@ -177,5 +180,33 @@ ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE 
 after_cleanup_fault('kill -9', $S, $b, 'n2', $a, 'n1', $want);
 is($coord->safe_psql('coord', "SELECT rows_moved FROM sharding.move_journal WHERE logical = $S ORDER BY move DESC LIMIT 1"),
 	(split m{/}, $want)[0], 'kill -9: the journal counts every row deleted at the source');
+
+# 3. A rewrite of the source's table queued behind the clean-up (VACUUM FULL
+# waiting for the held delete), one part (move_parallel 1) over a table of
+# about 30 MB: once the lock is released the rewrite runs right after the
+# delete's transaction and moves the remaining rows to new places; the
+# source must still end with no row of the shard and rows_moved with every
+# row once. (A delete committed in batches of ctid ranges, the rewrite
+# between two of them, skipped the rows it moved below the next batch.)
+my $S3 = $coord->safe_psql('coord', "SELECT min(logical) FROM sharding.shards WHERE map = 'bank' AND node = 'n1' AND logical NOT IN (0, $S)");
+my $t3 = $coord->safe_psql('coord', "SELECT t FROM unnest(ARRAY[" . join(',', map { "'$_'" } @tenants)
+	  . "]) t WHERE sharding.logical_shard('bank', t) = $S3 ORDER BY t LIMIT 1");
+$a->safe_psql('n1', "INSERT INTO accounts SELECT '$t3', i, 'pad-' || i || repeat('x', 100) FROM generate_series(4000000, 4199999) i");
+my $want3 = $sum->($a, 'n1', $S3);
+$gate = gate_cutover($a, 'n1', $S3);
+$mv = psql_bg($coord, 'coord', "SET sharding.move_parallel = 1; SELECT sharding.move_shard_online('bank', $S3, 'n2')");
+$lock = hold_delete($a, 'n1', $S3, $gate);
+ok(wait_for_sql($a, 'n1', $delete_waits, '1', 120), 'rewrite: the source-side delete waits for the row lock');
+my $vf = psql_bg($a, 'n1', 'VACUUM FULL accounts');
+ok(wait_for_sql($a, 'n1', "SELECT count(*) FROM pg_stat_activity WHERE query = 'VACUUM FULL accounts' AND wait_event_type = 'Lock'", '1', 60),
+	'rewrite: VACUUM FULL of the table waits behind the delete');
+release($a, 'n1', $lock);
+$vf->{h}->finish;
+is(${ $vf->{err} }, '', 'rewrite: VACUUM FULL ran');
+$mv->{h}->finish;
+is(${ $mv->{err} }, '', 'rewrite: the move succeeded');
+after_cleanup_checks('rewrite', $S3, $a, 'n1', $b, 'n2', $want3);
+is($coord->safe_psql('coord', "SELECT rows_moved FROM sharding.move_journal WHERE logical = $S3 ORDER BY move DESC LIMIT 1"),
+	(split m{/}, $want3)[0], 'rewrite: the journal counts every row deleted at the source');
 
 done_testing();

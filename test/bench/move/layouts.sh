@@ -16,6 +16,14 @@
 #   3. the clean-up of each move (replication dropped to return: the
 #      source-side delete, or the leaf's TRUNCATE), and each move with
 #      move_verify = on / the pipe, reported.
+#   4. how close move_progress.time_left's estimate was, on the untimed
+#      move back (n2 -> n1) while a procedure on the coordinator samples
+#      the move's journal row every 100 ms: at the first sample past the
+#      middle of the copy phase, the estimate (the rows still to copy,
+#      rows_expected - rows_copied, at the rate since copy_started: what
+#      time_left shows, before its rounding to whole seconds) / the time
+#      the copy phase actually took from then on; and rows_expected / the
+#      rows the copy sent.
 #
 # Each layout is a map of its own (4 shards over n1 and n2), the rows in
 # shard 0 at n1. Per run, for each layout: VACUUM and CHECKPOINT at both
@@ -69,6 +77,41 @@ for t in plain parted; do
                   WHERE sharding.shard_of(t, 4) = 0) a, LATERAL (SELECT ts[1 + i % 1000] AS t, i FROM generate_series(1, $ROWS) i) g" >/dev/null
 done
 
+qn coord >/dev/null <<'SQL'
+CREATE TABLE tl_samples (map text, at timestamptz, phase text, rows_copied bigint, rows_expected bigint,
+    copy_started timestamptz);
+CREATE PROCEDURE tl_sample(m text) LANGUAGE plpgsql AS $$
+DECLARE seen boolean := false; p text;
+BEGIN
+    FOR i IN 1 .. 6000 LOOP   -- 600 s at most
+        p := NULL;
+        INSERT INTO tl_samples SELECT m, clock_timestamp(), j.phase, j.rows_copied, j.rows_expected, j.copy_started
+          FROM sharding.move_journal j WHERE j.map = m AND j.logical = 0 AND j.phase NOT IN ('done', 'failed', 'cancelled')
+        RETURNING phase INTO p;
+        COMMIT;
+        EXIT WHEN p IS NULL AND (seen OR i > 300);
+        seen := seen OR p IS NOT NULL;
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+END $$;
+SQL
+# estimate MAP ROWS: "estimate/actual rows_expected/rows" of the sampled move.
+estimate() {
+    qn coord -c "TRUNCATE tl_samples" >/dev/null
+    qn coord -c "CALL tl_sample('$1')" >/dev/null &
+    local sampler=$!
+    move "$1" n1 off >/dev/null
+    wait "$sampler"
+    qn coord -F ' ' -c "WITH s AS (SELECT * FROM tl_samples WHERE map = '$1'),
+        c AS (SELECT min(at) FILTER (WHERE phase = 'copying') AS c0,
+                     min(at) FILTER (WHERE phase NOT IN ('queued', 'copying')) AS c1 FROM s),
+        mid AS (SELECT s.* FROM s, c WHERE s.phase = 'copying' AND s.rows_copied > 0 AND s.rows_expected IS NOT NULL
+                   AND s.at >= c.c0 + (c.c1 - c.c0) / 2 ORDER BY s.at LIMIT 1)
+        SELECT round((extract(epoch FROM mid.at - mid.copy_started) * greatest(mid.rows_expected - mid.rows_copied, 0)
+                      / mid.rows_copied / extract(epoch FROM c.c1 - mid.at))::numeric, 2),
+               round(mid.rows_expected::numeric / $2, 3)
+          FROM mid, c"
+}
 settle() { for n in n1 n2; do qn "$n" -c 'VACUUM ANALYZE' -c 'CHECKPOINT' >/dev/null; done; }
 ts() { date -d "$1" +%s.%N; }
 # move MAP TO VERIFY: prints "total_ms cleanup_ms" (clean-up: replication
@@ -99,17 +142,18 @@ for r in $(seq 1 "$RUNS"); do
         p=$(pipe "$query" "pipe_$layout")
         settle
         read -r m mc <<<"$(move "m$layout" n2 off)"
-        move "m$layout" n1 off >/dev/null
+        read -r e er <<<"$(estimate "m$layout" "$ROWS")"
         settle
         read -r v vc <<<"$(move "m$layout" n2 on)"
         move "m$layout" n1 off >/dev/null
-        echo "# run $r, $layout: pipe $p ms; move (verify off) $m ms, clean-up $mc ms; move (verify on) $v ms, clean-up $vc ms"
-        echo "$p $m $mc $v $vc" >"$ROOT/$layout.r$r"
+        echo "# run $r, $layout: pipe $p ms; move (verify off) $m ms, clean-up $mc ms; move (verify on) $v ms, clean-up $vc ms; time_left mid-copy / actual ${e:-none}, rows_expected / rows ${er:-none}"
+        echo "$p $m $mc $v $vc ${e:-0} ${er:-0}" >"$ROOT/$layout.r$r"
     done
 done
 med() { for r in $(seq 1 "$RUNS"); do awk "{print $2}" "$ROOT/$1.r$r"; done | median; }
 for layout in plain parted; do
     target=$([ "$layout" = plain ] && echo 1.2 || echo 1.15)
     echo "$layout: move (move_verify off) / pipe = $(printf '%.2f' "$(med "$layout" '$2 / $1')") (target <= $target); with verification $(printf '%.2f' "$(med "$layout" '$4 / $1')"); median pipe $(med "$layout" '$1') ms, move $(med "$layout" '$2') ms, clean-up $(med "$layout" '$3') ms (verify on: $(med "$layout" '$5') ms)"
+    echo "$layout: time_left at mid-copy / the copy's actual rest = $(med "$layout" '$6'); rows_expected / rows = $(med "$layout" '$7')"
 done
 echo "rows: $ROWS; nproc: $(nproc)"

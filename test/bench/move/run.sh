@@ -69,9 +69,9 @@ declare -A HOST=([coord]=i0 [n1]=i1 [n2]=i2)
 for n in coord n1 n2; do
     q "${HOST[$n]}" postgres -c "CREATE DATABASE $n" >/dev/null
     qn "$n" -c 'CREATE EXTENSION sharding' -c 'CREATE EXTENSION dblink' \
-        -c 'CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text)' \
-        -c 'CREATE TABLE copy_target (tenant text NOT NULL, id bigint PRIMARY KEY, val text)' \
-        -c 'CREATE TABLE copy_guarded (tenant text NOT NULL, id bigint PRIMARY KEY, val text)' \
+        -c 'CREATE TABLE accounts (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (id, tenant))' \
+        -c 'CREATE TABLE copy_target (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (id, tenant))' \
+        -c 'CREATE TABLE copy_guarded (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (id, tenant))' \
         -c 'CREATE FUNCTION pass() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$' \
         -c 'CREATE TRIGGER pass BEFORE INSERT ON copy_guarded FOR EACH ROW EXECUTE FUNCTION pass()' >/dev/null
 done
