@@ -732,13 +732,79 @@ void sharding_groups_reaper_main(Datum arg) {
 
 namespace {
 
-// Starts a scanner in each of the databases, one at a time (each is
-// short); false if no background worker slot was free (then the launcher
-// tries again at its next round). Group reapers (groups): started, not
-// waited for (a reaper must never hold up the launcher; it clears its
-// database's reaping mark when it ends, groups_reaper_done).
-bool scan_list(const Oid *dbs, int n, bool groups = false) {
+// Scanners still running after kScanWaitMs (a recovery waiting for a node
+// that does not answer, a lock): the launcher goes on without them (RB-3 of
+// the 1.3 review: one slow database held up every other database's scans
+// and runner starts) and starts no second scanner in their database until
+// they have ended (reap_scanners, each round). A recheck (or a scan asked
+// for) of a database whose scanner still runs is done once it has ended.
+constexpr int kMaxSlowScanners = 8;
+constexpr long kScanWaitMs = 1000;
+struct SlowScanner {
+    Oid db;
+    BackgroundWorkerHandle *handle;
+    bool recheck;  // the scan was a recheck: end_recheck when it ends
+    bool again;    // another scan was asked for meanwhile
+};
+SlowScanner slow_scanners[kMaxSlowScanners];
+
+SlowScanner *slow_scanner_of(Oid db) {
+    for (SlowScanner &s : slow_scanners)
+        if (s.handle != nullptr && s.db == db) return &s;
+    return nullptr;
+}
+
+// Waits (at most kScanWaitMs, interruptibly) for a scanner to end; whether it did.
+bool wait_scanner(BackgroundWorkerHandle *handle) {
+    TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kScanWaitMs);
+    for (;;) {
+        pid_t pid;
+        if (GetBackgroundWorkerPid(handle, &pid) == BGWH_STOPPED) return true;
+        long left = (long)((until - GetCurrentTimestamp()) / 1000);
+        if (left <= 0) return false;
+        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, left < 50 ? left : 50,
+                        PG_WAIT_EXTENSION);
+        ResetLatch(MyLatch);
+        CHECK_FOR_INTERRUPTS();
+    }
+}
+
+void end_recheck(Oid db, bool scanned);
+
+// The slow scanners that have ended since: their rechecks end, and a
+// database asked for meanwhile is rechecked at once.
+void reap_scanners() {
+    for (SlowScanner &s : slow_scanners) {
+        if (s.handle == nullptr) continue;
+        pid_t pid;
+        if (GetBackgroundWorkerPid(s.handle, &pid) != BGWH_STOPPED) continue;
+        pfree(s.handle);
+        s.handle = nullptr;
+        if (s.recheck) end_recheck(s.db, true);
+        if (s.again) sharding::jobs_recheck(s.db);
+    }
+}
+
+enum class Scan { Done, Running, NoSlot };
+
+// Starts a scanner in each of the databases, waiting for each at most
+// kScanWaitMs (a scan is short); NoSlot if no background worker slot was
+// free (then the launcher tries again at its next round). A database whose
+// scanner still runs gets no second one now (it is scanned again once that
+// one ends). Group reapers (groups): started, not waited for (a reaper must
+// never hold up the launcher; it clears its database's reaping mark when it
+// ends, groups_reaper_done).
+Scan scan_list(const Oid *dbs, int n, bool groups = false, bool recheck = false) {
+    Scan result = Scan::Done;
     for (int i = 0; i < n; i++) {
+        if (!groups) {
+            if (SlowScanner *running = slow_scanner_of(dbs[i])) {
+                running->again = true;
+                if (recheck) running->recheck = true;  // its end ends this recheck
+                result = Scan::Running;
+                continue;
+            }
+        }
         BackgroundWorker w;
         if (groups) {  // worker groups' leases (src/routing/groups.cpp)
             init_worker(&w, "sharding_groups_reaper_main", "sharding group reaper", BGW_NEVER_RESTART);
@@ -749,16 +815,26 @@ bool scan_list(const Oid *dbs, int n, bool groups = false) {
         }
         w.bgw_main_arg = ObjectIdGetDatum(dbs[i]);
         w.bgw_notify_pid = MyProcPid;
+        SlowScanner *free_slot = nullptr;
+        for (SlowScanner &s : slow_scanners)
+            if (s.handle == nullptr) {
+                free_slot = &s;
+                break;
+            }
         BackgroundWorkerHandle *handle = nullptr;
-        if (!RegisterDynamicBackgroundWorker(&w, &handle)) {
+        if ((!groups && free_slot == nullptr) || !RegisterDynamicBackgroundWorker(&w, &handle)) {
             if (groups)
                 for (int j = i; j < n; j++) sharding::groups_reaper_done(dbs[j], false);
-            return false;
+            return Scan::NoSlot;
         }
-        if (!groups) (void)WaitForBackgroundWorkerShutdown(handle);
-        pfree(handle);
+        if (groups || wait_scanner(handle)) {
+            pfree(handle);
+            continue;
+        }
+        *free_slot = SlowScanner{dbs[i], handle, recheck, false};
+        result = Scan::Running;
     }
-    return true;
+    return result;
 }
 
 // The wait before a database's next recheck, after `tries` scans that left
@@ -835,7 +911,7 @@ void scan_databases() {
     CommitTransactionCommand();
 
     // No background worker slot now: try again at the next round.
-    if (!scan_list(dbs, n)) wake_launcher();
+    if (scan_list(dbs, n) == Scan::NoSlot) wake_launcher();
     if (dbs) pfree(dbs);
 }
 
@@ -845,7 +921,11 @@ long scan_rechecks() {
     Oid dbs[kMaxRechecks];
     long next_ms = -1;
     int n = take_due_rechecks(dbs, &next_ms);
-    for (int i = 0; i < n; i++) end_recheck(dbs[i], scan_list(&dbs[i], 1));
+    for (int i = 0; i < n; i++) {
+        // A scanner still running ends its recheck itself (reap_scanners).
+        Scan r = scan_list(&dbs[i], 1, false, true);
+        if (r != Scan::Running) end_recheck(dbs[i], r == Scan::Done);
+    }
     if (n > 0) (void)take_due_rechecks(nullptr, &next_ms);
     return next_ms;
 }
@@ -867,6 +947,7 @@ void sharding_jobs_launcher_main(Datum) {
             ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
         }
+        reap_scanners();
         SpinLockAcquire(&shared->mutex);
         bool scan = shared->pending;
         shared->pending = false;
