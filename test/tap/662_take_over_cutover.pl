@@ -38,9 +38,10 @@ my $d = sharding_node('d', db => 'postgres', conf => 'wal_retrieve_retry_interva
 my %dsn = map { $_ => sharding_dsn($d, $_) } @nodes;
 sub n { my ($n, $sql, %o) = @_; return sharding_q($d, $n, $sql, %o); }
 sub q1 { my ($sql, %o) = @_; return sharding_q($c1, 'coord', $sql, %o); }
-my ($c2, $c3);
+my ($c2, $c3, $c4);
 sub q2 { my ($sql, %o) = @_; return sharding_q($c2, 'coord', $sql, %o); }
 sub q3 { my ($sql, %o) = @_; return sharding_q($c3, 'coord', $sql, %o); }
+sub q4 { my ($sql, %o) = @_; return sharding_q($c4, 'coord', $sql, %o); }
 sub lag_text { my ($ms) = @_; return defined $ms ? "${ms}ms" : "timeout (last: $ShardingNode::last_wait)"; }
 
 for my $n (@nodes)
@@ -80,7 +81,7 @@ my $sum_S = shard_at('n1');
 like($sum_S, qr{^[1-9]\d*/\d+$}, "shard $S is at n1 ($sum_S rows/sum)");
 is(total(), '3000/4501500', '3000 rows on n1 and n2');
 # New keys: one of shard S, one of another shard n1 owns.
-my ($new_S, $new_S2) = split /\n/, n('n1', "SELECT 'new-' || i FROM generate_series(1, 10000) AS i WHERE sharding.logical_shard('m', 'new-' || i) = $S ORDER BY i LIMIT 2");
+my ($new_S, $new_S2, $new_S3) = split /\n/, n('n1', "SELECT 'new-' || i FROM generate_series(1, 10000) AS i WHERE sharding.logical_shard('m', 'new-' || i) = $S ORDER BY i LIMIT 3");
 my @other = map { n('n1', "SELECT 'other-$_-' || i FROM generate_series(1, 10000) AS i WHERE sharding.logical_shard('m', 'other-$_-' || i) <> $S "
 	  . "AND sharding.node_for('m', 'other-$_-' || i) = 'n1' ORDER BY i LIMIT 1") } 1 .. 4;
 # The SQLSTATE of inserting key at node ('' if it succeeds; the row stays).
@@ -123,12 +124,13 @@ sub release_switch
 # for the hold (journal 'cutover').
 sub start_move
 {
-	my ($c, $label) = @_;
-	my $m = sharding_start($c, 'coord', "SET sharding.move_freeze_timeout = '10min'; SELECT sharding.move_shard_online('m', $S, 'n2')",
+	my ($c, $label, $to) = @_;
+	$to //= 'n2';
+	my $m = sharding_start($c, 'coord', "SET sharding.move_freeze_timeout = '10min'; SELECT sharding.move_shard_online('m', $S, '$to')",
 		on_error_stop => 0);
 	my $ms = sharding_wait($c, 'coord', "SELECT ($journal) || '/' || (SELECT count(*) FROM pg_stat_activity "
 		  . "WHERE wait_event_type = 'Lock' AND query LIKE '%sharding._switch_owner(%')", 'cutover/false/1', 90);
-	ok(defined $ms, "$label: the move of shard $S (n1 -> n2) is in its cutover, its owner switch waiting for the hold")
+	ok(defined $ms, "$label: the move of shard $S (to $to) is in its cutover, its owner switch waiting for the hold")
 		or diag(lag_text($ms) . "\n" . join("\n", sharding_finish($m)));
 	return $m;
 }
@@ -275,5 +277,67 @@ is(scalar(grep { /ms$/ } @lags), 2, "a pin made on c3 reaches every node within 
 is(join(' ', map { n($_, "SELECT count(*) FROM sharding.pins WHERE key = 'from-c2'") } @nodes), '0 0', "c2's pin reached no node");
 is(shard_at('n2') . ' ' . shard_at('n1') . ' ' . leftovers() . ' ' . owners(\&q3), "$sums_B 0/0 0/0/0/0 0/0/0/0 n2 n2 n2",
 	'B: ... and nothing changed at any node');
+$c2->stop;
+
+# ================================================================ C. an asynchronous standby that missed the switch
+# The old coordinator moves shard S to the other node; its standby has
+# replayed the journal's 'cutover' and stops before the switch: the move
+# then ends on the old coordinator (switch, the rows deleted at the source)
+# and the new owner takes a write of the shard. The old coordinator is
+# killed, the standby (which never saw the switch) promoted. The
+# destination's word comes before the standby's journal: take_over takes the
+# switch (a WARNING) and the move is finished, never undone; once with
+# take_over(), once with take_over(force => true), which raises every
+# shard's epoch (the move then finishes at the raised epoch).
+my ($write_n, $cur) = (0, $c3);
+for my $force (0, 1)
+{
+	my ($from, $to) = $force ? ('n1', 'n2') : ('n2', 'n1');
+	my $L = $force ? 'C (force)' : 'C';
+	my $new = PostgreSQL::Test::Cluster->new($force ? 'c5' : 'c4');
+	my $qo = sub { my ($sql, %o) = @_; return sharding_q($cur, 'coord', $sql, %o); };
+	my $qn = sub { my ($sql, %o) = @_; return sharding_q($new, 'coord', $sql, %o); };
+	$cur->backup("base_$L");
+	$new->init_from_backup($cur, "base_$L", has_streaming => 1);
+	$new->start;
+	my $sum = shard_at($from);
+	$hold = hold_switch($cur);
+	$move = start_move($cur, $L, $to);
+	$cur->wait_for_catchup($new, 'replay', $cur->lsn('insert'));
+	is($qn->($journal), 'cutover/false', "$L: the standby has replayed the journal's 'cutover'");
+	$new->stop;
+	release_switch($cur, $hold);
+	my @r = sharding_finish($move);
+	is($qo->($journal) . ' ' . shard_at($to) . ' ' . shard_at($from), "done/false $sum 0/0",
+		"$L: on the old coordinator the move ended: shard $S at $to, none left at $from") or diag(join("\n", @r));
+	my $key = n($to, "SELECT 'after-' || i FROM generate_series(1, 10000) AS i WHERE sharding.logical_shard('m', 'after-' || i) = $S "
+		  . "AND NOT EXISTS (SELECT FROM docs WHERE k = 'after-' || i) ORDER BY i LIMIT 1");
+	is(write_at($to, $key), '', "$L: $to, the new owner, takes a write of the shard");
+	my $sum2 = shard_at($to);
+	my $total = total();
+	$cur->stop('immediate');
+	$new->start;
+	$new->promote;
+	$new->safe_psql('postgres', "ALTER DATABASE coord SET sharding.coordinator_dsn = '" . sharding_dsn($new, 'coord') . "'");
+	is($qn->($journal) . ' ' . $qn->($owner), "cutover/false $from",
+		"$L: the standby, promoted, never saw the switch: its journal says 'cutover', it names $from");
+	$took = $qn->($force ? 'SELECT sharding.take_over(force => true)' : 'SELECT sharding.take_over()', stderr => 1);
+	like($took, qr/^2\n.*WARNING:\s+the destination "$to" of the move of logical shard $S of map "m" owns it: this server missed its owner switch, which it takes/s,
+		"$L: take_over takes the switch the destination shows (a WARNING), 2 nodes follow it") or diag($took);
+	unless ($took =~ /^2\n/)
+	{
+		$took = $qn->('SELECT sharding.take_over(force => true)', stderr => 1);
+		diag("take_over(force => true): $took");
+	}
+	$ms = sharding_wait($new, 'coord', $journal, 'done/false', 60);
+	ok(defined $ms, "$L: the move is finished on the new coordinator, never undone (" . lag_text($ms) . ')')
+		or diag($qn->("SELECT * FROM sharding.move_journal WHERE map = 'm' AND logical = $S"));
+	is(shard_at($to) . ' ' . shard_at($from), "$sum2 0/0", "$L: every row of shard $S is at $to (the write after the switch too), none at $from");
+	is(total(), $total, "$L: no row lost, none doubled");
+	is(owners($qn), "$to $to $to", "$L: node_for names $to at the new coordinator, n1 and n2");
+	is(leftovers(), '0/0/0/0 0/0/0/0', "$L: nothing of the move is left at the nodes");
+	is(join(' ', map { n($_, $config) eq $qn->($config) ? 'same' : 'differs' } @nodes), 'same same', "$L: every node's shards equal the new coordinator's");
+	$cur = $new;
+}
 
 done_testing();
