@@ -73,7 +73,7 @@ q1("SELECT sharding.pin('m', 'before', 'n2')");
 $c1->wait_for_catchup($c2, 'replay', $c1->lsn('insert'));
 my $synced = sharding_wait($c2, 'coord', q{SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_config_%' AND synced AND NOT temporary}, '3', 60);
 ok(defined $synced, "the three slots are synchronised to c2 (" . lag_text($synced) . ')');
-is(join(' ', map { sharding_wait($d, $_, "SELECT sharding.node_for('m', 'before')", 'n2', 10) // 'timeout' ; n($_, "SELECT sharding.node_for('m', 'before')") } @nodes),
+is(join(' ', map { sharding_wait($d, $_, "SELECT sharding.node_for('m', 'before')", 'n2', 10); n($_, "SELECT sharding.node_for('m', 'before')") } @nodes),
 	'n2 n2 n2', "c1's last pin is on every node");
 # The slots at c2 are at the nodes' positions.
 q1("SELECT sharding.pin('m', 'last', 'n3')");
