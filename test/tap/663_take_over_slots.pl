@@ -66,7 +66,11 @@ $c1->backup('base');
 $c2 = PostgreSQL::Test::Cluster->new('c2');
 $c2->init_from_backup($c1, 'base', has_streaming => 1);
 $c2->append_conf('postgresql.conf', join("\n", "primary_slot_name = 'c2_slot'", 'hot_standby_feedback = on',
-	'sync_replication_slots = on', "primary_conninfo = '" . sharding_dsn($c1, 'coord') . " application_name=c2'") . "\n");
+	'sync_replication_slots = on',
+	# Copied from c1 by the backup: once promoted, c2's WAL senders would
+	# wait for a standby slot that c2 does not have (logical replication
+	# stalls, "replication slot c2_slot ... does not exist").
+	"synchronized_standby_slots = ''", "primary_conninfo = '" . sharding_dsn($c1, 'coord') . " application_name=c2'") . "\n");
 $c2->start;
 my $c2_dsn = sharding_dsn($c2, 'coord');
 q1("SELECT sharding.pin('m', 'before', 'n2')");
