@@ -497,23 +497,35 @@ BEGIN
     END LOOP;
 
     -- 1b. A move in flight here before its switch whose destination owns
-    -- the shard (or the key) had its switch at the old coordinator, which
-    -- this server missed (an asynchronous standby): the destination's word
-    -- before this server's journal. The switch is taken here, committed with
-    -- the journal's 'cleanup', so that the move is finished, never undone:
-    -- the destination may hold the only copy of the rows and writes made
-    -- since the switch.
-    FOR mv IN SELECT j.move, j.map, j.logical, j.key, j.destination, d.dsn
-                FROM sharding.move_journal AS j JOIN sharding.nodes AS d ON d.node = j.destination
-               WHERE j.phase IN ('copying', 'catching_up', 'cutover') AND d.dsn IS NOT NULL AND probed ? j.destination
+    -- the shard (or the key) in its copy, or whose source's copy names the
+    -- destination, had its switch at the old coordinator, which this server
+    -- missed (an asynchronous standby): the nodes' word before this
+    -- server's journal. The switch is taken here, committed with the
+    -- journal's 'cleanup', so that the move is finished, never undone: the
+    -- destination may hold the only copy of the rows and writes made since
+    -- the switch.
+    FOR mv IN SELECT j.move, j.map, j.logical, j.key, j.source, j.destination
+                FROM sharding.move_journal AS j
+               WHERE j.phase IN ('copying', 'catching_up', 'cutover') AND (probed ? j.destination OR probed ? j.source)
                ORDER BY j.move LOOP
-        owner := sharding._remote(mv.dsn, CASE WHEN mv.key IS NULL
-            THEN format('SELECT s.node FROM sharding.shards AS s WHERE s.map = %L AND s.logical = %s', mv.map, mv.logical)
-            ELSE format('SELECT p.node FROM sharding.pins AS p WHERE p.map = %L AND p.key = %L', mv.map, mv.key) END);
+        owner := NULL;
+        FOR n IN SELECT d.node, d.dsn FROM sharding.nodes AS d
+                  WHERE d.node IN (mv.destination, mv.source) AND probed ? d.node
+                  ORDER BY d.node = mv.destination DESC LOOP
+            BEGIN
+                owner := sharding._remote(n.dsn, CASE WHEN mv.key IS NULL
+                    THEN format('SELECT s.node FROM sharding.shards AS s WHERE s.map = %L AND s.logical = %s', mv.map, mv.logical)
+                    ELSE format('SELECT p.node FROM sharding.pins AS p WHERE p.map = %L AND p.key = %L', mv.map, mv.key) END);
+            EXCEPTION WHEN sqlclient_unable_to_establish_sqlconnection OR connection_exception THEN
+                owner := NULL;  -- asked again by the next take_over, before its copy is replaced
+            END;
+            EXIT WHEN owner IS NOT DISTINCT FROM mv.destination;
+        END LOOP;
         CONTINUE WHEN owner IS DISTINCT FROM mv.destination;
         RAISE WARNING 'the destination "%" of the move of logical shard % of map "%" owns it: this server missed its owner switch, which it takes',
                 mv.destination, mv.logical, mv.map
-            USING DETAIL = format('Move %s was in flight in this server''s journal; it is finished, never undone.', mv.move);
+            USING DETAIL = format('Move %s was in flight in this server''s journal; node "%s" shows the switch. The move is finished, never undone.',
+                                  mv.move, n.node);
         PERFORM sharding._remote(me, format('SELECT sharding._take_over_switch(%s)::text', mv.move));
         adopted := adopted || format('move %s of logical shard %s of map "%s"', mv.move, mv.logical, mv.map);
     END LOOP;
