@@ -340,4 +340,50 @@ for my $force (0, 1)
 	$cur = $new;
 }
 
+# ================================================================ D. ... and the new owner out of reach
+# As C, the move (n2 -> n1) ended on the old coordinator, which its
+# standby missed; and n1, the new owner, is out of reach while take_over
+# runs (its database refuses new connections; its clients, connected, go
+# on writing the shard). The source's copy names n1: the switch is taken on
+# its word, so the source does not take the shard back (it stays refused
+# there, no two owners); once n1 answers, the jobs launcher re-points it and
+# the move is finished, never undone.
+{
+	my $new = PostgreSQL::Test::Cluster->new('c6');
+	my $qn = sub { my ($sql, %o) = @_; return sharding_q($new, 'coord', $sql, %o); };
+	$cur->backup('base_D');
+	$new->init_from_backup($cur, 'base_D', has_streaming => 1);
+	$new->start;
+	my $sum = shard_at('n2');
+	$hold = hold_switch($cur);
+	$move = start_move($cur, 'D', 'n1');
+	$cur->wait_for_catchup($new, 'replay', $cur->lsn('insert'));
+	$new->stop;
+	release_switch($cur, $hold);
+	my @r = sharding_finish($move);
+	is(sharding_q($cur, 'coord', $journal) . ' ' . shard_at('n1') . ' ' . shard_at('n2'), "done/false $sum 0/0",
+		"D: on the old coordinator the move ended: shard $S at n1, none left at n2") or diag(join("\n", @r));
+	my $key = n('n1', "SELECT 'later-' || i FROM generate_series(1, 10000) AS i WHERE sharding.logical_shard('m', 'later-' || i) = $S ORDER BY i LIMIT 1");
+	is(write_at('n1', $key), '', 'D: n1, the new owner, takes a write of the shard');
+	my $sum2 = shard_at('n1');
+	my $key2 = n('n2', "SELECT 'late2-' || i FROM generate_series(1, 10000) AS i WHERE sharding.logical_shard('m', 'late2-' || i) = $S ORDER BY i LIMIT 1");
+	n('postgres', 'ALTER DATABASE n1 ALLOW_CONNECTIONS false');
+	$cur->stop('immediate');
+	$new->start;
+	$new->promote;
+	$new->safe_psql('postgres', "ALTER DATABASE coord SET sharding.coordinator_dsn = '" . sharding_dsn($new, 'coord') . "'");
+	$took = $qn->('SELECT sharding.take_over()', stderr => 1);
+	like($took, qr/^1\n.*WARNING:\s+node "n1" is out of reach.*WARNING:\s+the destination "n1" of the move of logical shard $S of map "m" owns it: this server missed its owner switch, which it takes.*node "n2" shows the switch/s,
+		'D: take_over() with n1 out of reach takes the switch on the word of n2, the source: 1 node follows') or diag($took);
+	is(write_at('n2', $key2), '55000', "D: n2, the source, does not take shard $S back (55000)");
+	n('postgres', 'ALTER DATABASE n1 ALLOW_CONNECTIONS true');
+	$ms = sharding_wait($new, 'coord', $journal, 'done/false', 60);
+	ok(defined $ms, "D: once n1 answers, the move is finished, never undone (" . lag_text($ms) . ')')
+		or diag($qn->("SELECT * FROM sharding.move_journal WHERE map = 'm' AND logical = $S"));
+	ok(defined sharding_wait($new, 'coord', 'SELECT unreached FROM sharding.coordinator_identity', '{}', 30), 'D: ... and n1 follows the new coordinator');
+	is(shard_at('n1') . ' ' . shard_at('n2'), "$sum2 0/0", "D: every row of shard $S is at n1 (the write after the switch too), none at n2");
+	is(owners($qn), 'n1 n1 n1', 'D: node_for names n1 at the new coordinator, n1 and n2');
+	is(leftovers(), '0/0/0/0 0/0/0/0', 'D: nothing of the move is left at the nodes');
+}
+
 done_testing();
