@@ -127,7 +127,7 @@ for _ in $(seq 1 100); do
 done
 echo 'A coordinator (its own server) with map fo over data nodes f1 and f2, and its'
 echo "physical standby, made with 'pg_basebackup -R', streaming. A writer on each"
-echo 'node inserts orders where node_for says, one transaction each:'
+echo 'node inserts orders where node_for says, one transaction each.'
 pids=()
 for n in f1 f2; do
     q -d "demo_$n" -c 'CALL writer(120)' >/dev/null &
