@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 ensure_packages || exit 1
 build_and_install || { log "build failed"; exit 1; }
 DEMODIR=$(make_cluster_dir demo)
-trap 'stop_cluster "$DEMODIR"; rm -rf "$DEMODIR"' EXIT
+trap 'stop_cluster "$DEMODIR/fo-a"; stop_cluster "$DEMODIR/fo-b"; stop_cluster "$DEMODIR"; rm -rf "$DEMODIR"' EXIT
 # wal_level = logical and room for replication: scene 8 moves shards online
 # (logical replication between databases of this cluster, jobs in
 # background workers; max_prepared_transactions: distribute creates the
@@ -24,5 +24,7 @@ psql -Xq -v ON_ERROR_STOP=1 -f demo/demo.sql || exit 1
 psql -Xq -v ON_ERROR_STOP=1 -f demo/observe.sql || exit 1
 # Scene 8 (a third node joins under live writers: rebalance_start).
 psql -Xq -v ON_ERROR_STOP=1 -f demo/rebalance.sql || exit 1
+# Scene 9 (the coordinator dies, its standby takes over: take_over).
+bash demo/failover.sh "$DEMODIR" || exit 1
 echo
 echo 'Done. Everything above ran inside PostgreSQL; see README.md and docs/ for the reference.'

@@ -268,6 +268,12 @@ BEGIN
         UPDATE sharding.shards AS s
            SET epoch = GREATEST(s.epoch, coalesce((node_epochs->>(s.map || '/' || s.logical))::bigint, 0)) + 1;
         GET DIAGNOSTICS raised = ROW_COUNT;
+        -- A move past its switch is finished at the shard's epoch as it is
+        -- now (its finish waits for the nodes to show it).
+        UPDATE sharding.move_journal AS j SET new_epoch = s.epoch
+          FROM sharding.shards AS s
+         WHERE j.phase = 'cleanup' AND j.key IS NULL AND s.map = j.map AND s.logical = j.logical
+           AND j.new_epoch IS DISTINCT FROM s.epoch;
         IF top IS NOT NULL AND (SELECT q.last_value FROM sharding.version_seq AS q) < top THEN
             PERFORM pg_catalog.setval('sharding.version_seq', top);
         END IF;
@@ -347,6 +353,40 @@ END $$;
 COMMENT ON FUNCTION sharding._take_over_pending() IS
     'internal: take_over again where this server''s last one left nodes out of reach (the jobs launcher calls it)';
 
+-- On the coordinator, in its own transaction (take_over calls it over a
+-- connection): the owner switch of a move in flight here that this server
+-- missed (an asynchronous standby promoted after the old coordinator's
+-- switch) while its destination shows it. The switch and the journal's
+-- 'cleanup' commit together, as the move's own cutover does; the move is
+-- then finished, never undone (_move_recover). new_epoch is the switch's;
+-- with force, _take_over_commit raises it with the shard's epoch.
+CREATE FUNCTION sharding._take_over_switch(move bigint) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    j record;
+    e bigint;
+BEGIN
+    SELECT m.move, m.map, m.logical, m.key, m.destination INTO j FROM sharding.move_journal AS m
+     WHERE m.move = $1 AND m.phase IN ('copying', 'catching_up', 'cutover') FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- The move's own switch passes _move_refuse.
+    PERFORM pg_catalog.set_config('sharding_move.own', j.move::text, true);
+    IF j.key IS NULL THEN
+        e := sharding._switch_owner(j.map, j.logical, j.destination);
+    ELSE
+        PERFORM sharding.pin(j.map, j.key, j.destination);
+    END IF;
+    UPDATE sharding.move_journal AS m SET phase = 'cleanup', phase_started = pg_catalog.now(), new_epoch = e
+     WHERE m.move = j.move;
+    RETURN coalesce(e, 0);
+END $$;
+COMMENT ON FUNCTION sharding._take_over_switch(bigint) IS
+    'internal: take_over takes the owner switch of a move in flight that its destination shows and this server missed';
+
 -- take_over(force): see the top of this file and docs/nodes.md.
 CREATE FUNCTION sharding._take_over_body(force boolean) RETURNS integer
     LANGUAGE plpgsql VOLATILE
@@ -376,6 +416,9 @@ DECLARE
     config text;
     n_following integer := 0;
     missed text[] := '{}';
+    mv record;
+    owner text;
+    adopted text[] := '{}';
 BEGIN
     IF force IS NULL THEN
         RAISE EXCEPTION 'force must not be NULL' USING ERRCODE = 'invalid_parameter_value';
@@ -450,16 +493,58 @@ BEGIN
                       HINT = 'take_over() succeeds a coordinator from its promoted standby or restored backup; '
                              'take_over(force => true) overrides.';
         END IF;
-        change := sharding._take_over_ahead(ours, facts->'summary');
+        probed := probed || jsonb_build_object(n.node, facts);
+    END LOOP;
+
+    -- 1b. A move in flight here before its switch whose destination owns
+    -- the shard (or the key) in its copy, or whose source's copy names the
+    -- destination, had its switch at the old coordinator, which this server
+    -- missed (an asynchronous standby): the nodes' word before this
+    -- server's journal. The switch is taken here, committed with the
+    -- journal's 'cleanup', so that the move is finished, never undone: the
+    -- destination may hold the only copy of the rows and writes made since
+    -- the switch.
+    FOR mv IN SELECT j.move, j.map, j.logical, j.key, j.source, j.destination
+                FROM sharding.move_journal AS j
+               WHERE j.phase IN ('copying', 'catching_up', 'cutover') AND (probed ? j.destination OR probed ? j.source)
+               ORDER BY j.move LOOP
+        owner := NULL;
+        FOR n IN SELECT d.node, d.dsn FROM sharding.nodes AS d
+                  WHERE d.node IN (mv.destination, mv.source) AND probed ? d.node
+                  ORDER BY d.node = mv.destination DESC LOOP
+            BEGIN
+                owner := sharding._remote(n.dsn, CASE WHEN mv.key IS NULL
+                    THEN format('SELECT s.node FROM sharding.shards AS s WHERE s.map = %L AND s.logical = %s', mv.map, mv.logical)
+                    ELSE format('SELECT p.node FROM sharding.pins AS p WHERE p.map = %L AND p.key = %L', mv.map, mv.key) END);
+            EXCEPTION WHEN sqlclient_unable_to_establish_sqlconnection OR connection_exception THEN
+                owner := NULL;  -- asked again by the next take_over, before its copy is replaced
+            END;
+            EXIT WHEN owner IS NOT DISTINCT FROM mv.destination;
+        END LOOP;
+        CONTINUE WHEN owner IS DISTINCT FROM mv.destination;
+        RAISE WARNING 'the destination "%" of the move of logical shard % of map "%" owns it: this server missed its owner switch, which it takes',
+                mv.destination, mv.logical, mv.map
+            USING DETAIL = format('Move %s was in flight in this server''s journal; node "%s" shows the switch. The move is finished, never undone.',
+                                  mv.move, n.node);
+        PERFORM sharding._remote(me, format('SELECT sharding._take_over_switch(%s)::text', mv.move));
+        adopted := adopted || format('move %s of logical shard %s of map "%s"', mv.move, mv.logical, mv.map);
+    END LOOP;
+    IF cardinality(adopted) > 0 THEN
+        ours := sharding._config_summary();
+    END IF;
+    FOR n IN SELECT p.key AS node, p.value AS facts FROM jsonb_each(probed) AS p ORDER BY p.key LOOP
+        change := sharding._take_over_ahead(ours, n.facts->'summary');
         IF change IS NOT NULL THEN
             ahead := ahead || format('node "%s" holds %s', n.node, change);
         END IF;
-        probed := probed || jsonb_build_object(n.node, facts);
     END LOOP;
     IF cardinality(ahead) > 0 AND NOT force THEN
         RAISE EXCEPTION 'take_over refused: %, a configuration change this server lacks', ahead[1]
             USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = 'Nothing was changed. ' || array_to_string(ahead, '; ') || '.',
+                  DETAIL = CASE WHEN cardinality(adopted) = 0 THEN 'Nothing was changed. '
+                                ELSE 'Nothing was changed at the nodes; this server took the owner switch of '
+                                     || array_to_string(adopted, ', ') || ', which its destination shows. ' END
+                           || array_to_string(ahead, '; ') || '.',
                   HINT = 'This server missed changes the old coordinator had sent (an asynchronous standby). '
                          'take_over(force => true) makes this server''s configuration the truth and raises every shard''s epoch above any node''s.';
     END IF;
@@ -559,11 +644,13 @@ COMMENT ON FUNCTION sharding.take_over(boolean) IS
 REVOKE ALL ON FUNCTION sharding.take_over(boolean), sharding._config_json(), sharding._take_over_probe(text),
     sharding._take_over_accept(text, uuid, text, integer, text, boolean), sharding._take_over_sync(text, text, jsonb),
     sharding._take_over_commit(uuid, text, integer, text, jsonb, bigint), sharding._take_over_config(text, text),
-    sharding._take_over_mode(), sharding._take_over_later(), sharding._take_over_pending(), sharding._take_over_needed()
+    sharding._take_over_mode(), sharding._take_over_later(), sharding._take_over_pending(), sharding._take_over_needed(),
+    sharding._take_over_switch(bigint)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.take_over(boolean), sharding._config_json(), sharding._take_over_probe(text),
     sharding._take_over_accept(text, uuid, text, integer, text, boolean), sharding._take_over_sync(text, text, jsonb),
     sharding._take_over_commit(uuid, text, integer, text, jsonb, bigint), sharding._take_over_config(text, text),
-    sharding._take_over_mode(), sharding._take_over_later(), sharding._take_over_pending(), sharding._take_over_needed()
+    sharding._take_over_mode(), sharding._take_over_later(), sharding._take_over_pending(), sharding._take_over_needed(),
+    sharding._take_over_switch(bigint)
     TO sharding_admin;
 -- @end
