@@ -567,6 +567,22 @@ PGresult *collect_statement(PGconn *conn, const char *prefix, bool drain) {
     return last;
 }
 
+// The first statements of every (non-replication) session: see the Remote
+// constructor. A database without a schema "sharding" passes (nothing of
+// the engine's can run there); one whose "sharding" is not the extension's
+// is refused (42501) before anything runs.
+const char *const kSessionGuard =
+    "SET search_path = pg_catalog, pg_temp; "
+    "DO $sharding_guard$ BEGIN "
+    "IF EXISTS (SELECT FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'sharding') "
+    "AND NOT EXISTS (SELECT FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n "
+    "ON n.oid = e.extnamespace WHERE e.extname = 'sharding' AND n.nspname = 'sharding') THEN "
+    "RAISE EXCEPTION USING ERRCODE = '42501', "
+    "MESSAGE = 'schema \"sharding\" of database ' || pg_catalog.quote_ident(pg_catalog.current_database()) || "
+    "' is not the sharding extension''s: the move engine runs nothing there', "
+    "HINT = 'CREATE EXTENSION sharding there (a superuser), or give the node a DSN of a database that has it.'; "
+    "END IF; END $sharding_guard$; ";
+
 Remote::Remote(const std::string &dsn_in, bool replication, const std::string &application_name,
                const std::string &options, bool own_login)
     : own_login_(own_login) {
@@ -614,9 +630,18 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
     }
     try {
         establish();
-        if (!replication && !takeover_mode) {
-            std::string check = serve_check_sql();
-            if (!check.empty()) run(check);
+        if (!replication) {
+            // Every session first pins its search_path and checks that the
+            // schema "sharding" there is the extension's: the engine calls
+            // sharding.<function> on the other end, and its session may log
+            // in with more rights than whoever can create objects in that
+            // database (a superuser's move, a DSN another role wrote; a
+            // database owner can make a schema of that name, not install
+            // the extension, which needs a superuser). Then the fencing
+            // check (take_over.cpp).
+            std::string check = std::string(kSessionGuard);
+            if (!takeover_mode) check += serve_check_sql();
+            run(check);
         }
     } catch (...) {
         unregister_conn(conn_);
