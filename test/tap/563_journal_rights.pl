@@ -29,6 +29,18 @@ $s->safe_psql('postgres', "CREATE ROLE alice LOGIN; CREATE DATABASE alicedb OWNE
 $s->safe_psql('coord', "GRANT sharding_admin TO alice;
     SELECT sharding.create_map('m', 4, ARRAY['a']);
     SELECT sharding.add_node('a', 'dbname=nowhere_a'), sharding.add_node('b', 'dbname=nowhere_b');");
+# root: a superuser who logs in with a password; the engine's loopback
+# connection logs in as root (the database's coordinator_dsn, set by the
+# owner), so that the password rule's outcome depends on the nodes' DSNs
+# only.
+$s->safe_psql('postgres', "CREATE ROLE root LOGIN SUPERUSER PASSWORD 'rootpw'");
+my $hba = $s->data_dir . '/pg_hba.conf';
+my $rest = slurp_file($hba);
+open(my $fh, '>', $hba) or die "cannot write $hba: $!";
+print $fh "local all root scram-sha-256\n$rest";
+close $fh;
+$s->reload;
+$s->safe_psql('coord', "ALTER DATABASE coord SET sharding.coordinator_dsn = '" . sharding_dsn($s, 'coord') . " user=root password=rootpw'");
 # alice's database: a schema sharding whose _thaw_shard (and _undo_shard)
 # records who ran it and tries to make her a superuser.
 $s->safe_psql('alicedb', q{
@@ -76,6 +88,16 @@ my $own = $q->("SELECT sharding._move_enqueue(NULL, 'm', 0, NULL, 'b')");
 like($own, qr/^\d+$/, "the bootstrap superuser journals a queued move ($own)");
 is($q2->("SELECT runas::regrole FROM sharding.move_journal WHERE move = $own"), $boot,
 	'its journal row runs as the role that journaled it');
+
+# alice's own move runs as her, though the engine's loopback connection
+# that journals it logs in as root; she cancels it, but may not act on the
+# superuser's.
+my $hers = $as_alice->("SELECT sharding._move_enqueue(NULL, 'm', 1, NULL, 'b')");
+like($hers, qr/^\d+$/, "alice journals a queued move ($hers)");
+is($q2->("SELECT runas::regrole FROM sharding.move_journal WHERE move = $hers"), 'alice', 'it runs as alice');
+like($as_alice->("SELECT sharding._move_resolve($own)"), qr/^42501: permission denied for move $own, which runs as role "$boot"/,
+	"alice may not roll back the superuser's move (42501)");
+is($as_alice->("SELECT sharding._move_cancel($hers)"), 't', 'alice cancels her own move');
 
 # ------------------------------------------------------------ direct writes
 like($as_alice->("INSERT INTO sharding.move_journal (map, logical, source, destination, runas)
@@ -136,19 +158,19 @@ is($hits->(), '', "nothing ran in alice's database as a superuser");
 $q->("ALTER ROLE alice NOSUPERUSER");
 
 # ------------------------------------------------------------ _move_journal(sql)
-# The owner names a superuser in the database's coordinator_dsn, with its
-# password (root logs in with one); the engine's loopback connection logs
-# in with it. alice may not run a statement over it.
-$s->safe_psql('postgres', "CREATE ROLE root LOGIN SUPERUSER PASSWORD 'rootpw'");
-my $hba = $s->data_dir . '/pg_hba.conf';
-my $rest = slurp_file($hba);
-open(my $fh, '>', $hba) or die "cannot write $hba: $!";
-print $fh "local all root scram-sha-256\n$rest";
-close $fh;
-$s->reload;
-$q->("ALTER DATABASE coord SET sharding.coordinator_dsn = '" . sharding_dsn($s, 'coord') . " user=root password=rootpw'");
-like($as_alice->("SELECT sharding._move_journal('ALTER ROLE alice SUPERUSER'::text)"),
-	qr/^42501: permission denied for function _move_journal/, 'alice may not call _move_journal(sql) (42501)');
+# The engine's loopback connection logs in as root, a superuser, with the
+# password coordinator_dsn gives: 1.3's _move_journal(sql) ran any
+# statement of a sharding_admin member over it. It is gone, and its C
+# function (which 1.3's SQL still names) refuses all but the extension's
+# owner and superusers.
+unlike($as_alice->("SELECT sharding._move_journal('ALTER ROLE alice SUPERUSER'::text)"), qr/^ALTER ROLE/,
+	'alice may not run a statement through _move_journal(sql)');
+is($q->("SELECT count(*) FROM pg_proc WHERE proname = '_move_journal' AND pronamespace = 'sharding'::regnamespace"),
+	'0', 'sharding._move_journal(sql) is gone');
+$q->("CREATE FUNCTION public.mj(text) RETURNS text AS '\$libdir/sharding', 'sharding__move_journal' LANGUAGE C STRICT;
+    GRANT EXECUTE ON FUNCTION public.mj(text) TO alice");
+like($as_alice->("SELECT public.mj('ALTER ROLE alice SUPERUSER')"), qr/^42501: permission denied for function _move_journal/,
+	"its C function (as 1.3's SQL declares it) refuses alice (42501)");
 is($super->(), 'f', 'alice is no superuser');
 $q->("ALTER ROLE alice NOSUPERUSER");
 # Nor can she get her row recovered over that connection, by herself or
@@ -159,6 +181,21 @@ $q->("ALTER ROLE alice NOSUPERUSER");
 $q->("SELECT sharding._move_recover()");
 is($super->(), 'f', 'with a superuser coordinator_dsn, the recovery of her row does not make alice a superuser');
 is($hits->(), '', "nothing ran in alice's database as a superuser");
+
+# A move whose role lost sharding_admin: nobody acts on it as that role
+# (42501, its row stays); the scan warns.
+$q->("CREATE ROLE eve LOGIN IN ROLE sharding_admin");
+my $eves = $q->("INSERT INTO sharding.move_journal (map, logical, source, destination, phase, runas)
+	VALUES ('m', 2, 'a', 'b', 'copying', 'eve'::regrole) RETURNING move");
+$q->("REVOKE sharding_admin FROM eve");
+my ($rc, $out, $err) = $s->psql('coord', "\\set VERBOSITY verbose\nSELECT sharding._move_resolve($eves)");
+like($err, qr/ERROR:  42501: move $eves runs as role "eve", which is no longer a member of sharding_admin/,
+	"a move whose role lost sharding_admin is not rolled back as it (42501)");
+($rc, $out, $err) = $s->psql('coord', "SELECT sharding._move_recover()");
+like($err, qr/WARNING:  could not recover move $eves: move $eves runs as role "eve", which is no longer a member/,
+	'_move_recover warns about it');
+is($q->("SELECT phase FROM sharding.move_journal WHERE move = $eves"), 'copying', 'and it stays');
+$q->("DELETE FROM sharding.move_journal WHERE move = $eves");
 
 # The owner may take the row over (a role with the privileges of both its
 # role and the new one may).
