@@ -144,10 +144,19 @@ BEGIN
     IF NEW.job IS NOT NULL AND (TG_OP = 'INSERT' OR NEW.job IS DISTINCT FROM OLD.job) THEN
         SELECT t.runas INTO jr FROM sharding.move_jobs AS t WHERE t.job = NEW.job;
         IF NOT FOUND THEN
-            RAISE EXCEPTION 'permission denied to journal a move of rebalance job %, which does not exist', NEW.job
-                USING ERRCODE = 'insufficient_privilege';
-        END IF;
-        IF NOT (owner OR coalesce(pg_catalog.pg_has_role(me, jr, 'USAGE'), false)) THEN
+            -- Only a queued move of a job whose id the job sequence has
+            -- handed out, being created in a transaction that has not
+            -- committed yet: rebalance_start journals its moves over the
+            -- engine's own connection, which cannot see its job before it
+            -- commits. (The move still runs as its own runas, checked
+            -- above, whichever job claims it.)
+            IF NOT coalesce(TG_OP = 'INSERT' AND NEW.phase = 'queued' AND NEW.pid IS NULL
+                    AND NEW.job <= pg_catalog.pg_sequence_last_value('sharding.move_jobs_job_seq'::pg_catalog.regclass),
+                    false) THEN
+                RAISE EXCEPTION 'permission denied to journal a move of rebalance job %, which does not exist', NEW.job
+                    USING ERRCODE = 'insufficient_privilege';
+            END IF;
+        ELSIF NOT (owner OR coalesce(pg_catalog.pg_has_role(me, jr, 'USAGE'), false)) THEN
             RAISE EXCEPTION 'permission denied to change rebalance job %, which runs as role %', NEW.job,
                     jr::pg_catalog.regrole
                 USING ERRCODE = 'insufficient_privilege',
@@ -160,6 +169,8 @@ COMMENT ON FUNCTION sharding._move_journal_guard() IS
     'internal: refuses (42501) a journal row that would run a move as a role the writer lacks, or of no job';
 CREATE TRIGGER move_journal_guard BEFORE INSERT OR UPDATE OR DELETE ON sharding.move_journal
     FOR EACH ROW EXECUTE FUNCTION sharding._move_journal_guard();
+-- (Which job ids exist or are being created: the guard reads the sequence.)
+GRANT SELECT ON SEQUENCE sharding.move_jobs_job_seq TO sharding_admin;
 -- @end
 
 -- Background runners (src/nodes/jobs.cpp).
