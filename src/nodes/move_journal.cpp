@@ -55,13 +55,24 @@ struct JournalRow {
     Oid runas = InvalidOid;  // the role the move runs as (docs/moves.md, "Rights")
 };
 
+// Whether the journal records the role of each move (1.4's SQL). A
+// database still at 1.3's SQL (the library updated, ALTER EXTENSION not yet
+// run) has no such column: its moves act as 1.3's did, with the rights of
+// whoever acts on them, until it is updated.
+bool journal_has_runas() {
+    return spi_value("SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
+                     "pg_catalog.to_regclass('sharding.move_journal') AND a.attname = 'runas' AND NOT a.attisdropped)",
+                     {}) == Text("t");
+}
+
 JournalRow read_row(int64 id) {
     const std::string ids = std::to_string(id);
-    std::vector<Row> r =
-        spi_rows("SELECT m.map, m.logical::text, m.key, m.source, m.destination, m.phase, m.new_epoch::text, "
-                 "m.pid::text, m.error, m.error_state, m.error_detail, m.error_hint, m.runas::text "
-                 "FROM sharding.move_journal m WHERE m.move = $1::bigint",
-                 {ids.c_str()});
+    const std::string sql = std::string("SELECT m.map, m.logical::text, m.key, m.source, m.destination, m.phase, "
+                                        "m.new_epoch::text, m.pid::text, m.error, m.error_state, m.error_detail, "
+                                        "m.error_hint, ") +
+                            (journal_has_runas() ? "m.runas::text" : "NULL::text") +
+                            " FROM sharding.move_journal m WHERE m.move = $1::bigint";
+    std::vector<Row> r = spi_rows(sql.c_str(), {ids.c_str()});
     JournalRow j;
     if (r.empty()) return j;
     j.found = true;
@@ -194,14 +205,13 @@ std::string role_shown(Oid role) {
 // `runas` may still act (see above).
 void require_act_as(int64 id, Oid runas) {
     const Oid me = glue(user_glue);
-    if (runas == me) return;
+    // InvalidOid: a journal without roles (1.3's SQL), nothing to check.
+    if (runas == me || runas == InvalidOid) return;
     const Oid owner = extension_owner();
     const std::string hint =
         format("The extension's owner (or a role with the privileges of both) gives the move a role that can act: "
                "UPDATE sharding.move_journal SET runas = '<role>'::regrole WHERE move = %lld;",
                (long long)id);
-    if (runas == InvalidOid)
-        fail(ERRCODE_INSUFFICIENT_PRIVILEGE, Explain{"", hint}, "move %lld runs as no role", (long long)id);
     if (me != owner && !glue(privs_glue, me, runas))
         fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
              Explain{"", "Only a role with the privileges of the move's role (or the extension's owner) carries it "
@@ -239,7 +249,7 @@ class ActingAs {
     ActingAs(int64 id, Oid runas) {
         require_act_as(id, runas);
         glue(get_user_glue, &user_, &sec_);
-        if (runas == user_) return;
+        if (runas == user_ || runas == InvalidOid) return;
         drop_engine_connections();
         glue(set_user_glue, runas, sec_ | SECURITY_LOCAL_USERID_CHANGE);
         switched_ = true;
@@ -374,13 +384,15 @@ int64 enqueue(const Text &job, const Text &map, const Text &logical_arg, const T
     // journal's connection may log in as another role (coordinator_dsn),
     // whose privileges of this one the journal's trigger checks.
     Text runas;
+    const bool roles = journal_has_runas();
     if (job) runas = spi_value("SELECT t.runas::text FROM sharding.move_jobs t WHERE t.job = $1::bigint", {c(job)});
     if (!runas) runas = std::to_string(glue(user_glue));
     Text id;
     try {
-        id = journal("INSERT INTO sharding.move_journal (job, map, logical, key, source, destination, runas) VALUES (" +
-                     job.value_or("NULL") + ", " + lit(map) + ", " + *logical + ", " + lit(key) + ", " + lit(source) +
-                     ", " + lit(destination) + ", " + *runas + ") RETURNING move");
+        id = journal("INSERT INTO sharding.move_journal (job, map, logical, key, source, destination" +
+                     std::string(roles ? ", runas" : "") + ") VALUES (" + job.value_or("NULL") + ", " + lit(map) +
+                     ", " + *logical + ", " + lit(key) + ", " + lit(source) + ", " + lit(destination) +
+                     (roles ? ", " + *runas : std::string()) + ") RETURNING move");
     } catch (const Error &e) {
         if (e.sqlstate() != ERRCODE_UNIQUE_VIOLATION) throw;
         fail(ERRCODE_OBJECT_IN_USE, "logical shard %s of map \"%s\" is already being moved", c(logical), c(map));
@@ -545,13 +557,16 @@ int32 recover() {
     // roles it has the privileges of, every one for the extension's owner
     // (the scanner). The others are left to them.
     const std::string me = std::to_string(glue(user_glue));
-    for (Row &r : spi_rows("SELECT m.move::text FROM sharding.move_journal m "
-                           "WHERE m.phase NOT IN ('queued', 'done', 'failed', 'cancelled') "
-                           "AND m.pid IS DISTINCT FROM pg_catalog.pg_backend_pid() "
-                           "AND (m.runas = $1::oid OR pg_catalog.pg_has_role($1::oid, m.runas, 'USAGE') "
-                           "OR EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname = 'sharding' "
-                           "AND e.extowner = $1::oid)) ORDER BY m.move",
-                           {me.c_str()})) {
+    const std::string sql =
+        std::string("SELECT m.move::text FROM sharding.move_journal m "
+                    "WHERE m.phase NOT IN ('queued', 'done', 'failed', 'cancelled') "
+                    "AND m.pid IS DISTINCT FROM pg_catalog.pg_backend_pid() ") +
+        (journal_has_runas() ? "AND (m.runas = $1::oid OR pg_catalog.pg_has_role($1::oid, m.runas, 'USAGE') "
+                               "OR EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname = 'sharding' "
+                               "AND e.extowner = $1::oid)) "
+                             : "AND $1::oid IS NOT NULL ") +
+        "ORDER BY m.move";
+    for (Row &r : spi_rows(sql.c_str(), {me.c_str()})) {
         const int64 id = std::strtoll(must(r[0]).c_str(), nullptr, 10);
         if (!try_session_lock(k1, lock_obj(id))) continue;
         Caught err;

@@ -167,10 +167,21 @@ unlike($as_alice->("SELECT sharding._move_journal('ALTER ROLE alice SUPERUSER'::
 	'alice may not run a statement through _move_journal(sql)');
 is($q->("SELECT count(*) FROM pg_proc WHERE proname = '_move_journal' AND pronamespace = 'sharding'::regnamespace"),
 	'0', 'sharding._move_journal(sql) is gone');
-$q->("CREATE FUNCTION public.mj(text) RETURNS text AS '\$libdir/sharding', 'sharding__move_journal' LANGUAGE C STRICT;
-    GRANT EXECUTE ON FUNCTION public.mj(text) TO alice");
-like($as_alice->("SELECT public.mj('ALTER ROLE alice SUPERUSER')"), qr/^42501: permission denied for function _move_journal/,
-	"its C function (as 1.3's SQL declares it) refuses alice (42501)");
+# A database still at 1.3's SQL (the library updated, ALTER EXTENSION not
+# run yet): its _move_journal(sql), granted to sharding_admin there,
+# refuses alice; its journal (no runas) still works as 1.3's did.
+$s->safe_psql('postgres', 'CREATE DATABASE old13');
+$s->safe_psql('old13', "CREATE EXTENSION dblink; CREATE EXTENSION sharding VERSION '1.3'; GRANT sharding_admin TO alice;
+    ALTER DATABASE old13 SET sharding.coordinator_dsn = '" . sharding_dsn($s, 'old13') . " user=root password=rootpw';
+    SELECT sharding.create_map('m', 4, ARRAY['a']);
+    SELECT sharding.add_node('a', 'dbname=nowhere_a'), sharding.add_node('b', 'dbname=nowhere_b');");
+my ($rc13, $out13, $err13) = $s->psql('old13', "\\set VERBOSITY verbose\nSELECT sharding._move_journal('ALTER ROLE alice SUPERUSER'::text)",
+	extra_params => [ '-U', 'alice' ]);
+like($err13, qr/ERROR:  42501: permission denied for function _move_journal/,
+	"at 1.3's SQL, _move_journal(sql) refuses alice (42501)");
+my $m13 = $s->safe_psql('old13', "SELECT sharding._move_enqueue(NULL, 'm', 0, NULL, 'b')");
+is($s->safe_psql('old13', "SELECT sharding._move_cancel($m13)::text || ' ' || sharding._move_recover()"), 'true 0',
+	"at 1.3's SQL, the journal (without runas) works as before");
 is($super->(), 'f', 'alice is no superuser');
 $q->("ALTER ROLE alice NOSUPERUSER");
 # Nor can she get her row recovered over that connection, by herself or
