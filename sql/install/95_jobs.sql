@@ -144,14 +144,16 @@ BEGIN
     IF NEW.job IS NOT NULL AND (TG_OP = 'INSERT' OR NEW.job IS DISTINCT FROM OLD.job) THEN
         SELECT t.runas INTO jr FROM sharding.move_jobs AS t WHERE t.job = NEW.job;
         IF NOT FOUND THEN
-            -- Only a queued move of a job whose id the job sequence has
-            -- handed out, being created in a transaction that has not
-            -- committed yet: rebalance_start journals its moves over the
-            -- engine's own connection, which cannot see its job before it
-            -- commits. (The move still runs as its own runas, checked
-            -- above, whichever job claims it.)
-            IF NOT coalesce(TG_OP = 'INSERT' AND NEW.phase = 'queued' AND NEW.pid IS NULL
-                    AND NEW.job <= pg_catalog.pg_sequence_last_value('sharding.move_jobs_job_seq'::pg_catalog.regclass),
+            -- The extension's owner and superusers may (a restore may load
+            -- the tables in any order); another role only a queued move of
+            -- a job whose id the job sequence has handed out, being created
+            -- in a transaction that has not committed yet: rebalance_start
+            -- journals its moves over the engine's own connection, which
+            -- cannot see its job before it commits. (The move still runs as
+            -- its own runas, checked above, whichever job claims it.)
+            IF NOT coalesce(owner OR (SELECT a.rolsuper FROM pg_catalog.pg_roles AS a WHERE a.oid = me)
+                    OR (TG_OP = 'INSERT' AND NEW.phase = 'queued' AND NEW.pid IS NULL
+                        AND NEW.job <= pg_catalog.pg_sequence_last_value('sharding.move_jobs_job_seq'::pg_catalog.regclass)),
                     false) THEN
                 RAISE EXCEPTION 'permission denied to journal a move of rebalance job %, which does not exist', NEW.job
                     USING ERRCODE = 'insufficient_privilege';
