@@ -75,8 +75,14 @@ SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 8, NULL, 'b')$$);
 SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 0, NULL, NULL)$$);
 SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 0, NULL, 'unknown')$$);
 SELECT pg_temp.err(format($$SELECT sharding._move_enqueue(NULL, 'mv', %s, 'whale', 'b')$$, (:whale_shard + 1) % 8));
-SELECT sharding._move_enqueue(42, 'mv', 0, NULL, 'b') AS m1 \gset
-SELECT job, map, logical, key, source, destination, phase, rows_copied, lag_bytes, started IS NULL AS not_started
+-- A move of a job: of one that exists (42501 otherwise), running as the
+-- job's role.
+SELECT pg_temp.err($$SELECT sharding._move_enqueue(424242, 'mv', 0, NULL, 'b')$$);
+INSERT INTO sharding.move_jobs (map, strategy, state, max_parallel) VALUES ('mv', 'count', 'done', 1)
+    RETURNING job AS mvjob \gset
+SELECT sharding._move_enqueue(:mvjob, 'mv', 0, NULL, 'b') AS m1 \gset
+SELECT job = :mvjob AS of_job, runas = (SELECT runas FROM sharding.move_jobs WHERE job = :mvjob) AS as_job_role,
+       map, logical, key, source, destination, phase, rows_copied, lag_bytes, started IS NULL AS not_started
   FROM sharding.move_journal WHERE move = :m1;
 -- Committed at once: another session sees it while this transaction goes on.
 SELECT count(*) AS seen_elsewhere FROM dblink(sharding._coordinator_dsn(),
@@ -104,6 +110,7 @@ INSERT INTO sharding.move_journal (map, logical, source, destination, phase) VAL
 SELECT sharding._move_recover() AS recovered;
 SELECT pg_temp.err($$SELECT sharding._move_enqueue(NULL, 'mv', 1, NULL, 'b')$$) LIKE '55006: %' AS blocked;
 DELETE FROM sharding.move_journal;
+DELETE FROM sharding.move_jobs WHERE job = :mvjob;
 UPDATE sharding.nodes SET dsn = NULL WHERE node IN ('a', 'b');
 
 -- Owner switches alone are refused on a map with a distributed table

@@ -94,6 +94,11 @@ CREATE TABLE sharding.move_journal (
     rows_moved    bigint,             -- internal: rows deleted at the source (isolate's result)
     undone        boolean NOT NULL DEFAULT false,  -- internal: the rollback has completed
     created       timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    -- the role the move runs as (docs/moves.md, "Rights"): the one that
+    -- started it (the job's role for a job's move); its recovery acts with
+    -- that role's rights. Written by the engine; a role may write only one
+    -- it has the privileges of (sharding._move_journal_guard).
+    runas         oid NOT NULL DEFAULT (pg_catalog.to_regrole(pg_catalog.quote_ident(CURRENT_USER::text)))::oid,
     -- internal: the move's plan, fixed when it starts (docs/moves.md): the
     -- map's shard count, its pins then (the keys a shard move leaves
     -- behind), the tables with the condition selecting what the move
@@ -542,16 +547,9 @@ COMMENT ON FUNCTION sharding._move_online(text, integer, text, text) IS
     'internal: moves a logical shard (or one key) online; the engine of move_shard_online and isolate';
 -- @end
 
--- _move_journal(sql): runs a statement on the journal through the engine's
--- own connection to this database (sharding_move_self), so that it commits
--- at once, whatever the caller's transaction does; returns its first value.
--- @object sharding._move_journal
-CREATE FUNCTION sharding._move_journal(sql text) RETURNS text
-    AS 'MODULE_PATHNAME', 'sharding__move_journal' LANGUAGE C VOLATILE STRICT
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_journal(text) IS
-    'internal: runs a statement on the move journal in its own transaction (committed at once)';
--- @end
+-- (1.3's _move_journal(sql), which ran any statement over that connection,
+-- as whichever role coordinator_dsn names, is gone: SEC-2. The engine
+-- builds every statement on the journal itself.)
 
 -- _move_phase(map, logical, phase): the live move of the shard enters a
 -- phase (committed before the phase acts).
@@ -655,12 +653,12 @@ COMMENT ON FUNCTION sharding._move_recover() IS
 -- @end
 
 -- @object sharding._move_journal_grants
-REVOKE ALL ON FUNCTION sharding._move_journal(text), sharding._move_phase(text, integer, text),
+REVOKE ALL ON FUNCTION sharding._move_phase(text, integer, text),
     sharding._move_stop_backends(text, text),
     sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
     sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_journal(text), sharding._move_phase(text, integer, text),
+GRANT EXECUTE ON FUNCTION sharding._move_phase(text, integer, text),
     sharding._move_stop_backends(text, text),
     sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
     sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()

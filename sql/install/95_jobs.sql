@@ -70,37 +70,27 @@ GRANT UPDATE (state, switched, cancel_requested, started, finished, error, waiti
 -- @object sharding._job_role_guard
 -- Nothing a role writes makes a job run something as a role it has not the
 -- privileges of (SEC-2, CONTRACT 15.2): the moves a job adds later
--- (move_jobs.deferred), a finished job made live again, and a move of the
--- journal given a job (as _move_enqueue checks) need the privileges of the
--- job's role (a superuser has them; the extension's owner, whose scanner
--- looks after every job, too): 42501 otherwise.
+-- (move_jobs.deferred) and a finished job made live again need the
+-- privileges of the job's role (a superuser has them; the extension's
+-- owner, whose scanner looks after every job, too): 42501 otherwise. The
+-- journal's rows have their own guard (_move_journal_guard).
 CREATE FUNCTION sharding._job_role_guard() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
     AS $$
-DECLARE
-    j bigint;
-    r oid;
 BEGIN
-    IF TG_TABLE_NAME = 'move_jobs' THEN
-        IF NEW.deferred IS NOT DISTINCT FROM OLD.deferred OR NEW.deferred = '[]'::jsonb THEN
-            IF NOT (NEW.state IN ('queued', 'running') AND OLD.state NOT IN ('queued', 'running')) THEN
-                RETURN NEW;
-            END IF;
+    IF NEW.deferred IS NOT DISTINCT FROM OLD.deferred OR NEW.deferred = '[]'::jsonb THEN
+        IF NOT (NEW.state IN ('queued', 'running') AND OLD.state NOT IN ('queued', 'running')) THEN
+            RETURN NEW;
         END IF;
-        j := OLD.job;
-        r := OLD.runas;
-    ELSE
-        j := NEW.job;
-        SELECT t.runas INTO r FROM sharding.move_jobs AS t WHERE t.job = NEW.job;
     END IF;
-    IF j IS NULL OR r IS NULL OR pg_catalog.pg_has_role(CURRENT_USER, r, 'USAGE')
+    IF OLD.runas IS NULL OR pg_catalog.pg_has_role(CURRENT_USER, OLD.runas, 'USAGE')
        OR EXISTS (SELECT FROM pg_catalog.pg_extension AS e
                    WHERE e.extname = 'sharding' AND e.extowner = (SELECT a.oid FROM pg_catalog.pg_roles AS a
                                                                    WHERE a.rolname = CURRENT_USER)) THEN
         RETURN NEW;
     END IF;
-    RAISE EXCEPTION 'permission denied to change rebalance job %, which runs as role %', j, r::regrole
+    RAISE EXCEPTION 'permission denied to change rebalance job %, which runs as role %', OLD.job, OLD.runas::regrole
         USING ERRCODE = 'insufficient_privilege',
               HINT = 'Only a role with the privileges of the job''s role adds moves to it or makes it live again.';
 END $$;
@@ -108,8 +98,81 @@ COMMENT ON FUNCTION sharding._job_role_guard() IS
     'internal: refuses (42501) a write that would make a rebalance job run something as a role the writer lacks';
 CREATE TRIGGER job_role_guard BEFORE UPDATE ON sharding.move_jobs
     FOR EACH ROW EXECUTE FUNCTION sharding._job_role_guard();
-CREATE TRIGGER job_role_guard BEFORE INSERT OR UPDATE OF job ON sharding.move_journal
-    FOR EACH ROW EXECUTE FUNCTION sharding._job_role_guard();
+-- @end
+
+-- @object sharding._move_journal_guard
+-- A move runs as the role its journal row names (runas: docs/moves.md,
+-- "Rights"; the engine's recovery acts on a move with that role's rights).
+-- Nothing a role writes makes a move run as a role it has not the
+-- privileges of (SEC-2, CONTRACT 15.2): a row it inserts, updates or
+-- deletes must run as a role it has the privileges of (before and after
+-- an update), and a row of a rebalance job must name a job that exists,
+-- whose role the writer has the privileges of: 42501 otherwise. The
+-- extension's owner (and a superuser) may write any row; the engine writes
+-- the journal over its own connection (coordinator_dsn), as whichever role
+-- that logs in as, naming the role of the move explicitly.
+CREATE FUNCTION sharding._move_journal_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+DECLARE
+    me oid := (SELECT a.oid FROM pg_catalog.pg_roles AS a WHERE a.rolname = CURRENT_USER);
+    owner boolean := EXISTS (SELECT FROM pg_catalog.pg_extension AS e
+                              WHERE e.extname = 'sharding' AND e.extowner = me);
+    r oid;
+    jr oid;
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        r := OLD.runas;
+        IF NOT (owner OR coalesce(pg_catalog.pg_has_role(me, r, 'USAGE'), false)) THEN
+            RAISE EXCEPTION 'permission denied to change move %, which runs as role %', OLD.move,
+                    r::pg_catalog.regrole
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Only a role with the privileges of the move''s role writes its journal row.';
+        END IF;
+        IF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    r := NEW.runas;
+    IF NOT (owner OR coalesce(pg_catalog.pg_has_role(me, r, 'USAGE'), false)) THEN
+        RAISE EXCEPTION 'permission denied to journal a move that runs as role %',
+                coalesce(r::pg_catalog.regrole::text, 'NULL')
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'A move runs as a role its writer has the privileges of (by default the writer itself).';
+    END IF;
+    IF NEW.job IS NOT NULL AND (TG_OP = 'INSERT' OR NEW.job IS DISTINCT FROM OLD.job) THEN
+        SELECT t.runas INTO jr FROM sharding.move_jobs AS t WHERE t.job = NEW.job;
+        IF NOT FOUND THEN
+            -- The extension's owner and superusers may (a restore may load
+            -- the tables in any order); another role only a queued move of
+            -- a job whose id the job sequence has handed out, being created
+            -- in a transaction that has not committed yet: rebalance_start
+            -- journals its moves over the engine's own connection, which
+            -- cannot see its job before it commits. (The move still runs as
+            -- its own runas, checked above, whichever job claims it.)
+            IF NOT coalesce(owner OR (SELECT a.rolsuper FROM pg_catalog.pg_roles AS a WHERE a.oid = me)
+                    OR (TG_OP = 'INSERT' AND NEW.phase = 'queued' AND NEW.pid IS NULL
+                        AND NEW.job <= pg_catalog.pg_sequence_last_value('sharding.move_jobs_job_seq'::pg_catalog.regclass)),
+                    false) THEN
+                RAISE EXCEPTION 'permission denied to journal a move of rebalance job %, which does not exist', NEW.job
+                    USING ERRCODE = 'insufficient_privilege';
+            END IF;
+        ELSIF NOT (owner OR coalesce(pg_catalog.pg_has_role(me, jr, 'USAGE'), false)) THEN
+            RAISE EXCEPTION 'permission denied to change rebalance job %, which runs as role %', NEW.job,
+                    jr::pg_catalog.regrole
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Only a role with the privileges of the job''s role adds moves to it or makes it live again.';
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+COMMENT ON FUNCTION sharding._move_journal_guard() IS
+    'internal: refuses (42501) a journal row that would run a move as a role the writer lacks, or of no job';
+CREATE TRIGGER move_journal_guard BEFORE INSERT OR UPDATE OR DELETE ON sharding.move_journal
+    FOR EACH ROW EXECUTE FUNCTION sharding._move_journal_guard();
+-- (Which job ids exist or are being created: the guard reads the sequence.)
+GRANT SELECT ON SEQUENCE sharding.move_jobs_job_seq TO sharding_admin;
 -- @end
 
 -- Background runners (src/nodes/jobs.cpp).

@@ -568,7 +568,9 @@ void require_job_role(const Text &job) {
                                   "t.runas::text) FROM sharding.move_jobs t LEFT JOIN pg_catalog.pg_roles a "
                                   "ON a.oid = t.runas WHERE t.job = $1::bigint",
                                   {c(job)});
-    if (r.empty()) return;  // no such job: the journal refuses it
+    if (r.empty())
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied to add a move to rebalance job %s, which does not exist",
+             job->c_str());
     const Oid runas = static_cast<Oid>(std::strtoul(must(r[0][0]).c_str(), nullptr, 10));
     if (!glue(has_privs_of_glue, runas))
         fail(ERRCODE_INSUFFICIENT_PRIVILEGE,

@@ -187,7 +187,7 @@ extern const char *const kLive;  // a journal row's phase is not final
 // A statement over a named connection: a query's first value, a command's
 // tag (nullopt: NULL).
 Text dbl(const char *conn, const std::string &sql);
-// _move_journal: a statement on the journal over sharding_move_self
+// A statement on the journal over sharding_move_self
 // (committed at once, whatever this transaction does); its first value.
 Text journal(const std::string &sql);
 

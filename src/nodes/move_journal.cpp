@@ -24,17 +24,21 @@
 // (hashtext('sharding.move_journal'), move): it dies with its process, so a
 // move whose lock is free and whose phase is not final was interrupted.
 #include "nodes/move_engine.hpp"
+#include "nodes/move_online.hpp"
 
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 extern "C" {
+#include "catalog/pg_authid.h"
 #include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/syscache.h"
 }
 
 namespace sharding::move {
@@ -48,15 +52,27 @@ struct JournalRow {
     std::string map, phase;
     int32 logical = 0;
     Text key, source, destination, new_epoch, pid, error, error_state, error_detail, error_hint;
+    Oid runas = InvalidOid;  // the role the move runs as (docs/moves.md, "Rights")
 };
+
+// Whether the journal records the role of each move (1.4's SQL). A
+// database still at 1.3's SQL (the library updated, ALTER EXTENSION not yet
+// run) has no such column: its moves act as 1.3's did, with the rights of
+// whoever acts on them, until it is updated.
+bool journal_has_runas() {
+    return spi_value("SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
+                     "pg_catalog.to_regclass('sharding.move_journal') AND a.attname = 'runas' AND NOT a.attisdropped)",
+                     {}) == Text("t");
+}
 
 JournalRow read_row(int64 id) {
     const std::string ids = std::to_string(id);
-    std::vector<Row> r =
-        spi_rows("SELECT m.map, m.logical::text, m.key, m.source, m.destination, m.phase, m.new_epoch::text, "
-                 "m.pid::text, m.error, m.error_state, m.error_detail, m.error_hint "
-                 "FROM sharding.move_journal m WHERE m.move = $1::bigint",
-                 {ids.c_str()});
+    const std::string sql = std::string("SELECT m.map, m.logical::text, m.key, m.source, m.destination, m.phase, "
+                                        "m.new_epoch::text, m.pid::text, m.error, m.error_state, m.error_detail, "
+                                        "m.error_hint, ") +
+                            (journal_has_runas() ? "m.runas::text" : "NULL::text") +
+                            " FROM sharding.move_journal m WHERE m.move = $1::bigint";
+    std::vector<Row> r = spi_rows(sql.c_str(), {ids.c_str()});
     JournalRow j;
     if (r.empty()) return j;
     j.found = true;
@@ -72,6 +88,7 @@ JournalRow read_row(int64 id) {
     j.error_state = r[0][9];
     j.error_detail = r[0][10];
     j.error_hint = r[0][11];
+    if (r[0][12]) j.runas = static_cast<Oid>(std::strtoul(r[0][12]->c_str(), nullptr, 10));
     return j;
 }
 
@@ -149,6 +166,106 @@ struct Executing {
     ~Executing() { executing_move = 0; }
     Executing(const Executing &) = delete;
     Executing &operator=(const Executing &) = delete;
+};
+
+// ------------------------------------------------------------------ rights
+// A journal row records the role that started the move (runas: the caller
+// of move_shard_online / isolate / _move_enqueue, or the job's role), and
+// whatever is done to the move afterwards (carried out, rolled back or
+// finished, by its executor, _move_resolve, _move_cancel, _move_recover or
+// the launcher's scanner) runs with that role's rights, as a subscription
+// runs as its owner: dblink's password rule (move_remote.cpp) applies to it
+// exactly as to the role itself, whoever calls. The caller needs the
+// privileges of that role (the extension's owner, whose scanner looks after
+// every move, has them by office); the role must still exist and still be
+// an administrator (sharding_admin, a superuser, or the extension's owner):
+// 42501 otherwise, and the move stays as it is.
+
+Oid user_glue() { return GetUserId(); }
+bool role_exists_glue(Oid role) { return SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(role)); }
+bool privs_glue(Oid member, Oid role) { return has_privs_of_role(member, role); }
+bool superuser_glue(Oid role) { return superuser_arg(role); }
+Oid admin_role_glue() { return get_role_oid("sharding_admin", true); }
+char *role_name_glue(Oid role) { return GetUserNameFromId(role, true); }
+
+Oid extension_owner() {
+    Text o = spi_value("SELECT e.extowner::text FROM pg_catalog.pg_extension e WHERE e.extname = 'sharding'", {});
+    return o ? static_cast<Oid>(std::strtoul(o->c_str(), nullptr, 10)) : InvalidOid;
+}
+
+std::string role_shown(Oid role) {
+    char *n = glue(role_name_glue, role);
+    if (n == nullptr) return format("with OID %u", role);
+    std::string r = "\"" + std::string(n) + "\"";
+    pfree(n);
+    return r;
+}
+
+// 42501 unless the current role may act on move `id` as `runas`, and
+// `runas` may still act (see above).
+void require_act_as(int64 id, Oid runas) {
+    const Oid me = glue(user_glue);
+    // InvalidOid: a journal without roles (1.3's SQL), nothing to check.
+    if (runas == me || runas == InvalidOid) return;
+    const Oid owner = extension_owner();
+    const std::string hint =
+        format("The extension's owner (or a role with the privileges of both) gives the move a role that can act: "
+               "UPDATE sharding.move_journal SET runas = '<role>'::regrole WHERE move = %lld;",
+               (long long)id);
+    if (me != owner && !glue(privs_glue, me, runas))
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+             Explain{"", "Only a role with the privileges of the move's role (or the extension's owner) carries it "
+                         "out, rolls it back or finishes it."},
+             "permission denied for move %lld, which runs as role %s", (long long)id, role_shown(runas).c_str());
+    if (!glue(role_exists_glue, runas))
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE, Explain{"", hint},
+             "move %lld runs as role %s, which no longer exists", (long long)id, role_shown(runas).c_str());
+    const Oid admin = glue(admin_role_glue);
+    if (runas != owner && !glue(superuser_glue, runas) && (admin == InvalidOid || !glue(privs_glue, runas, admin)))
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE, Explain{"", hint},
+             "move %lld runs as role %s, which is no longer a member of sharding_admin", (long long)id,
+             role_shown(runas).c_str());
+}
+
+// The engine's named connections: made for one role, never reused by
+// another.
+void drop_engine_connections() noexcept {
+    for (const char *n : {online::kVerify, kSrc, kDst, kSelf}) named_disconnect(n);
+}
+
+void get_user_glue(Oid *user, int *sec) { GetUserIdAndSecContext(user, sec); }
+void set_user_glue(Oid user, int sec) { SetUserIdAndSecContext(user, sec); }
+
+// With the rights of a move's role for as long as it lives (checked by
+// require_act_as first): SetUserIdAndSecContext, restored by the
+// destructor on every exit, a C++ exception or an ERROR turned into one
+// (every PostgreSQL call of the engine goes through glue / pg_call); an
+// ERROR that escaped anyway is a (sub)transaction abort, which restores the
+// user id of its start. SECURITY_LOCAL_USERID_CHANGE: nothing run meanwhile
+// may SET ROLE. The engine's connections are dropped on both sides of the
+// switch, so that none made for one role serves the other.
+class ActingAs {
+  public:
+    ActingAs(int64 id, Oid runas) {
+        require_act_as(id, runas);
+        glue(get_user_glue, &user_, &sec_);
+        if (runas == user_ || runas == InvalidOid) return;
+        drop_engine_connections();
+        glue(set_user_glue, runas, sec_ | SECURITY_LOCAL_USERID_CHANGE);
+        switched_ = true;
+    }
+    ~ActingAs() {
+        if (!switched_) return;
+        SetUserIdAndSecContext(user_, sec_);
+        drop_engine_connections();
+    }
+    ActingAs(const ActingAs &) = delete;
+    ActingAs &operator=(const ActingAs &) = delete;
+
+  private:
+    Oid user_ = InvalidOid;
+    int sec_ = 0;
+    bool switched_ = false;
 };
 
 // move_shard_online and isolate: only under READ COMMITTED. The journal row
@@ -262,11 +379,20 @@ int64 enqueue(const Text &job, const Text &map, const Text &logical_arg, const T
                         "The next sharding.move_shard_online or sharding._move_recover tries again.");
         throw Error(ERRCODE_OBJECT_IN_USE, msg, std::string(), "Wait for it, or cancel it with sharding._move_cancel.");
     }
+    // The role the move runs as: the job's (_move_enqueue checked that the
+    // caller has its privileges), else the caller. Written explicitly: the
+    // journal's connection may log in as another role (coordinator_dsn),
+    // whose privileges of this one the journal's trigger checks.
+    Text runas;
+    const bool roles = journal_has_runas();
+    if (job) runas = spi_value("SELECT t.runas::text FROM sharding.move_jobs t WHERE t.job = $1::bigint", {c(job)});
+    if (!runas) runas = std::to_string(glue(user_glue));
     Text id;
     try {
-        id = journal("INSERT INTO sharding.move_journal (job, map, logical, key, source, destination) VALUES (" +
-                     job.value_or("NULL") + ", " + lit(map) + ", " + *logical + ", " + lit(key) + ", " + lit(source) +
-                     ", " + lit(destination) + ") RETURNING move");
+        id = journal("INSERT INTO sharding.move_journal (job, map, logical, key, source, destination" +
+                     std::string(roles ? ", runas" : "") + ") VALUES (" + job.value_or("NULL") + ", " + lit(map) +
+                     ", " + *logical + ", " + lit(key) + ", " + lit(source) + ", " + lit(destination) +
+                     (roles ? ", " + *runas : std::string()) + ") RETURNING move");
     } catch (const Error &e) {
         if (e.sqlstate() != ERRCODE_UNIQUE_VIOLATION) throw;
         fail(ERRCODE_OBJECT_IN_USE, "logical shard %s of map \"%s\" is already being moved", c(logical), c(map));
@@ -278,6 +404,7 @@ std::string resolve(int64 id, const std::string &final_phase) {
     const std::string ids = std::to_string(id);
     JournalRow j = require_row(Text(ids));
     if (is_final(j.phase)) return j.phase;
+    ActingAs as(id, j.runas);
     if (j.phase == "queued") {
         journal("UPDATE sharding.move_journal SET phase = " + lit(final_phase) +
                 ", finished = pg_catalog.now(), pid = NULL WHERE move = " + ids);
@@ -332,6 +459,7 @@ std::string execute(int64 id) {
                 result = resolve(id, "failed");
                 return;
             }
+            ActingAs as(id, j.runas);
             if (!journal("UPDATE sharding.move_journal SET pid = " + std::to_string(MyProcPid) +
                          ", started = pg_catalog.now(), phase_started = pg_catalog.now() WHERE move = " + ids +
                          " AND phase = 'queued' RETURNING phase")) {
@@ -425,13 +553,32 @@ int32 recover() {
     int32 n = 0;
     int32 left = 0;  // moves it could not resolve
     const int32 k1 = lock_class();
-    for (Row &r : spi_rows("SELECT m.move::text FROM sharding.move_journal m "
-                           "WHERE m.phase NOT IN ('queued', 'done', 'failed', 'cancelled') "
-                           "AND m.pid IS DISTINCT FROM pg_catalog.pg_backend_pid() ORDER BY m.move",
-                           {})) {
+    // The moves the caller may act on (require_act_as): its own, those of
+    // roles it has the privileges of, every one for the extension's owner
+    // (the scanner). The others are left to them.
+    const std::string me = std::to_string(glue(user_glue));
+    const std::string sql =
+        std::string("SELECT m.move::text FROM sharding.move_journal m "
+                    "WHERE m.phase NOT IN ('queued', 'done', 'failed', 'cancelled') "
+                    "AND m.pid IS DISTINCT FROM pg_catalog.pg_backend_pid() ") +
+        (journal_has_runas() ? "AND (m.runas = $1::oid OR pg_catalog.pg_has_role($1::oid, m.runas, 'USAGE') "
+                               "OR EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname = 'sharding' "
+                               "AND e.extowner = $1::oid)) "
+                             : "AND $1::oid IS NOT NULL ") +
+        "ORDER BY m.move";
+    for (Row &r : spi_rows(sql.c_str(), {me.c_str()})) {
         const int64 id = std::strtoll(must(r[0]).c_str(), nullptr, 10);
         if (!try_session_lock(k1, lock_obj(id))) continue;
         Caught err;
+        // Its role gone or without its rights any more: a WARNING, and
+        // nothing to retry until the owner gives the move another role (the
+        // hint says how).
+        if (!subxact([&] { require_act_as(id, read_row(id).runas); }, &err)) {
+            session_unlock(k1, lock_obj(id));
+            if (not_others(err.code)) reraise(err);
+            warn(format("could not recover move %lld: %s", (long long)id, err.message.c_str()), err.hint);
+            continue;
+        }
         if (subxact([&] { resolve(id, "failed"); }, &err))
             n++;
         else if (not_others(err.code)) {

@@ -1114,8 +1114,17 @@ SHARDING_FUNCTION(sharding__move_online) {
     return glue(move_result, fcinfo, epoch, r.moved);
 }
 
-// _move_journal(sql): over sharding_move_self, committed at once; its first value.
+// _move_journal(sql): over sharding_move_self, committed at once; its first
+// value. Only 1.3's SQL has it (gone in 1.4: SEC-2, it ran any statement as
+// whichever role coordinator_dsn names); with this library it is for the
+// extension's owner and superusers only, whatever that SQL granted.
 SHARDING_FUNCTION(sharding__move_journal) {
+    const std::string me = std::to_string(GetUserId());
+    if (spi_value("SELECT e.extowner OPERATOR(pg_catalog.=) $1::pg_catalog.oid OR EXISTS (SELECT FROM "
+                  "pg_catalog.pg_roles a WHERE a.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid AND a.rolsuper) "
+                  "FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'sharding'",
+                  {me.c_str()}) != Text("t"))
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for function _move_journal");
     Text sql = text_arg(fcinfo, 0);
     Text v = journal(*sql);
     if (!v) PG_RETURN_NULL();
