@@ -50,7 +50,8 @@ SELECT pg_temp.snapshot() = :'before' AS nothing_changed;
 CREATE TEMP TABLE plan AS SELECT * FROM sharding.rebalance('j', ARRAY['a', 'b', 'c'], dry_run => true);
 SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c'], max_parallel => 2) AS job1 \gset
 SELECT state, strategy, moves_total = (SELECT count(*) FROM plan) AS all_planned, moves_done = moves_total AS all_done,
-       moves_failed, started IS NOT NULL AND finished IS NOT NULL AS timed, error
+       moves_failed, started IS NOT NULL AND finished IS NOT NULL AS timed, error,
+       expected_end = finished AS ended_when_finished
   FROM sharding.rebalance_jobs WHERE job = :job1;
 SELECT count(*) AS switched_as_planned FROM plan p JOIN sharding.shards s
     ON s.map = 'j' AND s.logical = p.logical AND s.node = p.to_node AND s.epoch = 2;
@@ -61,6 +62,23 @@ SELECT pg_temp.err($$SELECT sharding.rebalance_wait(1, '-1 s')$$);
 -- Nothing left to do: a job done at once with no moves.
 SELECT sharding.rebalance_start('j', ARRAY['a', 'b', 'c']) AS job2 \gset
 SELECT state, moves_total FROM sharding.rebalance_jobs WHERE job = :job2;
+
+-- expected_end of a running job: its moves' time_left (move_progress)
+-- summed, shared among its max_parallel workers. Two queued moves of a map
+-- whose finished moves took 10 s and 20 s (median 15 s each), two workers:
+-- about 15 s from now. NULL while a move of it has no estimate.
+BEGIN;
+INSERT INTO sharding.move_jobs (map, strategy, state, max_parallel, started)
+VALUES ('j', 'count', 'running', 2, now()) RETURNING job AS ejob \gset
+INSERT INTO sharding.move_journal (job, map, logical, source, destination) VALUES (:ejob, 'j', 2, 'a', 'b');
+SELECT expected_end IS NULL AS no_history_no_estimate FROM sharding.rebalance_jobs WHERE job = :ejob;
+INSERT INTO sharding.move_journal (map, logical, source, destination, phase, started, finished)
+VALUES ('j', 0, 'a', 'b', 'done', now() - interval '30 s', now() - interval '20 s'),
+       ('j', 1, 'a', 'b', 'done', now() - interval '40 s', now() - interval '20 s');
+INSERT INTO sharding.move_journal (job, map, logical, source, destination) VALUES (:ejob, 'j', 3, 'a', 'b');
+SELECT expected_end - clock_timestamp() BETWEEN interval '14 s' AND interval '16 s' AS about_15_s_left
+  FROM sharding.rebalance_jobs WHERE job = :ejob;
+ROLLBACK;
 
 -- Strategy load: rebalance_by_load's plan.
 SELECT pg_temp.snapshot() AS before \gset

@@ -307,30 +307,6 @@ CREATE FUNCTION sharding._job_lag(source text, slot text) RETURNS bigint
 COMMENT ON FUNCTION sharding._job_lag(text, text) IS
     'internal: bytes of WAL a move''s slot at the source has not had confirmed yet, NULL if unreadable';
 
--- rebalance_jobs: one row per job, kept after it ends. The counts are of
--- the job's journal rows (a move interrupted by a crash and carried out
--- again counts once), plus the owner switches of maps without distributed
--- tables.
-CREATE VIEW sharding.rebalance_jobs AS
-    SELECT j.job, j.map, j.strategy, j.state,
-           (j.switched + coalesce(c.total, 0) - pg_catalog.cardinality(j.retried)
-            + pg_catalog.jsonb_array_length(j.deferred))::integer AS moves_total,
-           (j.switched + coalesce(c.done, 0))::integer AS moves_done,
-           (coalesce(c.failed, 0) - pg_catalog.cardinality(j.retried))::integer AS moves_failed,
-           j.started, j.finished, j.error,
-           coalesce(c.cancelled, 0)::integer AS moves_cancelled,
-           j.max_parallel, j.nodes, j.drained, j.created, j.waiting
-      FROM sharding.move_jobs j
-      LEFT JOIN LATERAL (
-           SELECT pg_catalog.count(*) AS total,
-                  pg_catalog.count(*) FILTER (WHERE m.phase = 'done') AS done,
-                  pg_catalog.count(*) FILTER (WHERE m.phase = 'failed') AS failed,
-                  pg_catalog.count(*) FILTER (WHERE m.phase = 'cancelled') AS cancelled
-             FROM sharding.move_journal m WHERE m.job = j.job) c ON true;
-COMMENT ON VIEW sharding.rebalance_jobs IS
-    'rebalance jobs: state, moves total/done/failed, times and the first failed move''s error';
-GRANT SELECT ON sharding.rebalance_jobs TO PUBLIC;
-
 -- @object sharding.move_progress
 -- move_progress: every move planned or in flight (of a job, or a direct
 -- move_shard_online/isolate call), every move of a job still running, and
@@ -388,4 +364,43 @@ CREATE VIEW sharding.move_progress AS
 COMMENT ON VIEW sharding.move_progress IS
     'moves planned or in flight (and every move of a running job, and those whose copies differed): phase, rows/bytes copied, lag, bar, time left, why it waits';
 GRANT SELECT ON sharding.move_progress TO PUBLIC;
+-- @end
+
+-- @object sharding.rebalance_jobs
+-- rebalance_jobs: one row per job, kept after it ends. The counts are of
+-- the job's journal rows (a move interrupted by a crash and carried out
+-- again counts once), plus the owner switches of maps without distributed
+-- tables. expected_end (1.4): a job that ended, when it did; one that runs,
+-- now plus its moves' time_left (move_progress: the copy's measured rate,
+-- else the median of finished moves) summed, the moves it will add later
+-- counted at their average, shared among its max_parallel workers; NULL
+-- while a move of it has no estimate yet.
+CREATE VIEW sharding.rebalance_jobs AS
+    SELECT j.job, j.map, j.strategy, j.state,
+           (j.switched + coalesce(c.total, 0) - pg_catalog.cardinality(j.retried)
+            + pg_catalog.jsonb_array_length(j.deferred))::integer AS moves_total,
+           (j.switched + coalesce(c.done, 0))::integer AS moves_done,
+           (coalesce(c.failed, 0) - pg_catalog.cardinality(j.retried))::integer AS moves_failed,
+           j.started, j.finished, j.error,
+           coalesce(c.cancelled, 0)::integer AS moves_cancelled,
+           j.max_parallel, j.nodes, j.drained, j.created, j.waiting,
+           CASE WHEN j.state IN ('done', 'failed', 'cancelled') THEN j.finished
+                ELSE (SELECT CASE WHEN pg_catalog.count(*) = 0
+                                       OR pg_catalog.count(*) FILTER (WHERE p.time_left IS NULL) > 0 THEN NULL
+                                  ELSE pg_catalog.clock_timestamp()
+                                       + (pg_catalog.sum(p.time_left)
+                                          + pg_catalog.avg(p.time_left) * pg_catalog.jsonb_array_length(j.deferred))
+                                         / greatest(j.max_parallel, 1) END
+                        FROM sharding.move_progress p
+                       WHERE p.job = j.job AND p.phase NOT IN ('done', 'failed', 'cancelled')) END AS expected_end
+      FROM sharding.move_jobs j
+      LEFT JOIN LATERAL (
+           SELECT pg_catalog.count(*) AS total,
+                  pg_catalog.count(*) FILTER (WHERE m.phase = 'done') AS done,
+                  pg_catalog.count(*) FILTER (WHERE m.phase = 'failed') AS failed,
+                  pg_catalog.count(*) FILTER (WHERE m.phase = 'cancelled') AS cancelled
+             FROM sharding.move_journal m WHERE m.job = j.job) c ON true;
+COMMENT ON VIEW sharding.rebalance_jobs IS
+    'rebalance jobs: state, moves total/done/failed, times, the first failed move''s error and the expected end';
+GRANT SELECT ON sharding.rebalance_jobs TO PUBLIC;
 -- @end

@@ -1,0 +1,3 @@
+-- rebalance_jobs gains expected_end (sql/install/95_jobs.sql), from the
+-- moves' time_left in move_progress (45_progress.sql).
+-- @replace sharding.rebalance_jobs
