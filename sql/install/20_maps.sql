@@ -386,43 +386,6 @@ COMMENT ON FUNCTION sharding.drop_map(text) IS
     'drops a map with its shards and pins (its configuration version lives on)';
 -- @end
 
--- @object sharding._canonical_key
--- A key as the map's key column type reads and prints it (CONTRACT 15.1,
--- "Keys by value"; the same conversion as isolate's, move_journal.cpp
--- canonical_key): '007' and ' +7' are 7, a uuid in lower case, a bytea in
--- \x hex; a spelling the type rejects raises its error (22P02). Text keys,
--- and maps without a distributed table, stay as given.
-CREATE FUNCTION sharding._canonical_key(map text, key text) RETURNS text
-    LANGUAGE plpgsql STABLE
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    t regtype;
-BEGIN
-    SELECT sharding._key_type(a.atttypid::pg_catalog.regtype) INTO t
-      FROM sharding.distributed_tables AS d
-      JOIN pg_catalog.pg_attribute AS a
-        ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name))
-       AND a.attname = d.key_column
-     WHERE d.map = $1
-     ORDER BY d.schema_name, d.table_name
-     LIMIT 1;
-    IF t IS NULL OR $2 IS NULL THEN
-        RETURN $2;
-    ELSIF t IN ('pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype,
-                'pg_catalog.int8'::pg_catalog.regtype) THEN
-        RETURN $2::pg_catalog.int8::pg_catalog.text;
-    ELSIF t = 'pg_catalog.uuid'::pg_catalog.regtype THEN
-        RETURN $2::pg_catalog.uuid::pg_catalog.text;
-    ELSIF t = 'pg_catalog.bytea'::pg_catalog.regtype THEN
-        RETURN '\x' OPERATOR(pg_catalog.||) pg_catalog.encode($2::pg_catalog.bytea, 'hex');
-    END IF;
-    RETURN $2;
-END $$;
-COMMENT ON FUNCTION sharding._canonical_key(text, text) IS
-    'internal: a key converted once through its map''s key type (the spelling pins and routing use)';
--- @end
-
 -- @object sharding._canonical_keys
 -- _canonical_key of every element of keys, in order, for pin_many: the
 -- map's key type looked up once, the integer and uuid keys converted by one
@@ -460,6 +423,22 @@ END $$;
 COMMENT ON FUNCTION sharding._canonical_keys(text, text[]) IS
     'internal: keys converted once through their map''s key type, in order (pin_many)';
 -- @end
+
+-- @object sharding._canonical_key
+-- A key as the map's key column type reads and prints it (CONTRACT 15.1,
+-- "Keys by value"; the same conversion as isolate's, move_journal.cpp
+-- canonical_key): '007' and ' +7' are 7, a uuid in lower case, a bytea in
+-- \x hex; a spelling the type rejects raises its error (22P02). Text keys,
+-- and maps without a distributed table, stay as given. One key of
+-- _canonical_keys (below), which does the conversion.
+CREATE FUNCTION sharding._canonical_key(map text, key text) RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT (sharding._canonical_keys($1, ARRAY[$2]))[1] $$;
+COMMENT ON FUNCTION sharding._canonical_key(text, text) IS
+    'internal: a key converted once through its map''s key type (the spelling pins and routing use)';
+-- @end
+
 
 -- @object sharding.pin
 CREATE FUNCTION sharding.pin(map text, key text, node text) RETURNS void

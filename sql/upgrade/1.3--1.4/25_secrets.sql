@@ -27,6 +27,7 @@ BEGIN
     END IF;
 END $$;
 -- pin and unpin take a key by value, as isolate does (CONTRACT 15.1).
+-- @include sharding._canonical_keys
 -- @include sharding._canonical_key
 -- @replace sharding.pin
 -- @replace sharding.unpin

@@ -1,4 +1,4 @@
 -- pin_many takes its keys by value, as pin and unpin do: each converted
--- once through the map's key type (sharding._canonical_keys).
--- @include sharding._canonical_keys
+-- once through the map's key type (sharding._canonical_keys, included with
+-- _canonical_key in 25_secrets.sql, which is one key of it).
 -- @replace sharding.pin_many
