@@ -300,7 +300,7 @@ COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a 
 
 -- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
 -- created over a replication connection with an exported snapshot (held
--- open until _move_slot_close or the end of the transaction), and the
+-- open until the end of the transaction), and the
 -- destination pulls the shard's rows under that snapshot with
 -- COPY ... TO STDOUT fed into BeginCopyFrom: copy and stream never overlap,
 -- no program runs, the source's DSN is read from sharding.nodes there.
@@ -311,12 +311,6 @@ CREATE FUNCTION sharding._move_slot_create(source text, slot text, plugin text, 
 COMMENT ON FUNCTION sharding._move_slot_create(text, text, text, text) IS
     'internal: creates a move''s logical slot at the source over a replication connection, exporting its snapshot';
 -- @end
--- @object sharding._move_slot_close
-CREATE FUNCTION sharding._move_slot_close(slot text) RETURNS boolean
-    AS 'MODULE_PATHNAME', 'sharding__move_slot_close' LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION sharding._move_slot_close(text) IS
-    'internal: closes the replication connection holding a move''s exported snapshot';
--- @end
 -- @object sharding._move_pull
 CREATE FUNCTION sharding._move_pull(source text, snapshot text, rel regclass, columns text[], query text)
     RETURNS bigint[]
@@ -325,9 +319,9 @@ COMMENT ON FUNCTION sharding._move_pull(text, text, regclass, text[], text) IS
     'internal: at a move''s destination, pulls COPY (query) TO STDOUT from the source under a snapshot into rel; {rows, bytes}';
 -- @end
 -- @object sharding._move_copy_grants
-REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
+REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text),
     sharding._move_pull(text, text, regclass, text[], text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
+GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text),
     sharding._move_pull(text, text, regclass, text[], text) TO sharding_admin;
 -- @end
 -- @object sharding._move_nice
@@ -398,28 +392,6 @@ COMMENT ON FUNCTION sharding._move_filter_sql(text, regtype, integer, integer, t
     'internal: SQL condition selecting the rows an online move carries';
 -- @end
 
--- _move_drop_replication(name): drops the move's subscription at the
--- destination (connection sharding_move_dst) without contacting the source
--- (which may be down), then its slot and publication at the source
--- (connection sharding_move_src), waiting for the slot to be released.
--- @object sharding._move_drop_replication
-CREATE FUNCTION sharding._move_drop_replication(name text) RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_drop_replication' LANGUAGE C VOLATILE STRICT
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
-    'internal: drops an online move''s subscription, slot and publication';
--- @end
-
--- _move_drop_triggers(map, name): drops the move's filter trigger from the
--- map's tables at the destination.
--- @object sharding._move_drop_triggers
-CREATE FUNCTION sharding._move_drop_triggers(map text, name text) RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_drop_triggers' LANGUAGE C VOLATILE STRICT
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_drop_triggers(text, text) IS
-    'internal: drops an online move''s filter triggers at the destination';
--- @end
-
 -- _move_delete_rows(conn, map, logical, key): deletes what a move carries
 -- from the map's tables over a connection (the source after a move, the
 -- destination after a failed one), bypassing triggers and the guard (that
@@ -472,21 +444,6 @@ CREATE FUNCTION sharding._move_sees_switch(conn text, map text, logical integer,
     SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_sees_switch(text, text, integer, text, text, bigint) IS
     'internal: whether a node''s followed configuration shows an online move''s switch';
--- @end
-
--- _move_finish(map, logical, key, destination, epoch): the end of a move
--- whose switch has committed (also run by the next call after a crash):
--- waits until the source and the destination show it, thaws, drops the
--- replication objects, deletes the moved rows at the source and closes the
--- journal. Connections sharding_move_src/_dst/_self are open. Returns the
--- rows deleted at the source.
--- @object sharding._move_finish
-CREATE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
-    RETURNS bigint
-    AS 'MODULE_PATHNAME', 'sharding__move_finish' LANGUAGE C VOLATILE
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_finish(text, integer, text, text, bigint) IS
-    'internal: completes an online move after its switch (thaw, drop replication, delete source rows)';
 -- @end
 
 -- _move_undo(map, logical, key): undoes a move whose switch has not
@@ -550,16 +507,6 @@ COMMENT ON FUNCTION sharding._move_online(text, integer, text, text) IS
 -- (1.3's _move_journal(sql), which ran any statement over that connection,
 -- as whichever role coordinator_dsn names, is gone: SEC-2. The engine
 -- builds every statement on the journal itself.)
-
--- _move_phase(map, logical, phase): the live move of the shard enters a
--- phase (committed before the phase acts).
--- @object sharding._move_phase
-CREATE FUNCTION sharding._move_phase(map text, logical integer, phase text) RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_phase' LANGUAGE C VOLATILE STRICT
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_phase(text, integer, text) IS
-    'internal: records the phase a live move enters, before it acts';
--- @end
 
 -- _move_stop_backends(conn, name): ends every other session of that
 -- node's database whose application_name is the move's name (a copy left
@@ -653,37 +600,14 @@ COMMENT ON FUNCTION sharding._move_recover() IS
 -- @end
 
 -- @object sharding._move_journal_grants
-REVOKE ALL ON FUNCTION sharding._move_phase(text, integer, text),
-    sharding._move_stop_backends(text, text),
+REVOKE ALL ON FUNCTION sharding._move_stop_backends(text, text),
     sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
     sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_phase(text, integer, text),
-    sharding._move_stop_backends(text, text),
+GRANT EXECUTE ON FUNCTION sharding._move_stop_backends(text, text),
     sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
     sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()
     TO sharding_admin;
--- @end
-
--- _move_raise(move): raises the recorded error of a move that did not end
--- 'done' (move_shard_online and isolate raise what the engine recorded).
--- @object sharding._move_raise
-CREATE FUNCTION sharding._move_raise(id bigint) RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_raise' LANGUAGE C VOLATILE
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_raise(bigint) IS
-    'internal: raises the recorded error of a move that failed';
--- @end
-
--- _move_refuse_written(): the source's slot waits for every transaction
--- holding a transaction id to end, this one included when the source
--- shares its instance: refused (25001) before anything happens.
--- @object sharding._move_refuse_written
-CREATE FUNCTION sharding._move_refuse_written() RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_refuse_written' LANGUAGE C VOLATILE
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_refuse_written() IS
-    'internal: 25001 in a transaction that has written (a move''s slot would wait for it)';
 -- @end
 
 -- move_shard_online(map text, logical integer, node text): docs/moves.md.
@@ -707,27 +631,21 @@ COMMENT ON FUNCTION sharding.isolate(text, text, text) IS
     'pins a key to a node and moves its rows of every distributed table there online; returns rows moved';
 -- @end
 
--- @object sharding._move_raise_grants
-REVOKE ALL ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() TO sharding_admin;
--- @end
 
 -- Moving data between databases is an administrator's job.
 REVOKE ALL ON FUNCTION sharding.move_shard_online(text, integer, text), sharding.isolate(text, text, text),
     sharding._move_online(text, integer, text, text),
-    sharding._move_finish(text, integer, text, text, bigint), sharding._move_undo(text, integer, text),
+    sharding._move_undo(text, integer, text),
     sharding._move_connect(text, text), sharding._move_disconnect(), sharding._move_wait_flush(text, float8),
-    sharding._move_delete_rows(text, text, integer, text), sharding._move_drop_replication(text),
-    sharding._move_drop_triggers(text, text), sharding._move_call(text, text, text, integer),
+    sharding._move_delete_rows(text, text, integer, text), sharding._move_call(text, text, text, integer),
     sharding._move_sees_switch(text, text, integer, text, text, bigint),
     sharding._move_tables(text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.move_shard_online(text, integer, text), sharding.isolate(text, text, text),
     sharding._move_online(text, integer, text, text),
-    sharding._move_finish(text, integer, text, text, bigint), sharding._move_undo(text, integer, text),
+    sharding._move_undo(text, integer, text),
     sharding._move_connect(text, text), sharding._move_disconnect(), sharding._move_wait_flush(text, float8),
-    sharding._move_delete_rows(text, text, integer, text), sharding._move_drop_replication(text),
-    sharding._move_drop_triggers(text, text), sharding._move_call(text, text, text, integer),
+    sharding._move_delete_rows(text, text, integer, text), sharding._move_call(text, text, text, integer),
     sharding._move_sees_switch(text, text, integer, text, text, bigint),
     sharding._move_tables(text)
     TO sharding_admin;

@@ -231,4 +231,21 @@ sub sharding_engine_logs_in
 	$c->reload;
 }
 
+# sharding_standby(primary, name, backup, conf): a streaming physical
+# standby of primary, made from a new base backup (its name given, as a
+# test may take several), started; conf: extra postgresql.conf lines set
+# before it starts.
+push @EXPORT, qw(sharding_standby);
+
+sub sharding_standby
+{
+	my ($primary, $name, $backup, $conf) = @_;
+	$primary->backup($backup);
+	my $standby = PostgreSQL::Test::Cluster->new($name);
+	$standby->init_from_backup($primary, $backup, has_streaming => 1);
+	$standby->append_conf('postgresql.conf', $conf) if defined $conf;
+	$standby->start;
+	return $standby;
+}
+
 1;
