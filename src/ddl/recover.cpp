@@ -15,7 +15,7 @@
 // background worker's scanner (src/nodes/jobs.cpp) runs it in every database
 // with the extension, and again every second while something is left.
 #include "ddl/ddl.hpp"
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
 
 #include <cstdlib>
 #include <cstring>

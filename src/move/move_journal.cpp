@@ -23,8 +23,8 @@
 // Who executes a move: the backend holding the session-level advisory lock
 // (hashtext('sharding.move_journal'), move): it dies with its process, so a
 // move whose lock is free and whose phase is not final was interrupted.
-#include "nodes/move_engine.hpp"
-#include "nodes/move_online.hpp"
+#include "move/move_engine.hpp"
+#include "move/move_online.hpp"
 
 #include <cstdlib>
 #include <string>

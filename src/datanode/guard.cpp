@@ -25,7 +25,7 @@
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
 #include "pg/shard_lock.hpp"
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
 #include "core/hash_core.hpp"
 
 extern "C" {

@@ -35,7 +35,7 @@
 // The code below is C-style (no owning C++ object): it runs in background
 // worker entry points and in an xact callback, where PostgreSQL errors are
 // caught with PG_TRY around each transaction.
-#include "nodes/move_engine.hpp"
+#include "move/move_engine.hpp"
 #include "ddl/ddl.hpp"
 
 extern "C" {

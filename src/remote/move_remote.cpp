@@ -1,5 +1,5 @@
 // libpq connections of the move engine: see move_remote.hpp.
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
 
 #include <cctype>
 #include <cstdlib>

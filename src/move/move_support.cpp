@@ -1,5 +1,5 @@
 // What the orchestration of moves and jobs shares: see move_engine.hpp.
-#include "nodes/move_engine.hpp"
+#include "move/move_engine.hpp"
 
 #include <new>
 #include <stdexcept>

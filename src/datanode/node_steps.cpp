@@ -12,7 +12,7 @@
 //   _install_guards(): every distributed table of a following node.
 //
 // The guard itself and the local state it reads are guard.cpp's.
-#include "nodes/move_engine.hpp"
+#include "move/move_engine.hpp"
 
 #include <cstdlib>
 #include <string>

@@ -16,7 +16,7 @@
 // PL/pgSQL kept its plans. Statements run through SPI with text parameters
 // (move_support.cpp), in the caller's transaction, each with a new
 // snapshot as PL/pgSQL ran them.
-#include "nodes/move_engine.hpp"
+#include "move/move_engine.hpp"
 
 #include <cstdlib>
 #include <string>

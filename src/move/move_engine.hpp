@@ -17,7 +17,7 @@
 // locks, memory), as a PL/pgSQL EXCEPTION block does.
 #pragma once
 
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
 
 #include <functional>
 #include <initializer_list>

@@ -26,7 +26,7 @@
 // hash, kept open), with the helper's password rule for non-superusers; a
 // node that cannot answer is not waited for (the move then fails and says
 // why).
-#include "nodes/move_engine.hpp"
+#include "move/move_engine.hpp"
 
 #include <cstdlib>
 #include <map>

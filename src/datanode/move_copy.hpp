@@ -18,7 +18,7 @@
 // C-style code (it may ereport): call it through glue/pg_call from C++.
 #pragma once
 
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
 
 #include <string>
 #include <vector>

@@ -46,7 +46,7 @@
 // file is C-style code, no C++ object owns anything, ereport is allowed.
 #include "pg/pg.hpp"
 #include "core/hash_core.hpp"
-#include "nodes/move_controller.hpp"
+#include "datanode/move_controller.hpp"
 #include "pg/catalog.hpp"
 
 extern "C" {

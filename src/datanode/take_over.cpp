@@ -14,8 +14,8 @@
 //     rest of the transaction (a node's _take_over_accept decides there);
 //   _take_over_later(): the jobs launcher scans this database again soon
 //     (jobs.cpp), whose scanner calls _take_over_pending.
-#include "nodes/move_engine.hpp"
-#include "nodes/move_remote.hpp"
+#include "move/move_engine.hpp"
+#include "remote/move_remote.hpp"
 
 #include <string>
 
