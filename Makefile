@@ -47,7 +47,7 @@ endif
 SHLIB_LINK += -lstdc++ -Wl,--version-script=$(CURDIR)/src/pg/exports.map
 # For PG_MODULE_MAGIC_EXT (PostgreSQL 18), see src/pg/compat.hpp.
 PG_CPPFLAGS += -DSHARDING_VERSION='"$(EXTVERSION)"'
-# libpq: the move engine's connections (src/nodes/move_remote.cpp), linked
+# libpq: the move engine's connections (src/remote/move_remote.cpp), linked
 # as contrib dblink links it (PGXS's libpq variables; package libpq-dev).
 PG_CPPFLAGS += -I$(libpq_srcdir)
 SHLIB_LINK_INTERNAL = $(libpq)

@@ -12,7 +12,7 @@
 // prepared anywhere are deleted.
 //
 // recover_transactions() runs it on demand; with the library preloaded the
-// background worker's scanner (src/nodes/jobs.cpp) runs it in every database
+// background worker's scanner (src/jobs/jobs.cpp) runs it in every database
 // with the extension, and again every second while something is left.
 #include "ddl/ddl.hpp"
 #include "remote/move_remote.hpp"

@@ -2,7 +2,7 @@
 //
 // A job is a row of sharding.move_jobs; each of its moves is a row of the
 // move engine's journal (sharding.move_journal). What a job decides is C++
-// behind SQL names (src/nodes/jobs_run.cpp): which move to start next
+// behind SQL names (src/jobs/jobs_run.cpp): which move to start next
 // (_job_claim), how to run it (_job_execute, over the engine's
 // _move_execute), when the job is over. This file only provides the
 // processes that call those functions, as SQL in their own transactions

@@ -10,7 +10,7 @@
 // - sharding._group_watch(expires, reaped): with the library preloaded, a
 //   small table in shared memory of the databases that have members, with
 //   when their next lease expires; the launcher of the rebalance jobs
-//   (src/nodes/jobs.cpp) asks groups_take_due() at each round, starts a
+//   (src/jobs/jobs.cpp) asks groups_take_due() at each round, starts a
 //   short reaper in each database that is due (sharding._group_reap(), as
 //   the extension's owner, search_path pinned), and sleeps no longer than
 //   groups_take_due says. A database whose table entry cannot be had (more
@@ -183,7 +183,7 @@ Oid expired_relid = InvalidOid;
 }  // namespace
 
 namespace sharding {
-void jobs_poke_launcher() noexcept;  // src/nodes/jobs.cpp
+void jobs_poke_launcher() noexcept;  // src/jobs/jobs.cpp
 }
 
 // _group_call(op text, map text, worker text, lease interval): bigint.
