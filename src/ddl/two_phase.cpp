@@ -29,7 +29,8 @@
 // callbacks convert every C++ exception before PostgreSQL sees it; past
 // the local commit only libpq runs (blocking, no ereport).
 #include "ddl/ddl.hpp"
-#include "move/move_engine.hpp"
+#include "pg/launcher.hpp"
+#include "pg/spi.hpp"
 #include "remote/move_remote.hpp"
 
 #include <cstring>

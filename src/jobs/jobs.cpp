@@ -35,8 +35,9 @@
 // The code below is C-style (no owning C++ object): it runs in background
 // worker entry points and in an xact callback, where PostgreSQL errors are
 // caught with PG_TRY around each transaction.
-#include "move/move_engine.hpp"
 #include "ddl/ddl.hpp"
+#include "jobs/jobs.hpp"
+#include "routing/groups.hpp"
 
 extern "C" {
 #include "access/genam.h"
@@ -487,10 +488,6 @@ SHARDING_EXPORT void sharding_jobs_runner_main(Datum arg);
 SHARDING_EXPORT void sharding_jobs_scanner_main(Datum arg);
 SHARDING_EXPORT void sharding_jobs_launcher_main(Datum arg);
 SHARDING_EXPORT void sharding_groups_reaper_main(Datum arg);
-}
-namespace sharding {
-int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept;  // src/routing/groups.cpp
-void groups_reaper_done(Oid db, bool forget) noexcept;           // src/routing/groups.cpp
 }
 
 // A runner: claims and executes the moves of its job until the job is over,
@@ -1020,9 +1017,11 @@ int jobs_failed_starts(int64 job) noexcept {
     return n;
 }
 
-// Wakes the launcher for its next round without a scan of the databases
-// (worker groups: a lease that expires sooner than it was going to wake).
-void jobs_poke_launcher() noexcept {
+namespace {
+
+// Installed as jobs_poke_launcher (src/pg/launcher.hpp): wakes the launcher
+// for its next round without a scan of the databases.
+void poke_launcher() noexcept {
     if (shared == nullptr) return;
     SpinLockAcquire(&shared->mutex);
     Latch *latch = shared->launcher_latch;
@@ -1030,12 +1029,11 @@ void jobs_poke_launcher() noexcept {
     if (latch) SetLatch(latch);
 }
 
-void jobs_recheck(Oid db) noexcept { jobs_recheck(db, false); }
-
-// soon: the database's two-phase transactions left in doubt (src/ddl)
-// are retried every second until resolved, without the moves' back-off,
-// so that they resolve within seconds of a node coming back.
-void jobs_recheck(Oid db, bool soon) noexcept {
+// Installed as jobs_recheck (src/pg/launcher.hpp). soon: the database's
+// two-phase transactions left in doubt (src/ddl) are retried every second
+// until resolved, without the moves' back-off, so that they resolve within
+// seconds of a node coming back.
+void recheck(Oid db, bool soon) noexcept {
     if (shared == nullptr || !OidIsValid(db)) return;
     TimestampTz now = GetCurrentTimestamp();
     bool placed = false;
@@ -1066,7 +1064,13 @@ void jobs_recheck(Oid db, bool soon) noexcept {
 
 // Called from _PG_init: the setting, shared memory and the launcher, only
 // when preloaded (without, rebalance_run carries jobs out).
+}  // namespace
+
 void jobs_init() {
+    LauncherCalls calls;
+    calls.recheck = recheck;
+    calls.poke = poke_launcher;
+    set_launcher_calls(calls);
     // A PGC_POSTMASTER setting can only be defined while preloading.
     if (!process_shared_preload_libraries_in_progress) return;
     DefineCustomIntVariable("sharding.max_move_workers",

@@ -20,6 +20,8 @@
 //
 // Boundary (boundary.hpp, rule 2): C-style, no owning C++ object.
 #include "pg/boundary.hpp"
+#include "pg/launcher.hpp"
+#include "routing/groups.hpp"
 
 extern "C" {
 #include "access/genam.h"
@@ -181,10 +183,6 @@ SPIPlanPtr expired_plan = nullptr;
 Oid expired_relid = InvalidOid;
 
 }  // namespace
-
-namespace sharding {
-void jobs_poke_launcher() noexcept;  // src/jobs/jobs.cpp
-}
 
 // _group_call(op text, map text, worker text, lease interval): bigint.
 SHARDING_FUNCTION(sharding__group_call) {
