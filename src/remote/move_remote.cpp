@@ -653,7 +653,7 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
             // database (a superuser's move, a DSN another role wrote; a
             // database owner can make a schema of that name, not install
             // the extension, which needs a superuser). Then the fencing
-            // check (take_over.cpp).
+            // check (serve_check_sql).
             std::string check = std::string(kSessionGuard);
             if (!takeover_mode) check += serve_check_sql();
             run(check);

@@ -15,7 +15,7 @@
 // _require_map and _check_database_nodes run on every pin as well: their
 // statements are prepared once per backend and kept (spi_kept_rows), as
 // PL/pgSQL kept its plans. Statements run through SPI with text parameters
-// (move_support.cpp), in the caller's transaction, each with a new
+// (src/pg/spi.cpp), in the caller's transaction, each with a new
 // snapshot as PL/pgSQL ran them.
 #include "routing/owner_switch.hpp"
 #include "remote/move_remote.hpp"
