@@ -36,6 +36,7 @@
 // worker entry points and in an xact callback, where PostgreSQL errors are
 // caught with PG_TRY around each transaction.
 #include "ddl/ddl.hpp"
+#include "pg/shmem.hpp"
 #include "jobs/jobs.hpp"
 #include "routing/groups.hpp"
 
@@ -118,8 +119,6 @@ struct Shared {
 };
 
 Shared *shared = nullptr;
-shmem_request_hook_type prev_shmem_request = nullptr;
-shmem_startup_hook_type prev_shmem_startup = nullptr;
 
 // What a runner is told at start (bgw_extra).
 struct RunnerArgs {
@@ -131,21 +130,12 @@ struct RunnerArgs {
 };
 static_assert(sizeof(RunnerArgs) <= BGW_EXTRALEN, "runner arguments fit bgw_extra");
 
-void jobs_shmem_request() {
-    if (prev_shmem_request) prev_shmem_request();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(Shared)));
-}
-
-void jobs_shmem_startup() {
-    if (prev_shmem_startup) prev_shmem_startup();
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found = false;
-    shared = static_cast<Shared *>(ShmemInitStruct("sharding move workers", sizeof(Shared), &found));
+void jobs_shmem_attach(void *mem, bool found) {
+    shared = static_cast<Shared *>(mem);
     if (!found) {
         memset(shared, 0, sizeof(Shared));
         SpinLockInit(&shared->mutex);
     }
-    LWLockRelease(AddinShmemInitLock);
 }
 
 // A slot whose worker never started (registration lost) is free again after
@@ -1078,10 +1068,7 @@ void jobs_init() {
                             "Takes effect at server start; needs shared_preload_libraries = 'sharding'.",
                             &max_move_workers, 2, 1, kMaxWorkersLimit, PGC_POSTMASTER, 0, nullptr, nullptr,
                             nullptr);
-    prev_shmem_request = shmem_request_hook;
-    shmem_request_hook = jobs_shmem_request;
-    prev_shmem_startup = shmem_startup_hook;
-    shmem_startup_hook = jobs_shmem_startup;
+    shmem::add({"sharding move workers", sizeof(Shared), nullptr, nullptr, jobs_shmem_attach});
 
     BackgroundWorker w;
     init_worker(&w, "sharding_jobs_launcher_main", "sharding move launcher", 10);

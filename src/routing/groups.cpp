@@ -21,6 +21,7 @@
 // Boundary (boundary.hpp, rule 2): C-style, no owning C++ object.
 #include "pg/boundary.hpp"
 #include "pg/launcher.hpp"
+#include "pg/shmem.hpp"
 #include "routing/groups.hpp"
 
 extern "C" {
@@ -63,24 +64,13 @@ struct GroupsShared {
 };
 
 GroupsShared *gshared = nullptr;
-shmem_request_hook_type prev_shmem_request = nullptr;
-shmem_startup_hook_type prev_shmem_startup = nullptr;
 
-void groups_shmem_request() {
-    if (prev_shmem_request) prev_shmem_request();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(GroupsShared)));
-}
-
-void groups_shmem_startup() {
-    if (prev_shmem_startup) prev_shmem_startup();
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found = false;
-    gshared = static_cast<GroupsShared *>(ShmemInitStruct("sharding worker groups", sizeof(GroupsShared), &found));
+void groups_shmem_attach(void *mem, bool found) {
+    gshared = static_cast<GroupsShared *>(mem);
     if (!found) {
         memset(gshared, 0, sizeof(GroupsShared));
         SpinLockInit(&gshared->mutex);
     }
-    LWLockRelease(AddinShmemInitLock);
 }
 
 // The owner of the extension and sharding._group_apply(text, text, text,
@@ -241,11 +231,7 @@ namespace sharding {
 
 // From _PG_init: the shared table, when preloading.
 void groups_init() {
-    if (!process_shared_preload_libraries_in_progress) return;
-    prev_shmem_request = shmem_request_hook;
-    shmem_request_hook = groups_shmem_request;
-    prev_shmem_startup = shmem_startup_hook;
-    shmem_startup_hook = groups_shmem_startup;
+    shmem::add({"sharding worker groups", sizeof(GroupsShared), nullptr, nullptr, groups_shmem_attach});
 }
 
 // For the launcher: the databases whose next lease expiry has come (at
