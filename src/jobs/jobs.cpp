@@ -36,6 +36,7 @@
 // worker entry points and in an xact callback, where PostgreSQL errors are
 // caught with PG_TRY around each transaction.
 #include "ddl/ddl.hpp"
+#include "pg/extension.hpp"
 #include "pg/shmem.hpp"
 #include "jobs/jobs.hpp"
 #include "routing/groups.hpp"
@@ -74,6 +75,10 @@ extern "C" {
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 }
+
+using sharding::Extension;
+using sharding::extension_function;
+using sharding::find_extension;
 
 namespace {
 
@@ -333,42 +338,6 @@ bool in_own_transaction(F &&body) {
 // the extension's owner, a runner as its job's role, each through
 // SetUserIdAndSecContext(..., SECURITY_LOCAL_USERID_CHANGE), which also
 // refuses SET ROLE and SET SESSION AUTHORIZATION to anything they run.
-
-// The extension in this database (oid InvalidOid: not installed). Catalog
-// reads: in a transaction.
-struct Extension {
-    Oid oid;
-    Oid owner;
-    Oid schema;
-};
-
-Extension find_extension() {
-    Extension e{InvalidOid, InvalidOid, InvalidOid};
-    Relation rel = table_open(ExtensionRelationId, AccessShareLock);
-    ScanKeyData key;
-    ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ, CStringGetDatum("sharding"));
-    SysScanDesc scan = systable_beginscan(rel, ExtensionNameIndexId, true, nullptr, 1, &key);
-    HeapTuple tup = systable_getnext(scan);
-    if (HeapTupleIsValid(tup)) {
-        Form_pg_extension f = reinterpret_cast<Form_pg_extension>(GETSTRUCT(tup));
-        e = Extension{f->oid, f->extowner, f->extnamespace};
-    }
-    systable_endscan(scan);
-    table_close(rel, AccessShareLock);
-    return e;
-}
-
-// The extension's function name(argtypes), InvalidOid unless it is one of
-// the extension's members.
-Oid extension_function(const Extension &e, const char *name, int nargs, const Oid *argtypes) {
-    oidvector *args = buildoidvector(argtypes, nargs);
-    HeapTuple tup = SearchSysCache3(PROCNAMEARGSNSP, CStringGetDatum(name), PointerGetDatum(args),
-                                    ObjectIdGetDatum(e.schema));
-    if (!HeapTupleIsValid(tup)) return InvalidOid;
-    Oid fn = reinterpret_cast<Form_pg_proc>(GETSTRUCT(tup))->oid;
-    ReleaseSysCache(tup);
-    return getExtensionOfObject(ProcedureRelationId, fn) == e.oid ? fn : InvalidOid;
-}
 
 // Calls function fn (its SET clauses apply, as fmgr applies them); the
 // result and whether it is NULL.

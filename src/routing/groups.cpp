@@ -20,6 +20,7 @@
 //
 // Boundary (boundary.hpp, rule 2): C-style, no owning C++ object.
 #include "pg/boundary.hpp"
+#include "pg/extension.hpp"
 #include "pg/launcher.hpp"
 #include "pg/shmem.hpp"
 #include "routing/groups.hpp"
@@ -77,31 +78,12 @@ void groups_shmem_attach(void *mem, bool found) {
 // interval, oid), a member of it; InvalidOid where the extension is not
 // installed or the function is missing (a database not updated to 1.4).
 void find_group_apply(Oid *owner, Oid *fn) {
-    *owner = InvalidOid;
+    const sharding::Extension e = sharding::find_extension();
+    *owner = e.owner;
     *fn = InvalidOid;
-    Oid ext = InvalidOid, schema = InvalidOid;
-    Relation rel = table_open(ExtensionRelationId, AccessShareLock);
-    ScanKeyData key;
-    ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ, CStringGetDatum("sharding"));
-    SysScanDesc scan = systable_beginscan(rel, ExtensionNameIndexId, true, nullptr, 1, &key);
-    HeapTuple tup = systable_getnext(scan);
-    if (HeapTupleIsValid(tup)) {
-        Form_pg_extension f = reinterpret_cast<Form_pg_extension>(GETSTRUCT(tup));
-        ext = f->oid;
-        *owner = f->extowner;
-        schema = f->extnamespace;
-    }
-    systable_endscan(scan);
-    table_close(rel, AccessShareLock);
-    if (!OidIsValid(ext)) return;
+    if (!OidIsValid(e.oid)) return;
     Oid argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, INTERVALOID, OIDOID};
-    oidvector *args = buildoidvector(argtypes, 5);
-    tup = SearchSysCache3(PROCNAMEARGSNSP, CStringGetDatum("_group_apply"), PointerGetDatum(args),
-                          ObjectIdGetDatum(schema));
-    if (!HeapTupleIsValid(tup)) return;
-    Oid f = reinterpret_cast<Form_pg_proc>(GETSTRUCT(tup))->oid;
-    ReleaseSysCache(tup);
-    if (getExtensionOfObject(ProcedureRelationId, f) == ext) *fn = f;
+    *fn = sharding::extension_function(e, "_group_apply", 5, argtypes);
 }
 
 // _group_apply(op, map, worker, lease, caller) as the extension's owner.
