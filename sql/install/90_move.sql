@@ -5,7 +5,7 @@
 -- is its own autocommit statement on a separate connection).
 --
 -- How a move runs (named objects: see _move_name; the same steps as
--- docs/moves.md, each a function of src/nodes/move_online.cpp):
+-- docs/moves.md, each a function of src/move/move_online.cpp):
 --   1. journal  a row in sharding.move_journal, committed at once through a
 --               loopback connection, so that a later call knows what a
 --               crashed or failed one left behind and undoes it; both ends
@@ -16,11 +16,11 @@
 --               row in sharding.move_decoding naming the shard, then a
 --               logical replication slot made over a replication
 --               connection with an exported snapshot; its output plugin is
---               this library (src/nodes/move_decoder.cpp), which wraps
+--               this library (src/datanode/move_decoder.cpp), which wraps
 --               pgoutput and drops every change outside the moving shard
 --               before it is encoded;
 --   3. copy     the destination pulls the shard's rows in C++
---               (_move_pull, src/nodes/move_copy.cpp): a libpq connection
+--               (_move_pull, src/datanode/move_copy.cpp): a libpq connection
 --               to the source under the exported snapshot runs
 --               COPY (SELECT ... WHERE <shard>) TO STDOUT, fed into the
 --               local table through BeginCopyFrom, under
@@ -44,7 +44,7 @@
 -- The refusal window is from the freeze (6) to the thaw (7): a few round trips and the last
 -- moments of replication lag, whatever the shard's size.
 --
--- The orchestration is C++ (src/nodes/move_orchestrate.cpp; the functions
+-- The orchestration is C++ (src/move/move_orchestrate.cpp; the functions
 -- below marked LANGUAGE C keep their SQL names as thin wrappers); its main
 -- block runs in a subtransaction, as a PL/pgSQL EXCEPTION block did.
 -- Failure or cancel before the switch: the handler undoes steps
@@ -228,7 +228,7 @@ CREATE EVENT TRIGGER sharding_refuse_drop_during_move ON ddl_command_start
 -- map: switching owners alone (move_shard, rebalance, rebalance_by_load)
 -- would leave its rows on the old owner, where nothing routes any more. On
 -- a follower it passes (the caller refuses there with its own message).
--- C++ (src/nodes/move_journal.cpp).
+-- C++ (src/move/move_journal.cpp).
 -- @object sharding._refuse_owner_switch
 CREATE FUNCTION sharding._refuse_owner_switch(map text, fn text) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding__refuse_owner_switch' LANGUAGE C STABLE
@@ -242,7 +242,7 @@ COMMENT ON FUNCTION sharding._refuse_owner_switch(text, text) IS
 -- finds what a crashed one left; slot names allow only [a-z0-9_], so other
 -- map names are folded (lower case, other characters '_', 16 characters)
 -- and told apart by the first 8 hex digits of their md5. C++
--- (src/nodes/move_orchestrate.cpp).
+-- (src/move/move_orchestrate.cpp).
 -- @object sharding._move_name
 CREATE FUNCTION sharding._move_name(map text, logical integer) RETURNS text
     AS 'MODULE_PATHNAME', 'sharding__move_name' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE
@@ -251,7 +251,7 @@ COMMENT ON FUNCTION sharding._move_name(text, integer) IS
     'internal: name of the publication, slot, subscription and trigger of an online move';
 -- @end
 
--- The move's remote connections, in C++ (src/nodes/remote_exec.cpp): named
+-- The move's remote connections, in C++ (src/remote/remote_exec.cpp): named
 -- libpq connections of this session (kept across transactions, closed by
 -- _dbl_disconnect, a new _dbl_connect of the name, or the session's end).
 -- Every wait is interruptible; a statement running there when the caller
@@ -298,7 +298,7 @@ COMMENT ON FUNCTION sharding._dbl_value(text, text) IS 'internal: first value of
 COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a named remote connection, interruptibly; the last command''s tag';
 -- @end
 
--- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
+-- The copy and the slot, in C++ (src/datanode/move_copy.cpp): the slot is
 -- created over a replication connection with an exported snapshot (held
 -- open until the end of the transaction), and the
 -- destination pulls the shard's rows under that snapshot with
@@ -326,7 +326,7 @@ GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text),
 -- @end
 -- @object sharding._move_nice
 -- _move_nice(step): a session of a move's copy lowers its own priority
--- (sharding.move_nice, src/nodes/move_copy.cpp).
+-- (sharding.move_nice, src/datanode/move_copy.cpp).
 CREATE FUNCTION sharding._move_nice(step integer) RETURNS integer
     AS 'MODULE_PATHNAME', 'sharding__move_nice' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding._move_nice(integer) IS
@@ -336,7 +336,7 @@ GRANT EXECUTE ON FUNCTION sharding._move_nice(integer) TO sharding_admin;
 -- @end
 
 -- @object sharding.move_decoding
--- What a move's decoder carries (src/nodes/move_decoder.cpp), one row per
+-- What a move's decoder carries (src/datanode/move_decoder.cpp), one row per
 -- slot, on the source: written before the slot is created, deleted with it.
 -- A user_catalog_table: logical decoding reads it under its historic
 -- snapshot. The guard refuses key changes into or out of these shards
@@ -364,7 +364,7 @@ ALTER TABLE sharding.move_decoding ENABLE ALWAYS TRIGGER local_changed;
 -- _move_tables(map): the map's distributed tables that exist here, with what
 -- a move needs: qualified name, key column and type (a domain's base
 -- type), column lists (generated columns left out), primary key. Read from
--- the catalogs in C++ (src/nodes/move_orchestrate.cpp), without locking the
+-- the catalogs in C++ (src/move/move_orchestrate.cpp), without locking the
 -- tables.
 -- @object sharding._move_tables
 CREATE FUNCTION sharding._move_tables(map text)
@@ -381,7 +381,7 @@ COMMENT ON FUNCTION sharding._move_tables(text) IS
 -- rows are (source or destination): an unpinned key of the shard, or the
 -- one key (compared in the column's type, so that an index can serve it).
 -- Not STRICT: key NULL selects the shard, pins NULL leaves none out. C++
--- (src/nodes/move_orchestrate.cpp); the pins' text form is
+-- (src/move/move_orchestrate.cpp); the pins' text form is
 -- sharding._key_text_sql's.
 -- @object sharding._move_filter_sql
 CREATE FUNCTION sharding._move_filter_sql(key_column text, key_type regtype, shards integer, logical integer,
@@ -396,7 +396,7 @@ COMMENT ON FUNCTION sharding._move_filter_sql(text, regtype, integer, integer, t
 -- from the map's tables over a connection (the source after a move, the
 -- destination after a failed one), bypassing triggers and the guard (that
 -- node does not own these rows); returns how many rows. C++
--- (src/nodes/move_delete.cpp): one remote transaction under a replication
+-- (src/move/move_delete.cpp): one remote transaction under a replication
 -- origin of the move's own, one _move_delete_local call per table there.
 -- Not STRICT: key is NULL for a shard move.
 -- @object sharding._move_delete_rows
@@ -525,7 +525,7 @@ COMMENT ON FUNCTION sharding._move_stop_backends(text, text) IS
 -- coordinator crashed, was killed or stopped) stops the subscription's
 -- apply worker, and with it what the worker had received but not applied.
 -- The source's decoder sends nothing more once the controller is gone
--- there too (src/nodes/move_controller.hpp). The caller must own the
+-- there too (src/datanode/move_controller.hpp). The caller must own the
 -- subscription. Not STRICT: NULL stops watching.
 -- @object sharding._move_watch
 CREATE FUNCTION sharding._move_watch(subscription text) RETURNS void
@@ -537,7 +537,7 @@ REVOKE ALL ON FUNCTION sharding._move_watch(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._move_watch(text) TO sharding_admin;
 -- @end
 
--- The journal interface, in C++ (src/nodes/move_journal.cpp). The executor
+-- The journal interface, in C++ (src/move/move_journal.cpp). The executor
 -- of a move holds the session-level advisory lock
 -- (hashtext('sharding.move_journal'), move): a move whose lock is free and
 -- whose phase is not final was interrupted.
@@ -613,7 +613,7 @@ GRANT EXECUTE ON FUNCTION sharding._move_stop_backends(text, text),
 -- move_shard_online(map text, logical integer, node text): docs/moves.md.
 -- Not STRICT: NULL arguments raise 22023. A journaled move
 -- (_move_enqueue, then _move_execute) carried out in this session, after
--- _move_recover; C++ (src/nodes/move_journal.cpp).
+-- _move_recover; C++ (src/move/move_journal.cpp).
 -- @object sharding.move_shard_online
 CREATE FUNCTION sharding.move_shard_online(map text, logical integer, node text) RETURNS bigint
     AS 'MODULE_PATHNAME', 'sharding_move_shard_online' LANGUAGE C VOLATILE PARALLEL UNSAFE

@@ -21,7 +21,7 @@
 //   by the destination's inserts and index maintenance, one core's work
 //   per session.
 #include "datanode/move_copy.hpp"
-#include "move/move_engine.hpp"
+#include "pg/spi.hpp"
 #include "remote/move_remote.hpp"
 
 #include <algorithm>

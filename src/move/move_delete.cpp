@@ -26,6 +26,7 @@
 //   third of a 1,000,000-row delete.
 #include "datanode/move_copy.hpp"
 #include "move/move_engine.hpp"
+#include "routing/owner_switch.hpp"
 #include "remote/move_remote.hpp"
 
 #include <algorithm>

@@ -16,6 +16,7 @@
 #include "datanode/move_controller.hpp"
 #include "datanode/move_copy.hpp"
 #include "move/move_engine.hpp"
+#include "routing/owner_switch.hpp"
 #include "move/move_online.hpp"
 
 #include <algorithm>
