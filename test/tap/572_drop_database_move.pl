@@ -82,26 +82,36 @@ $coord->safe_psql('postgres', 'DROP DATABASE spare WITH (FORCE)');
 pass('a database without a move in flight drops as before');
 
 # ------------------------------------------------------------------ (b) not preloaded
+# The move held in its catch-up (copied, its subscription streaming): the
+# destination's apply worker sleeps on a row written at the source meanwhile.
 $coord->append_conf('postgresql.conf', "shared_preload_libraries = ''");
 $coord->restart;
 my $tsum = shard_sum($a, 'n1', $T);
+my ($tt) = shard_tenants($coord, $T);
+slow_apply($b, 'n2', 600);
 $h = hold();
 $mv = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $T, 'n2')");
 ok(copy_held(), 'not preloaded: a move held in its copy');
+# A row written meanwhile reaches the destination through the stream.
+$a->safe_psql('n1', "INSERT INTO accounts VALUES ('$tt', 990001, 'during')");
+$tsum = shard_sum($a, 'n1', $T);
+release($h);
+ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM sharding.move_journal WHERE map = 'bank' AND logical = $T AND phase = 'catching_up'", '1', 120),
+	'the move copied the shard and catches up');
+ok(wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'logical replication%' AND wait_event = 'PgSleep'", '1', 60),
+	'its apply worker holds the catch-up');
 config_subscriptions(0);
 $coord->safe_psql('postgres', 'DROP DATABASE coord WITH (FORCE)');
 $mv->{h}->finish;
-release($h);
-# The destination's copy session ends once it notices its caller is gone.
-wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%'", '0');
+pass('not preloaded: DROP DATABASE coord WITH (FORCE) goes through');
 my $q = q{SELECT (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'sharding_move%')
 	|| '/' || (SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move%')
 	|| '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%')
 	|| '/' || (SELECT count(*) FROM sharding.frozen_shards)
 	|| '/' || (SELECT count(*) FROM sharding.move_decoding)};
 sub nodes_left { return 'n1:' . $a->safe_psql('n1', $q) . ' n2:' . $b->safe_psql('n2', $q); }
-is(nodes_left(), 'n1:1/0/1/0/1 n2:0/1/0/0/0', 'not preloaded: the forced drop leaves the move\'s objects at both nodes');
-
+is(nodes_left(), 'n1:1/0/1/0/1 n2:0/1/0/0/0', 'not preloaded: the forced drop leaves the move\'s slot, publication, decoding row and subscription');
+ok(shard_rows($b, 'n2', $T) > 0, 'and the rows it copied at the destination');
 # The clean-up of docs/moves.md, "Dropping the coordinator's database":
 # at the destination, then at the source. The name is sharding_move_<map>_<logical>.
 my $name = "sharding_move_bank_$T";
