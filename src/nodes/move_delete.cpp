@@ -25,6 +25,7 @@
 //   it finds that no trigger fires, one more WAL record per row; about a
 //   third of a 1,000,000-row delete.
 #include "nodes/move_copy.hpp"
+#include "pg/spi_snapshot.hpp"
 #include "nodes/move_engine.hpp"
 #include "nodes/move_remote.hpp"
 
@@ -98,6 +99,7 @@ struct DeletePlan {
 DeletePlan *read_plan(const char *map, int32 logical, const char *key, const char *origin) {
     MemoryContext caller = CurrentMemoryContext;
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    const bool snap = sharding::spi_snapshot_push();
     Oid types[3] = {TEXTOID, INT4OID, TEXTOID};
     Datum vals[3] = {CStringGetTextDatum(map), Int32GetDatum(logical), key ? CStringGetTextDatum(key) : (Datum)0};
     char nulls[3] = {' ', ' ', key ? ' ' : 'n'};
@@ -143,6 +145,7 @@ DeletePlan *read_plan(const char *map, int32 logical, const char *key, const cha
         plan->rels[i] = MemoryContextStrdup(caller, rel);
         plan->filters[i] = MemoryContextStrdup(caller, filter);
     }
+    sharding::spi_snapshot_pop(snap);
     SPI_finish();
     return plan;
 }
