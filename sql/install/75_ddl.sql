@@ -107,42 +107,15 @@ CREATE EVENT TRIGGER sharding_ddl_refuse_drop ON sql_drop
 -- @object sharding._ddl_forget_dropped
 -- DROP TABLE (or DROP SCHEMA ... CASCADE, DROP OWNED) of a distributed
 -- table forgets it: its row in sharding.distributed_tables goes, here and,
--- through the configuration they follow, on every data node (whose own
--- copy of the row is the coordinator's to change: a follower does nothing
--- here). A move of its map in flight: the drop waits for it, at most
--- lock_timeout, then 55006 naming the move (_ddl_wait_for_moves; the
--- ProcessUtility hook, when preloaded, has waited already). A partition
--- of a distributed table is not in the table: dropping it changes nothing.
--- SECURITY DEFINER: the table's owner, who may drop it, need not be an
--- administrator; the function acts only on what the statement dropped
--- (pg_event_trigger_dropped_objects) and cannot be called otherwise.
+-- through the configuration they follow, on every data node (a follower
+-- does nothing itself). A move of its map in flight: the drop waits for
+-- it, at most lock_timeout, then 55006 naming the move. Dropping a
+-- partition of a distributed table changes nothing. C
+-- (src/ddl/forget_dropped.cpp): the row's DELETE runs as the extension's
+-- owner, for the tables the statement dropped only.
 CREATE FUNCTION sharding._ddl_forget_dropped() RETURNS event_trigger
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-DECLARE
-    d record;
-BEGIN
-    -- The extension itself going (DROP SCHEMA sharding CASCADE): nothing to forget.
-    IF pg_catalog.to_regclass('sharding.distributed_tables') IS NULL
-       OR pg_catalog.to_regclass('sharding.local_node') IS NULL THEN
-        RETURN;
-    END IF;
-    IF EXISTS (SELECT FROM sharding.local_node AS l WHERE l.following) THEN
-        RETURN;
-    END IF;
-    FOR d IN SELECT t.schema_name, t.table_name, t.map
-               FROM pg_catalog.pg_event_trigger_dropped_objects() AS o
-               JOIN sharding.distributed_tables AS t
-                 ON o.object_type = 'table' AND NOT o.is_temporary
-                AND t.schema_name = o.schema_name AND t.table_name = o.object_name
-              ORDER BY t.schema_name, t.table_name LOOP
-        PERFORM sharding._ddl_wait_for_moves(d.map,
-            pg_catalog.format('DROP TABLE of distributed table %I.%I', d.schema_name, d.table_name));
-        DELETE FROM sharding.distributed_tables AS t
-         WHERE t.schema_name = d.schema_name AND t.table_name = d.table_name;
-    END LOOP;
-END $$;
+    AS 'MODULE_PATHNAME', 'sharding__ddl_forget_dropped' LANGUAGE C
+    SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._ddl_forget_dropped() IS
     'internal: removes a dropped table''s row from sharding.distributed_tables (waits for moves of its map)';
 REVOKE ALL ON FUNCTION sharding._ddl_forget_dropped() FROM PUBLIC;

@@ -82,5 +82,13 @@ $solo->safe_psql('solo', 'DROP TABLE p');
 is($solo->safe_psql('solo', $rows), '-', 'not preloaded, partitioned: DROP TABLE removes its row');
 $solo->safe_psql('solo', 'CREATE TABLE t (k text PRIMARY KEY)');
 is($solo->safe_psql('solo', $rows), '-', 'not preloaded: a table created again under the name is not distributed');
+# The table's owner, a role that may not change the configuration, drops it.
+$solo->safe_psql('solo', "CREATE ROLE app LOGIN; GRANT CREATE ON SCHEMA public TO app;
+                          SET ROLE app; CREATE TABLE owned (k text PRIMARY KEY); RESET ROLE;
+                          SELECT sharding.distribute('owned', 'k', 'm');");
+($rc, $out, $err) = $solo->psql('solo', "SET ROLE app; DELETE FROM sharding.distributed_tables");
+like($err, qr/permission denied for table distributed_tables/, 'the owner cannot change sharding.distributed_tables itself');
+$solo->safe_psql('solo', 'SET ROLE app; DROP TABLE owned');
+is($solo->safe_psql('solo', $rows), '-', 'its owner drops a distributed table: the row goes');
 
 done_testing();
