@@ -121,8 +121,10 @@ COMMENT ON FUNCTION sharding._ddl_forget_dropped() IS
 REVOKE ALL ON FUNCTION sharding._ddl_forget_dropped() FROM PUBLIC;
 -- @end
 
--- @object sharding_ddl_forget_dropped
-CREATE EVENT TRIGGER sharding_ddl_forget_dropped ON sql_drop
+-- @object sharding_ddl_unlist_dropped
+-- Named to fire after sharding_ddl_refuse_drop (event triggers fire in
+-- name order): a drop that trigger refuses must still find its row.
+CREATE EVENT TRIGGER sharding_ddl_unlist_dropped ON sql_drop
     WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
     EXECUTE FUNCTION sharding._ddl_forget_dropped();
 -- @end

@@ -1,6 +1,6 @@
 // DROP TABLE of a distributed table forgets it (issue 35; docs/ddl.md):
 // sharding._ddl_forget_dropped, the sql_drop event trigger
-// sharding_ddl_forget_dropped, removes the dropped table's row from
+// sharding_ddl_unlist_dropped, removes the dropped table's row from
 // sharding.distributed_tables here; the data nodes' copies go with the
 // configuration they follow (a follower itself does nothing: its copy is
 // the coordinator's to change). Preloaded or not, DROP TABLE, DROP SCHEMA
