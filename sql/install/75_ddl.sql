@@ -104,6 +104,31 @@ CREATE EVENT TRIGGER sharding_ddl_refuse_drop ON sql_drop
     EXECUTE FUNCTION sharding._ddl_refuse();
 -- @end
 
+-- @object sharding._ddl_forget_dropped
+-- DROP TABLE (or DROP SCHEMA ... CASCADE, DROP OWNED) of a distributed
+-- table forgets it: its row in sharding.distributed_tables goes, here and,
+-- through the configuration they follow, on every data node (a follower
+-- does nothing itself). A move of its map in flight: the drop waits for
+-- it, at most lock_timeout, then 55006 naming the move. Dropping a
+-- partition of a distributed table changes nothing. C
+-- (src/ddl/forget_dropped.cpp): the row's DELETE runs as the extension's
+-- owner, for the tables the statement dropped only.
+CREATE FUNCTION sharding._ddl_forget_dropped() RETURNS event_trigger
+    AS 'MODULE_PATHNAME', 'sharding__ddl_forget_dropped' LANGUAGE C
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION sharding._ddl_forget_dropped() IS
+    'internal: removes a dropped table''s row from sharding.distributed_tables (waits for moves of its map)';
+REVOKE ALL ON FUNCTION sharding._ddl_forget_dropped() FROM PUBLIC;
+-- @end
+
+-- @object sharding_ddl_unlist_dropped
+-- Named to fire after sharding_ddl_refuse_drop (event triggers fire in
+-- name order): a drop that trigger refuses must still find its row.
+CREATE EVENT TRIGGER sharding_ddl_unlist_dropped ON sql_drop
+    WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+    EXECUTE FUNCTION sharding._ddl_forget_dropped();
+-- @end
+
 -- @object sharding._ddl_refuse_start
 -- A distributed table is known by its schema and name (the map, the nodes'
 -- copies, PL/Proxy): renaming it or moving it to another schema is refused

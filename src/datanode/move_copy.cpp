@@ -23,6 +23,7 @@
 #include "datanode/move_copy.hpp"
 #include "pg/spi.hpp"
 #include "remote/move_remote.hpp"
+#include "pg/spi_snapshot.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -61,6 +62,7 @@ extern "C" {
 #include "utils/syscache.h"
 #include "storage/latch.h"
 #include "utils/wait_event.h"
+#include "utils/snapmgr.h"
 }
 
 namespace sharding::move {
@@ -69,6 +71,7 @@ namespace {
 
 // Glue: one interruptible wait for sock to be readable, at most 10 ms.
 void wait_for_any(pgsocket sock) {
+    InvalidateCatalogSnapshotConditionally();  // no xmin held while waiting (RB-10)
     int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sock, 10L,
                                PG_WAIT_EXTENSION);
     if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
@@ -330,10 +333,12 @@ Parts plan_parts(Remote &remote, Oid relid, ArrayType *cols, const std::string &
 char *own_node() {
     char *out = nullptr;
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    const bool snap = sharding::spi_snapshot_push();
     if (SPI_execute("SELECT sharding.this_node()", true, 1) == SPI_OK_SELECT && SPI_processed == 1) {
         char *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
         if (v != nullptr) out = MemoryContextStrdup(TopTransactionContext, v);
     }
+    sharding::spi_snapshot_pop(snap);
     SPI_finish();
     return out;
 }

@@ -289,12 +289,14 @@ int runners_of(Oid db, int64 job) {
 // The message of the last ERROR in_own_transaction swallowed.
 char last_error[512];
 
-// Runs body in a transaction of its own, under SPI and an active snapshot.
-// body is C-style (it owns no C++ object: an ERROR skips its frames). Any
-// ERROR is reported to the server log and swallowed (its message in
-// last_error): false.
+// Runs body in a transaction of its own, under SPI and an active snapshot
+// (with_snapshot; without it, each of body's SPI statements takes its own,
+// as in a READ COMMITTED session between statements, and the worker holds
+// no xmin while body waits: the move, RB-10). body is C-style (it owns no
+// C++ object: an ERROR skips its frames). Any ERROR is reported to the
+// server log and swallowed (its message in last_error): false.
 template <typename F>
-bool in_own_transaction(F &&body) {
+bool in_own_transaction(F &&body, bool with_snapshot = true) {
     volatile bool ok = true;
     MemoryContext cxt = CurrentMemoryContext;
     SetCurrentStatementStartTimestamp();
@@ -302,10 +304,10 @@ bool in_own_transaction(F &&body) {
     PG_TRY();
     {
         SPI_connect();
-        PushActiveSnapshot(GetTransactionSnapshot());
+        if (with_snapshot) PushActiveSnapshot(GetTransactionSnapshot());
         body();
         SPI_finish();
-        PopActiveSnapshot();
+        if (with_snapshot) PopActiveSnapshot();
         CommitTransactionCommand();
     }
     PG_CATCH();
@@ -576,10 +578,16 @@ void sharding_jobs_runner_main(Datum) {
         // A cancel (rebalance_cancel signals the executor) arrives here as
         // an ERROR after the engine recorded it: logged, and the loop goes
         // on to the next claim, which sees the job cancelled.
-        if (!in_own_transaction([&] {
-                pgstat_report_activity(STATE_RUNNING, "SELECT sharding._job_execute($1, $2)");
-                (void)call_function(fn_execute, 2, a, &isnull);
-            })) {
+        // Without a snapshot of its own for the whole call: a move lasts
+        // minutes to hours, and VACUUM of the coordinator's database must
+        // not wait for it (the engine's statements take their own, and its
+        // waits let go of the catalog snapshot).
+        if (!in_own_transaction(
+                [&] {
+                    pgstat_report_activity(STATE_RUNNING, "SELECT sharding._job_execute($1, $2)");
+                    (void)call_function(fn_execute, 2, a, &isnull);
+                },
+                false)) {
             QueryCancelPending = false;
             sleep_ms(200);
         }

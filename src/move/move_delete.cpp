@@ -28,6 +28,7 @@
 #include "move/move_engine.hpp"
 #include "routing/owner_switch.hpp"
 #include "remote/move_remote.hpp"
+#include "pg/spi_snapshot.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -99,6 +100,7 @@ struct DeletePlan {
 DeletePlan *read_plan(const char *map, int32 logical, const char *key, const char *origin) {
     MemoryContext caller = CurrentMemoryContext;
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    const bool snap = sharding::spi_snapshot_push();
     Oid types[3] = {TEXTOID, INT4OID, TEXTOID};
     Datum vals[3] = {CStringGetTextDatum(map), Int32GetDatum(logical), key ? CStringGetTextDatum(key) : (Datum)0};
     char nulls[3] = {' ', ' ', key ? ' ' : 'n'};
@@ -144,6 +146,7 @@ DeletePlan *read_plan(const char *map, int32 logical, const char *key, const cha
         plan->rels[i] = MemoryContextStrdup(caller, rel);
         plan->filters[i] = MemoryContextStrdup(caller, filter);
     }
+    sharding::spi_snapshot_pop(snap);
     SPI_finish();
     return plan;
 }

@@ -446,11 +446,9 @@ std::string resolve(int64 id, const std::string &final_phase) {
         finish(j.map, j.logical, j.key, must(j.destination), epoch);
         result = "done";
     } else {
-        // The source writes again first, even if the undo cannot reach the
-        // destination.
-        Caught ignored;
-        if (!subxact([&] { call_fn(kSrc, "_thaw_shard", j.map, j.logical); }, &ignored) && not_others(ignored.code))
-            reraise(ignored);
+        // The source thaws inside undo, once the destination has said it
+        // does not own the shard (a destination out of reach: the source
+        // stays frozen and the row live, tried again later).
         if (!undo(j.map, j.logical, j.key)) {
             // The destination owned the shard already: finished, 'done'.
             disconnect();

@@ -750,18 +750,11 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
     bool switched = std::string(m.step) == "switched";
     if (std::string(m.step) == "cutover") switched = switched_after_all(m, err);
     Caught inner;
-    if (!switched) {
-        // First of all the source writes again, even if the destination is
-        // out of reach for the rest of the undo.
-        if (!subxact(
-                [&] {
-                    named_connect(kSrc, c(m.src_dsn));
-                    call_fn(kSrc, "_thaw_shard", m.map, m.logical);
-                },
-                &inner) &&
-            not_others(inner.code))
-            reraise(inner);
-    }
+    // Not switched: the source stays frozen until undo has heard from the
+    // destination that it does not own the shard (a coordinator restored
+    // from a backup, or one that crashed, may have missed a switch the
+    // nodes saw); a destination out of reach leaves it frozen and the
+    // journal row live for _move_recover.
     // Connections may be in any state: start from fresh ones.
     const bool tidied = subxact(
         [&] {

@@ -968,7 +968,8 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
 
 // _move_undo: undoes a move whose switch has not committed: drops its
 // replication objects and triggers, deletes what it copied to the
-// destination, thaws the source, marks the journal row undone.
+// destination, marks the journal row undone. The source thaws once the
+// destination has said that it does not own the shard, never before.
 bool undo(const std::string &map, int32 logical, const Text &key) {
     const std::string name = move_name(map, logical);
     const std::string logical_s = std::to_string(logical);
@@ -1005,6 +1006,12 @@ bool undo(const std::string &map, int32 logical, const Text &key) {
             return false;
         }
     }
+    // Only now, the destination having answered that it does not own the
+    // shard, may the source write again: thawed before, it would be a
+    // second owner wherever the switch happened after all. An undo that
+    // cannot reach the destination fails above (connect or this check),
+    // the source stays frozen and the journal row live for _move_recover.
+    call_fn(kSrc, "_thaw_shard", map, logical);
     close_held(name);
     drop_replication(name);
     drop_triggers(map, name);
@@ -1012,7 +1019,6 @@ bool undo(const std::string &map, int32 logical, const Text &key) {
     // died) would commit after the delete below: end it first, and wait.
     stop_backends(kDst, name);
     delete_shard_rows(kDst, map, logical, key);
-    call_fn(kSrc, "_thaw_shard", map, logical);
     journal("UPDATE sharding.move_journal SET undone = true WHERE map = " + lit(map) + " AND logical = " + logical_s +
             " AND " + kLive);
     return true;

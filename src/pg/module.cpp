@@ -26,6 +26,7 @@ void copy_init();   // move_copy.cpp: sharding.move_parallel
 void freeze_init();  // move_orchestrate.cpp: sharding.move_freeze_timeout
 void groups_init();  // groups.cpp: lease expiries for the background worker (preload only)
 void ddl_init();     // ddl/: sharding.propagate_ddl, the ProcessUtility hook (preload only)
+void dropdb_init();  // ddl/drop_database.cpp: DROP DATABASE refused during a move (preload only)
 }  // namespace sharding
 
 /*
@@ -43,4 +44,5 @@ void _PG_init(void) {
     sharding::freeze_init();
     sharding::groups_init();
     sharding::ddl_init();
+    sharding::dropdb_init();
 }

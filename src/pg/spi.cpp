@@ -1,5 +1,6 @@
 // SPI, quoting, arguments, errors and subtransactions: see spi.hpp.
 #include "pg/spi.hpp"
+#include "pg/spi_snapshot.hpp"
 
 #include <new>
 #include <stdexcept>
@@ -16,6 +17,7 @@ extern "C" {
 #include "utils/fmgrprotos.h"
 #include "utils/lsyscache.h"
 #include "utils/wait_event.h"
+#include "utils/snapmgr.h"
 }
 
 namespace sharding {
@@ -39,6 +41,7 @@ SpiRows *spi_glue(const char *sql, int nargs, const Arg *args, MemoryContext int
     // The parameters in SPI's own memory, freed by SPI_finish (a procedure
     // that loops, rebalance_run, runs for as long as its job).
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    const bool snap = sharding::spi_snapshot_push();
     for (int i = 0; i < nargs; i++) {
         types[i] = args[i].type;
         vals[i] = args[i].isnull ? (Datum)0 : args[i].text != NULL ? CStringGetTextDatum(args[i].text) : args[i].value;
@@ -68,6 +71,7 @@ SpiRows *spi_glue(const char *sql, int nargs, const Arg *args, MemoryContext int
                 out->cells[r * out->ncols + c] = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, c + 1);
     }
     MemoryContextSwitchTo(old);
+    sharding::spi_snapshot_pop(snap);
     SPI_finish();
     return out;
 }
@@ -98,6 +102,7 @@ void warn_glue(const char *message, const char *hint) {
 }
 
 void sleep_glue(long ms) {
+    InvalidateCatalogSnapshotConditionally();  // no xmin held while waiting (RB-10)
     (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, PG_WAIT_EXTENSION);
     ResetLatch(MyLatch);
     CHECK_FOR_INTERRUPTS();

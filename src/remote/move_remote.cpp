@@ -1,6 +1,7 @@
 // libpq connections of the move engine: see move_remote.hpp.
 #include "remote/move_remote.hpp"
 #include "pg/spi.hpp"
+#include "pg/spi_snapshot.hpp"
 
 #include <cctype>
 #include <cstdlib>
@@ -22,6 +23,7 @@ extern "C" {
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/wait_event.h"
+#include "utils/snapmgr.h"
 }
 
 namespace sharding::move {
@@ -132,6 +134,7 @@ std::string chomp(const char *m) {
 
 // One interruptible wait for the socket (glue: may ereport).
 int wait_socket(int events, pgsocket sock) {
+    InvalidateCatalogSnapshotConditionally();  // no xmin held while waiting (RB-10)
     int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | events, sock, -1L, PG_WAIT_EXTENSION);
     if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
     CHECK_FOR_INTERRUPTS();
@@ -141,6 +144,7 @@ int wait_socket(int events, pgsocket sock) {
 // The same, waking after timeout_ms at the latest (-1: no limit).
 int wait_socket_timeout(int events, pgsocket sock, long timeout_ms) {
     if (timeout_ms >= 0) events |= WL_TIMEOUT;
+    InvalidateCatalogSnapshotConditionally();
     int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | events, sock, timeout_ms, PG_WAIT_EXTENSION);
     if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
     CHECK_FOR_INTERRUPTS();
@@ -254,6 +258,7 @@ std::string node_dsn(const std::string &node) {
     char *dsn = pg_call([&]() -> char * {
         char *out = nullptr;
         bool pushed = SPI_connect() == SPI_OK_CONNECT;
+        const bool snap = sharding::spi_snapshot_push();
         Oid types[1] = {TEXTOID};
         Datum vals[1] = {CStringGetTextDatum(name)};
         if (SPI_execute_with_args("SELECT n.dsn FROM sharding.nodes n WHERE n.node = $1", 1, types, vals, nullptr,
@@ -262,6 +267,7 @@ std::string node_dsn(const std::string &node) {
             char *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
             if (v != nullptr) out = MemoryContextStrdup(TopTransactionContext, v);
         }
+        sharding::spi_snapshot_pop(snap);
         if (pushed) SPI_finish();
         return out;
     });
@@ -317,6 +323,7 @@ static char *unmask_as_owner(const char *shown) {
     PG_TRY();
     {
         if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+        const bool snap = sharding::spi_snapshot_push();
         Oid types[1] = {TEXTOID};
         Datum vals[1] = {CStringGetTextDatum(shown)};
         if (SPI_execute_with_args(
@@ -329,6 +336,7 @@ static char *unmask_as_owner(const char *shown) {
             char *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
             if (v != nullptr) out = MemoryContextStrdup(caller, v);
         }
+        sharding::spi_snapshot_pop(snap);
         SPI_finish();
     }
     PG_FINALLY();

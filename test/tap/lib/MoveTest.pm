@@ -17,14 +17,16 @@ our @EXPORT = qw(move_cluster load_rows start_writers stop_writers leftovers exp
   wait_for_sql psql_bg usleep slow_apply shard_tenants shard_sum writers_kept mover_pid wait_for_restart deleting
   hold_row release_row);
 
-# move_cluster(): ($coord, $n1, $n2) clusters, databases coord, n1, n2.
+# move_cluster(opts): ($coord, $n1, $n2) clusters, databases coord, n1, n2.
+# opts{node_conf}: extra postgresql.conf lines of the two data nodes.
 sub move_cluster
 {
 	my %opts = @_;
 	# The coordinator survives kill -9 of a backend (crash restart).
 	my $coord = sharding_node('coord', db => 'coord', conf => 'restart_after_crash = on');
-	my $a = sharding_node('i1', db => 'n1');
-	my $b = sharding_node('i2', db => 'n2');
+	my @nconf = $opts{node_conf} ? (conf => $opts{node_conf}) : ();
+	my $a = sharding_node('i1', db => 'n1', @nconf);
+	my $b = sharding_node('i2', db => 'n2', @nconf);
 	# The key is not in the primary key: the replica identity carries it
 	# (a move refuses a table whose deletes would not name their shard).
 	my $tables = "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);"

@@ -1,0 +1,4 @@
+-- Moves that end cleanly (issue 35): DROP TABLE of a distributed table
+-- forgets it (sql/install/75_ddl.sql).
+-- @include sharding._ddl_forget_dropped
+-- @include sharding_ddl_unlist_dropped
