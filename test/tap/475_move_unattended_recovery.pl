@@ -36,6 +36,12 @@ sub destination_fails
 	my $lock = hold_copy();
 	my $call = psql_bg($coord, 'coord', $start);
 	ok(wait_for_sql($coord, 'coord', $in_copy, '1', 60), "$what: the move is copying");
+	# The journal says copying before the slot exists; the pull into
+	# accounts waiting for the held lock at the destination comes after it
+	# (the copy reads under the slot's snapshot). Under load, stopping at
+	# the first sign left no slot behind to recover (a test race, issue 36).
+	ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_catalog.pg_locks WHERE NOT granted AND relation = 'accounts'::regclass",
+			't', 60), "$what: the copy into accounts waits at the destination");
 	$b->stop('immediate');
 	$call->{h}->finish;
 	$lock->{h}->kill_kill;
