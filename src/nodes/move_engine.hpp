@@ -203,6 +203,9 @@ bool journal_has_name();
 // The name of the live move of a shard, as its journal row stores it (a
 // 1.3 row: 1.3's name; no live row: a new, tagged name).
 std::string journal_move_name(const std::string &map, int32 logical);
+// A name stored in the journal, checked to be a move name of that shard
+// (any tag); XX001 otherwise.
+const std::string &checked_name(const std::string &map, int32 logical, const std::string &stored);
 // Origin states free at a node over a named connection (review RB-9).
 int free_origin_states(const char *conn);
 // Before the switch: the origin states of the delete at the source after it

@@ -705,7 +705,25 @@ std::string journal_move_name(const std::string &map, int32 logical) {
     Text stored = journal("SELECT coalesce(m.name, '') FROM sharding.move_journal m WHERE m.map = " + lit(map) +
                           " AND m.logical = " + std::to_string(logical) + " AND m." + kLive);
     if (!stored) return move_name(map, logical, coordinator_tag());
-    return stored->empty() ? move_name(map, logical) : *stored;
+    return stored->empty() ? move_name(map, logical) : checked_name(map, logical, *stored);
+}
+
+// A stored name, checked: a move's name of that shard, with a tag of six
+// hex digits (any coordinator's: a coordinator taken over keeps its
+// moves' names). The journal is writable by sharding_admin, and the name
+// says which slot, publication, subscription and origins the engine drops.
+const std::string &checked_name(const std::string &map, int32 logical, const std::string &stored) {
+    const size_t at = strlen("sharding_move_");
+    const bool hex = stored.size() > at + 6 && std::all_of(stored.begin() + at, stored.begin() + at + 6, [](char ch) {
+        return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+    });
+    if (!hex || stored != move_name(map, logical, stored.substr(at, 6)))
+        fail(ERRCODE_DATA_CORRUPTED,
+             Explain{"A move's name is sharding_move_<tag>_<map>_<logical> (docs/moves.md, \"Names\").",
+                     "Correct or clear sharding.move_journal.name of the move."},
+             "the journal names the move of logical shard %d of map \"%s\" \"%s\", not a name of such a move",
+             logical, map.c_str(), stored.c_str());
+    return stored;
 }
 
 std::vector<MoveTable> move_tables(const std::string &map) {
@@ -1270,7 +1288,9 @@ SHARDING_FUNCTION(sharding__move_name) {
         Text stored = spi_value("SELECT coalesce(m.name, '') FROM sharding.move_journal m WHERE m.map = $1 AND "
                                 "m.logical = $2::integer AND m.phase NOT IN ('done', 'failed', 'cancelled')",
                                 {c(map), logical_s.c_str()});
-        name = !stored ? move_name(*map, logical, coordinator_tag()) : stored->empty() ? move_name(*map, logical) : *stored;
+        name = !stored            ? move_name(*map, logical, coordinator_tag())
+               : stored->empty()  ? move_name(*map, logical)
+                                  : checked_name(*map, logical, *stored);
     }
     PG_RETURN_DATUM(text_datum(name));
 }

@@ -168,6 +168,20 @@ moved('a', $S4, 'left in use: the next move');
 is($data->safe_psql('postgres', "SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'sharding_move%'"), '0',
 	'left in use: it dropped the origin left behind');
 
+# A name in the journal that is not a move name of its shard (the journal
+# is writable by sharding_admin; the name says what the engine drops) is
+# refused, never used: a slot so named survives the recovery.
+$data->safe_psql('a1', "SELECT pg_create_logical_replication_slot('important_slot', 'pgoutput')");
+$coord->safe_psql('ca', "INSERT INTO sharding.move_journal (map, logical, source, destination, phase, started, name)"
+	  . " VALUES ('bank', $S1, 'a1', 'a2', 'copying', now(), 'important_slot')");
+($rc, $out, $err) = $coord->psql('ca', "\\set VERBOSITY verbose\nSELECT sharding._move_name('bank', $S1)");
+like($err, qr/XX001: the journal names the move of logical shard $S1 of map "bank" "important_slot"/, 'a name that is not a move name: refused (XX001)');
+$coord->psql('ca', 'SELECT sharding._move_recover()');
+is($data->safe_psql('a1', "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'important_slot'"), '1',
+	'a name that is not a move name: the recovery dropped no slot so named');
+$coord->safe_psql('ca', "DELETE FROM sharding.move_journal WHERE name = 'important_slot'");
+$data->safe_psql('a1', "SELECT pg_drop_replication_slot('important_slot')");
+
 # Nothing of any move is left.
 is($data->safe_psql('postgres', "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%'"), '0', 'no slot left');
 for my $n (qw(a1 a2 b1 b2))
