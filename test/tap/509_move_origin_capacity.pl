@@ -11,7 +11,10 @@
 #   2. the states taken while the move copies: the move fails at its
 #      cutover (53400), before the switch, rolled back, nothing left;
 #   3. states freed: the move succeeds, every row at the destination, and
-#      no origin of it is left.
+#      no origin of it is left;
+#   4. a rebalance job (drain of n1) with no free state at n1: its moves
+#      wait, saying why ("no free replication origin state"), none starts
+#      or fails; with states free again the job ends done.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -87,5 +90,22 @@ is(shard_sum($b, 'n2', $S), $want, 'freed: n2 has every row of the shard');
 is(shard_rows($a, 'n1', $S), '0', 'freed: n1 has none');
 is(leftovers($coord, $a, $b), $clean, 'freed: nothing of the move is left');
 is($a->safe_psql('n1', $origins) . '/' . $b->safe_psql('n2', $origins), '0/0', 'freed: no origin of the move is left');
+
+# 4. A job (drain of n1) with no free state at n1: its moves wait, saying
+# why, and the job does not fail; once states are free it ends done.
+$a->safe_psql('n1', $take_all);
+my $job = $coord->safe_psql('coord', "SELECT sharding.drain_node('bank', 'n1')");
+ok(wait_for_sql($coord, 'coord', "SELECT count(*) > 0 FROM sharding.move_progress WHERE job = $job AND waiting LIKE '%no free replication origin state%'",
+	't', 60), 'job: its move waits: "source n1 has no free replication origin state"');
+is($coord->safe_psql('coord', "SELECT count(*) FROM sharding.move_journal WHERE job = $job AND phase NOT IN ('queued', 'done')"), '0',
+	'job: no move of it has started, none failed');
+$a->safe_psql('n1', "SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname LIKE 'filler_%'");
+is($coord->safe_psql('coord', "SELECT sharding.rebalance_wait($job, '180 s')"), 'done', 'job: with states free, it ends done');
+is($coord->safe_psql('coord', "SELECT count(*) FROM sharding.shards WHERE map = 'bank' AND node = 'n1'"), '0', 'job: n1 owns nothing');
+is($a->safe_psql('n1', 'SELECT count(*) FROM accounts'), '0', 'job: n1 holds no row');
+is($b->safe_psql('n2', 'SELECT count(*)::text FROM accounts'), $coord->safe_psql('coord', 'SELECT count(*) FROM oplog'),
+	'job: n2 holds every row');
+is(leftovers($coord, $a, $b), $clean, 'job: nothing of the moves is left');
+is($a->safe_psql('n1', $origins) . '/' . $b->safe_psql('n2', $origins), '0/0', 'job: no origin of the moves is left');
 
 done_testing();
