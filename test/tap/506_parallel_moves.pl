@@ -85,8 +85,8 @@ if ($flying == 2)
 	# (Membership, not the whole list: once the interrupted move is rolled
 	# back the job starts its next move at once, max_parallel being 2, and
 	# that one waits for the hold too.)
-	my $gone = "SELECT ' ' || ($blocked) || ' ' NOT LIKE '% sharding\\_move\\_bank\\_$vlogical %'
-	                   AND ' ' || ($blocked) || ' ' LIKE '% sharding\\_move\\_bank\\_$slogical %'";
+	my $gone = "SELECT (' ' || ($blocked) || ' ') !~ ' sharding_move_[0-9a-f]{6}_bank_$vlogical '
+	                   AND (' ' || ($blocked) || ' ') ~ ' sharding_move_[0-9a-f]{6}_bank_$slogical '";
 	ok(wait_for('n1', $gone, 't', 60),
 		"the interrupted move's session at n1 is gone, the other move ($survivor) still waits");
 	is($q->("SELECT phase FROM sharding.move_journal WHERE move = $survivor"), 'copying',
