@@ -36,6 +36,11 @@ sub destination_fails
 	my $lock = hold_copy();
 	my $call = psql_bg($coord, 'coord', $start);
 	ok(wait_for_sql($coord, 'coord', $in_copy, '1', 60), "$what: the move is copying");
+	# (The journal says 'copying' before the slot exists: the copy waiting
+	# for the held lock at the destination says it does.)
+	ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE (query LIKE 'SELECT sharding._move_pull(%' "
+		  . "OR query LIKE 'SELECT sharding._move_delete_local(%') AND wait_event_type = 'Lock'", 't', 60),
+		"$what: its copy waits at the destination (its slot exists)");
 	$b->stop('immediate');
 	$call->{h}->finish;
 	$lock->{h}->kill_kill;
