@@ -99,6 +99,10 @@ CREATE TABLE sharding.move_journal (
     -- that role's rights. Written by the engine; a role may write only one
     -- it has the privileges of (sharding._move_journal_guard).
     runas         oid NOT NULL DEFAULT (pg_catalog.to_regrole(pg_catalog.quote_ident(CURRENT_USER::text)))::oid,
+    -- internal: the name of the move's publication, slot, subscription and
+    -- origins, unique to this coordinator (docs/moves.md, "Names"); NULL
+    -- for a move journaled by 1.3 (named by _move_name)
+    name          text,
     -- internal: the move's plan, fixed when it starts (docs/moves.md): the
     -- map's shard count, its pins then (the keys a shard move leaves
     -- behind), the tables with the condition selecting what the move
@@ -238,14 +242,18 @@ COMMENT ON FUNCTION sharding._refuse_owner_switch(text, text) IS
 -- @end
 
 -- _move_name(map, logical): the name of the publication, slot, subscription
--- and replication origin of a move. Deterministic, so that a later call
--- finds what a crashed one left; slot names allow only [a-z0-9_], so other
+-- and replication origin of a move: the live move's, as its journal row
+-- stores it, else the one a move of that shard gets from this coordinator,
+-- sharding_move_<tag>_<map>_<logical> (docs/moves.md, "Names": the tag
+-- tells coordinators apart whose nodes share an instance; a row journaled
+-- by 1.3 keeps its name, without one). Stored, so that a later call finds
+-- what a crashed one left; slot names allow only [a-z0-9_], so other
 -- map names are folded (lower case, other characters '_', 16 characters)
 -- and told apart by the first 8 hex digits of their md5. C++
 -- (src/move/move_orchestrate.cpp).
 -- @object sharding._move_name
 CREATE FUNCTION sharding._move_name(map text, logical integer) RETURNS text
-    AS 'MODULE_PATHNAME', 'sharding__move_name' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE
+    AS 'MODULE_PATHNAME', 'sharding__move_name' LANGUAGE C STABLE STRICT PARALLEL RESTRICTED
     SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_name(text, integer) IS
     'internal: name of the publication, slot, subscription and trigger of an online move';

@@ -468,12 +468,19 @@ bool key_moves(MoveTable *t, Datum key) {
     return bsearch(&k, parsed.pins, parsed.npins, sizeof(KeyBytes), compare_keys) == nullptr;
 }
 
-// -1: the tuple carries no key (not in the replica identity); else 0/1.
+// -1: the tuple carries no key (not in the replica identity); -2: its key
+// is an on-disk TOAST pointer (review RB-8: an UPDATE that left a key
+// stored out of line unchanged logs the pointer, not the value, in the new
+// tuple; the chunks may be gone by the time the stream decodes it, and
+// reading the TOAST table here would not be as of the change anyway), never
+// read; else 0/1.
 int tuple_moves(MoveTable *t, Relation rel, HeapTuple tup) {
     if (tup == nullptr) return -1;
     bool isnull;
+    Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel), t->key_att - 1);
     Datum key = heap_getattr(tup, t->key_att, RelationGetDescr(rel), &isnull);
     if (isnull) return -1;
+    if (att->attlen == -1 && VARATT_IS_EXTERNAL_ONDISK(DatumGetPointer(key))) return -2;
     return key_moves(t, key) ? 1 : 0;
 }
 
@@ -519,12 +526,30 @@ bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChan
     HeapTuple newtup = SHARDING_CHANGE_TUPLE(change->data.tp.newtuple);
     HeapTuple oldtup = SHARDING_CHANGE_TUPLE(change->data.tp.oldtuple);
     switch (change->action) {
-    case REORDER_BUFFER_CHANGE_INSERT:
-        if (tuple_moves(t, rel, newtup) != 1) return false;
+    case REORDER_BUFFER_CHANGE_INSERT: {
+        int now = tuple_moves(t, rel, newtup);
+        if (now == -2)  // (an insert's new chunks are in its transaction, put back by the reorder buffer)
+            ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                            errmsg("an insert into table \"%s\" carries its key column \"%s\" only as a TOAST pointer",
+                                   RelationGetRelationName(rel), t->key_column)));
+        if (now != 1) return false;
         break;
+    }
     case REORDER_BUFFER_CHANGE_UPDATE: {
         int now = tuple_moves(t, rel, newtup);
         int before = tuple_moves(t, rel, oldtup);
+        // A key stored out of line and left unchanged: the new tuple has
+        // its pointer only; the old tuple (the replica identity, which
+        // carries the key: a move refuses a table whose does not) has the
+        // value, WAL-logged inline because it is stored externally. The
+        // same key, so the same answer. Without it, never a guess.
+        if (now == -2 && before >= 0) now = before;
+        if (now == -2 || before == -2)
+            ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                            errmsg("an update of table \"%s\" carries its key column \"%s\" only as a TOAST pointer",
+                                   RelationGetRelationName(rel), t->key_column),
+                            errdetail("The move cannot tell which shard the row belongs to; nothing of it was applied."),
+                            errhint("Make the table's replica identity include the key column.")));
         if (now == 1 && before == 0) {
             // The key came into the shard: the destination has no old row.
             change->action = REORDER_BUFFER_CHANGE_INSERT;
@@ -536,9 +561,16 @@ bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChan
         }
         break;
     }
-    case REORDER_BUFFER_CHANGE_DELETE:
-        if (tuple_moves(t, rel, oldtup) != 1) return false;
+    case REORDER_BUFFER_CHANGE_DELETE: {
+        int before = tuple_moves(t, rel, oldtup);
+        if (before == -2)
+            ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                            errmsg("a delete of table \"%s\" carries its key column \"%s\" only as a TOAST pointer",
+                                   RelationGetRelationName(rel), t->key_column),
+                            errhint("Make the table's replica identity include the key column.")));
+        if (before != 1) return false;
         break;
+    }
     default:
         break;
     }

@@ -26,11 +26,13 @@
 // hash, kept open), with the helper's password rule for non-superusers; a
 // node that cannot answer is not waited for (the move then fails and says
 // why).
+#include "datanode/move_copy.hpp"
 #include "jobs/jobs.hpp"
 #include "move/move_engine.hpp"
 #include "move/journal.hpp"
 #include "routing/owner_switch.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <utility>
@@ -223,16 +225,33 @@ int claimed_not_begun(bool as_source, const Text &node) {
 // as using one. A node that cannot answer is not waited for: the move
 // itself then fails and says why.
 Text capacity(const Text &source, const Text &destination) {
+    // Origin states (review RB-9): max_replication_slots of them
+    // (max_active_replication_origins from PostgreSQL 18); a move's delete
+    // at the source takes one per part (up to sharding.move_parallel), its
+    // subscription one at the destination.
+    static const char *const free_origins =
+        "(coalesce(pg_catalog.current_setting('max_active_replication_origins', true), "
+        "pg_catalog.current_setting('max_replication_slots'))::integer - (SELECT pg_catalog.count(*) FROM "
+        "pg_catalog.pg_replication_origin_status)::integer)";
     Text answer = ask(node_dsn_of(source),
-                      "SELECT (pg_catalog.current_setting('max_replication_slots')::integer"
-                      " - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_replication_slots)::integer)"
-                      " || ' ' || (pg_catalog.current_setting('max_wal_senders')::integer"
-                      " - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication)::integer)");
+                      std::string("SELECT (pg_catalog.current_setting('max_replication_slots')::integer"
+                                  " - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_replication_slots)::integer)"
+                                  " || ' ' || (pg_catalog.current_setting('max_wal_senders')::integer"
+                                  " - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication)::integer)"
+                                  " || ' ' || ") + free_origins);
     if (answer) {
         const int free_slots = std::atoi(answer->c_str());
         const size_t space = answer->find(' ');
         const int free_senders = space == std::string::npos ? 0 : std::atoi(answer->c_str() + space + 1);
+        const size_t space2 = space == std::string::npos ? space : answer->find(' ', space + 1);
+        const int free_origin_states = space2 == std::string::npos ? 0 : std::atoi(answer->c_str() + space2 + 1);
         const int pending = claimed_not_begun(true, source);
+        const int per_move = std::max(1, move_parallel);
+        if (free_origin_states - per_move * pending < per_move)
+            return format("source %s has no free replication origin state (max_replication_slots, or "
+                          "max_active_replication_origins from PostgreSQL 18; a move's delete needs %d; %d claimed "
+                          "moves not yet begun)",
+                          c(source), per_move, pending);
         if (free_slots - pending < 1)
             return format("source %s has no free replication slot (max_replication_slots; %d claimed moves not yet "
                           "begun)",
@@ -246,14 +265,21 @@ Text capacity(const Text &source, const Text &destination) {
                           c(source), pending);
     }
     answer = ask(node_dsn_of(destination),
-                 "SELECT pg_catalog.current_setting('max_logical_replication_workers')::integer"
-                 " - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_subscription s WHERE s.pid IS NOT NULL)::integer");
+                 std::string("SELECT (pg_catalog.current_setting('max_logical_replication_workers')::integer"
+                             " - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_subscription s WHERE s.pid IS NOT "
+                             "NULL)::integer) || ' ' || ") + free_origins);
     if (answer) {
         const int free_workers = std::atoi(answer->c_str());
+        const size_t space = answer->find(' ');
+        const int free_origin_states = space == std::string::npos ? 0 : std::atoi(answer->c_str() + space + 1);
         const int pending = claimed_not_begun(false, destination);
         if (free_workers - pending < 1)
             return format("destination %s has no free logical replication worker (max_logical_replication_workers; "
                           "%d claimed moves not yet begun)",
+                          c(destination), pending);
+        if (free_origin_states - pending < 1)
+            return format("destination %s has no free replication origin state (max_replication_slots, or "
+                          "max_active_replication_origins from PostgreSQL 18; %d claimed moves not yet begun)",
                           c(destination), pending);
     }
     return std::nullopt;

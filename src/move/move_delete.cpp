@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -338,10 +339,72 @@ int64 delete_rows(const char *conn, const DeletePlan *plan) {
 
 }  // namespace
 
+// Origin states free at a node (review RB-9): an origin set up or
+// advanced takes one until it is dropped; there are max_replication_slots
+// of them (max_active_replication_origins from PostgreSQL 18).
+int free_origin_states(const char *conn) {
+    return std::atoi(must(dbl(conn, "SELECT (coalesce(pg_catalog.current_setting('max_active_replication_origins', true), "
+                                    "pg_catalog.current_setting('max_replication_slots'))::integer - (SELECT "
+                                    "pg_catalog.count(*) FROM pg_catalog.pg_replication_origin_status)::integer)::text"))
+                         .c_str());
+}
+
+void reserve_origins(const char *conn, const std::string &name, const std::string &node) {
+    for (int i = 0; i < std::max(1, move_parallel); i++) {
+        const std::string origin = lit(i == 0 ? name : name + "_" + std::to_string(i));
+        try {
+            dbl(conn, "SELECT pg_catalog.pg_replication_origin_create(" + origin + ") WHERE NOT EXISTS (SELECT FROM "
+                      "pg_catalog.pg_replication_origin WHERE roname = " + origin + ")");
+            dbl(conn, "SELECT pg_catalog.pg_replication_origin_advance(" + origin + ", '0/0')");
+        } catch (const Error &e) {
+            if (e.sqlstate() != ERRCODE_CONFIGURATION_LIMIT_EXCEEDED) throw;
+            fail(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+                 Explain{"The delete at the source after the switch runs under replication origins (one per part, "
+                         "up to sharding.move_parallel); taken before the switch, or the move is rolled back. " +
+                             std::string(e.what()),
+                         "Raise max_replication_slots (max_active_replication_origins from PostgreSQL 18) at node \"" +
+                             node + "\", drop unused replication origins there, or lower sharding.move_parallel."},
+                 "node \"%s\" has no free replication origin state for move %s", node.c_str(), name.c_str());
+        }
+    }
+}
+
+void drop_left_origins(const char *conn, const std::string &name) {
+    PGconn *named = named_connection(conn);
+    if (named == nullptr || PQtransactionStatus(named) != PQTRANS_IDLE) return;
+    const std::string mine = journal_has_name() ? "sharding_move_" + coordinator_tag() + "_" : name;
+    Text listed = dbl(conn, "SELECT pg_catalog.string_agg(o.roname, ' ') FROM pg_catalog.pg_replication_origin o "
+                            "WHERE pg_catalog.left(o.roname, " + std::to_string(mine.size()) + ") = " + lit(mine) +
+                            " OR o.roname = " + lit(name) + " OR (pg_catalog.left(o.roname, " +
+                            std::to_string(name.size() + 1) + ") = " + lit(name + "_") +
+                            " AND pg_catalog.substr(o.roname, " + std::to_string(name.size() + 2) + ") ~ '^[0-9]+$')");
+    if (!listed) return;
+    // The other live moves' names (their origins are theirs).
+    std::vector<std::string> others;
+    if (journal_has_name()) {
+        Text live = journal("SELECT pg_catalog.string_agg(m.name, ' ') FROM sharding.move_journal m WHERE m." +
+                            std::string(kLive) + " AND m.name IS NOT NULL AND m.name <> " + lit(name));
+        std::istringstream in(live.value_or(""));
+        for (std::string n; in >> n;) others.push_back(n);
+    }
+    std::istringstream in(*listed);
+    for (std::string origin; in >> origin;) {
+        const bool theirs = std::any_of(others.begin(), others.end(), [&](const std::string &n) {
+            return origin == n || origin.compare(0, n.size() + 1, n + "_") == 0;
+        });
+        if (theirs) continue;
+        try {
+            dbl(conn, "SELECT pg_catalog.pg_replication_origin_drop(" + lit(origin) + ")");
+        } catch (const Error &) {
+            // In use by a session not yet gone: the next finish or undo there.
+        }
+    }
+}
+
 int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key) {
     // An unknown map is 42704, even without tables.
     (void)require_map(Text(map), false);
-    const std::string origin = move_name(map, logical);
+    const std::string origin = journal_move_name(map, logical);
     const char *k = key ? key->c_str() : nullptr;
     DeletePlan *plan = glue(read_plan, map.c_str(), logical, k, origin.c_str());
     if (plan->ntables == 0) return 0;

@@ -36,8 +36,29 @@ Text journal(const std::string &sql);
 
 // ------------------------------------------------------------------ the move
 
-// _move_name: the publication, slot, subscription and origin of a move.
-std::string move_name(const std::string &map, int32 logical);
+// _move_name: the publication, slot, subscription and origin of a move
+// (with tag: sharding_move_<tag>_<map>_<logical>; without: 1.3's name).
+std::string move_name(const std::string &map, int32 logical, const std::string &tag = std::string());
+// This coordinator's tag (md5 of the system identifier and database OID).
+std::string coordinator_tag();
+// Whether move_journal has its column name.
+bool journal_has_name();
+// The name of the live move of a shard, as its journal row stores it (a
+// 1.3 row: 1.3's name; no live row: a new, tagged name).
+std::string journal_move_name(const std::string &map, int32 logical);
+// A name stored in the journal, checked to be a move name of that shard
+// (any tag); XX001 otherwise.
+const std::string &checked_name(const std::string &map, int32 logical, const std::string &stored);
+// Origin states free at a node over a named connection (review RB-9).
+int free_origin_states(const char *conn);
+// Before the switch: the origin states of the delete at the source after it
+// (name, name_1 .. up to sharding.move_parallel), created and advanced so
+// that each holds one; 53400 naming `node` when there are none.
+void reserve_origins(const char *conn, const std::string &name, const std::string &node);
+// After a finish or an undo: every origin this coordinator's moves left at
+// that node (the move's own, reserved or of parts not used, and those an
+// earlier drop found in use), dropped unless in use or a live move's.
+void drop_left_origins(const char *conn, const std::string &name);
 
 // A distributed table of a map, as _move_tables returns it.
 struct MoveTable {

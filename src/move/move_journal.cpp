@@ -413,10 +413,15 @@ int64 enqueue(const Text &job, const Text &map, const Text &logical_arg, const T
     if (!runas) runas = std::to_string(glue(user_glue));
     Text id;
     try {
+        // The move's name, unique to this coordinator (docs/moves.md,
+        // "Names"), stored: recovery, cancel and clean-up use it.
+        const bool named = journal_has_name();
+        const std::string name = named ? move_name(*map, std::atoi(logical->c_str()), coordinator_tag()) : "";
         id = journal("INSERT INTO sharding.move_journal (job, map, logical, key, source, destination" +
-                     std::string(roles ? ", runas" : "") + ") VALUES (" + job.value_or("NULL") + ", " + lit(map) +
-                     ", " + *logical + ", " + lit(key) + ", " + lit(source) + ", " + lit(destination) +
-                     (roles ? ", " + *runas : std::string()) + ") RETURNING move");
+                     std::string(roles ? ", runas" : "") + std::string(named ? ", name" : "") + ") VALUES (" +
+                     job.value_or("NULL") + ", " + lit(map) + ", " + *logical + ", " + lit(key) + ", " +
+                     lit(source) + ", " + lit(destination) + (roles ? ", " + *runas : std::string()) +
+                     (named ? ", " + lit(name) : std::string()) + ") RETURNING move");
     } catch (const Error &e) {
         if (e.sqlstate() != ERRCODE_UNIQUE_VIOLATION) throw;
         fail(ERRCODE_OBJECT_IN_USE, "logical shard %s of map \"%s\" is already being moved", c(logical), c(map));

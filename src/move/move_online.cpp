@@ -178,6 +178,25 @@ void check_ends(OnlineMove &m) {
                      "Set wal_level = logical on the source (postgresql.conf) and restart it."},
              "wal_level of node \"%s\" is not logical", c(m.source) ? c(m.source) : "<NULL>");
     }
+    // Origin states (review RB-9): the delete at the source after the
+    // switch needs one per part (up to sharding.move_parallel), the
+    // subscription at the destination one. Refused now, nothing done.
+    for (const Text &end : {m.source, Text(m.node)}) {
+        const char *conn = end == m.source ? kSrc : kDst;
+        const int need = end == m.source ? std::max(1, move_parallel) : 1;
+        const int free = free_origin_states(conn);
+        if (free < need) {
+            disconnect();
+            fail(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+                 Explain{end == m.source ? "The delete at the source after the switch runs under replication origins, "
+                                           "one per part (up to sharding.move_parallel)."
+                                         : "The move's subscription at the destination applies under a replication "
+                                           "origin.",
+                         "Raise max_replication_slots (max_active_replication_origins from PostgreSQL 18) there, "
+                         "drop unused replication origins, or lower sharding.move_parallel."},
+                 "node \"%s\" has %d free replication origin states, the move needs %d", c(end), free, need);
+        }
+    }
     // The map's tables now: whether there is anything to carry (compare_schemas
     // reads them again under the plan).
     m.live = move_tables(m.map);
@@ -634,6 +653,9 @@ void try_cutover(OnlineMove &m, const std::string &timeout_ms, bool *frozen, boo
 void cut_over(OnlineMove &m) {
     m.step = "cutover";
     debug_at("move " + m.name + ": cutover");
+    // The delete's origin states at the source, taken before the switch
+    // (review RB-9): without them the move fails here, rolled back.
+    reserve_origins(kSrc, m.name, m.source.value_or(""));
     phase(m.map, m.logical, "cutover");
     const std::string timeout_ms = std::to_string(move_freeze_timeout);
     for (int attempt = 1;; attempt++) {
@@ -800,7 +822,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     m.node = node;
     Text shards_t = require_map(map_arg, false);
     m.map = *map_arg;  // _require_map refused NULL
-    m.name = move_name(m.map, logical);
+    m.name = journal_move_name(m.map, logical);
     m.shards = shards_t.value_or(std::string());
     m.live_where = "WHERE map = " + lit(m.map) + " AND logical = " + m.logical_s + " AND " + kLive;
     if (!find_source(m)) return m.out;

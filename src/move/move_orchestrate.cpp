@@ -63,6 +63,7 @@ extern "C" {
 #include "funcapi.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
+#include "access/xlog.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "nodes/pg_list.h"
@@ -671,11 +672,59 @@ using namespace online;
 
 // ------------------------------------------------------------------ names and tables
 
-std::string move_name(const std::string &map, int32 logical) {
+std::string move_name(const std::string &map, int32 logical, const std::string &tag) {
     std::string base = plain_name(map) ? map
                                        : from_palloc(glue(fold_glue, map.c_str(), map.size())) + "_" +
                                              md5_hex(map).substr(0, 8);
-    return "sharding_move_" + base + "_" + std::to_string(logical);
+    return "sharding_move_" + (tag.empty() ? std::string() : tag + "_") + base + "_" + std::to_string(logical);
+}
+
+// The coordinator's tag in the names of its moves (docs/moves.md, "Names"):
+// six hex digits of the md5 of this instance's system identifier and this
+// database's OID. Replication slots and origins belong to an instance, not
+// to a database: two coordinators whose nodes are databases of one
+// instance, moving the same map name and shard, must not name them alike.
+std::string coordinator_tag() {
+    return md5_hex(std::to_string(GetSystemIdentifier()) + "/" + std::to_string(MyDatabaseId)).substr(0, 6);
+}
+
+// Whether the journal has its column name (not while the library is newer
+// than the extension's SQL, before ALTER EXTENSION UPDATE).
+bool journal_has_name() {
+    return spi_value("SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
+                     "pg_catalog.to_regclass('sharding.move_journal') AND a.attname = 'name' AND NOT a.attisdropped)",
+                     {}) == Text("t");
+}
+
+// The name of the live move of a shard: the one its journal row stores
+// (written when the row is, move_name with this coordinator's tag); a row
+// journaled by 1.3 (name NULL) keeps the name 1.3 gave it (no tag); without
+// a live row, a new name. Read over the journal's own connection (the row
+// is committed there, maybe after this transaction's snapshot).
+std::string journal_move_name(const std::string &map, int32 logical) {
+    if (!journal_has_name()) return move_name(map, logical);
+    Text stored = journal("SELECT coalesce(m.name, '') FROM sharding.move_journal m WHERE m.map = " + lit(map) +
+                          " AND m.logical = " + std::to_string(logical) + " AND m." + kLive);
+    if (!stored) return move_name(map, logical, coordinator_tag());
+    return stored->empty() ? move_name(map, logical) : checked_name(map, logical, *stored);
+}
+
+// A stored name, checked: a move's name of that shard, with a tag of six
+// hex digits (any coordinator's: a coordinator taken over keeps its
+// moves' names). The journal is writable by sharding_admin, and the name
+// says which slot, publication, subscription and origins the engine drops.
+const std::string &checked_name(const std::string &map, int32 logical, const std::string &stored) {
+    const size_t at = strlen("sharding_move_");
+    const bool hex = stored.size() > at + 6 && std::all_of(stored.begin() + at, stored.begin() + at + 6, [](char ch) {
+        return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+    });
+    if (!hex || stored != move_name(map, logical, stored.substr(at, 6)))
+        fail(ERRCODE_DATA_CORRUPTED,
+             Explain{"A move's name is sharding_move_<tag>_<map>_<logical> (docs/moves.md, \"Names\").",
+                     "Correct or clear sharding.move_journal.name of the move."},
+             "the journal names the move of logical shard %d of map \"%s\" \"%s\", not a name of such a move",
+             logical, map.c_str(), stored.c_str());
+    return stored;
 }
 
 std::vector<MoveTable> move_tables(const std::string &map) {
@@ -924,7 +973,7 @@ void call_fn(const char *conn, const std::string &fn, const std::string &map, in
 // open. Returns the rows deleted at the source.
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
              const Text &new_epoch, const std::function<void()> &before_delete) {
-    const std::string name = move_name(map, logical);
+    const std::string name = journal_move_name(map, logical);
     const std::string logical_s = std::to_string(logical);
     // The source's guard must see the new owner before its shard thaws
     // (then it refuses by ownership); the destination accepts writes once it
@@ -960,6 +1009,8 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
              map.c_str());
     if (before_delete) before_delete();
     const int64 deleted = delete_shard_rows(kSrc, map, logical, key);
+    drop_left_origins(kSrc, name);
+    drop_left_origins(kDst, name);
     journal("UPDATE sharding.move_journal SET phase = 'done', phase_started = pg_catalog.now(), "
             "finished = pg_catalog.now(), rows_moved = " + std::to_string(deleted) +
             ", lag_bytes = 0, pid = NULL WHERE map = " + lit(map) + " AND logical = " + logical_s + " AND " + kLive);
@@ -971,7 +1022,7 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
 // destination, marks the journal row undone. The source thaws once the
 // destination has said that it does not own the shard, never before.
 bool undo(const std::string &map, int32 logical, const Text &key) {
-    const std::string name = move_name(map, logical);
+    const std::string name = journal_move_name(map, logical);
     const std::string logical_s = std::to_string(logical);
     // A move whose switch has committed is the destination's now: undoing
     // it would delete the rows of their only owner. Read over the journal's
@@ -1019,6 +1070,8 @@ bool undo(const std::string &map, int32 logical, const Text &key) {
     // died) would commit after the delete below: end it first, and wait.
     stop_backends(kDst, name);
     delete_shard_rows(kDst, map, logical, key);
+    drop_left_origins(kSrc, name);
+    drop_left_origins(kDst, name);
     journal("UPDATE sharding.move_journal SET undone = true WHERE map = " + lit(map) + " AND logical = " + logical_s +
             " AND " + kLive);
     return true;
@@ -1228,10 +1281,24 @@ SHARDING_FUNCTION(sharding__move_sees_switch) {
     PG_RETURN_BOOL(seen);
 }
 
-// _move_name(map, logical): STRICT.
+// _move_name(map, logical): STRICT. The live move's name as its journal
+// row stores it (a 1.3 row: 1.3's name), else the name a move of that
+// shard gets here (this coordinator's tag).
 SHARDING_FUNCTION(sharding__move_name) {
     Text map = text_arg(fcinfo, 0);
-    std::string name = move_name(*map, PG_GETARG_INT32(1));
+    const int32 logical = PG_GETARG_INT32(1);
+    const std::string logical_s = std::to_string(logical);
+    std::string name;
+    if (!journal_has_name()) {
+        name = move_name(*map, logical);
+    } else {
+        Text stored = spi_value("SELECT coalesce(m.name, '') FROM sharding.move_journal m WHERE m.map = $1 AND "
+                                "m.logical = $2::integer AND m.phase NOT IN ('done', 'failed', 'cancelled')",
+                                {c(map), logical_s.c_str()});
+        name = !stored            ? move_name(*map, logical, coordinator_tag())
+               : stored->empty()  ? move_name(*map, logical)
+                                  : checked_name(*map, logical, *stored);
+    }
     PG_RETURN_DATUM(text_datum(name));
 }
 
@@ -1285,10 +1352,11 @@ SHARDING_FUNCTION(sharding__move_wait_flush) {
     // The journal row of the move so named, found once (its name is made
     // here, not by calling _move_name on every row at every poll).
     std::string where = "WHERE false";
-    for (const Row &r : spi_rows("SELECT m.move::text, m.map, m.logical::text FROM sharding.move_journal m "
-                                 "WHERE m.phase IN ('catching_up', 'cutover')",
-                                 {}))
-        if (move_name(must(r[1]), std::atoi(must(r[2]).c_str())) == *name) {
+    const std::string named = std::string("SELECT m.move::text, m.map, m.logical::text, ") +
+                              (journal_has_name() ? "m.name" : "NULL::text") +
+                              " FROM sharding.move_journal m WHERE m.phase IN ('catching_up', 'cutover')";
+    for (const Row &r : spi_rows(named.c_str(), {}))
+        if ((r[3] ? *r[3] : move_name(must(r[1]), std::atoi(must(r[2]).c_str()))) == *name) {
             where = "WHERE move = " + must(r[0]);
             break;
         }

@@ -180,7 +180,8 @@ my $epoch3 = qn('coord', "SELECT sharding.epoch('bank', $S3)");
 my $name3 = qn('coord', "SELECT sharding._move_name('bank', $S3)");
 qn('n1', "CREATE PUBLICATION $name3 FOR TABLE accounts; SELECT pg_create_logical_replication_slot('$name3', 'pgoutput');
           SELECT sharding._freeze_shard('bank', $S3)");
-qn('coord', "INSERT INTO sharding.move_journal (map, logical, source, destination, phase) VALUES ('bank', $S3, 'n1', 'n2', 'copying')");
+# (The row names the move, as a crashed move's row does since 1.4.)
+qn('coord', "INSERT INTO sharding.move_journal (map, logical, source, destination, phase, name) VALUES ('bank', $S3, 'n1', 'n2', 'copying', '$name3')");
 is(qn('coord', "SELECT sharding.move_shard_online('bank', $S3, 'n1')") . ' ' . leftovers(), "$epoch3 $CLEAN",
 	'a same-owner call returns the current epoch and cleans up the leftovers of a crashed move');
 
@@ -194,7 +195,7 @@ qn('n1', "SET session_replication_role = replica;
           INSERT INTO accounts SELECT tenant, 50000000 + row_number() OVER (), 'stale' FROM (SELECT unnest('$HOT'::text[]) AS tenant) t, generate_series(1, 5);
           CREATE PUBLICATION $name1 FOR TABLE accounts; SELECT pg_create_logical_replication_slot('$name1', 'pgoutput');
           SELECT sharding._freeze_shard('bank', $S)");
-qn('coord', "INSERT INTO sharding.move_journal (map, logical, source, destination, phase) VALUES ('bank', $S, 'n1', 'n2', 'cleanup')");
+qn('coord', "INSERT INTO sharding.move_journal (map, logical, source, destination, phase, name) VALUES ('bank', $S, 'n1', 'n2', 'cleanup', '$name1')");
 is(qn('n1', "SELECT (SELECT count(*) FROM accounts WHERE $in_s) || '|' || (SELECT count(*) FROM sharding.frozen_shards)
              || '|' || (SELECT count(*) FROM pg_publication WHERE pubname = '$name1') || '|' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$name1')"),
 	(@hot * 5) . '|1|1|1', 'leftovers of a switched move in place: stale rows, a frozen shard, publication and slot at n1');

@@ -484,7 +484,7 @@ sub run_case
 	my @mv = (bg($coord, 'coord', $move_sql));
 	push @mv, bg($coord, 'coord', "SELECT sharding.move_shard_online('$map', $L2, '$dst')") if defined $L2;
 	my $nmoves = scalar @mv;
-	my $slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move_${map}_%'";
+	my $slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name ~ '^sharding_move_[0-9a-f]{6}_${map}_'";
 	my ($held, $ended) = (0, 0);
 	my $until = time + 60;
 	while (time < $until)
@@ -731,9 +731,9 @@ sub run_case
 		$xlost = grep { !$xg{$_} } keys %xw;
 		is("$xlost/$xbad", '0/0', "$desc: the table distributed during the move keeps its rows, each where it belongs (lost/extra or misplaced)");
 	}
-	my $lq = qq{SELECT (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'sharding_move_${map}_%')
-		|| '/' || (SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move_${map}_%')
-		|| '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move_${map}_%')
+	my $lq = qq{SELECT (SELECT count(*) FROM pg_publication WHERE pubname ~ '^sharding_move_[0-9a-f]{6}_${map}_')
+		|| '/' || (SELECT count(*) FROM pg_subscription WHERE subname ~ '^sharding_move_[0-9a-f]{6}_${map}_')
+		|| '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name ~ '^sharding_move_[0-9a-f]{6}_${map}_')
 		|| '/' || (SELECT count(*) FROM sharding.frozen_shards WHERE map = '$map')
 		|| '/' || (SELECT count(*) FROM sharding.move_decoding WHERE map = '$map')};
 	is("n1:" . $n1->safe_psql('n1', $lq) . " n2:" . $n2->safe_psql('n2', $lq) . " coord:"

@@ -49,8 +49,8 @@ my $sampler = start_sampler($job,
 	'shards integer' => "count(DISTINCT logical) FILTER (WHERE $IN_FLIGHT)");
 
 # The moves' sessions at n1 blocked by the hold.
-my $blocked = "SELECT coalesce(string_agg(substring(query FROM 'sharding_move_bank_[0-9]+'), ' ' ORDER BY query), '')
-                 FROM pg_stat_activity WHERE query LIKE 'CREATE PUBLICATION sharding\\_move\\_bank\\_%'
+my $blocked = "SELECT coalesce(string_agg(substring(query FROM 'sharding_move_[0-9a-f]{6}_bank_[0-9]+'), ' ' ORDER BY query), '')
+                 FROM pg_stat_activity WHERE query ~ '^CREATE PUBLICATION sharding_move_[0-9a-f]{6}_bank_'
                   AND pg_blocking_pids(pid) && ARRAY[$hold_pid]";
 # Two moves held in flight, or the job says a move waits for another into
 # n2 (1.3's limit): whichever comes first.
@@ -85,8 +85,8 @@ if ($flying == 2)
 	# (Membership, not the whole list: once the interrupted move is rolled
 	# back the job starts its next move at once, max_parallel being 2, and
 	# that one waits for the hold too.)
-	my $gone = "SELECT ' ' || ($blocked) || ' ' NOT LIKE '% sharding\\_move\\_bank\\_$vlogical %'
-	                   AND ' ' || ($blocked) || ' ' LIKE '% sharding\\_move\\_bank\\_$slogical %'";
+	my $gone = "SELECT (' ' || ($blocked) || ' ') !~ ' sharding_move_[0-9a-f]{6}_bank_$vlogical '
+	                   AND (' ' || ($blocked) || ' ') ~ ' sharding_move_[0-9a-f]{6}_bank_$slogical '";
 	ok(wait_for('n1', $gone, 't', 60),
 		"the interrupted move's session at n1 is gone, the other move ($survivor) still waits");
 	is($q->("SELECT phase FROM sharding.move_journal WHERE move = $survivor"), 'copying',

@@ -31,7 +31,7 @@ $mover->query_until(qr/started/, "\\echo started\nSET statement_timeout = '100s'
 	  . "SELECT sharding.move_shard_online('bank', $logical, 'n3');\n\\echo done\n");
 ok(wait_for('coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $logical
 	AND phase NOT IN ('done', 'failed', 'cancelled')", 'copying', 60), 'the move is copying');
-ok(wait_for('n1', "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'sharding_move_bank_$logical'", '1', 60),
+ok(wait_for('n1', "SELECT count(*) FROM pg_replication_slots WHERE slot_name ~ '^sharding_move_[0-9a-f]{6}_bank_$logical\$'", '1', 60),
 	"its slot exists at the source (what is written now reaches the destination through the stream)");
 $d->safe_psql('n1', "INSERT INTO accounts VALUES ('$tenant', 99999999, 'poison')");
 $hold->quit;
@@ -42,7 +42,7 @@ my $took = time - $t0;
 my ($phase, $state, $error) = split /\|/,
   $q->("SELECT phase, error_state, error FROM sharding.move_journal WHERE map = 'bank' AND logical = $logical ORDER BY move DESC LIMIT 1");
 is("$phase $state", 'failed 55000', 'RB-6: the move failed with 55000');
-like($error, qr/^the destination of move sharding_move_bank_$logical cannot apply the source's changes/,
+like($error, qr/^the destination of move sharding_move_[0-9a-f]{6}_bank_$logical cannot apply the source's changes/,
 	"RB-6: its error names the destination's apply errors ($error)");
 diag(sprintf("RB-6: the move failed %.1f s after it started", $took));
 ok($took < 60, sprintf('RB-6: within a minute of its start (%.1f s), not after a 600 s catch-up round', $took));
