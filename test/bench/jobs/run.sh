@@ -56,6 +56,43 @@ for n in n1 n2; do
     qn "$n" -c 'VACUUM ANALYZE accounts' >/dev/null
 done
 
+# BENCH_TIMELINE=1: each timed job's moves, step by step (the engine's DEBUG
+# lines "move NAME: STEP at TIME" in the coordinator's log, and the waits
+# for locks and transactions, log_lock_waits after 50 ms, in the data
+# nodes' logs), as ms since the job's start. Where parallel moves wait for
+# each other shows here (docs/performance.md).
+if [ -n "${BENCH_TIMELINE:-}" ]; then
+    # (log_min_messages is set on the instances' command line: the
+    # database's setting applies to the job's workers.)
+    qn coord -c 'ALTER DATABASE coord SET log_min_messages = debug1' >/dev/null
+    for i in i1 i2; do
+        q "$i" postgres -c 'ALTER SYSTEM SET log_lock_waits = on' -c "ALTER SYSTEM SET deadlock_timeout = '50ms'" \
+            -c 'SELECT pg_reload_conf()' >/dev/null
+    done
+fi
+# timeline JOB T0: the steps of JOB's moves (T0: the job's start, epoch s).
+timeline() {
+    local j=$1 t0=$2 m
+    for m in $(qn coord -c "SELECT move || ':' || logical || ':' || source || ':' || destination
+                              FROM sharding.move_journal WHERE job = $j ORDER BY move"); do
+        IFS=: read -r id lg src dst <<<"$m"
+        printf '#   move %s (shard %s, %s -> %s):' "$id" "$lg" "$src" "$dst"
+        grep -a "move sharding_move_bench_$lg: .* at 20" "${DIR[i0]}/server.log" |
+            sed -n 's/.*move sharding_move_bench_[0-9]*: \(.*\) at \(20[0-9-]* [0-9:.+]*\)$/\2|\1/p' |
+            while IFS='|' read -r when what; do
+                awk -v a="$t0" -v b="$(date -d "$when" +%s.%N)" -v w="$what" \
+                    'BEGIN { if (b >= a) printf " %s +%.0f;", w, (b - a) * 1000 }'
+            done
+        printf ' done +%s\n' "$(qn coord -c "SELECT round((extract(epoch FROM finished) - $t0) * 1000) FROM sharding.move_journal WHERE move = $id")"
+    done
+    for i in i1 i2; do
+        grep -a 'still waiting for\|acquired .* after' "${DIR[$i]}/server.log" | tail -n 40 |
+            while read -r d t z rest; do
+                awk -v a="$t0" -v b="$(date -d "$d $t $z" +%s.%N)" -v i="$i" -v r="$rest" \
+                    'BEGIN { if (b >= a) printf "#   %s +%.0f %s\n", i, (b - a) * 1000, substr(r, 1, 160) }'
+            done
+    done
+}
 # job NODES PARALLEL: runs a job, prints "wall_ms sum_of_moves_ms moves
 # server_ms": wall time from the client's rebalance_start to rebalance_wait's
 # return, the sum of its moves' own times, how many, and the job's time in
@@ -66,6 +103,7 @@ job() {
     j=$(qn coord -c "SELECT sharding.rebalance_start('bench', ARRAY[$1], max_parallel => $2)")
     qn coord -c "SELECT sharding.rebalance_wait($j, '600 s')" >/dev/null
     wall=$((($(date +%s%N) - t0) / 1000000))
+    [ -n "${BENCH_TIMELINE:-}" ] && timeline "$j" "$(awk -v t="$t0" 'BEGIN { printf "%.3f", t / 1e9 }')" >&2
     echo "$wall $(qn coord -c "SELECT round(sum(extract(epoch FROM m.finished - m.started)) * 1000)::bigint || ' ' || count(*)
                                    || ' ' || round(extract(epoch FROM max(j.finished) - max(j.created)) * 1000)::bigint
                                    FROM sharding.move_journal m JOIN sharding.move_jobs j USING (job)
@@ -81,7 +119,7 @@ for r in $(seq 1 "$RUNS"); do
             res=$(job "$there" "$p")
             echo "# round $r, $name destination(s), max_parallel $p: job ${res%% *} ms (in the server $(echo "$res" | cut -d' ' -f4) ms), its moves $(echo "$res" | cut -d' ' -f2) ms in total ($(echo "$res" | cut -d' ' -f3) moves)"
             echo "$res" >"$ROOT/$name.r$r.p$p"
-            job "$back" 2 >/dev/null
+            BENCH_TIMELINE= job "$back" 2 >/dev/null
         done
     done
 done
@@ -93,3 +131,8 @@ echo "parallel, one source and one destination: job with max_parallel 2 / the sa
 echo "parallel, two destinations: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio two)") (median of $RUNS rounds; target <= 0.8)"
 echo "overhead: job time / sum of its moves (max_parallel 1) = $(printf '%.3f' "$over") from the client, $(printf '%.3f' "$over_server") in the server (target <= 1.1)"
 echo "nproc: $(nproc)"
+# BENCH_KEEP_LOGS=DIR: the instances' server logs copied there.
+if [ -n "${BENCH_KEEP_LOGS:-}" ]; then
+    mkdir -p "$BENCH_KEEP_LOGS"
+    for i in i0 i1 i2; do cp "${DIR[$i]}/server.log" "$BENCH_KEEP_LOGS/$i.log"; done
+fi
