@@ -93,16 +93,47 @@ timeline() {
             done
     done
 }
+# sampler_start / sampler_stop: with BENCH_TIMELINE, what the data nodes'
+# sessions are doing, sampled every 50 ms during a timed job (active ones
+# by wait event; "CPU" where they wait for none), and the CPUs' idle share
+# (vmstat), printed by sampler_stop.
+sampler_start() {
+    [ -n "${BENCH_TIMELINE:-}" ] || return 0
+    : >"$ROOT/samples"
+    (
+        while :; do
+            for i in i1 i2; do
+                q "$i" postgres -F ' ' -c "SELECT '$i', coalesce(wait_event_type || ':' || wait_event, 'CPU'),
+                                                  left(regexp_replace(coalesce(nullif(application_name, ''), backend_type), '[0-9]+', 'N', 'g'), 30)
+                                             FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid()
+                                               OR backend_type IN ('walsender', 'logical replication worker') AND wait_event IS NULL" 2>/dev/null
+            done >>"$ROOT/samples"
+            sleep 0.05
+        done
+    ) &
+    SAMPLER=$!
+    vmstat 1 >"$ROOT/vmstat" &
+    VMSTAT=$!
+}
+sampler_stop() {
+    [ -n "${BENCH_TIMELINE:-}" ] || return 0
+    kill "$SAMPLER" "$VMSTAT" 2>/dev/null
+    wait "$SAMPLER" "$VMSTAT" 2>/dev/null
+    sort "$ROOT/samples" | uniq -c | sort -rn | head -n 25 | sed 's/^/#   sampled: /'
+    awk 'NR > 3 { n++; idle += $15; wa += $16 } END { if (n) printf "#   CPU idle %.0f%%, I/O wait %.0f%% (vmstat, %d s)\n", idle / n, wa / n, n }' "$ROOT/vmstat"
+}
 # job NODES PARALLEL: runs a job, prints "wall_ms sum_of_moves_ms moves
 # server_ms": wall time from the client's rebalance_start to rebalance_wait's
 # return, the sum of its moves' own times, how many, and the job's time in
 # the server (created until finished).
 job() {
     local t0 j wall
+    sampler_start
     t0=$(date +%s%N)
     j=$(qn coord -c "SELECT sharding.rebalance_start('bench', ARRAY[$1], max_parallel => $2)")
     qn coord -c "SELECT sharding.rebalance_wait($j, '600 s')" >/dev/null
     wall=$((($(date +%s%N) - t0) / 1000000))
+    sampler_stop >&2
     [ -n "${BENCH_TIMELINE:-}" ] && timeline "$j" "$(awk -v t="$t0" 'BEGIN { printf "%.3f", t / 1e9 }')" >&2
     echo "$wall $(qn coord -c "SELECT round(sum(extract(epoch FROM m.finished - m.started)) * 1000)::bigint || ' ' || count(*)
                                    || ' ' || round(extract(epoch FROM max(j.finished) - max(j.created)) * 1000)::bigint
@@ -111,11 +142,19 @@ job() {
 }
 # Scenarios: name, nodes of the timed job, nodes of the job moving back.
 SCENARIOS=("one 'n2' 'n1','n2'" "two 'n1','n2','n3','n4' 'n1','n2'")
+# BENCH_ONLY=one (or two): that scenario alone.
+[ -n "${BENCH_ONLY:-}" ] && for i in "${!SCENARIOS[@]}"; do [ "${SCENARIOS[$i]%% *}" = "$BENCH_ONLY" ] || unset "SCENARIOS[$i]"; done
 for r in $(seq 1 "$RUNS"); do
     if [ $((r % 2)) -eq 1 ]; then order="1 2"; else order="2 1"; fi
     for sc in "${SCENARIOS[@]}"; do
         read -r name there back <<<"$sc"
         for p in $order; do
+            # BENCH_P2_SET='sharding.x = v': set for the coordinator's
+            # database during the jobs with max_parallel 2 (a trial).
+            if [ -n "${BENCH_P2_SET:-}" ]; then
+                if [ "$p" = 2 ]; then qn coord -c "ALTER DATABASE coord SET $BENCH_P2_SET" >/dev/null
+                else qn coord -c "ALTER DATABASE coord RESET ${BENCH_P2_SET%%=*}" >/dev/null; fi
+            fi
             res=$(job "$there" "$p")
             echo "# round $r, $name destination(s), max_parallel $p: job ${res%% *} ms (in the server $(echo "$res" | cut -d' ' -f4) ms), its moves $(echo "$res" | cut -d' ' -f2) ms in total ($(echo "$res" | cut -d' ' -f3) moves)"
             echo "$res" >"$ROOT/$name.r$r.p$p"
@@ -125,11 +164,11 @@ for r in $(seq 1 "$RUNS"); do
 done
 # Ratios per round (both jobs of a round ran back to back), then the median.
 ratio() { for r in $(seq 1 "$RUNS"); do paste -d' ' "$ROOT/$1.r$r.p2" "$ROOT/$1.r$r.p1" | awk '{print $1 / $5}'; done | median; }
-over=$(for r in $(seq 1 "$RUNS"); do awk '{print $1 / $2}' "$ROOT/two.r$r.p1"; done | median)
-over_server=$(for r in $(seq 1 "$RUNS"); do awk '{print $4 / $2}' "$ROOT/two.r$r.p1"; done | median)
-echo "parallel, one source and one destination: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio one)") (median of $RUNS rounds; target <= 0.8)"
-echo "parallel, two destinations: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio two)") (median of $RUNS rounds; target <= 0.8)"
-echo "overhead: job time / sum of its moves (max_parallel 1) = $(printf '%.3f' "$over") from the client, $(printf '%.3f' "$over_server") in the server (target <= 1.1)"
+[ -e "$ROOT/two.r1.p1" ] && over=$(for r in $(seq 1 "$RUNS"); do awk '{print $1 / $2}' "$ROOT/two.r$r.p1"; done | median)
+[ -e "$ROOT/two.r1.p1" ] && over_server=$(for r in $(seq 1 "$RUNS"); do awk '{print $4 / $2}' "$ROOT/two.r$r.p1"; done | median)
+[ -e "$ROOT/one.r1.p1" ] && echo "parallel, one source and one destination: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio one)") (median of $RUNS rounds; target <= 0.8)"
+[ -e "$ROOT/two.r1.p1" ] && echo "parallel, two destinations: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio two)") (median of $RUNS rounds; target <= 0.8)"
+[ -e "$ROOT/two.r1.p1" ] && echo "overhead: job time / sum of its moves (max_parallel 1) = $(printf '%.3f' "$over") from the client, $(printf '%.3f' "$over_server") in the server (target <= 1.1)"
 echo "nproc: $(nproc)"
 # BENCH_KEEP_LOGS=DIR: the instances' server logs copied there.
 if [ -n "${BENCH_KEEP_LOGS:-}" ]; then
