@@ -122,6 +122,19 @@ sampler_stop() {
     sort "$ROOT/samples" | uniq -c | sort -rn | head -n 25 | sed 's/^/#   sampled: /'
     awk 'NR > 3 { n++; idle += $15; wa += $16 } END { if (n) printf "#   CPU idle %.0f%%, I/O wait %.0f%% (vmstat, %d s)\n", idle / n, wa / n, n }' "$ROOT/vmstat"
 }
+# settle: every timed job starts from the same state, the data nodes'
+# tables vacuumed and their WAL checkpointed (as test/bench/move/run.sh
+# does). Without it each job paid for the ones before it: the moves back
+# and forth leave the shards' rows dead at both ends, so a round's second
+# job scanned more of them than its first (a job of 4 sequential moves took
+# 6-8 s in the first round and 16-22 s in the second and third of one run),
+# and the alternating order of the jobs (1 2, 2 1, 1 2) favoured the
+# parallel job in two rounds of three.
+settle() {
+    local n
+    for n in n1 n2 n3 n4; do qn "$n" -c 'VACUUM accounts' >/dev/null; done
+    for n in i1 i2; do q "$n" postgres -c 'CHECKPOINT' >/dev/null; done
+}
 # job NODES PARALLEL: runs a job, prints "wall_ms sum_of_moves_ms moves
 # server_ms": wall time from the client's rebalance_start to rebalance_wait's
 # return, the sum of its moves' own times, how many, and the job's time in
@@ -155,6 +168,7 @@ for r in $(seq 1 "$RUNS"); do
                 if [ "$p" = 2 ]; then qn coord -c "ALTER DATABASE coord SET $BENCH_P2_SET" >/dev/null
                 else qn coord -c "ALTER DATABASE coord RESET ${BENCH_P2_SET%%=*}" >/dev/null; fi
             fi
+            settle
             res=$(job "$there" "$p")
             echo "# round $r, $name destination(s), max_parallel $p: job ${res%% *} ms (in the server $(echo "$res" | cut -d' ' -f4) ms), its moves $(echo "$res" | cut -d' ' -f2) ms in total ($(echo "$res" | cut -d' ' -f3) moves)"
             echo "$res" >"$ROOT/$name.r$r.p$p"
