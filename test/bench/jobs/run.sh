@@ -26,6 +26,10 @@
 # and cutover waits (WAL flush, followers seeing the switch), and a slot of
 # one move waits for the clean-up delete of another at its source (a
 # logical slot is created once every writing transaction there has ended).
+# Moves in flight at the same nodes share sharding.move_parallel's sessions
+# (two moves at once each copy in one). BENCH_TIMELINE=1 prints each timed
+# job's moves step by step, BENCH_ONLY=one (or two) runs one scenario,
+# BENCH_KEEP_LOGS=DIR keeps the instances' logs (docs/performance.md).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 . test/lib/multinode.sh
