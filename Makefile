@@ -47,7 +47,7 @@ endif
 SHLIB_LINK += -lstdc++ -Wl,--version-script=$(CURDIR)/src/pg/exports.map
 # For PG_MODULE_MAGIC_EXT (PostgreSQL 18), see src/pg/compat.hpp.
 PG_CPPFLAGS += -DSHARDING_VERSION='"$(EXTVERSION)"'
-# libpq: the move engine's connections (src/nodes/move_remote.cpp), linked
+# libpq: the engine's one remote stack (src/remote/), linked
 # as contrib dblink links it (PGXS's libpq variables; package libpq-dev).
 PG_CPPFLAGS += -I$(libpq_srcdir)
 SHLIB_LINK_INTERNAL = $(libpq)
@@ -139,12 +139,34 @@ print-exports-extra:
 # (test/harness/layers.sh runs it).
 PURE = $(sort $(wildcard src/core/*.hpp src/core/*.cpp))
 
+#
+# The layers of src/, from the bottom up (docs/architecture.md, "Layers and
+# topics of src/"); folders of one layer are joined by commas and may not
+# use each other. A file includes, and calls, only its own folder and the
+# layers below it: check-layers reads every #include "..." of src/ and,
+# from the object files (build first: make), every call between folders,
+# and fails on one that runs back up or on a cycle between folders. The
+# roots are the module's entry points (_PG_init and the aliases of the
+# frozen scripts' symbols) and may call every layer. It also fails on a
+# folder named like a PostgreSQL header folder, a folder over a quarter of
+# src/, a file over 1,500 lines and a function over 150 (KNOWN_LONG lists
+# file:function exceptions, to be split; the list may only shrink).
+# test/check_layers.py is the check; LAYER_SRC lets test/harness/layers.sh
+# show that it fails on a copy of src/ with a bad include or call.
+LAYERS = core pg remote routing queue,rank,observe,ddl datanode move jobs
+LAYER_ROOTS = pg/module.cpp pg/legacy.cpp
+LAYER_SRC = src
+KNOWN_LONG =
+
 check-layers:
 	@rc=0; for f in $(PURE); do \
 		if echo '' | $(CXX) -std=c++17 -fsyntax-only -Wall -Wextra -Werror -Isrc -x c++ -include $$f - 2>/dev/null; \
 		then echo "ok - $$f compiles without PostgreSQL headers"; \
 		else echo "not ok - $$f needs PostgreSQL headers (it belongs in the glue, not the pure core)"; rc=1; fi; \
-	done; exit $$rc
+	done; \
+	python3 test/check_layers.py --src '$(LAYER_SRC)' --layers '$(LAYERS)' --roots '$(LAYER_ROOTS)' --objects \
+		--pg-includedir '$(shell $(PG_CONFIG) --includedir-server)' --known-long '$(KNOWN_LONG)' || rc=1; \
+	exit $$rc
 
 .PHONY: test demo sanitize memcheck check-layers print-exports-extra
 # make test never installs packages: it reports what is missing instead

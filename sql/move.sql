@@ -247,7 +247,7 @@ DROP TABLE "pull\dst";
 SELECT sharding.drop_node('pull_scs');
 
 -- The checks and steps on a move's path that were PL/pgSQL until 1.3 (C++
--- now, src/nodes/owner_switch.cpp and node_steps.cpp): results, SQLSTATEs
+-- now, src/routing/owner_switch.cpp and node_steps.cpp): results, SQLSTATEs
 -- and messages, edge cases included, as the PL/pgSQL gave them.
 SELECT sharding.create_map('cv', 4, ARRAY['cva', 'cvb']);
 SELECT sharding._require_map('cv') AS shards, sharding._require_map('cv', true) AS locked,
@@ -319,7 +319,7 @@ SELECT sharding.drop_map('cv');
 SELECT sharding.drop_node('cva'), sharding.drop_node('cvb');
 
 -- The deletes of a move's rows on one node (sharding._move_delete_local,
--- src/nodes/move_delete.cpp): DELETE FROM rel WHERE filter with the BEFORE
+-- src/move/move_delete.cpp): DELETE FROM rel WHERE filter with the BEFORE
 -- ROW DELETE triggers that cannot fire in the session (under
 -- session_replication_role = replica) left out for the statement, so that
 -- no row is locked first: fewer WAL records, the same rows deleted, a

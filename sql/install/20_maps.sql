@@ -300,7 +300,7 @@ COMMENT ON FUNCTION sharding._check_nodes(text[]) IS
     'internal: validates the node list of create_map and rebalance (22023)';
 
 -- 42704 unless the map exists; the functions that change a map lock its
--- row. Not STRICT: a NULL map raises 22023. C++ (src/nodes/owner_switch.cpp).
+-- row. Not STRICT: a NULL map raises 22023. C++ (src/routing/owner_switch.cpp).
 -- @object sharding._require_map
 CREATE FUNCTION sharding._require_map(map text, for_update boolean DEFAULT false) RETURNS integer
     AS 'MODULE_PATHNAME', 'sharding__require_map' LANGUAGE C VOLATILE
@@ -310,7 +310,7 @@ COMMENT ON FUNCTION sharding._require_map(text, boolean) IS
 -- @end
 
 -- 22023 unless 0 <= logical < logical_shards. Not STRICT: a NULL shard
--- raises. C++ (src/nodes/owner_switch.cpp).
+-- raises. C++ (src/routing/owner_switch.cpp).
 -- @object sharding._check_logical
 CREATE FUNCTION sharding._check_logical(map text, logical integer, logical_shards integer) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding__check_logical' LANGUAGE C IMMUTABLE PARALLEL SAFE
@@ -533,7 +533,7 @@ COMMENT ON FUNCTION sharding.move_shard(text, integer, text) IS
 -- for every writer fenced on the shard, and any rebalance), then epoch + 1
 -- and the new owner, unless it owns the shard already (then its epoch, and
 -- fenced writers stay valid). Not STRICT: NULL arguments raise 22023. C++
--- (src/nodes/owner_switch.cpp).
+-- (src/routing/owner_switch.cpp).
 -- @object sharding._switch_owner
 CREATE FUNCTION sharding._switch_owner(map text, logical integer, node text) RETURNS bigint
     AS 'MODULE_PATHNAME', 'sharding__switch_owner' LANGUAGE C VOLATILE
@@ -774,7 +774,7 @@ GRANT SELECT ON sharding.map_overview TO PUBLIC;
 -- a map that does not exist yet: then only `nodes` decide. Cheapest first:
 -- no DSN anywhere; a node of `nodes` or an owner of the map's shards with
 -- one. Only then the map's pins (no index by node): a join that stops at
--- the first pin held by a node with a DSN. C++ (src/nodes/owner_switch.cpp;
+-- the first pin held by a node with a DSN. C++ (src/routing/owner_switch.cpp;
 -- its statements are kept prepared: pin calls it every time).
 CREATE FUNCTION sharding._check_database_nodes(map text, nodes text[]) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding__check_database_nodes' LANGUAGE C STABLE

@@ -86,7 +86,7 @@ COMMENT ON FUNCTION sharding._node_dsn(text) IS
 -- password is kept whole here, readable by the extension's owner alone (no
 -- role is granted anything on it), and sharding.nodes.dsn, readable by all,
 -- shows it with the password as ********. The engine's connections
--- (src/nodes/move_remote.cpp, real_dsn) and the subscriptions it creates
+-- (src/remote/move_remote.cpp, real_dsn) and the subscriptions it creates
 -- take the DSN from here, read as the extension's owner; a row counts only
 -- while the node's shown DSN is this one masked (a DSN changed by other
 -- means is used as shown). Dumped, and copied by followers (_config_tables)
@@ -406,7 +406,7 @@ GRANT EXECUTE ON FUNCTION sharding.plproxy_install() TO sharding_admin;
 -- copy, kept from 1.1 (moves use move_shard_online since 1.2): copies the
 -- rows of `tbl` whose key is in logical shard `logical` of `map` and is not
 -- pinned, from the database at from_dsn to the one at to_dsn, over the
--- engine's own connections (src/nodes/copy_shard.cpp, since 1.4): the
+-- engine's own connections (src/move/copy_shard.cpp, since 1.4): the
 -- source's COPY ... TO STDOUT passed on to the destination, which adds the
 -- rows in one transaction. Rows already at the destination
 -- are skipped (ON CONFLICT DO NOTHING), so a repeated copy carries INSERTS

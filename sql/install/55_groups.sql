@@ -362,7 +362,7 @@ REVOKE ALL ON FUNCTION sharding._group_watch(timestamptz, boolean) FROM PUBLIC;
 
 -- @object sharding._group_reap
 -- What the background worker runs in each database whose next lease
--- expiry has come (src/nodes/jobs.cpp), as the extension's owner: every
+-- expiry has come (src/jobs/jobs.cpp), as the extension's owner: every
 -- map with an expired member is dealt again.
 CREATE FUNCTION sharding._group_reap() RETURNS bigint
     LANGUAGE sql VOLATILE

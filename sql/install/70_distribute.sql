@@ -76,7 +76,7 @@ BEGIN
     -- What an online move carries (CONTRACT 15.1): the replica identity of
     -- the table and of each leaf partition must carry the key, or a
     -- delete's old row would not say which shard it deletes from. The move
-    -- checks both ends again when it starts (src/nodes/move_orchestrate.cpp).
+    -- checks both ends again when it starts (src/move/move_orchestrate.cpp).
     SELECT x.problem || ' ' || x.relid::regclass::text INTO bad
       FROM (SELECT r.relid, CASE
                 WHEN c.relreplident = 'f' THEN NULL
@@ -151,7 +151,7 @@ GRANT EXECUTE ON FUNCTION sharding.distribute(regclass, name, text), sharding.un
 -- sharding_config_<node>), so it routes, fences and guards with the
 -- coordinator's maps, shards and epochs, pins, nodes and distributed tables.
 -- attach_node drives both ends from the coordinator over the engine's own
--- connections (src/nodes/remote_exec.cpp), since CREATE SUBSCRIPTION cannot
+-- connections (src/remote/remote_exec.cpp), since CREATE SUBSCRIPTION cannot
 -- run in a transaction block.
 --
 -- How the node reaches the coordinator: the setting sharding.coordinator_dsn
@@ -162,7 +162,7 @@ GRANT EXECUTE ON FUNCTION sharding.distribute(regclass, name, text), sharding.un
 --
 -- Local (not replicated) state of a database: sharding.local_node (its node
 -- name, whether it follows) and sharding.frozen_shards (shards a move is
--- cutting over). The guard trigger (src/nodes/guard.cpp) reads both from a
+-- cutting over). The guard trigger (src/datanode/guard.cpp) reads both from a
 -- per-backend copy.
 
 CREATE TABLE sharding.local_node (
@@ -286,7 +286,7 @@ COMMENT ON FUNCTION sharding._guard() IS
 -- sees the row as other BEFORE triggers leave it. Never raises once the
 -- table is found: it runs inside logical-replication apply, which an error
 -- would stop; a failure is a WARNING and the table stays unguarded. Returns
--- whether it is guarded. C++ (src/nodes/node_steps.cpp).
+-- whether it is guarded. C++ (src/datanode/node_steps.cpp).
 -- @object sharding._install_guard
 CREATE FUNCTION sharding._install_guard(schema_name text, table_name text, key_column text, map text)
     RETURNS boolean
@@ -314,7 +314,7 @@ COMMENT ON FUNCTION sharding._drop_guard(text, text) IS
     'internal: drops the guard trigger of a table';
 
 -- Guards every distributed table of a following node; returns how many.
--- C++ (src/nodes/node_steps.cpp).
+-- C++ (src/datanode/node_steps.cpp).
 -- @object sharding._install_guards
 CREATE FUNCTION sharding._install_guards() RETURNS integer
     AS 'MODULE_PATHNAME', 'sharding__install_guards' LANGUAGE C VOLATILE
@@ -379,7 +379,7 @@ CREATE EVENT TRIGGER sharding_guard_new_tables ON ddl_command_end
 -- frozen: from its commit on, every guarded write of the shard's keys on
 -- this node gets 55000, until _thaw_shard. Run it in its own transaction
 -- (over a connection from the coordinator): the lock is held until commit.
--- C++ (src/nodes/node_steps.cpp), as _thaw_shard.
+-- C++ (src/datanode/node_steps.cpp), as _thaw_shard.
 -- @object sharding._freeze_shard
 CREATE FUNCTION sharding._freeze_shard(map text, logical integer) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding__freeze_shard' LANGUAGE C VOLATILE
@@ -400,7 +400,7 @@ COMMENT ON FUNCTION sharding._thaw_shard(text, integer) IS
 -- The DSN a data node's subscription uses to reach this coordinator:
 -- sharding.coordinator_dsn if set, else host (the address this session
 -- reached the server at, the first Unix socket directory, or localhost),
--- port, database and user of this session. C++ (src/nodes/owner_switch.cpp).
+-- port, database and user of this session. C++ (src/routing/owner_switch.cpp).
 -- @object sharding._coordinator_dsn
 CREATE FUNCTION sharding._coordinator_dsn() RETURNS text
     AS 'MODULE_PATHNAME', 'sharding__coordinator_dsn' LANGUAGE C STABLE
@@ -419,7 +419,7 @@ COMMENT ON FUNCTION sharding._mask_password(text) IS
     'internal: the connection string with its password shown as ********';
 -- @end
 
--- Follow's remote calls, on the move's libpq helper (src/nodes/remote_exec.cpp):
+-- Follow's remote calls, on the move's libpq helper (src/remote/remote_exec.cpp):
 -- a connection for the call, the statement in its own transaction there,
 -- every wait interruptible, the remote statement cancelled when the caller
 -- is; a remote error is raised with its SQLSTATE, message, detail and hint.

@@ -5,7 +5,7 @@
 -- is its own autocommit statement on a separate connection).
 --
 -- How a move runs (named objects: see _move_name; the same steps as
--- docs/moves.md, each a function of src/nodes/move_online.cpp):
+-- docs/moves.md, each a function of src/move/move_online.cpp):
 --   1. journal  a row in sharding.move_journal, committed at once through a
 --               loopback connection, so that a later call knows what a
 --               crashed or failed one left behind and undoes it; both ends
@@ -16,11 +16,11 @@
 --               row in sharding.move_decoding naming the shard, then a
 --               logical replication slot made over a replication
 --               connection with an exported snapshot; its output plugin is
---               this library (src/nodes/move_decoder.cpp), which wraps
+--               this library (src/datanode/move_decoder.cpp), which wraps
 --               pgoutput and drops every change outside the moving shard
 --               before it is encoded;
 --   3. copy     the destination pulls the shard's rows in C++
---               (_move_pull, src/nodes/move_copy.cpp): a libpq connection
+--               (_move_pull, src/datanode/move_copy.cpp): a libpq connection
 --               to the source under the exported snapshot runs
 --               COPY (SELECT ... WHERE <shard>) TO STDOUT, fed into the
 --               local table through BeginCopyFrom, under
@@ -44,7 +44,7 @@
 -- The refusal window is from the freeze (6) to the thaw (7): a few round trips and the last
 -- moments of replication lag, whatever the shard's size.
 --
--- The orchestration is C++ (src/nodes/move_orchestrate.cpp; the functions
+-- The orchestration is C++ (src/move/move_orchestrate.cpp; the functions
 -- below marked LANGUAGE C keep their SQL names as thin wrappers); its main
 -- block runs in a subtransaction, as a PL/pgSQL EXCEPTION block did.
 -- Failure or cancel before the switch: the handler undoes steps
@@ -228,7 +228,7 @@ CREATE EVENT TRIGGER sharding_refuse_drop_during_move ON ddl_command_start
 -- map: switching owners alone (move_shard, rebalance, rebalance_by_load)
 -- would leave its rows on the old owner, where nothing routes any more. On
 -- a follower it passes (the caller refuses there with its own message).
--- C++ (src/nodes/move_journal.cpp).
+-- C++ (src/move/move_journal.cpp).
 -- @object sharding._refuse_owner_switch
 CREATE FUNCTION sharding._refuse_owner_switch(map text, fn text) RETURNS void
     AS 'MODULE_PATHNAME', 'sharding__refuse_owner_switch' LANGUAGE C STABLE
@@ -242,7 +242,7 @@ COMMENT ON FUNCTION sharding._refuse_owner_switch(text, text) IS
 -- finds what a crashed one left; slot names allow only [a-z0-9_], so other
 -- map names are folded (lower case, other characters '_', 16 characters)
 -- and told apart by the first 8 hex digits of their md5. C++
--- (src/nodes/move_orchestrate.cpp).
+-- (src/move/move_orchestrate.cpp).
 -- @object sharding._move_name
 CREATE FUNCTION sharding._move_name(map text, logical integer) RETURNS text
     AS 'MODULE_PATHNAME', 'sharding__move_name' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE
@@ -251,7 +251,7 @@ COMMENT ON FUNCTION sharding._move_name(text, integer) IS
     'internal: name of the publication, slot, subscription and trigger of an online move';
 -- @end
 
--- The move's remote connections, in C++ (src/nodes/remote_exec.cpp): named
+-- The move's remote connections, in C++ (src/remote/remote_exec.cpp): named
 -- libpq connections of this session (kept across transactions, closed by
 -- _dbl_disconnect, a new _dbl_connect of the name, or the session's end).
 -- Every wait is interruptible; a statement running there when the caller
@@ -298,9 +298,9 @@ COMMENT ON FUNCTION sharding._dbl_value(text, text) IS 'internal: first value of
 COMMENT ON FUNCTION sharding._dbl_run(text, text) IS 'internal: runs SQL over a named remote connection, interruptibly; the last command''s tag';
 -- @end
 
--- The copy and the slot, in C++ (src/nodes/move_copy.cpp): the slot is
+-- The copy and the slot, in C++ (src/datanode/move_copy.cpp): the slot is
 -- created over a replication connection with an exported snapshot (held
--- open until _move_slot_close or the end of the transaction), and the
+-- open until the end of the transaction), and the
 -- destination pulls the shard's rows under that snapshot with
 -- COPY ... TO STDOUT fed into BeginCopyFrom: copy and stream never overlap,
 -- no program runs, the source's DSN is read from sharding.nodes there.
@@ -311,12 +311,6 @@ CREATE FUNCTION sharding._move_slot_create(source text, slot text, plugin text, 
 COMMENT ON FUNCTION sharding._move_slot_create(text, text, text, text) IS
     'internal: creates a move''s logical slot at the source over a replication connection, exporting its snapshot';
 -- @end
--- @object sharding._move_slot_close
-CREATE FUNCTION sharding._move_slot_close(slot text) RETURNS boolean
-    AS 'MODULE_PATHNAME', 'sharding__move_slot_close' LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION sharding._move_slot_close(text) IS
-    'internal: closes the replication connection holding a move''s exported snapshot';
--- @end
 -- @object sharding._move_pull
 CREATE FUNCTION sharding._move_pull(source text, snapshot text, rel regclass, columns text[], query text)
     RETURNS bigint[]
@@ -325,14 +319,14 @@ COMMENT ON FUNCTION sharding._move_pull(text, text, regclass, text[], text) IS
     'internal: at a move''s destination, pulls COPY (query) TO STDOUT from the source under a snapshot into rel; {rows, bytes}';
 -- @end
 -- @object sharding._move_copy_grants
-REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
+REVOKE ALL ON FUNCTION sharding._move_slot_create(text, text, text, text),
     sharding._move_pull(text, text, regclass, text[], text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text), sharding._move_slot_close(text),
+GRANT EXECUTE ON FUNCTION sharding._move_slot_create(text, text, text, text),
     sharding._move_pull(text, text, regclass, text[], text) TO sharding_admin;
 -- @end
 -- @object sharding._move_nice
 -- _move_nice(step): a session of a move's copy lowers its own priority
--- (sharding.move_nice, src/nodes/move_copy.cpp).
+-- (sharding.move_nice, src/datanode/move_copy.cpp).
 CREATE FUNCTION sharding._move_nice(step integer) RETURNS integer
     AS 'MODULE_PATHNAME', 'sharding__move_nice' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding._move_nice(integer) IS
@@ -342,7 +336,7 @@ GRANT EXECUTE ON FUNCTION sharding._move_nice(integer) TO sharding_admin;
 -- @end
 
 -- @object sharding.move_decoding
--- What a move's decoder carries (src/nodes/move_decoder.cpp), one row per
+-- What a move's decoder carries (src/datanode/move_decoder.cpp), one row per
 -- slot, on the source: written before the slot is created, deleted with it.
 -- A user_catalog_table: logical decoding reads it under its historic
 -- snapshot. The guard refuses key changes into or out of these shards
@@ -370,7 +364,7 @@ ALTER TABLE sharding.move_decoding ENABLE ALWAYS TRIGGER local_changed;
 -- _move_tables(map): the map's distributed tables that exist here, with what
 -- a move needs: qualified name, key column and type (a domain's base
 -- type), column lists (generated columns left out), primary key. Read from
--- the catalogs in C++ (src/nodes/move_orchestrate.cpp), without locking the
+-- the catalogs in C++ (src/move/move_orchestrate.cpp), without locking the
 -- tables.
 -- @object sharding._move_tables
 CREATE FUNCTION sharding._move_tables(map text)
@@ -387,7 +381,7 @@ COMMENT ON FUNCTION sharding._move_tables(text) IS
 -- rows are (source or destination): an unpinned key of the shard, or the
 -- one key (compared in the column's type, so that an index can serve it).
 -- Not STRICT: key NULL selects the shard, pins NULL leaves none out. C++
--- (src/nodes/move_orchestrate.cpp); the pins' text form is
+-- (src/move/move_orchestrate.cpp); the pins' text form is
 -- sharding._key_text_sql's.
 -- @object sharding._move_filter_sql
 CREATE FUNCTION sharding._move_filter_sql(key_column text, key_type regtype, shards integer, logical integer,
@@ -398,33 +392,11 @@ COMMENT ON FUNCTION sharding._move_filter_sql(text, regtype, integer, integer, t
     'internal: SQL condition selecting the rows an online move carries';
 -- @end
 
--- _move_drop_replication(name): drops the move's subscription at the
--- destination (connection sharding_move_dst) without contacting the source
--- (which may be down), then its slot and publication at the source
--- (connection sharding_move_src), waiting for the slot to be released.
--- @object sharding._move_drop_replication
-CREATE FUNCTION sharding._move_drop_replication(name text) RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_drop_replication' LANGUAGE C VOLATILE STRICT
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_drop_replication(text) IS
-    'internal: drops an online move''s subscription, slot and publication';
--- @end
-
--- _move_drop_triggers(map, name): drops the move's filter trigger from the
--- map's tables at the destination.
--- @object sharding._move_drop_triggers
-CREATE FUNCTION sharding._move_drop_triggers(map text, name text) RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_drop_triggers' LANGUAGE C VOLATILE STRICT
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_drop_triggers(text, text) IS
-    'internal: drops an online move''s filter triggers at the destination';
--- @end
-
 -- _move_delete_rows(conn, map, logical, key): deletes what a move carries
 -- from the map's tables over a connection (the source after a move, the
 -- destination after a failed one), bypassing triggers and the guard (that
 -- node does not own these rows); returns how many rows. C++
--- (src/nodes/move_delete.cpp): one remote transaction under a replication
+-- (src/move/move_delete.cpp): one remote transaction under a replication
 -- origin of the move's own, one _move_delete_local call per table there.
 -- Not STRICT: key is NULL for a shard move.
 -- @object sharding._move_delete_rows
@@ -472,21 +444,6 @@ CREATE FUNCTION sharding._move_sees_switch(conn text, map text, logical integer,
     SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION sharding._move_sees_switch(text, text, integer, text, text, bigint) IS
     'internal: whether a node''s followed configuration shows an online move''s switch';
--- @end
-
--- _move_finish(map, logical, key, destination, epoch): the end of a move
--- whose switch has committed (also run by the next call after a crash):
--- waits until the source and the destination show it, thaws, drops the
--- replication objects, deletes the moved rows at the source and closes the
--- journal. Connections sharding_move_src/_dst/_self are open. Returns the
--- rows deleted at the source.
--- @object sharding._move_finish
-CREATE FUNCTION sharding._move_finish(map text, logical integer, key text, destination text, new_epoch bigint)
-    RETURNS bigint
-    AS 'MODULE_PATHNAME', 'sharding__move_finish' LANGUAGE C VOLATILE
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_finish(text, integer, text, text, bigint) IS
-    'internal: completes an online move after its switch (thaw, drop replication, delete source rows)';
 -- @end
 
 -- _move_undo(map, logical, key): undoes a move whose switch has not
@@ -551,16 +508,6 @@ COMMENT ON FUNCTION sharding._move_online(text, integer, text, text) IS
 -- as whichever role coordinator_dsn names, is gone: SEC-2. The engine
 -- builds every statement on the journal itself.)
 
--- _move_phase(map, logical, phase): the live move of the shard enters a
--- phase (committed before the phase acts).
--- @object sharding._move_phase
-CREATE FUNCTION sharding._move_phase(map text, logical integer, phase text) RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_phase' LANGUAGE C VOLATILE STRICT
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_phase(text, integer, text) IS
-    'internal: records the phase a live move enters, before it acts';
--- @end
-
 -- _move_stop_backends(conn, name): ends every other session of that
 -- node's database whose application_name is the move's name (a copy left
 -- running by a cancelled or dead caller) and waits until they are gone.
@@ -578,7 +525,7 @@ COMMENT ON FUNCTION sharding._move_stop_backends(text, text) IS
 -- coordinator crashed, was killed or stopped) stops the subscription's
 -- apply worker, and with it what the worker had received but not applied.
 -- The source's decoder sends nothing more once the controller is gone
--- there too (src/nodes/move_controller.hpp). The caller must own the
+-- there too (src/datanode/move_controller.hpp). The caller must own the
 -- subscription. Not STRICT: NULL stops watching.
 -- @object sharding._move_watch
 CREATE FUNCTION sharding._move_watch(subscription text) RETURNS void
@@ -590,7 +537,7 @@ REVOKE ALL ON FUNCTION sharding._move_watch(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._move_watch(text) TO sharding_admin;
 -- @end
 
--- The journal interface, in C++ (src/nodes/move_journal.cpp). The executor
+-- The journal interface, in C++ (src/move/move_journal.cpp). The executor
 -- of a move holds the session-level advisory lock
 -- (hashtext('sharding.move_journal'), move): a move whose lock is free and
 -- whose phase is not final was interrupted.
@@ -653,43 +600,20 @@ COMMENT ON FUNCTION sharding._move_recover() IS
 -- @end
 
 -- @object sharding._move_journal_grants
-REVOKE ALL ON FUNCTION sharding._move_phase(text, integer, text),
-    sharding._move_stop_backends(text, text),
+REVOKE ALL ON FUNCTION sharding._move_stop_backends(text, text),
     sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
     sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_phase(text, integer, text),
-    sharding._move_stop_backends(text, text),
+GRANT EXECUTE ON FUNCTION sharding._move_stop_backends(text, text),
     sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),
     sharding._move_execute(bigint), sharding._move_cancel(bigint), sharding._move_recover()
     TO sharding_admin;
 -- @end
 
--- _move_raise(move): raises the recorded error of a move that did not end
--- 'done' (move_shard_online and isolate raise what the engine recorded).
--- @object sharding._move_raise
-CREATE FUNCTION sharding._move_raise(id bigint) RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_raise' LANGUAGE C VOLATILE
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_raise(bigint) IS
-    'internal: raises the recorded error of a move that failed';
--- @end
-
--- _move_refuse_written(): the source's slot waits for every transaction
--- holding a transaction id to end, this one included when the source
--- shares its instance: refused (25001) before anything happens.
--- @object sharding._move_refuse_written
-CREATE FUNCTION sharding._move_refuse_written() RETURNS void
-    AS 'MODULE_PATHNAME', 'sharding__move_refuse_written' LANGUAGE C VOLATILE
-    SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION sharding._move_refuse_written() IS
-    'internal: 25001 in a transaction that has written (a move''s slot would wait for it)';
--- @end
-
 -- move_shard_online(map text, logical integer, node text): docs/moves.md.
 -- Not STRICT: NULL arguments raise 22023. A journaled move
 -- (_move_enqueue, then _move_execute) carried out in this session, after
--- _move_recover; C++ (src/nodes/move_journal.cpp).
+-- _move_recover; C++ (src/move/move_journal.cpp).
 -- @object sharding.move_shard_online
 CREATE FUNCTION sharding.move_shard_online(map text, logical integer, node text) RETURNS bigint
     AS 'MODULE_PATHNAME', 'sharding_move_shard_online' LANGUAGE C VOLATILE PARALLEL UNSAFE
@@ -707,27 +631,21 @@ COMMENT ON FUNCTION sharding.isolate(text, text, text) IS
     'pins a key to a node and moves its rows of every distributed table there online; returns rows moved';
 -- @end
 
--- @object sharding._move_raise_grants
-REVOKE ALL ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sharding._move_raise(bigint), sharding._move_refuse_written() TO sharding_admin;
--- @end
 
 -- Moving data between databases is an administrator's job.
 REVOKE ALL ON FUNCTION sharding.move_shard_online(text, integer, text), sharding.isolate(text, text, text),
     sharding._move_online(text, integer, text, text),
-    sharding._move_finish(text, integer, text, text, bigint), sharding._move_undo(text, integer, text),
+    sharding._move_undo(text, integer, text),
     sharding._move_connect(text, text), sharding._move_disconnect(), sharding._move_wait_flush(text, float8),
-    sharding._move_delete_rows(text, text, integer, text), sharding._move_drop_replication(text),
-    sharding._move_drop_triggers(text, text), sharding._move_call(text, text, text, integer),
+    sharding._move_delete_rows(text, text, integer, text), sharding._move_call(text, text, text, integer),
     sharding._move_sees_switch(text, text, integer, text, text, bigint),
     sharding._move_tables(text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding.move_shard_online(text, integer, text), sharding.isolate(text, text, text),
     sharding._move_online(text, integer, text, text),
-    sharding._move_finish(text, integer, text, text, bigint), sharding._move_undo(text, integer, text),
+    sharding._move_undo(text, integer, text),
     sharding._move_connect(text, text), sharding._move_disconnect(), sharding._move_wait_flush(text, float8),
-    sharding._move_delete_rows(text, text, integer, text), sharding._move_drop_replication(text),
-    sharding._move_drop_triggers(text, text), sharding._move_call(text, text, text, integer),
+    sharding._move_delete_rows(text, text, integer, text), sharding._move_call(text, text, text, integer),
     sharding._move_sees_switch(text, text, integer, text, text, bigint),
     sharding._move_tables(text)
     TO sharding_admin;

@@ -3,7 +3,7 @@
 -- 90_move.sql), enqueued when the job starts. The job's moves are carried
 -- out by whoever runs _job_claim/_job_execute in a loop: background runners
 -- of the coordinator's server when the library is preloaded
--- (src/nodes/jobs.cpp), else CALL sharding.rebalance_run(job).
+-- (src/jobs/jobs.cpp), else CALL sharding.rebalance_run(job).
 --
 -- Who executes which move: a runner claims a move by taking the move
 -- engine's own session advisory lock of the move
@@ -14,7 +14,7 @@
 -- row's lock, so two runners never exceed max_parallel nor take two moves
 -- of one shard.
 --
--- Every function below is C++ (src/nodes/jobs_run.cpp) behind its SQL
+-- Every function below is C++ (src/jobs/jobs_run.cpp) behind its SQL
 -- name: no PL/pgSQL on a move's path. The capacity checks ask the nodes
 -- over the move engine's libpq helper.
 
@@ -175,7 +175,7 @@ CREATE TRIGGER move_journal_guard BEFORE INSERT OR UPDATE OR DELETE ON sharding.
 GRANT SELECT ON SEQUENCE sharding.move_jobs_job_seq TO sharding_admin;
 -- @end
 
--- Background runners (src/nodes/jobs.cpp).
+-- Background runners (src/jobs/jobs.cpp).
 CREATE FUNCTION sharding._job_launch(job bigint, runners integer, runas oid) RETURNS boolean
     AS 'MODULE_PATHNAME', 'sharding__job_launch' LANGUAGE C VOLATILE STRICT;
 COMMENT ON FUNCTION sharding._job_launch(bigint, integer, oid) IS

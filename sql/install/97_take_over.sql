@@ -9,7 +9,7 @@
 -- Fencing. take_over writes a coordinator identity (a random token, this
 -- server's system identifier and timeline) here and on every node it
 -- re-points. Every session the coordinator's engine opens to a database
--- (moves, jobs, attach/detach, follow: src/nodes/move_remote.cpp) first
+-- (moves, jobs, attach/detach, follow: src/remote/move_remote.cpp) first
 -- presents the token of its own database; a node that holds an identity
 -- refuses (55000, naming its coordinator) a session presenting another one.
 -- The old coordinator, which never saw the token, is refused everywhere;
@@ -36,7 +36,7 @@ SELECT pg_catalog.pg_extension_config_dump('sharding.coordinator_identity', '');
 GRANT SELECT ON sharding.coordinator_identity TO PUBLIC;
 
 -- _serve(token): what every session of a coordinator's engine runs first
--- (src/nodes/move_remote.cpp). Passes where this database holds no
+-- (src/remote/move_remote.cpp). Passes where this database holds no
 -- identity or the same token; 55000 naming the coordinator otherwise.
 CREATE FUNCTION sharding._serve(token text) RETURNS void
     LANGUAGE plpgsql STABLE
@@ -286,7 +286,7 @@ END $$;
 COMMENT ON FUNCTION sharding._take_over_commit(uuid, text, integer, text, jsonb, bigint) IS
     'internal: records this coordinator''s identity (and, with force, raises epochs and versions above the nodes'')';
 
--- C++ (src/nodes/take_over.cpp): the configuration of the database at dsn
+-- C++ (src/datanode/take_over.cpp): the configuration of the database at dsn
 -- as JSON, read in the snapshot of a new logical slot made there, so that
 -- a subscription on that slot carries exactly the later changes.
 CREATE FUNCTION sharding._take_over_config(dsn text, slot text) RETURNS text

@@ -41,6 +41,11 @@ void ddl_recover_in_worker(bool *left);
 // statement run on the nodes resolve there as they do here.
 std::string ddl_search_path_setting();
 
+// Glue: the session becomes the owner of table rel (a restricted operation,
+// as a SECURITY DEFINER function runs); the caller restores *save_user and
+// *save_sec with SetUserIdAndSecContext. May ereport.
+void become_table_owner(Oid rel, Oid *save_user, int *save_sec);
+
 // Test-only fault point (sharding.ddl_fault): holds the commit phase.
 extern char *ddl_fault;
 extern bool ddl_propagate;

@@ -12,10 +12,10 @@
 // prepared anywhere are deleted.
 //
 // recover_transactions() runs it on demand; with the library preloaded the
-// background worker's scanner (src/nodes/jobs.cpp) runs it in every database
+// background worker's scanner (src/jobs/jobs.cpp) runs it in every database
 // with the extension, and again every second while something is left.
 #include "ddl/ddl.hpp"
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
 
 #include <cstdlib>
 #include <cstring>
@@ -107,14 +107,9 @@ int records_c(const char *node, char ***out) {
 void delete_record_c(const char *gid) {
     Oid nsp = get_namespace_oid("sharding", false);
     Oid rel = get_relname_relid("node_transactions", nsp);
-    HeapTuple tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
-    if (!HeapTupleIsValid(tup)) elog(ERROR, "cache lookup failed for relation %u", rel);
-    Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(tup))->relowner;
-    ReleaseSysCache(tup);
     Oid save_user;
     int save_sec;
-    GetUserIdAndSecContext(&save_user, &save_sec);
-    SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+    become_table_owner(rel, &save_user, &save_sec);
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
     Oid types[1] = {TEXTOID};
     Datum vals[1] = {CStringGetTextDatum(gid)};

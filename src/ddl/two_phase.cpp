@@ -29,8 +29,9 @@
 // callbacks convert every C++ exception before PostgreSQL sees it; past
 // the local commit only libpq runs (blocking, no ereport).
 #include "ddl/ddl.hpp"
-#include "nodes/move_engine.hpp"
-#include "nodes/move_remote.hpp"
+#include "pg/launcher.hpp"
+#include "pg/spi.hpp"
+#include "remote/move_remote.hpp"
 
 #include <cstring>
 #include <exception>
@@ -131,6 +132,19 @@ void fault_hold(const char *phase) noexcept {
     for (int i = 0; i < 6000 && stat(file, &st) == 0; i++) pg_usleep(10000L);
 }
 
+}  // namespace
+
+void become_table_owner(Oid rel, Oid *save_user, int *save_sec) {
+    HeapTuple tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
+    if (!HeapTupleIsValid(tup)) elog(ERROR, "cache lookup failed for relation %u", rel);
+    Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(tup))->relowner;
+    ReleaseSysCache(tup);
+    GetUserIdAndSecContext(save_user, save_sec);
+    SetUserIdAndSecContext(owner, *save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+}
+
+namespace {
+
 // The record of each participant's gid, as the table's owner (the caller
 // may be any role that ran DDL of a distributed table). Glue: may ereport.
 void insert_records(uint64 fxid) {
@@ -140,14 +154,9 @@ void insert_records(uint64 fxid) {
         ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
                         errmsg("sharding.node_transactions does not exist"),
                         errhint("ALTER EXTENSION sharding UPDATE to version 1.4 or later.")));
-    HeapTuple tup = SearchSysCache1(RELOID, ObjectIdGetDatum(rel));
-    if (!HeapTupleIsValid(tup)) elog(ERROR, "cache lookup failed for relation %u", rel);
-    Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(tup))->relowner;
-    ReleaseSysCache(tup);
     Oid save_user;
     int save_sec;
-    GetUserIdAndSecContext(&save_user, &save_sec);
-    SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+    become_table_owner(rel, &save_user, &save_sec);
     // At PRE_COMMIT no snapshot is active any more.
     bool pushed = !ActiveSnapshotSet();
     if (pushed) PushActiveSnapshot(GetTransactionSnapshot());

@@ -35,6 +35,7 @@
 #include "pg/cache.hpp"
 #include "pg/catalog.hpp"
 #include "pg/keys.hpp"
+#include "pg/shmem.hpp"
 #include "core/hash_core.hpp"
 
 extern "C" {
@@ -123,8 +124,6 @@ struct Shared {
 
 Shared *shared = nullptr;
 HTAB *entries = nullptr;
-shmem_request_hook_type prev_shmem_request = nullptr;
-shmem_startup_hook_type prev_shmem_startup = nullptr;
 ExecutorStart_hook_type prev_executor_start = nullptr;
 ProcessUtility_hook_type prev_process_utility = nullptr;
 
@@ -134,19 +133,8 @@ Size fanout_shmem_size() {
     return add_size(MAXALIGN(sizeof(Shared)), hash_estimate_size(fanout_max + kMarkerReserve, sizeof(Entry)));
 }
 
-void fanout_shmem_request() {
-    if (prev_shmem_request) prev_shmem_request();
-    RequestAddinShmemSpace(fanout_shmem_size());
-    RequestNamedLWLockTranche(kTranche, 1);
-}
-
-void fanout_shmem_startup() {
-    if (prev_shmem_startup) prev_shmem_startup();
-    shared = nullptr;
-    entries = nullptr;
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found;
-    shared = static_cast<Shared *>(ShmemInitStruct("sharding fan-out counters", sizeof(Shared), &found));
+void fanout_shmem_attach(void *mem, bool found) {
+    shared = static_cast<Shared *>(mem);
     if (!found) {
         shared->lock = &(GetNamedLWLockTranche(kTranche))->lock;
         shared->started = GetCurrentTimestamp();
@@ -160,7 +148,6 @@ void fanout_shmem_startup() {
     info.entrysize = sizeof(Entry);
     entries = ShmemInitHash("sharding fan-out entries", fanout_max + kMarkerReserve, fanout_max + kMarkerReserve,
                             &info, HASH_ELEM | HASH_BLOBS);
-    LWLockRelease(AddinShmemInitLock);
 }
 
 Entry *lookup(Oid db, Oid rel) {
@@ -894,10 +881,7 @@ void fanout_init() {
                             "all are taken, the least-used tables are evicted (sharding.fanout_info() counts "
                             "them).",
                             &fanout_max, 4096, 16, INT_MAX / 2, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
-    prev_shmem_request = shmem_request_hook;
-    shmem_request_hook = fanout_shmem_request;
-    prev_shmem_startup = shmem_startup_hook;
-    shmem_startup_hook = fanout_shmem_startup;
+    shmem::add({"sharding fan-out counters", sizeof(Shared), fanout_shmem_size, kTranche, fanout_shmem_attach});
     prev_executor_start = ExecutorStart_hook;
     ExecutorStart_hook = fanout_executor_start;
     prev_process_utility = ProcessUtility_hook;

@@ -2,6 +2,7 @@
 #include "pg/cache.hpp"
 
 #include "pg/boundary.hpp"
+#include "pg/shmem.hpp"
 #include "core/cache_alloc.hpp"
 #include "core/hash_core.hpp"
 
@@ -92,8 +93,6 @@ struct SharedChanges {
 };
 SharedChanges *shared = nullptr;
 LWLock *ring_lock = nullptr;
-shmem_request_hook_type prev_shmem_request = nullptr;
-shmem_startup_hook_type prev_shmem_startup = nullptr;
 
 // What this transaction noted, published at commit: per topic whether
 // anything (and everything) changed; for routing, per slot the kinds and
@@ -126,17 +125,8 @@ LoggedPin own_log[own_size];
 uint64 own_head = 0;     // next position to write
 uint64 own_visible = 0;  // entries before it are visible to own snapshots
 
-void shmem_request() {
-    if (prev_shmem_request) prev_shmem_request();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(SharedChanges)));
-    RequestNamedLWLockTranche("sharding config changes", 1);
-}
-
-void shmem_startup() {
-    if (prev_shmem_startup) prev_shmem_startup();
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found;
-    SharedChanges *s = static_cast<SharedChanges *>(ShmemInitStruct("sharding config changes", sizeof(SharedChanges), &found));
+void shmem_attach(void *mem, bool found) {
+    SharedChanges *s = static_cast<SharedChanges *>(mem);
     if (!found) {
         for (int t = 0; t < ntopics; t++) {
             // Not 0: a backend's first look must differ from "never looked".
@@ -149,7 +139,6 @@ void shmem_startup() {
     }
     ring_lock = &(GetNamedLWLockTranche("sharding config changes"))->lock;
     shared = s;
-    LWLockRelease(AddinShmemInitLock);
 }
 
 void clear_notes() {
@@ -498,11 +487,7 @@ void own_changes_visible(int topic) {
 }
 
 void shmem_init() {
-    if (!process_shared_preload_libraries_in_progress) return;
-    prev_shmem_request = shmem_request_hook;
-    shmem_request_hook = shmem_request;
-    prev_shmem_startup = shmem_startup_hook;
-    shmem_startup_hook = shmem_startup;
+    shmem::add({"sharding config changes", sizeof(SharedChanges), nullptr, "sharding config changes", shmem_attach});
 }
 
 }  // namespace cache

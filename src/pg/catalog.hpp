@@ -23,7 +23,7 @@ constexpr int Anum_distributed_tables_key_column = 3;   // text
 constexpr int Anum_distributed_tables_map = 4;          // text
 
 // sharding.move_decoding: sql/install/90_move.sql (read by the move's
-// output plugin, src/nodes/move_decoder.cpp)
+// output plugin, src/datanode/move_decoder.cpp)
 constexpr int Anum_move_decoding_slot = 1;         // text
 constexpr int Anum_move_decoding_shards = 3;       // integer
 constexpr int Anum_move_decoding_logical = 4;      // integer

@@ -6,6 +6,7 @@
 #include "core/claim_sql.hpp"
 #include "core/hash_core.hpp"
 #include "pg/cache.hpp"
+#include "pg/shmem.hpp"
 #include "queue/ordered.hpp"
 #include "queue/queue.hpp"
 
@@ -188,28 +189,15 @@ struct SharedOrdered {
 };
 
 SharedOrdered *shared_ordered = nullptr;
-shmem_request_hook_type prev_ordered_shmem_request = nullptr;
-shmem_startup_hook_type prev_ordered_shmem_startup = nullptr;
 
-void ordered_shmem_request() {
-    if (prev_ordered_shmem_request) prev_ordered_shmem_request();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(SharedOrdered)));
-    RequestNamedLWLockTranche("sharding ordered claims", 1);
-}
-
-void ordered_shmem_startup() {
-    if (prev_ordered_shmem_startup) prev_ordered_shmem_startup();
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found;
-    SharedOrdered *s =
-        static_cast<SharedOrdered *>(ShmemInitStruct("sharding ordered claims", sizeof(SharedOrdered), &found));
+void ordered_shmem_attach(void *mem, bool found) {
+    SharedOrdered *s = static_cast<SharedOrdered *>(mem);
     if (!found) {
         memset(s, 0, sizeof(SharedOrdered));
         s->lock = &(GetNamedLWLockTranche("sharding ordered claims"))->lock;
         for (SharedSlot &slot : s->slots) ConditionVariableInit(&slot.turn);
     }
     shared_ordered = s;
-    LWLockRelease(AddinShmemInitLock);
 }
 
 // The turn this backend holds (slot index, -1: none) and the
@@ -566,11 +554,8 @@ void ordered_init() {
     // Callbacks once per backend; they do nothing without shared memory.
     RegisterXactCallback(ordered_xact_callback, nullptr);
     RegisterSubXactCallback(ordered_subxact_callback, nullptr);
-    if (!process_shared_preload_libraries_in_progress) return;
-    prev_ordered_shmem_request = shmem_request_hook;
-    shmem_request_hook = ordered_shmem_request;
-    prev_ordered_shmem_startup = shmem_startup_hook;
-    shmem_startup_hook = ordered_shmem_startup;
+    shmem::add({"sharding ordered claims", sizeof(SharedOrdered), nullptr, "sharding ordered claims",
+                ordered_shmem_attach});
 }
 
 }  // namespace queue

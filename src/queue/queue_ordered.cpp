@@ -48,6 +48,7 @@
 #include "pg/shard_lock.hpp"
 #include "queue/ordered.hpp"
 #include "queue/queue.hpp"
+#include "routing/groups.hpp"
 
 extern "C" {
 #include "access/genam.h"
@@ -307,7 +308,6 @@ void lock_map_shared(text *map) {
 }  // namespace
 
 namespace sharding {
-void groups_notice(Datum map);  // src/routing/groups.cpp
 namespace queue {
 
 NodeClaim begin_node_claim(Datum map, Datum node, Datum worker) {

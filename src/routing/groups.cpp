@@ -10,7 +10,7 @@
 // - sharding._group_watch(expires, reaped): with the library preloaded, a
 //   small table in shared memory of the databases that have members, with
 //   when their next lease expires; the launcher of the rebalance jobs
-//   (src/nodes/jobs.cpp) asks groups_take_due() at each round, starts a
+//   (src/jobs/jobs.cpp) asks groups_take_due() at each round, starts a
 //   short reaper in each database that is due (sharding._group_reap(), as
 //   the extension's owner, search_path pinned), and sleeps no longer than
 //   groups_take_due says. A database whose table entry cannot be had (more
@@ -20,6 +20,10 @@
 //
 // Boundary (boundary.hpp, rule 2): C-style, no owning C++ object.
 #include "pg/boundary.hpp"
+#include "pg/extension.hpp"
+#include "pg/launcher.hpp"
+#include "pg/shmem.hpp"
+#include "routing/groups.hpp"
 
 extern "C" {
 #include "access/genam.h"
@@ -61,55 +65,25 @@ struct GroupsShared {
 };
 
 GroupsShared *gshared = nullptr;
-shmem_request_hook_type prev_shmem_request = nullptr;
-shmem_startup_hook_type prev_shmem_startup = nullptr;
 
-void groups_shmem_request() {
-    if (prev_shmem_request) prev_shmem_request();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(GroupsShared)));
-}
-
-void groups_shmem_startup() {
-    if (prev_shmem_startup) prev_shmem_startup();
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found = false;
-    gshared = static_cast<GroupsShared *>(ShmemInitStruct("sharding worker groups", sizeof(GroupsShared), &found));
+void groups_shmem_attach(void *mem, bool found) {
+    gshared = static_cast<GroupsShared *>(mem);
     if (!found) {
         memset(gshared, 0, sizeof(GroupsShared));
         SpinLockInit(&gshared->mutex);
     }
-    LWLockRelease(AddinShmemInitLock);
 }
 
 // The owner of the extension and sharding._group_apply(text, text, text,
 // interval, oid), a member of it; InvalidOid where the extension is not
 // installed or the function is missing (a database not updated to 1.4).
 void find_group_apply(Oid *owner, Oid *fn) {
-    *owner = InvalidOid;
+    const sharding::Extension e = sharding::find_extension();
+    *owner = e.owner;
     *fn = InvalidOid;
-    Oid ext = InvalidOid, schema = InvalidOid;
-    Relation rel = table_open(ExtensionRelationId, AccessShareLock);
-    ScanKeyData key;
-    ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ, CStringGetDatum("sharding"));
-    SysScanDesc scan = systable_beginscan(rel, ExtensionNameIndexId, true, nullptr, 1, &key);
-    HeapTuple tup = systable_getnext(scan);
-    if (HeapTupleIsValid(tup)) {
-        Form_pg_extension f = reinterpret_cast<Form_pg_extension>(GETSTRUCT(tup));
-        ext = f->oid;
-        *owner = f->extowner;
-        schema = f->extnamespace;
-    }
-    systable_endscan(scan);
-    table_close(rel, AccessShareLock);
-    if (!OidIsValid(ext)) return;
+    if (!OidIsValid(e.oid)) return;
     Oid argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, INTERVALOID, OIDOID};
-    oidvector *args = buildoidvector(argtypes, 5);
-    tup = SearchSysCache3(PROCNAMEARGSNSP, CStringGetDatum("_group_apply"), PointerGetDatum(args),
-                          ObjectIdGetDatum(schema));
-    if (!HeapTupleIsValid(tup)) return;
-    Oid f = reinterpret_cast<Form_pg_proc>(GETSTRUCT(tup))->oid;
-    ReleaseSysCache(tup);
-    if (getExtensionOfObject(ProcedureRelationId, f) == ext) *fn = f;
+    *fn = sharding::extension_function(e, "_group_apply", 5, argtypes);
 }
 
 // _group_apply(op, map, worker, lease, caller) as the extension's owner.
@@ -182,10 +156,6 @@ Oid expired_relid = InvalidOid;
 
 }  // namespace
 
-namespace sharding {
-void jobs_poke_launcher() noexcept;  // src/nodes/jobs.cpp
-}
-
 // _group_call(op text, map text, worker text, lease interval): bigint.
 SHARDING_FUNCTION(sharding__group_call) {
     if (PG_ARGISNULL(0)) sharding::fail(ERRCODE_INVALID_PARAMETER_VALUE, "operation must not be NULL");
@@ -243,11 +213,7 @@ namespace sharding {
 
 // From _PG_init: the shared table, when preloading.
 void groups_init() {
-    if (!process_shared_preload_libraries_in_progress) return;
-    prev_shmem_request = shmem_request_hook;
-    shmem_request_hook = groups_shmem_request;
-    prev_shmem_startup = shmem_startup_hook;
-    shmem_startup_hook = groups_shmem_startup;
+    shmem::add({"sharding worker groups", sizeof(GroupsShared), nullptr, nullptr, groups_shmem_attach});
 }
 
 // For the launcher: the databases whose next lease expiry has come (at

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The structure the code keeps (docs/architecture.md, "Layers and topics of src/"):
 # - the pure core (Makefile: PURE) compiles without any PostgreSQL header;
+# - the layers (Makefile: LAYERS, test/check_layers.py): every include and
+#   every call between folders of src/ goes down, no cycle, no folder named
+#   like a PostgreSQL header folder, none over a quarter of src/, no file
+#   over 1,500 lines, no function over 150;
 # - sharding.so exports exactly the entry points PostgreSQL looks up by name
 #   (the Makefile's EXPORTS_EXTRA: Pg_magic_func, _PG_init, background
 #   workers' sharding_*_main) and the symbols the installable SQL scripts
@@ -15,9 +19,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+# check-layers reads the calls between folders from the object files (the
+# test command has built them; a plain make here would rebuild every object
+# for its other flags).
+[ -f sharding.so ] || make -s PG_CONFIG=$PG_CONFIG >/dev/null
 layers=$(make -s --no-print-directory check-layers PG_CONFIG=$PG_CONFIG)
 npure=$(printf '%s\n' "$layers" | grep -c '^\(not \)\?ok')
-echo "1..$((npure + 9))"
+echo "1..$((npure + 12))"
 n=0
 while IFS= read -r line; do
     n=$((n + 1))
@@ -39,7 +47,26 @@ rm -rf "$bad"
 [ "$bad_rc" -ne 0 ]
 report $? "make check-layers fails when a src/core/ file includes a PostgreSQL header"
 
-[ -f sharding.so ] || make -s PG_CONFIG=$PG_CONFIG >/dev/null
+# ... and on a copy of src/ (links to its files and objects) where a file
+# runs back up the layer order: an include of a higher layer's header
+# (pg/ including move/, which makes a cycle too, move/ including pg/), and
+# a call hidden behind a forward declaration of a higher layer's function.
+bad=$(mktemp -d)
+cp -as "$PWD/src" "$bad/src"
+printf '#pragma once\n#include "move/move_engine.hpp"\n' >"$bad/src/pg/bad_up.hpp"
+out=$(make -s --no-print-directory check-layers PG_CONFIG=$PG_CONFIG LAYER_SRC="$bad/src" 2>&1)
+grep -q '^not ok - every #include of a file of .* goes down the layer order.*pg/bad_up.hpp:2 includes move/move_engine.hpp' <<<"$out"
+report $? "make check-layers fails on an #include that runs back up a layer (pg/ including move/move_engine.hpp)"
+grep -q '^not ok - no include cycle between the folders of .*move -> pg\|pg -> move' <<<"$out"
+report $? "make check-layers fails on an include cycle between folders (pg/ -> move/ -> pg/)"
+rm "$bad/src/pg/bad_up.hpp"
+printf 'namespace sharding { void jobs_init(); }\nvoid bad_call() { sharding::jobs_init(); }\n' >"$bad/src/routing/bad_call.cpp"
+${CXX:-g++} -c -o "$bad/src/routing/bad_call.o" "$bad/src/routing/bad_call.cpp"
+out=$(make -s --no-print-directory check-layers PG_CONFIG=$PG_CONFIG LAYER_SRC="$bad/src" 2>&1)
+grep -q '^not ok - no call goes up the layer order.*routing/bad_call.cpp calls sharding::jobs_init of .*jobs/jobs.cpp' <<<"$out"
+report $? "make check-layers fails on a call that runs back up a layer (routing/ calling jobs_init of jobs/ through a forward declaration)"
+rm -rf "$bad"
+
 current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
 # The symbols a script's C functions link to.
 linked() { grep -ho "'MODULE_PATHNAME', *'[A-Za-z0-9_]*'" "$@" | sed "s/.*, *'//;s/'\$//" | LC_ALL=C sort -u; }

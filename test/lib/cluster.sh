@@ -54,7 +54,7 @@ ensure_packages() {
     [ -x /usr/lib/postgresql/$v/bin/initdb ] || missing+=(postgresql-$v)
     [ -f /usr/include/postgresql/$v/server/postgres.h ] || missing+=(postgresql-server-dev-$v)
     [ -f /usr/include/xxhash.h ] || missing+=(libxxhash-dev)
-    # libpq: the move engine's connections (src/nodes/move_remote.cpp).
+    # libpq: the move engine's connections (src/remote/move_remote.cpp).
     [ -f /usr/include/postgresql/libpq-fe.h ] || missing+=(libpq-dev)
     # utils/pg_locale.h includes ICU's headers (Debian builds with ICU).
     [ -f /usr/include/unicode/ucol.h ] || missing+=(libicu-dev)

@@ -119,7 +119,7 @@ my $peek = q{
 	  FROM pg_logical_slot_peek_binary_changes('sharding_move_dtest', NULL, NULL, 'proto_version', '1', 'publication_names', 'dp')
 	 WHERE chr(get_byte(data, 0)) IN ('I', 'U', 'D')};
 # The decoder sends only while the move's controller holds its lock at the
-# source (src/nodes/move_controller.hpp): here the peeking session itself.
+# source (src/datanode/move_controller.hpp): here the peeking session itself.
 my $msgs = $d->safe_psql('coord',
 	"SELECT pg_advisory_lock(1936220515, hashtext('sharding_move_dtest'));" . $peek);
 # in: insert, update; out: nothing; out->in: insert; in->out: delete; delete of

@@ -1,4 +1,4 @@
-# The move's copy and the destination's triggers (src/nodes/move_copy.cpp):
+# The move's copy and the destination's triggers (src/datanode/move_copy.cpp):
 # the copy runs under session_replication_role = replica and, for CopyFrom
 # only, leaves out of its own backend's view the BEFORE ROW INSERT triggers
 # that cannot fire there (the guard's among them), so COPY batches its

@@ -1,5 +1,5 @@
 # Faults in the middle of a copy in parts (docs/moves.md;
-# src/nodes/move_copy.cpp): a table of at least 4 MB at the source is copied
+# src/datanode/move_copy.cpp): a table of at least 4 MB at the source is copied
 # by sharding.move_parallel sessions of the destination at once (loopback
 # sessions named after the move, each on a range of the source's blocks under
 # the move's snapshot, each committing on its own). Here one part is held at

@@ -1,4 +1,4 @@
-# sharding.move_nice (docs/moves.md; src/nodes/move_copy.cpp): the sessions
+# sharding.move_nice (docs/moves.md; src/datanode/move_copy.cpp): the sessions
 # of a move's copy run below the nodes' own work. Read at the destination;
 # there each part's session raises its nice value by that much, and so does
 # every COPY session at the source. The coordinator's own session at the

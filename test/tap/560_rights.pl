@@ -138,16 +138,9 @@ my $q = sub { return $c->safe_psql('coord', $_[0]); };
 for my $n ($c, $d)
 {
 	$n->safe_psql('postgres', "CREATE ROLE bob LOGIN SUPERUSER PASSWORD 'secret'");
-	my $hba = $n->data_dir . '/pg_hba.conf';
-	my $rest = slurp_file($hba);
-	open(my $fh, '>', $hba) or die "cannot write $hba: $!";
-	print $fh "local all bob scram-sha-256\n$rest";
-	close $fh;
-	$n->reload;
+	sharding_password_login($n, 'bob');
 }
-$q->("UPDATE sharding.nodes SET dsn = dsn || ' user=bob password=secret'");
-$q->("ALTER SYSTEM SET sharding.coordinator_dsn = '" . sharding_dsn($c, 'coord') . " user=bob password=secret'");
-$c->reload;
+sharding_engine_logs_in($c, 'coord', 'bob', 'secret');
 $c->poll_query_until('coord', "SELECT current_setting('sharding.coordinator_dsn') LIKE '%bob%'") or die 'not reloaded';
 
 # SEC-3 (the log): a statement the extension's remote sessions send that
@@ -218,6 +211,10 @@ my $log = slurp_file($c->logfile, $from);
 unlike($log, qr/PANIC/, 'RB-5: no PANIC in the log');
 like($log, qr/FATAL:  terminating background worker "sharding move worker" due to administrator command/,
 	'RB-5: the worker ended at an interrupt check');
+# 1.3 once logged a worker's termination twice (the FATAL raised again while
+# the first was reported): the terminated worker's pid ends exactly once.
+my @ends = $log =~ /\[$pid\][^\n]*FATAL:  terminating background worker/g;
+is(scalar @ends, 1, "RB-5: the terminated worker ($pid) logged its end once");
 check_data('after the terminated worker');
 is(leftovers(), 'n1:0/0/0/0/0 n2:0/0/0/0/0 n3:0/0/0/0/0 coord:0', 'nothing of the moves is left');
 

@@ -36,12 +36,7 @@ $s->safe_psql('coord', "GRANT sharding_admin TO alice;
 # owner), so that the password rule's outcome depends on the nodes' DSNs
 # only.
 $s->safe_psql('postgres', "CREATE ROLE root LOGIN SUPERUSER PASSWORD 'rootpw'");
-my $hba = $s->data_dir . '/pg_hba.conf';
-my $rest = slurp_file($hba);
-open(my $fh, '>', $hba) or die "cannot write $hba: $!";
-print $fh "local all root scram-sha-256\n$rest";
-close $fh;
-$s->reload;
+sharding_password_login($s, 'root');
 $s->safe_psql('coord', "ALTER DATABASE coord SET sharding.coordinator_dsn = '" . sharding_dsn($s, 'coord') . " user=root password=rootpw'");
 # alice's database: a schema sharding whose _thaw_shard (and _undo_shard)
 # records who ran it and tries to make her a superuser.

@@ -29,19 +29,12 @@ for my $n ($c, $d)
 {
 	$n->safe_psql('postgres', "CREATE ROLE bob LOGIN SUPERUSER PASSWORD 'hunter2secret';
 	    CREATE ROLE dan LOGIN PASSWORD 'danpw'");
-	my $hba = $n->data_dir . '/pg_hba.conf';
-	my $rest = slurp_file($hba);
-	open(my $fh, '>', $hba) or die "cannot write $hba: $!";
-	print $fh "local all bob scram-sha-256\n$rest";
-	close $fh;
-	$n->reload;
+	sharding_password_login($n, 'bob');
 }
 $q->("GRANT sharding_admin TO dan; CREATE SCHEMA dans AUTHORIZATION dan;
 	CREATE TABLE dans.loot (v text); ALTER TABLE dans.loot OWNER TO dan");
 $d->safe_psql($_, "GRANT sharding_admin TO dan") for qw(n1 n2 n3);
-$q->("UPDATE sharding.nodes SET dsn = dsn || ' user=bob password=hunter2secret' WHERE dsn IS NOT NULL");
-$q->("ALTER SYSTEM SET sharding.coordinator_dsn = '" . sharding_dsn($c, 'coord') . " user=bob password=hunter2secret'");
-$c->reload;
+sharding_engine_logs_in($c, 'coord', 'bob', 'hunter2secret');
 $c->poll_query_until('coord', "SELECT current_setting('sharding.coordinator_dsn') LIKE '%bob%'") or die 'not reloaded';
 ok(followers_agree(), 'the followers follow');
 

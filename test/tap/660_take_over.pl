@@ -80,10 +80,7 @@ SQL
 	'configured', 'coordinator c1: map m over n1..n3, docs distributed, 30 pins, three nodes attached');
 
 # The standby, streaming from c1.
-$c1->backup('base');
-$c2 = PostgreSQL::Test::Cluster->new('c2');
-$c2->init_from_backup($c1, 'base', has_streaming => 1);
-$c2->start;
+$c2 = sharding_standby($c1, 'c2', 'base');
 my $c2_dsn = sharding_dsn($c2, 'coord');
 
 # Everything a node's copy must equal: every row of every configuration table.

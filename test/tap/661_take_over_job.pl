@@ -53,10 +53,7 @@ sub total
 }
 is(total(), '3000/4501500', '3000 rows on n1 and n2');
 
-$c1->backup('base');
-$c2 = PostgreSQL::Test::Cluster->new('c2');
-$c2->init_from_backup($c1, 'base', has_streaming => 1);
-$c2->start;
+$c2 = sharding_standby($c1, 'c2', 'base');
 
 # The job, its first move held in its copy at n3.
 my $hold = sharding_start($d, 'n3', 'BEGIN; LOCK docs IN SHARE MODE; SELECT pg_sleep(600)', on_error_stop => 0);
@@ -126,10 +123,7 @@ is(join(' ', map { n($_, $config) eq q2($config) ? 'same' : 'differs' } @nodes),
 # its switch: the move's delete at the source waits for a row lock held
 # there. take_over on c3 finishes the move (the destination sees the
 # switch), never undoes it.
-$c2->backup('base2');
-my $c3 = PostgreSQL::Test::Cluster->new('c3');
-$c3->init_from_backup($c2, 'base2', has_streaming => 1);
-$c3->start;
+my $c3 = sharding_standby($c2, 'c3', 'base2');
 sub q3 { my ($sql, %o) = @_; return sharding_q($c3, 'coord', $sql, %o); }
 my $S = q2("SELECT min(logical) FROM sharding.shards WHERE map = 'm' AND node = 'n1'");
 my $key = n('n1', "SELECT min(k) FROM docs WHERE sharding.logical_shard('m', k) = $S");

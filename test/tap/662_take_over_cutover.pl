@@ -150,10 +150,7 @@ sub log_within
 }
 
 # ---------------------------------------------------------------- the standby
-$c1->backup('base');
-$c2 = PostgreSQL::Test::Cluster->new('c2');
-$c2->init_from_backup($c1, 'base', has_streaming => 1);
-$c2->start;
+$c2 = sharding_standby($c1, 'c2', 'base');
 
 # ================================================================ A. before the switch
 my $hold = hold_switch($c1);
@@ -209,10 +206,7 @@ is(shard_at('n1') . ' ' . shard_at('n2') . ' ' . leftovers() . ' ' . owners(\&q2
 $c1->stop;
 
 # ================================================================ B. after the switch
-$c2->backup('base2');
-$c3 = PostgreSQL::Test::Cluster->new('c3');
-$c3->init_from_backup($c2, 'base2', has_streaming => 1);
-$c3->start;
+$c3 = sharding_standby($c2, 'c3', 'base2');
 my $sum_B = shard_at('n1');
 my $total_B = total();
 $hold = hold_switch($c2);

@@ -62,16 +62,12 @@ is(q1(q{SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding
 q1(q{SELECT 1 FROM pg_create_physical_replication_slot('c2_slot')});
 $c1->append_conf('postgresql.conf', "synchronized_standby_slots = 'c2_slot'");
 $c1->reload;
-$c1->backup('base');
-$c2 = PostgreSQL::Test::Cluster->new('c2');
-$c2->init_from_backup($c1, 'base', has_streaming => 1);
-$c2->append_conf('postgresql.conf', join("\n", "primary_slot_name = 'c2_slot'", 'hot_standby_feedback = on',
+$c2 = sharding_standby($c1, 'c2', 'base', join("\n", "primary_slot_name = 'c2_slot'", 'hot_standby_feedback = on',
 	'sync_replication_slots = on',
 	# Copied from c1 by the backup: once promoted, c2's WAL senders would
 	# wait for a standby slot that c2 does not have (logical replication
 	# stalls, "replication slot c2_slot ... does not exist").
 	"synchronized_standby_slots = ''", "primary_conninfo = '" . sharding_dsn($c1, 'coord') . " application_name=c2'") . "\n");
-$c2->start;
 my $c2_dsn = sharding_dsn($c2, 'coord');
 q1("SELECT sharding.pin('m', 'before', 'n2')");
 $c1->wait_for_catchup($c2, 'replay', $c1->lsn('insert'));

@@ -1,4 +1,4 @@
 -- copy_shard on the engine's own connections (sql/install/30_nodes.sql,
--- src/nodes/copy_shard.cpp): no dblink. Same signature, result and errors;
+-- src/move/copy_shard.cpp): no dblink. Same signature, result and errors;
 -- PL/pgSQL became C.
 -- @replace sharding.copy_shard

@@ -200,4 +200,52 @@ sub sharding_dump_restore
 	return ($rc, $err);
 }
 
+# sharding_password_login(node, role…): the server asks these roles for
+# their password (scram) on its Unix socket, a line put before the test
+# cluster's own trust lines; reloads the server. The password rule of the
+# engine's connections then depends on the DSNs alone.
+push @EXPORT, qw(sharding_password_login);
+
+sub sharding_password_login
+{
+	my ($node, @roles) = @_;
+	my $hba = $node->data_dir . '/pg_hba.conf';
+	my $rest = PostgreSQL::Test::Utils::slurp_file($hba);
+	open(my $fh, '>', $hba) or die "cannot write $hba: $!";
+	print $fh "local all $_ scram-sha-256\n" for @roles;
+	print $fh $rest;
+	close $fh;
+	$node->reload;
+}
+
+# sharding_engine_logs_in(coordinator, db, user, password): every node DSN
+# of db's sharding.nodes and the server's sharding.coordinator_dsn name the
+# user and the password (the engine's connections log in with them).
+push @EXPORT, qw(sharding_engine_logs_in);
+
+sub sharding_engine_logs_in
+{
+	my ($c, $db, $user, $password) = @_;
+	$c->safe_psql($db, "UPDATE sharding.nodes SET dsn = dsn || ' user=$user password=$password' WHERE dsn IS NOT NULL");
+	$c->safe_psql($db, "ALTER SYSTEM SET sharding.coordinator_dsn = '" . sharding_dsn($c, $db) . " user=$user password=$password'");
+	$c->reload;
+}
+
+# sharding_standby(primary, name, backup, conf): a streaming physical
+# standby of primary, made from a new base backup (its name given, as a
+# test may take several), started; conf: extra postgresql.conf lines set
+# before it starts.
+push @EXPORT, qw(sharding_standby);
+
+sub sharding_standby
+{
+	my ($primary, $name, $backup, $conf) = @_;
+	$primary->backup($backup);
+	my $standby = PostgreSQL::Test::Cluster->new($name);
+	$standby->init_from_backup($primary, $backup, has_streaming => 1);
+	$standby->append_conf('postgresql.conf', $conf) if defined $conf;
+	$standby->start;
+	return $standby;
+}
+
 1;

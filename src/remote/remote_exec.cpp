@@ -20,7 +20,7 @@
 // storage, never owned by a C++ object across a PostgreSQL call; every
 // PostgreSQL call that may ereport while a std::string is alive goes
 // through glue/pg_call.
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
 
 #include <cstring>
 #include <string>

@@ -1,11 +1,8 @@
 // The coordinator fails over (docs/nodes.md, "Failover of the coordinator";
-// sql/install/97_take_over.sql has take_over itself, in PL/pgSQL). Here:
+// sql/install/97_take_over.sql has take_over itself, in PL/pgSQL; the
+// check every remote session runs first, serve_check_sql, is
+// src/remote/move_remote.cpp's). Here:
 //
-//   serve_check_sql(): the statement every session of the engine runs first
-//     where it connects (move_remote.cpp): sharding._serve(<this database's
-//     coordinator token>) where the other database has it, so that a node
-//     that follows another coordinator refuses the session (55000) before
-//     it runs anything;
 //   _take_over_config(dsn, slot): a new logical slot at dsn (this server)
 //     and the configuration read there in the slot's exported snapshot: a
 //     node given those rows and then subscribed on that slot receives
@@ -14,24 +11,11 @@
 //     rest of the transaction (a node's _take_over_accept decides there);
 //   _take_over_later(): the jobs launcher scans this database again soon
 //     (jobs.cpp), whose scanner calls _take_over_pending.
-#include "nodes/move_engine.hpp"
-#include "nodes/move_remote.hpp"
+#include "pg/launcher.hpp"
+#include "pg/spi.hpp"
+#include "remote/move_remote.hpp"
 
 #include <string>
-
-namespace sharding::move {
-
-std::string serve_check_sql() {
-    if (spi_value("SELECT pg_catalog.to_regclass('sharding.coordinator_identity') IS NOT NULL", {}) != Text("t"))
-        return std::string();
-    Text token = spi_value("SELECT i.token::text FROM sharding.coordinator_identity AS i", {});
-    // The token is a uuid (or nothing): a literal of hex digits and dashes.
-    return "DO $sharding$ BEGIN IF pg_catalog.to_regprocedure('sharding._serve(text)') IS NOT NULL THEN "
-           "PERFORM sharding._serve(" +
-           lit(Text(token.value_or(std::string()))) + "); END IF; END $sharding$";
-}
-
-}  // namespace sharding::move
 
 using namespace sharding;
 using namespace sharding::move;

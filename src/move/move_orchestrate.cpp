@@ -32,10 +32,11 @@
 // Boundary (src/pg/boundary.hpp): every PostgreSQL call that may ereport
 // while a C++ object is alive goes through glue/pg_call; the glue functions
 // are C-style code with plain C parameters.
-#include "nodes/move_controller.hpp"
-#include "nodes/move_copy.hpp"
-#include "nodes/move_engine.hpp"
-#include "nodes/move_online.hpp"
+#include "datanode/move_controller.hpp"
+#include "datanode/move_copy.hpp"
+#include "move/move_engine.hpp"
+#include "routing/owner_switch.hpp"
+#include "move/move_online.hpp"
 
 #include <algorithm>
 #include <functional>

@@ -59,7 +59,7 @@ void engine_scope_leave(int saved);
 // key = value pairs instead, passwords masked; what does not parse is
 // kept up to where it stops parsing, the rest shown as ********.
 std::string mask_password(const std::string &dsn);
-// Fencing (take_over.cpp, docs/nodes.md "Failover of the coordinator"):
+// Fencing (take_over.cpp and move_remote.cpp, docs/nodes.md "Failover of the coordinator"):
 // every connection but a replication one first runs serve_check_sql() there,
 // so that a database following another coordinator refuses the session
 // (55000) before it runs anything; set_takeover_mode() lifts that for the

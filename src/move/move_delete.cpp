@@ -24,9 +24,10 @@
 //   statement (move_copy.hpp): otherwise PostgreSQL locks every row before
 //   it finds that no trigger fires, one more WAL record per row; about a
 //   third of a 1,000,000-row delete.
-#include "nodes/move_copy.hpp"
-#include "nodes/move_engine.hpp"
-#include "nodes/move_remote.hpp"
+#include "datanode/move_copy.hpp"
+#include "move/move_engine.hpp"
+#include "routing/owner_switch.hpp"
+#include "remote/move_remote.hpp"
 
 #include <algorithm>
 #include <cstdlib>

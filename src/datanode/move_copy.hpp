@@ -18,7 +18,7 @@
 // C-style code (it may ereport): call it through glue/pg_call from C++.
 #pragma once
 
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
 
 #include <string>
 #include <vector>
@@ -89,5 +89,14 @@ std::string answer(PGresult *res);
 // throws the first remote error as collect_statement does (the caller
 // cancels the others). The answers, in order.
 std::vector<std::string> collect_all(const std::vector<PGconn *> &conns, const char *prefix);
+
+// The move's slot at node `source`, made over a replication connection
+// that exports its snapshot and is held until close_held(slot)
+// (move_copy.cpp).
+struct SlotMade {
+    std::string lsn, snapshot;
+};
+SlotMade create_slot(const std::string &source, const std::string &slot, const std::string &plugin,
+                     const std::string &options);
 
 }  // namespace sharding::move

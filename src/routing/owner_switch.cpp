@@ -9,14 +9,16 @@
 //     shards or pins of a database map;
 //   _switch_owner(map, logical, node): the owner switch of move_shard and of
 //     an online move's cutover (epoch + 1, after fenced writers);
-//   _coordinator_dsn(): the DSN this database is reached by.
+//   _coordinator_dsn(): the DSN this database is reached by;
+//   key_shard (_job_key_shard's): the logical shard of a key given as text.
 //
 // _require_map and _check_database_nodes run on every pin as well: their
 // statements are prepared once per backend and kept (spi_kept_rows), as
 // PL/pgSQL kept its plans. Statements run through SPI with text parameters
-// (move_support.cpp), in the caller's transaction, each with a new
+// (src/pg/spi.cpp), in the caller's transaction, each with a new
 // snapshot as PL/pgSQL ran them.
-#include "nodes/move_engine.hpp"
+#include "routing/owner_switch.hpp"
+#include "remote/move_remote.hpp"
 
 #include <cstdlib>
 #include <string>
@@ -156,6 +158,21 @@ std::string coordinator_dsn() {
     if (host->empty()) host = std::string("localhost");
     return "host=" + lit(host) + " port=" + owned(glue(setting_glue, "port")).value_or("") +
            " dbname=" + lit(owned(glue(database_glue))) + " user=" + lit(owned(glue(user_glue)));
+}
+
+// The logical shard of a pinned key (pins are by text form): computed by
+// the type of the map's distributed key columns, as writers route it (the
+// type a key is hashed as: sharding._key_type).
+Text key_shard(const Text &map, const Text &key) {
+    Text type = spi_value("SELECT sharding._key_type(a.atttypid::pg_catalog.regtype)::text "
+                          "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
+                          "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
+                          "AND a.attname = d.key_column "
+                          "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
+                          {c(map)});
+    if (!type || *type == "text") return spi_value("SELECT sharding.logical_shard($1, $2)::text", {c(map), c(key)});
+    const std::string sql = "SELECT sharding.logical_shard($1, $2::" + *type + ")::text";
+    return spi_value(sql.c_str(), {c(map), c(key)});
 }
 
 }  // namespace sharding::move

@@ -20,9 +20,9 @@
 //   blocks under the same snapshot; see "parts" below): the copy is bound
 //   by the destination's inserts and index maintenance, one core's work
 //   per session.
-#include "nodes/move_copy.hpp"
-#include "nodes/move_engine.hpp"
-#include "nodes/move_remote.hpp"
+#include "datanode/move_copy.hpp"
+#include "pg/spi.hpp"
+#include "remote/move_remote.hpp"
 
 #include <algorithm>
 #include <cerrno>

@@ -12,7 +12,8 @@
 //   _install_guards(): every distributed table of a following node.
 //
 // The guard itself and the local state it reads are guard.cpp's.
-#include "nodes/move_engine.hpp"
+#include "pg/spi.hpp"
+#include "routing/owner_switch.hpp"
 
 #include <cstdlib>
 #include <string>

@@ -25,7 +25,7 @@
 #include "pg/boundary.hpp"
 #include "pg/cache.hpp"
 #include "pg/shard_lock.hpp"
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
 #include "core/hash_core.hpp"
 
 extern "C" {
@@ -391,7 +391,7 @@ void check_row(GuardQuery *g, TriggerData *td, HeapTuple tuple) {
 
 // A key change from or to a logical shard that an online move is carrying
 // from here: refused for the time of the move (the move's decoder may not
-// see the old key; see src/nodes/move_decoder.cpp). Also within one shard:
+// see the old key; see src/datanode/move_decoder.cpp). Also within one shard:
 // isolate carries a single key, and a row whose key changes from it to
 // another key of the same shard would stay behind, stale, at the
 // destination.

@@ -23,8 +23,11 @@
 // Who executes a move: the backend holding the session-level advisory lock
 // (hashtext('sharding.move_journal'), move): it dies with its process, so a
 // move whose lock is free and whose phase is not final was interrupted.
-#include "nodes/move_engine.hpp"
-#include "nodes/move_online.hpp"
+#include "move/move_engine.hpp"
+#include "move/journal.hpp"
+#include "pg/launcher.hpp"
+#include "routing/owner_switch.hpp"
+#include "move/move_online.hpp"
 
 #include <cstdlib>
 #include <string>
@@ -342,6 +345,27 @@ Text canonical_key(const Text &map, const Text &key) {
 }  // namespace
 
 int32 executor_lock_class() { return lock_class(); }
+
+// A job's move is added only by a role with the privileges of the role
+// the job runs as (no role adds a move that runs with rights it does not
+// have: CONTRACT 15.2); 42501 otherwise.
+void require_job_role(const Text &job) {
+    if (!job) return;
+    std::vector<Row> r = spi_rows("SELECT t.runas::text, COALESCE(pg_catalog.quote_ident(a.rolname), "
+                                  "t.runas::text) FROM sharding.move_jobs t LEFT JOIN pg_catalog.pg_roles a "
+                                  "ON a.oid = t.runas WHERE t.job = $1::bigint",
+                                  {c(job)});
+    if (r.empty())
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied to add a move to rebalance job %s, which does not exist",
+             job->c_str());
+    const Oid runas = static_cast<Oid>(std::strtoul(must(r[0][0]).c_str(), nullptr, 10));
+    if (!glue(privs_glue, glue(user_glue), runas))
+        fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+             Explain{"", "Moves of a job run as the role that started it: only that role (or a role with its "
+                         "privileges) may add moves to it."},
+             "permission denied to add a move to rebalance job %s, which runs as role %s", job->c_str(),
+             must(r[0][1]).c_str());
+}
 
 int64 enqueue(const Text &job, const Text &map, const Text &logical_arg, const Text &key_arg, const Text &destination) {
     require_node(destination);

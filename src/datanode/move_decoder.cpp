@@ -20,7 +20,7 @@
 // and whose new key is inside is sent as an INSERT of the new row; the
 // reverse as a DELETE of the old row. Where the old key is not in the
 // replica identity, the guard refuses key changes into or out of a moving
-// shard at the source for the time of the move (src/nodes/guard.cpp), so
+// shard at the source for the time of the move (src/datanode/guard.cpp), so
 // the new key decides. A move refuses to start unless each table's (and
 // each leaf partition's) replica identity carries the key, and fails at
 // the cutover if one changed meanwhile: a DELETE's old tuple has the key,
@@ -46,7 +46,7 @@
 // file is C-style code, no C++ object owns anything, ereport is allowed.
 #include "pg/pg.hpp"
 #include "core/hash_core.hpp"
-#include "nodes/move_controller.hpp"
+#include "datanode/move_controller.hpp"
 #include "pg/catalog.hpp"
 
 extern "C" {

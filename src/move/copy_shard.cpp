@@ -14,8 +14,8 @@
 // of every Remote applies to both DSNs (docs/nodes.md "Passwords"), and a
 // node's masked DSN becomes the whole one only for a caller who may use
 // the owner's credentials (caller_dsn, SEC-4).
-#include "nodes/move_engine.hpp"
-#include "nodes/move_remote.hpp"
+#include "pg/spi.hpp"
+#include "remote/move_remote.hpp"
 
 #include <cstdlib>
 #include <string>

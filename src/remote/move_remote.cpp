@@ -1,5 +1,6 @@
 // libpq connections of the move engine: see move_remote.hpp.
-#include "nodes/move_remote.hpp"
+#include "remote/move_remote.hpp"
+#include "pg/spi.hpp"
 
 #include <cctype>
 #include <cstdlib>
@@ -226,6 +227,20 @@ bool close_held(const std::string &slot) noexcept {
             found = true;
         }
     return found;
+}
+
+// The statement every session of the engine runs first where it connects:
+// sharding._serve(<this database's coordinator token>) where the other
+// database has it, so that a node that follows another coordinator
+// refuses the session (55000) before it runs anything.
+std::string serve_check_sql() {
+    if (spi_value("SELECT pg_catalog.to_regclass('sharding.coordinator_identity') IS NOT NULL", {}) != Text("t"))
+        return std::string();
+    Text token = spi_value("SELECT i.token::text FROM sharding.coordinator_identity AS i", {});
+    // The token is a uuid (or nothing): a literal of hex digits and dashes.
+    return "DO $sharding$ BEGIN IF pg_catalog.to_regprocedure('sharding._serve(text)') IS NOT NULL THEN "
+           "PERFORM sharding._serve(" +
+           lit(Text(token.value_or(std::string()))) + "); END IF; END $sharding$";
 }
 
 void set_takeover_mode() {
@@ -638,7 +653,7 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
             // database (a superuser's move, a DSN another role wrote; a
             // database owner can make a schema of that name, not install
             // the extension, which needs a superuser). Then the fencing
-            // check (take_over.cpp).
+            // check (serve_check_sql).
             std::string check = std::string(kSessionGuard);
             if (!takeover_mode) check += serve_check_sql();
             run(check);

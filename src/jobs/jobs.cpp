@@ -2,7 +2,7 @@
 //
 // A job is a row of sharding.move_jobs; each of its moves is a row of the
 // move engine's journal (sharding.move_journal). What a job decides is C++
-// behind SQL names (src/nodes/jobs_run.cpp): which move to start next
+// behind SQL names (src/jobs/jobs_run.cpp): which move to start next
 // (_job_claim), how to run it (_job_execute, over the engine's
 // _move_execute), when the job is over. This file only provides the
 // processes that call those functions, as SQL in their own transactions
@@ -35,8 +35,11 @@
 // The code below is C-style (no owning C++ object): it runs in background
 // worker entry points and in an xact callback, where PostgreSQL errors are
 // caught with PG_TRY around each transaction.
-#include "nodes/move_engine.hpp"
 #include "ddl/ddl.hpp"
+#include "pg/extension.hpp"
+#include "pg/shmem.hpp"
+#include "jobs/jobs.hpp"
+#include "routing/groups.hpp"
 
 extern "C" {
 #include "access/genam.h"
@@ -72,6 +75,10 @@ extern "C" {
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 }
+
+using sharding::Extension;
+using sharding::extension_function;
+using sharding::find_extension;
 
 namespace {
 
@@ -117,8 +124,6 @@ struct Shared {
 };
 
 Shared *shared = nullptr;
-shmem_request_hook_type prev_shmem_request = nullptr;
-shmem_startup_hook_type prev_shmem_startup = nullptr;
 
 // What a runner is told at start (bgw_extra).
 struct RunnerArgs {
@@ -130,21 +135,12 @@ struct RunnerArgs {
 };
 static_assert(sizeof(RunnerArgs) <= BGW_EXTRALEN, "runner arguments fit bgw_extra");
 
-void jobs_shmem_request() {
-    if (prev_shmem_request) prev_shmem_request();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(Shared)));
-}
-
-void jobs_shmem_startup() {
-    if (prev_shmem_startup) prev_shmem_startup();
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found = false;
-    shared = static_cast<Shared *>(ShmemInitStruct("sharding move workers", sizeof(Shared), &found));
+void jobs_shmem_attach(void *mem, bool found) {
+    shared = static_cast<Shared *>(mem);
     if (!found) {
         memset(shared, 0, sizeof(Shared));
         SpinLockInit(&shared->mutex);
     }
-    LWLockRelease(AddinShmemInitLock);
 }
 
 // A slot whose worker never started (registration lost) is free again after
@@ -343,42 +339,6 @@ bool in_own_transaction(F &&body) {
 // SetUserIdAndSecContext(..., SECURITY_LOCAL_USERID_CHANGE), which also
 // refuses SET ROLE and SET SESSION AUTHORIZATION to anything they run.
 
-// The extension in this database (oid InvalidOid: not installed). Catalog
-// reads: in a transaction.
-struct Extension {
-    Oid oid;
-    Oid owner;
-    Oid schema;
-};
-
-Extension find_extension() {
-    Extension e{InvalidOid, InvalidOid, InvalidOid};
-    Relation rel = table_open(ExtensionRelationId, AccessShareLock);
-    ScanKeyData key;
-    ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ, CStringGetDatum("sharding"));
-    SysScanDesc scan = systable_beginscan(rel, ExtensionNameIndexId, true, nullptr, 1, &key);
-    HeapTuple tup = systable_getnext(scan);
-    if (HeapTupleIsValid(tup)) {
-        Form_pg_extension f = reinterpret_cast<Form_pg_extension>(GETSTRUCT(tup));
-        e = Extension{f->oid, f->extowner, f->extnamespace};
-    }
-    systable_endscan(scan);
-    table_close(rel, AccessShareLock);
-    return e;
-}
-
-// The extension's function name(argtypes), InvalidOid unless it is one of
-// the extension's members.
-Oid extension_function(const Extension &e, const char *name, int nargs, const Oid *argtypes) {
-    oidvector *args = buildoidvector(argtypes, nargs);
-    HeapTuple tup = SearchSysCache3(PROCNAMEARGSNSP, CStringGetDatum(name), PointerGetDatum(args),
-                                    ObjectIdGetDatum(e.schema));
-    if (!HeapTupleIsValid(tup)) return InvalidOid;
-    Oid fn = reinterpret_cast<Form_pg_proc>(GETSTRUCT(tup))->oid;
-    ReleaseSysCache(tup);
-    return getExtensionOfObject(ProcedureRelationId, fn) == e.oid ? fn : InvalidOid;
-}
-
 // Calls function fn (its SET clauses apply, as fmgr applies them); the
 // result and whether it is NULL.
 Datum call_function(Oid fn, int nargs, const Datum *args, bool *isnull) {
@@ -487,10 +447,6 @@ SHARDING_EXPORT void sharding_jobs_runner_main(Datum arg);
 SHARDING_EXPORT void sharding_jobs_scanner_main(Datum arg);
 SHARDING_EXPORT void sharding_jobs_launcher_main(Datum arg);
 SHARDING_EXPORT void sharding_groups_reaper_main(Datum arg);
-}
-namespace sharding {
-int groups_take_due(Oid *dbs, int max, long *next_ms) noexcept;  // src/routing/groups.cpp
-void groups_reaper_done(Oid db, bool forget) noexcept;           // src/routing/groups.cpp
 }
 
 // A runner: claims and executes the moves of its job until the job is over,
@@ -1020,9 +976,11 @@ int jobs_failed_starts(int64 job) noexcept {
     return n;
 }
 
-// Wakes the launcher for its next round without a scan of the databases
-// (worker groups: a lease that expires sooner than it was going to wake).
-void jobs_poke_launcher() noexcept {
+namespace {
+
+// Installed as jobs_poke_launcher (src/pg/launcher.hpp): wakes the launcher
+// for its next round without a scan of the databases.
+void poke_launcher() noexcept {
     if (shared == nullptr) return;
     SpinLockAcquire(&shared->mutex);
     Latch *latch = shared->launcher_latch;
@@ -1030,12 +988,11 @@ void jobs_poke_launcher() noexcept {
     if (latch) SetLatch(latch);
 }
 
-void jobs_recheck(Oid db) noexcept { jobs_recheck(db, false); }
-
-// soon: the database's two-phase transactions left in doubt (src/ddl)
-// are retried every second until resolved, without the moves' back-off,
-// so that they resolve within seconds of a node coming back.
-void jobs_recheck(Oid db, bool soon) noexcept {
+// Installed as jobs_recheck (src/pg/launcher.hpp). soon: the database's
+// two-phase transactions left in doubt (src/ddl) are retried every second
+// until resolved, without the moves' back-off, so that they resolve within
+// seconds of a node coming back.
+void recheck(Oid db, bool soon) noexcept {
     if (shared == nullptr || !OidIsValid(db)) return;
     TimestampTz now = GetCurrentTimestamp();
     bool placed = false;
@@ -1066,7 +1023,13 @@ void jobs_recheck(Oid db, bool soon) noexcept {
 
 // Called from _PG_init: the setting, shared memory and the launcher, only
 // when preloaded (without, rebalance_run carries jobs out).
+}  // namespace
+
 void jobs_init() {
+    LauncherCalls calls;
+    calls.recheck = recheck;
+    calls.poke = poke_launcher;
+    set_launcher_calls(calls);
     // A PGC_POSTMASTER setting can only be defined while preloading.
     if (!process_shared_preload_libraries_in_progress) return;
     DefineCustomIntVariable("sharding.max_move_workers",
@@ -1074,10 +1037,7 @@ void jobs_init() {
                             "Takes effect at server start; needs shared_preload_libraries = 'sharding'.",
                             &max_move_workers, 2, 1, kMaxWorkersLimit, PGC_POSTMASTER, 0, nullptr, nullptr,
                             nullptr);
-    prev_shmem_request = shmem_request_hook;
-    shmem_request_hook = jobs_shmem_request;
-    prev_shmem_startup = shmem_startup_hook;
-    shmem_startup_hook = jobs_shmem_startup;
+    shmem::add({"sharding move workers", sizeof(Shared), nullptr, nullptr, jobs_shmem_attach});
 
     BackgroundWorker w;
     init_worker(&w, "sharding_jobs_launcher_main", "sharding move launcher", 10);

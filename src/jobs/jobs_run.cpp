@@ -26,7 +26,10 @@
 // hash, kept open), with the helper's password rule for non-superusers; a
 // node that cannot answer is not waited for (the move then fails and says
 // why).
-#include "nodes/move_engine.hpp"
+#include "jobs/jobs.hpp"
+#include "move/move_engine.hpp"
+#include "move/journal.hpp"
+#include "routing/owner_switch.hpp"
 
 #include <cstdlib>
 #include <map>
@@ -111,10 +114,6 @@ void require_job(const Text &job) {
     if (!spi_value("SELECT 1 FROM sharding.move_jobs t WHERE t.job = $1::bigint", {c(job)}))
         fail(ERRCODE_UNDEFINED_OBJECT, "rebalance job %s does not exist", job->c_str());
 }
-
-// Glue: whether the current role has the privileges of role (a superuser
-// has every role's).
-bool has_privs_of_glue(Oid role) { return has_privs_of_role(GetUserId(), role); }
 
 // ------------------------------------------------------------------ a job's end
 
@@ -562,40 +561,6 @@ void pinned(MemoryContext step_cxt, F &&step) {
 
 }  // namespace
 
-void require_job_role(const Text &job) {
-    if (!job) return;
-    std::vector<Row> r = spi_rows("SELECT t.runas::text, COALESCE(pg_catalog.quote_ident(a.rolname), "
-                                  "t.runas::text) FROM sharding.move_jobs t LEFT JOIN pg_catalog.pg_roles a "
-                                  "ON a.oid = t.runas WHERE t.job = $1::bigint",
-                                  {c(job)});
-    if (r.empty())
-        fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied to add a move to rebalance job %s, which does not exist",
-             job->c_str());
-    const Oid runas = static_cast<Oid>(std::strtoul(must(r[0][0]).c_str(), nullptr, 10));
-    if (!glue(has_privs_of_glue, runas))
-        fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
-             Explain{"", "Moves of a job run as the role that started it: only that role (or a role with its "
-                         "privileges) may add moves to it."},
-             "permission denied to add a move to rebalance job %s, which runs as role %s", job->c_str(),
-             must(r[0][1]).c_str());
-}
-
-// ------------------------------------------------------------------ keys
-
-// The logical shard of a pinned key (pins are by text form): computed by
-// the type of the map's distributed key columns, as writers route it (the
-// type a key is hashed as: sharding._key_type).
-Text key_shard(const Text &map, const Text &key) {
-    Text type = spi_value("SELECT sharding._key_type(a.atttypid::pg_catalog.regtype)::text "
-                          "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
-                          "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
-                          "AND a.attname = d.key_column "
-                          "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
-                          {c(map)});
-    if (!type || *type == "text") return spi_value("SELECT sharding.logical_shard($1, $2)::text", {c(map), c(key)});
-    const std::string sql = "SELECT sharding.logical_shard($1, $2::" + *type + ")::text";
-    return spi_value(sql.c_str(), {c(map), c(key)});
-}
 
 }  // namespace sharding::move
 

@@ -1,5 +1,5 @@
-// What the orchestration of moves and jobs shares: see move_engine.hpp.
-#include "nodes/move_engine.hpp"
+// SPI, quoting, arguments, errors and subtransactions: see spi.hpp.
+#include "pg/spi.hpp"
 
 #include <new>
 #include <stdexcept>
@@ -18,7 +18,7 @@ extern "C" {
 #include "utils/wait_event.h"
 }
 
-namespace sharding::move {
+namespace sharding {
 namespace {
 
 struct SpiRows {
@@ -276,23 +276,4 @@ std::string md5_hex(const std::string &s) {
 bool try_session_lock(int32 k1, int32 k2) { return glue(try_lock_glue, k1, k2); }
 void session_unlock(int32 k1, int32 k2) { (void)glue(unlock_glue, k1, k2); }
 
-const char *const kSrc = "sharding_move_src";
-const char *const kDst = "sharding_move_dst";
-const char *const kSelf = "sharding_move_self";
-const char *const kLive = "phase NOT IN ('done', 'failed', 'cancelled')";
-
-Text dbl(const char *conn, const std::string &sql) {
-    std::string v;
-    if (named_run(conn, sql.c_str(), &v)) return v;
-    return std::nullopt;
-}
-
-Text journal(const std::string &sql) {
-    if (!named_open(kSelf)) {
-        Text dsn = coordinator_dsn();
-        named_connect(kSelf, c(dsn));
-    }
-    return dbl(kSelf, sql);
-}
-
-}  // namespace sharding::move
+}  // namespace sharding

@@ -3,7 +3,7 @@
 // journal's helpers, the checks of what both ends have, the verification).
 #pragma once
 
-#include "nodes/move_engine.hpp"
+#include "move/move_engine.hpp"
 
 #include <optional>
 #include <string>

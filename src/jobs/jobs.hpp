@@ -1,0 +1,15 @@
+// The background workers of rebalance jobs (jobs.cpp) as what jobs_run.cpp
+// asks of them; the launcher's wake-ups, which the layers below call too,
+// are in src/pg/launcher.hpp.
+#pragma once
+
+#include "pg/launcher.hpp"
+
+namespace sharding {
+// How many move workers of job (in this database) failed to start in a row
+// (ended before running anything: a FATAL at connect); the launcher's scan
+// fails a job past jobs_max_failed_starts instead of starting workers for
+// it for ever.
+int jobs_failed_starts(int64 job) noexcept;
+constexpr int jobs_max_failed_starts = 5;
+}  // namespace sharding

@@ -1,0 +1,31 @@
+// The move journal's interface (move_journal.cpp, docs/moves.md): what
+// rebalance jobs (src/jobs/) and the public move calls ask of it. The
+// journal is the table sharding.move_journal, a row per move.
+#pragma once
+
+#include "pg/spi.hpp"
+
+#include <string>
+
+namespace sharding::move {
+
+int64 enqueue(const Text &job, const Text &map, const Text &logical, const Text &key, const Text &destination);
+std::string execute(int64 id);
+std::string resolve(int64 id, const std::string &final_phase);
+bool cancel(int64 id);
+int32 recover();
+// The executor's session-level advisory lock of a move,
+// (executor_lock_class(), executor_lock_obj(move)) =
+// (hashtext('sharding.move_journal'), move % (2^31 - 1)): held by whoever
+// carries the move out, resolves it (recovery, a cancel) or has claimed it
+// for a rebalance job; a move whose lock is free and whose phase is not
+// final was interrupted.
+int32 executor_lock_class();
+inline int32 executor_lock_obj(int64 id) { return (int32)(id % 2147483647); }
+
+// _move_enqueue of a job's move: 42501 unless the current role has the
+// privileges of the role the job runs as (no role adds a move that runs
+// with rights it does not have: CONTRACT 15.2).
+void require_job_role(const Text &job);
+
+}  // namespace sharding::move

@@ -1,0 +1,95 @@
+// What the coordinator's orchestration of an online move shares
+// (docs/moves.md): the session's named connections of the move
+// (sharding_move_src, _dst, _self) and the journal written over _self; the
+// move's tables, its filter, its connections and waits; the move itself
+// and its end (finish, undo), the deletes of its rows.
+//
+// move_online.cpp: the move as its named steps (_move_online);
+// move_orchestrate.cpp: its end, undo and the SQL wrappers;
+// move_journal.cpp: the journal interface (journal.hpp) and the public
+// move_shard_online and isolate; move_delete.cpp: the deletes of a
+// shard's rows; move_support.cpp: the named connections and the journal's
+// statements. SPI, quoting and subtransactions are src/pg/spi.hpp's; the
+// libpq connections src/remote/'s.
+#pragma once
+
+#include "pg/spi.hpp"
+#include "remote/move_remote.hpp"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace sharding::move {
+
+extern const char *const kSrc;   // sharding_move_src: the move's source
+extern const char *const kDst;   // sharding_move_dst: its destination
+extern const char *const kSelf;  // sharding_move_self: this database (the journal)
+extern const char *const kLive;  // a journal row's phase is not final
+
+// A statement over a named connection: a query's first value, a command's
+// tag (nullopt: NULL).
+Text dbl(const char *conn, const std::string &sql);
+// A statement on the journal over sharding_move_self
+// (committed at once, whatever this transaction does); its first value.
+Text journal(const std::string &sql);
+
+// ------------------------------------------------------------------ the move
+
+// _move_name: the publication, slot, subscription and origin of a move.
+std::string move_name(const std::string &map, int32 logical);
+
+// A distributed table of a map, as _move_tables returns it.
+struct MoveTable {
+    std::string rel;             // schema-qualified, quoted
+    std::string key_column;
+    Oid key_type = InvalidOid;   // a domain's base type; InvalidOid: no such column
+    std::string cols, coldefs, vals, pk_match;
+    std::vector<std::string> attnames;  // the copied columns (not generated), in order
+};
+std::vector<MoveTable> move_tables(const std::string &map);
+// _move_filter_sql: the condition selecting what a move carries.
+// pins: a text[]'s text form, npins its elements.
+std::string filter_sql(const Text &key_column, Oid key_type, const Text &shards, const Text &logical, const Text &key,
+                       const Text &pins, int npins);
+
+// _move_connect / _move_disconnect: sharding_move_src, _dst and _self.
+void check_dsns(const Text &destination, const Text &source);
+void connect(const Text &source, const Text &destination);
+void disconnect();
+// _move_refuse_written: 25001 in a transaction that has written.
+void refuse_written();
+// _move_wait_flush: until the move's slot has confirmed the source's
+// flushed WAL position (55000 after `seconds`); the seconds waited. The
+// lag is noted on the journal rows `journal_where` selects (a WHERE
+// clause naming the move's row, read through its index).
+double wait_flush(const std::string &name, double seconds, const std::string &journal_where);
+
+struct MoveResult {
+    Text new_epoch;
+    int64 moved = 0;
+};
+// _move_online: the move itself; _move_finish and _move_undo.
+MoveResult move_online(const Text &map, int32 logical, const Text &key, const std::string &node);
+// before_delete, when given, runs once the replication is dropped and
+// before the source's rows are deleted (the verification).
+int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
+             const Text &new_epoch, const std::function<void()> &before_delete = nullptr);
+bool undo(const std::string &map, int32 logical, const Text &key);  // false: finished instead
+// How many moves are in flight (a live executor, copying to cleanup) into
+// or out of a node of the live move of (map, logical), itself included
+// (at least 1), as this coordinator's journal says, read over
+// sharding_move_self (1 when that connection is not open or cannot
+// answer). Parallel moves share sharding.move_parallel's sessions between
+// them, so that moves at once do not run more copy and delete sessions at
+// a node than one move would (docs/performance.md: two moves of 2
+// sessions each on 2 cores waited on each other's relation extension
+// locks and CPUs).
+int moves_sharing(const std::string &map, int32 logical);
+// The rows of a move's shard deleted at one end over the named connection
+// conn (kSrc after the switch, kDst when undone), by the plan its journal
+// row fixed (move_delete.cpp); how many.
+int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key);
+void call_fn(const char *conn, const std::string &fn, const std::string &map, int32 logical);
+
+}  // namespace sharding::move

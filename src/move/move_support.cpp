@@ -1,0 +1,26 @@
+// What the orchestration of moves shares: see move_engine.hpp.
+#include "move/move_engine.hpp"
+#include "routing/owner_switch.hpp"
+
+namespace sharding::move {
+
+const char *const kSrc = "sharding_move_src";
+const char *const kDst = "sharding_move_dst";
+const char *const kSelf = "sharding_move_self";
+const char *const kLive = "phase NOT IN ('done', 'failed', 'cancelled')";
+
+Text dbl(const char *conn, const std::string &sql) {
+    std::string v;
+    if (named_run(conn, sql.c_str(), &v)) return v;
+    return std::nullopt;
+}
+
+Text journal(const std::string &sql) {
+    if (!named_open(kSelf)) {
+        Text dsn = coordinator_dsn();
+        named_connect(kSelf, c(dsn));
+    }
+    return dbl(kSelf, sql);
+}
+
+}  // namespace sharding::move

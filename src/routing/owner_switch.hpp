@@ -1,0 +1,28 @@
+// The coordinator's checks of a map and its owner switch (owner_switch.cpp,
+// docs/moves.md), and the logical shard of a key given as text: what the
+// move engine, the node steps and rebalance jobs ask of the routing
+// configuration.
+#pragma once
+
+#include "pg/spi.hpp"
+
+#include <string>
+
+namespace sharding::move {
+
+// _require_map: the map's logical shard count (22023 for NULL, 42704 for
+// a map that does not exist); for_update locks its row.
+Text require_map(const Text &map, bool for_update);
+// _check_logical: 22023 unless 0 <= logical < shards.
+void check_logical(const Text &map, const Text &logical, const Text &shards);
+// _check_database_nodes: nodes is a text[]'s text form.
+void check_database_nodes(const Text &map, const Text &nodes);
+// _switch_owner: the shard's epoch afterwards.
+Text switch_owner(const Text &map, const Text &logical, const Text &node);
+// _coordinator_dsn.
+std::string coordinator_dsn();
+// _job_key_shard: the logical shard of a key given as text,
+// hashed as the type of the map's key columns, as writers route it.
+Text key_shard(const Text &map, const Text &key);
+
+}  // namespace sharding::move
