@@ -503,8 +503,8 @@ void nice_session(PGconn *conn) {
     ask("SELECT sharding._move_nice(" + std::to_string(move_nice) + ")");
 }
 
-int parts_for(int64 blocks) {
-    int64 n = std::min<int64>(move_parallel, blocks / kPartPages);
+int parts_for(int64 blocks, int sessions) {
+    int64 n = std::min<int64>(sessions, blocks / kPartPages);
     return n < 1 ? 1 : (int)n;
 }
 

@@ -56,8 +56,9 @@ extern int move_nice;
 // alone: a priority is not worth failing a move for).
 void nice_session(PGconn *conn);
 constexpr int64 kPartPages = 256;  // 2 MB of heap per part at least
-// How many parts for a table of `blocks` blocks (at least 1).
-int parts_for(int64 blocks);
+// How many parts for a table of `blocks` blocks (at least 1), of at most
+// `sessions` (sharding.move_parallel, or a move's share of it).
+int parts_for(int64 blocks, int sessions = move_parallel);
 // The condition of part i of n of such a table: "(condition)" and its
 // block range (the first from block 0, the last to the end of the table).
 std::string part_condition(const std::string &condition, int64 blocks, int i, int n);

@@ -253,7 +253,7 @@ int64 truncate_leaf(PGconn *conn, const std::string &leaf) {
     return -1;
 }
 
-int64 delete_rows(const char *conn, const DeletePlan *plan) {
+int64 delete_rows(const char *conn, const DeletePlan *plan, const std::string &map, int32 logical) {
     PGconn *named = named_connection(conn);
     std::vector<int64> blocks(plan->ntables);
     // At the source after the switch only (an undo or a copy's leftovers at
@@ -266,9 +266,12 @@ int64 delete_rows(const char *conn, const DeletePlan *plan) {
                                           shard_leaves_sql(lit(std::string(plan->rels[t])) + "::pg_catalog.regclass") +
                                           ") s WHERE s.shard = " + lit(std::string(plan->filters[t])));
     int nparts = 1;
+    // A move's share of sharding.move_parallel when others are in flight
+    // at its nodes (moves_sharing).
+    const int sessions = move_parallel < 2 ? 1 : std::max(1, move_parallel / moves_sharing(map, logical));
     for (int t = 0; t < plan->ntables; t++) {
-        blocks[t] = move_parallel < 2 ? 0 : std::strtoll(run_on(named, blocks_query(plan->rels[t])).c_str(), nullptr, 10);
-        nparts = std::max(nparts, parts_for(blocks[t]));
+        blocks[t] = sessions < 2 ? 0 : std::strtoll(run_on(named, blocks_query(plan->rels[t])).c_str(), nullptr, 10);
+        nparts = std::max(nparts, parts_for(blocks[t], sessions));
     }
     std::vector<Part> parts(nparts);
     int64 total = 0;
@@ -299,7 +302,7 @@ int64 delete_rows(const char *conn, const DeletePlan *plan) {
                     continue;
                 }
             }
-            int n = parts_for(blocks[t]);
+            int n = parts_for(blocks[t], sessions);
             for (int i = 0; i < nparts; i++)
                 sql[i] = i >= n ? std::string()
                                 : "SELECT sharding._move_delete_local(" + lit(std::string(plan->rels[t])) +
@@ -408,7 +411,7 @@ int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical,
     const char *k = key ? key->c_str() : nullptr;
     DeletePlan *plan = glue(read_plan, map.c_str(), logical, k, origin.c_str());
     if (plan->ntables == 0) return 0;
-    return delete_rows(conn, plan);
+    return delete_rows(conn, plan, map, logical);
 }
 
 }  // namespace sharding::move

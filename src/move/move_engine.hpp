@@ -97,6 +97,16 @@ MoveResult move_online(const Text &map, int32 logical, const Text &key, const st
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
              const Text &new_epoch, const std::function<void()> &before_delete = nullptr);
 bool undo(const std::string &map, int32 logical, const Text &key);  // false: finished instead
+// How many moves are in flight (a live executor, copying to cleanup) into
+// or out of a node of the live move of (map, logical), itself included
+// (at least 1), as this coordinator's journal says, read over
+// sharding_move_self (1 when that connection is not open or cannot
+// answer). Parallel moves share sharding.move_parallel's sessions between
+// them, so that moves at once do not run more copy and delete sessions at
+// a node than one move would (docs/performance.md: two moves of 2
+// sessions each on 2 cores waited on each other's relation extension
+// locks and CPUs).
+int moves_sharing(const std::string &map, int32 logical);
 // The rows of a move's shard deleted at one end over the named connection
 // conn (kSrc after the switch, kDst when undone), by the plan its journal
 // row fixed (move_delete.cpp); how many.

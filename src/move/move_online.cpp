@@ -484,6 +484,16 @@ void copy_rows(OnlineMove &m) {
     // Leftovers of the shard at the destination (it does not own them).
     delete_shard_rows(kDst, m.map, m.logical, m.key);
     dbl(kDst, "SET session_replication_role = replica");
+    // With other moves in flight at its nodes, the copy takes its share of
+    // the destination's sharding.move_parallel sessions (moves_sharing).
+    const int sharing = moves_sharing(m.map, m.logical);
+    Text parallel_was;
+    if (sharing > 1)
+        parallel_was = dbl(kDst, "SELECT pg_catalog.current_setting('sharding.move_parallel', true)");
+    if (parallel_was)
+        dbl(kDst, "SELECT pg_catalog.set_config('sharding.move_parallel', GREATEST(1, " + lit(*parallel_was) +
+                      "::integer / " + std::to_string(sharing) + ")::text, false)");
+    if (parallel_was) debug_at("move " + name + ": " + std::to_string(sharing) + " moves in flight share the copy's sessions");
     // move_progress is kept current while the destination copies: every
     // quarter of a second, the rows and bytes the source's side of the
     // pull has sent so far (copy_progress) on top of the tables already
@@ -548,6 +558,7 @@ void copy_rows(OnlineMove &m) {
         note_copied(m.live_where, copied_rows, copied_bytes);
     }
     dbl(kDst, "SET session_replication_role = origin");
+    if (parallel_was) dbl(kDst, "SELECT pg_catalog.set_config('sharding.move_parallel', " + lit(*parallel_was) + ", false)");
     // The snapshot is no longer needed: let go of the replication connection.
     close_held(name);
 }

@@ -1017,6 +1017,29 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
     return deleted;
 }
 
+int moves_sharing(const std::string &map, int32 logical) {
+    if (!named_open(kSelf)) return 1;
+    Text n;
+    try {
+        // The journal row of a move in flight has phase copying to cleanup
+        // and its executor's session lock (hashtext('sharding.move_journal'),
+        // move): a row left by a dead executor does not count.
+        n = dbl(kSelf,
+                "SELECT pg_catalog.count(*) FROM sharding.move_journal o, sharding.move_journal m "
+                "WHERE m.map = " + lit(map) + " AND m.logical = " + std::to_string(logical) + " AND m." + kLive +
+                " AND o.phase IN ('copying', 'catching_up', 'cutover', 'cleanup') "
+                "AND (o.source IN (m.source, m.destination) OR o.destination IN (m.source, m.destination)) "
+                "AND EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+                "AND l.classid = (pg_catalog.hashtext('sharding.move_journal'))::oid AND l.objsubid = 2 "
+                "AND l.objid = ((o.move % 2147483647)::integer)::oid AND l.database = (SELECT d.oid FROM "
+                "pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()))");
+    } catch (const Error &) {
+        return 1;  // only a share of the sessions is at stake
+    }
+    const int count = n ? std::atoi(n->c_str()) : 1;
+    return count < 1 ? 1 : count;
+}
+
 // _move_undo: undoes a move whose switch has not committed: drops its
 // replication objects and triggers, deletes what it copied to the
 // destination, marks the journal row undone. The source thaws once the

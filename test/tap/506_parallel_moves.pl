@@ -9,8 +9,10 @@
 # is rolled back and carried out again. Then the holds go. The job ends
 # done; the journal shows moves whose run times overlapped; sampled
 # move_progress never shows more than 2 moves in flight nor two of one
-# shard; every row matches the writers' log at the node node_for names
-# (counts and checksums per node); followers agree; nothing is left.
+# shard; the moves copying at once shared sharding.move_parallel's sessions
+# (the runners' DEBUG lines); every row matches the writers' log at the node
+# node_for names (counts and checksums per node); followers agree; nothing
+# is left.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -43,6 +45,10 @@ my $hold = $d->background_psql('n1', on_error_stop => 1);
 $hold->query_safe('BEGIN; LOCK TABLE accounts, events IN SHARE MODE');
 my $hold_pid = $hold->query_safe('SELECT pg_backend_pid()');
 
+# The runners log each move's steps (DEBUG1): a move copying while another
+# is in flight at its nodes says how many share the copy's sessions.
+$q->("ALTER DATABASE coord SET log_min_messages = debug1");
+my $log_from = -s $c->logfile;
 my $job = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n2'], max_parallel => 2)");
 my $sampler = start_sampler($job,
 	'in_flight integer' => "count(*) FILTER (WHERE $IN_FLIGHT)",
@@ -97,6 +103,15 @@ $hold->quit;
 
 is($q->("SELECT sharding.rebalance_wait($job, '240 s')"), 'done', 'the job ends done');
 is(finish_sampler($sampler), '', 'the sampler ran without error');
+$q->("ALTER DATABASE coord RESET log_min_messages");
+# Parallel moves share sharding.move_parallel's sessions (docs/rebalance.md):
+# the moves held at n1 copy together once the hold goes, each seeing the
+# other in flight, and never more than max_parallel of them.
+my $log = substr(slurp_file($c->logfile), $log_from);
+my @shares = $log =~ /move sharding_move_bank_\d+: (\d+) moves in flight share the copy's sessions/g;
+note 'shares: ' . join(' ', @shares);
+ok((grep { $_ == 2 } @shares) > 0, "a move copied while another was in flight at its nodes, with its share of the sessions");
+is((grep { $_ > 2 } @shares), 0, 'never more than max_parallel = 2 moves shared them');
 note $q->("SELECT move, logical, source || '>' || destination, phase, started, finished, coalesce(error, '')
              FROM sharding.move_journal WHERE job = $job ORDER BY move");
 sleep 1;

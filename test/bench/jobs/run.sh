@@ -26,6 +26,10 @@
 # and cutover waits (WAL flush, followers seeing the switch), and a slot of
 # one move waits for the clean-up delete of another at its source (a
 # logical slot is created once every writing transaction there has ended).
+# Moves in flight at the same nodes share sharding.move_parallel's sessions
+# (two moves at once each copy in one). BENCH_TIMELINE=1 prints each timed
+# job's moves step by step, BENCH_ONLY=one (or two) runs one scenario,
+# BENCH_KEEP_LOGS=DIR keeps the instances' logs (docs/performance.md).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 . test/lib/multinode.sh
@@ -56,16 +60,98 @@ for n in n1 n2; do
     qn "$n" -c 'VACUUM ANALYZE accounts' >/dev/null
 done
 
+# BENCH_TIMELINE=1: each timed job's moves, step by step (the engine's DEBUG
+# lines "move NAME: STEP at TIME" in the coordinator's log, and the waits
+# for locks and transactions, log_lock_waits after 50 ms, in the data
+# nodes' logs), as ms since the job's start. Where parallel moves wait for
+# each other shows here (docs/performance.md).
+if [ -n "${BENCH_TIMELINE:-}" ]; then
+    # (log_min_messages is set on the instances' command line: the
+    # database's setting applies to the job's workers.)
+    qn coord -c 'ALTER DATABASE coord SET log_min_messages = debug1' >/dev/null
+    for i in i1 i2; do
+        q "$i" postgres -c 'ALTER SYSTEM SET log_lock_waits = on' -c "ALTER SYSTEM SET deadlock_timeout = '50ms'" \
+            -c 'SELECT pg_reload_conf()' >/dev/null
+    done
+fi
+# timeline JOB T0: the steps of JOB's moves (T0: the job's start, epoch s).
+timeline() {
+    local j=$1 t0=$2 m
+    for m in $(qn coord -c "SELECT move || ':' || logical || ':' || source || ':' || destination
+                              FROM sharding.move_journal WHERE job = $j ORDER BY move"); do
+        IFS=: read -r id lg src dst <<<"$m"
+        printf '#   move %s (shard %s, %s -> %s):' "$id" "$lg" "$src" "$dst"
+        grep -a "move sharding_move_bench_$lg: .* at 20" "${DIR[i0]}/server.log" |
+            sed -n 's/.*move sharding_move_bench_[0-9]*: \(.*\) at \(20[0-9-]* [0-9:.+]*\)$/\2|\1/p' |
+            while IFS='|' read -r when what; do
+                awk -v a="$t0" -v b="$(date -d "$when" +%s.%N)" -v w="$what" \
+                    'BEGIN { if (b >= a) printf " %s +%.0f;", w, (b - a) * 1000 }'
+            done
+        printf ' done +%s\n' "$(qn coord -c "SELECT round((extract(epoch FROM finished) - $t0) * 1000) FROM sharding.move_journal WHERE move = $id")"
+    done
+    for i in i1 i2; do
+        grep -a 'still waiting for\|acquired .* after' "${DIR[$i]}/server.log" | tail -n 40 |
+            while read -r d t z rest; do
+                awk -v a="$t0" -v b="$(date -d "$d $t $z" +%s.%N)" -v i="$i" -v r="$rest" \
+                    'BEGIN { if (b >= a) printf "#   %s +%.0f %s\n", i, (b - a) * 1000, substr(r, 1, 160) }'
+            done
+    done
+}
+# sampler_start / sampler_stop: with BENCH_TIMELINE, what the data nodes'
+# sessions are doing, sampled every 50 ms during a timed job (active ones
+# by wait event; "CPU" where they wait for none), and the CPUs' idle share
+# (vmstat), printed by sampler_stop.
+sampler_start() {
+    [ -n "${BENCH_TIMELINE:-}" ] || return 0
+    : >"$ROOT/samples"
+    (
+        while :; do
+            for i in i1 i2; do
+                q "$i" postgres -F ' ' -c "SELECT '$i', coalesce(wait_event_type || ':' || wait_event, 'CPU'),
+                                                  left(regexp_replace(coalesce(nullif(application_name, ''), backend_type), '[0-9]+', 'N', 'g'), 30)
+                                             FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid()
+                                               OR backend_type IN ('walsender', 'logical replication worker') AND wait_event IS NULL" 2>/dev/null
+            done >>"$ROOT/samples"
+            sleep 0.05
+        done
+    ) &
+    SAMPLER=$!
+    vmstat 1 >"$ROOT/vmstat" &
+    VMSTAT=$!
+}
+sampler_stop() {
+    [ -n "${BENCH_TIMELINE:-}" ] || return 0
+    kill "$SAMPLER" "$VMSTAT" 2>/dev/null
+    wait "$SAMPLER" "$VMSTAT" 2>/dev/null
+    sort "$ROOT/samples" | uniq -c | sort -rn | head -n 25 | sed 's/^/#   sampled: /'
+    awk 'NR > 3 { n++; idle += $15; wa += $16 } END { if (n) printf "#   CPU idle %.0f%%, I/O wait %.0f%% (vmstat, %d s)\n", idle / n, wa / n, n }' "$ROOT/vmstat"
+}
+# settle: every timed job starts from the same state, the data nodes'
+# tables vacuumed and their WAL checkpointed (as test/bench/move/run.sh
+# does). Without it each job paid for the ones before it: the moves back
+# and forth leave the shards' rows dead at both ends, so a round's second
+# job scanned more of them than its first (a job of 4 sequential moves took
+# 6-8 s in the first round and 16-22 s in the second and third of one run),
+# and the alternating order of the jobs (1 2, 2 1, 1 2) favoured the
+# parallel job in two rounds of three.
+settle() {
+    local n
+    for n in n1 n2 n3 n4; do qn "$n" -c 'VACUUM accounts' >/dev/null; done
+    for n in i1 i2; do q "$n" postgres -c 'CHECKPOINT' >/dev/null; done
+}
 # job NODES PARALLEL: runs a job, prints "wall_ms sum_of_moves_ms moves
 # server_ms": wall time from the client's rebalance_start to rebalance_wait's
 # return, the sum of its moves' own times, how many, and the job's time in
 # the server (created until finished).
 job() {
     local t0 j wall
+    sampler_start
     t0=$(date +%s%N)
     j=$(qn coord -c "SELECT sharding.rebalance_start('bench', ARRAY[$1], max_parallel => $2)")
     qn coord -c "SELECT sharding.rebalance_wait($j, '600 s')" >/dev/null
     wall=$((($(date +%s%N) - t0) / 1000000))
+    sampler_stop >&2
+    [ -n "${BENCH_TIMELINE:-}" ] && timeline "$j" "$(awk -v t="$t0" 'BEGIN { printf "%.3f", t / 1e9 }')" >&2
     echo "$wall $(qn coord -c "SELECT round(sum(extract(epoch FROM m.finished - m.started)) * 1000)::bigint || ' ' || count(*)
                                    || ' ' || round(extract(epoch FROM max(j.finished) - max(j.created)) * 1000)::bigint
                                    FROM sharding.move_journal m JOIN sharding.move_jobs j USING (job)
@@ -73,23 +159,37 @@ job() {
 }
 # Scenarios: name, nodes of the timed job, nodes of the job moving back.
 SCENARIOS=("one 'n2' 'n1','n2'" "two 'n1','n2','n3','n4' 'n1','n2'")
+# BENCH_ONLY=one (or two): that scenario alone.
+[ -n "${BENCH_ONLY:-}" ] && for i in "${!SCENARIOS[@]}"; do [ "${SCENARIOS[$i]%% *}" = "$BENCH_ONLY" ] || unset "SCENARIOS[$i]"; done
 for r in $(seq 1 "$RUNS"); do
     if [ $((r % 2)) -eq 1 ]; then order="1 2"; else order="2 1"; fi
     for sc in "${SCENARIOS[@]}"; do
         read -r name there back <<<"$sc"
         for p in $order; do
+            # BENCH_P2_SET='sharding.x = v': set for the coordinator's
+            # database during the jobs with max_parallel 2 (a trial).
+            if [ -n "${BENCH_P2_SET:-}" ]; then
+                if [ "$p" = 2 ]; then qn coord -c "ALTER DATABASE coord SET $BENCH_P2_SET" >/dev/null
+                else qn coord -c "ALTER DATABASE coord RESET ${BENCH_P2_SET%%=*}" >/dev/null; fi
+            fi
+            settle
             res=$(job "$there" "$p")
             echo "# round $r, $name destination(s), max_parallel $p: job ${res%% *} ms (in the server $(echo "$res" | cut -d' ' -f4) ms), its moves $(echo "$res" | cut -d' ' -f2) ms in total ($(echo "$res" | cut -d' ' -f3) moves)"
             echo "$res" >"$ROOT/$name.r$r.p$p"
-            job "$back" 2 >/dev/null
+            BENCH_TIMELINE= job "$back" 2 >/dev/null
         done
     done
 done
 # Ratios per round (both jobs of a round ran back to back), then the median.
 ratio() { for r in $(seq 1 "$RUNS"); do paste -d' ' "$ROOT/$1.r$r.p2" "$ROOT/$1.r$r.p1" | awk '{print $1 / $5}'; done | median; }
-over=$(for r in $(seq 1 "$RUNS"); do awk '{print $1 / $2}' "$ROOT/two.r$r.p1"; done | median)
-over_server=$(for r in $(seq 1 "$RUNS"); do awk '{print $4 / $2}' "$ROOT/two.r$r.p1"; done | median)
-echo "parallel, one source and one destination: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio one)") (median of $RUNS rounds; target <= 0.8)"
-echo "parallel, two destinations: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio two)") (median of $RUNS rounds; target <= 0.8)"
-echo "overhead: job time / sum of its moves (max_parallel 1) = $(printf '%.3f' "$over") from the client, $(printf '%.3f' "$over_server") in the server (target <= 1.1)"
+[ -e "$ROOT/two.r1.p1" ] && over=$(for r in $(seq 1 "$RUNS"); do awk '{print $1 / $2}' "$ROOT/two.r$r.p1"; done | median)
+[ -e "$ROOT/two.r1.p1" ] && over_server=$(for r in $(seq 1 "$RUNS"); do awk '{print $4 / $2}' "$ROOT/two.r$r.p1"; done | median)
+[ -e "$ROOT/one.r1.p1" ] && echo "parallel, one source and one destination: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio one)") (median of $RUNS rounds; target <= 0.8)"
+[ -e "$ROOT/two.r1.p1" ] && echo "parallel, two destinations: job with max_parallel 2 / the same 4 moves one after another = $(printf '%.2f' "$(ratio two)") (median of $RUNS rounds; target <= 0.8)"
+[ -e "$ROOT/two.r1.p1" ] && echo "overhead: job time / sum of its moves (max_parallel 1) = $(printf '%.3f' "$over") from the client, $(printf '%.3f' "$over_server") in the server (target <= 1.1)"
 echo "nproc: $(nproc)"
+# BENCH_KEEP_LOGS=DIR: the instances' server logs copied there.
+if [ -n "${BENCH_KEEP_LOGS:-}" ]; then
+    mkdir -p "$BENCH_KEEP_LOGS"
+    for i in i0 i1 i2; do cp "${DIR[$i]}/server.log" "$BENCH_KEEP_LOGS/$i.log"; done
+fi
