@@ -52,6 +52,13 @@ std::vector<MoveTable> move_tables(const std::string &map);
 // pins: a text[]'s text form, npins its elements.
 std::string filter_sql(const Text &key_column, Oid key_type, const Text &shards, const Text &logical, const Text &key,
                        const Text &pins, int npins);
+// The condition of each table of move_tables(map) (filter_sql with the
+// map's shard count and pins as they are now), in its order; none for a
+// map without tables.
+struct TableFilter {
+    std::string rel, filter;
+};
+std::vector<TableFilter> current_filters(const std::string &map, int32 logical, const Text &key);
 
 // _move_connect / _move_disconnect: sharding_move_src, _dst and _self.
 void check_dsns(const Text &destination, const Text &source);

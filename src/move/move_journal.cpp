@@ -25,6 +25,7 @@
 // move whose lock is free and whose phase is not final was interrupted.
 #include "move/move_engine.hpp"
 #include "move/journal.hpp"
+#include "pg/keys.hpp"
 #include "pg/launcher.hpp"
 #include "routing/owner_switch.hpp"
 #include "move/move_online.hpp"
@@ -320,15 +321,17 @@ int64 run_move(const std::string &map, int32 logical, const Text &key, const std
 // table) stay as they are.
 Text canonical_key(const Text &map, const Text &key) {
     if (!key) return key;
-    Text type = spi_value("SELECT sharding._key_type(a.atttypid::pg_catalog.regtype)::pg_catalog.oid::text "
-                          "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
-                          "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
-                          "AND a.attname = d.key_column "
-                          "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
-                          {c(map)});
+    Text column_type = spi_value("SELECT a.atttypid::pg_catalog.text "
+                                 "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
+                                 "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
+                                 "AND a.attname = d.key_column "
+                                 "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
+                                 {c(map)});
+    if (!column_type) return key;
+    const std::optional<KeyType> type =
+        glue(key_type_of, static_cast<Oid>(std::strtoul(column_type->c_str(), nullptr, 10)));
     if (!type) return key;
-    const Oid oid = static_cast<Oid>(std::strtoul(type->c_str(), nullptr, 10));
-    switch (oid) {
+    switch (key_type_oid(*type)) {
     case INT2OID:
     case INT4OID:
     case INT8OID:
