@@ -64,7 +64,7 @@ std::vector<TableFilter> current_filters(const std::string &map, int32 logical, 
 void check_dsns(const Text &destination, const Text &source);
 void connect(const Text &source, const Text &destination);
 void disconnect();
-// _move_refuse_written: 25001 in a transaction that has written.
+// refuse_written: 25001 in a transaction that has written.
 void refuse_written();
 // _move_wait_flush: until the move's slot has confirmed the source's
 // flushed WAL position (55000 after `seconds`); the seconds waited. The
@@ -76,7 +76,7 @@ struct MoveResult {
     Text new_epoch;
     int64 moved = 0;
 };
-// _move_online: the move itself; _move_finish and _move_undo.
+// _move_online: the move itself; finish and _move_undo.
 MoveResult move_online(const Text &map, int32 logical, const Text &key, const std::string &node);
 // before_delete, when given, runs once the replication is dropped and
 // before the source's rows are deleted (the verification).

@@ -10,7 +10,7 @@
 //     interrupted one) and returns its final phase;
 //   _move_resolve(move, final): rolls back or finishes an interrupted move
 //     from its journal row;
-//   _move_cancel(move), _move_recover(), _move_raise(move);
+//   _move_cancel(move), _move_recover();
 //   _refuse_owner_switch(map, fn): 55000 for move_shard, rebalance and
 //     rebalance_by_load on a map with distributed tables.
 //
@@ -129,7 +129,7 @@ int sqlstate_code(const Text &s) {
 
 Text nonempty(const std::string &s) { return s.empty() ? Text() : Text(s); }
 
-// _move_raise: the recorded error of a move that did not end 'done'.
+// raise_recorded: the recorded error of a move that did not end 'done'.
 [[noreturn]] void raise_recorded(int64 id) {
     JournalRow j = read_row(id);
     const int code = j.error_state ? sqlstate_code(j.error_state) : ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
@@ -731,12 +731,6 @@ SHARDING_FUNCTION(sharding__move_cancel) {
 SHARDING_FUNCTION(sharding__move_recover) {
     (void)fcinfo;
     PG_RETURN_INT32(recover());
-}
-
-// _move_raise(move): raises what the move recorded.
-SHARDING_FUNCTION(sharding__move_raise) {
-    if (PG_ARGISNULL(0)) throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "move failed");
-    raise_recorded(PG_GETARG_INT64(0));
 }
 
 // _refuse_owner_switch(map, fn): 55000 naming a distributed table of the

@@ -1,14 +1,14 @@
 // The orchestration of an online move, in C++ (docs/moves.md; no PL/pgSQL
 // on the move's path), around the move itself (its named steps are
 // move_online.cpp's, sharding._move_online, the engine of
-// move_shard_online and isolate): _move_finish, _move_undo,
-// _move_drop_replication, _move_drop_triggers, _move_stop_backends,
-// _move_sees_switch, _move_journal, _move_phase, _move_call,
-// _move_connect, _move_disconnect, _move_wait_flush, _move_refuse_written,
-// and the helpers that name and describe what a move carries: _move_name,
-// _move_tables, _move_filter_sql. Each keeps its SQL name as a thin
-// LANGUAGE C wrapper (the journal interface and the public calls are in
-// move_journal.cpp; what both share, in move_engine.hpp).
+// move_shard_online and isolate): finish, _move_undo, drop_replication,
+// drop_triggers, _move_stop_backends, _move_sees_switch, _move_journal,
+// phase, _move_call, _move_connect, _move_disconnect, _move_wait_flush,
+// refuse_written, and the helpers that name and describe what a move
+// carries: _move_name, _move_tables, _move_filter_sql. Those with an SQL
+// name keep it as a thin LANGUAGE C wrapper (the journal interface and the
+// public calls are in move_journal.cpp; what both share, in
+// move_engine.hpp).
 //
 // Local steps run through SPI (every value a parameter, the SQL function
 // runs with search_path = pg_catalog, pg_temp and every name qualified) or
@@ -307,7 +307,7 @@ void stop_controller(const std::string &name) {
     if (left && *left != "0") fail(ERRCODE_OBJECT_IN_USE, "sessions of move %s do not end", name.c_str());
 }
 
-// _move_drop_replication: the subscription at the destination (without
+// drop_replication: the subscription at the destination (without
 // contacting the source, which may be down), then the slot (waiting for
 // its walsender to let go, ending it after 2 s) and the publication at the
 // source, once the source sessions of a dead executor are gone.
@@ -335,7 +335,7 @@ void drop_replication(const std::string &name) {
         dbl(kSrc, "DELETE FROM sharding.move_decoding WHERE slot = " + lit(name));
 }
 
-// _move_drop_triggers: a 1.2 move's filter trigger on the map's tables at
+// drop_triggers: a 1.2 move's filter trigger on the map's tables at
 // the destination.
 void drop_triggers(const std::string &map, const std::string &name) {
     for (const MoveTable &t : move_tables(map)) {
@@ -933,7 +933,7 @@ void call_fn(const char *conn, const std::string &fn, const std::string &map, in
 
 // ------------------------------------------------------------------ the move
 
-// _move_finish: the end of a move whose switch has committed (also run
+// finish: the end of a move whose switch has committed (also run
 // after a crash): waits until the source and the destination show it,
 // thaws, drops the replication objects, deletes the moved rows at the
 // source, closes the journal. Connections sharding_move_src/_dst/_self are
@@ -1148,14 +1148,6 @@ SHARDING_FUNCTION(sharding__move_journal) {
     PG_RETURN_DATUM(PointerGetDatum(glue(cstring_to_text_with_len, v->c_str(), (int)v->size())));
 }
 
-// _move_phase(map, logical, phase): committed before the phase acts.
-SHARDING_FUNCTION(sharding__move_phase) {
-    Text map = text_arg(fcinfo, 0);
-    Text ph = text_arg(fcinfo, 2);
-    phase(*map, PG_GETARG_INT32(1), ph->c_str());
-    PG_RETURN_VOID();
-}
-
 // _move_call(conn, fn, map, logical): sharding.<fn>(map, logical) there.
 SHARDING_FUNCTION(sharding__move_call) {
     Text conn = text_arg(fcinfo, 0);
@@ -1166,19 +1158,6 @@ SHARDING_FUNCTION(sharding__move_call) {
     PG_RETURN_VOID();
 }
 
-// _move_finish(map, logical, key, destination, new_epoch): rows deleted at the source.
-SHARDING_FUNCTION(sharding__move_finish) {
-    if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3))
-        fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the map, the shard and the destination of a move must not be NULL");
-    Text map = text_arg(fcinfo, 0);
-    Text key = text_arg(fcinfo, 2);
-    Text dest = text_arg(fcinfo, 3);
-    Text epoch;
-    if (!PG_ARGISNULL(4)) epoch = std::to_string(PG_GETARG_INT64(4));
-    int64 deleted = finish(*map, PG_GETARG_INT32(1), key, *dest, epoch);
-    PG_RETURN_INT64(deleted);
-}
-
 // _move_undo(map, logical, key).
 SHARDING_FUNCTION(sharding__move_undo) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
@@ -1186,21 +1165,6 @@ SHARDING_FUNCTION(sharding__move_undo) {
     Text map = text_arg(fcinfo, 0);
     Text key = text_arg(fcinfo, 2);
     undo(*map, PG_GETARG_INT32(1), key);
-    PG_RETURN_VOID();
-}
-
-// _move_drop_replication(name).
-SHARDING_FUNCTION(sharding__move_drop_replication) {
-    Text name = text_arg(fcinfo, 0);
-    drop_replication(*name);
-    PG_RETURN_VOID();
-}
-
-// _move_drop_triggers(map, name).
-SHARDING_FUNCTION(sharding__move_drop_triggers) {
-    Text map = text_arg(fcinfo, 0);
-    Text name = text_arg(fcinfo, 1);
-    drop_triggers(*map, *name);
     PG_RETURN_VOID();
 }
 
@@ -1304,13 +1268,6 @@ SHARDING_FUNCTION(sharding__move_wait_flush) {
         }
     double waited = wait_flush(*name, seconds, where);
     PG_RETURN_FLOAT8(waited);
-}
-
-// _move_refuse_written(): 25001 in a transaction that has written.
-SHARDING_FUNCTION(sharding__move_refuse_written) {
-    (void)fcinfo;
-    refuse_written();
-    PG_RETURN_VOID();
 }
 
 namespace sharding {
