@@ -59,6 +59,10 @@ struct TableFilter {
     std::string rel, filter;
 };
 std::vector<TableFilter> current_filters(const std::string &map, int32 logical, const Text &key);
+// The condition of each of tables, with the shard count and the pins (a
+// text[]'s text form, npins its elements) given.
+std::vector<TableFilter> table_filters(const std::vector<MoveTable> &tables, const Text &shards, int32 logical,
+                                       const Text &key, const Text &pins, int npins);
 
 // _move_connect / _move_disconnect: sharding_move_src, _dst and _self.
 void check_dsns(const Text &destination, const Text &source);

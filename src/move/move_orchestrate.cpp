@@ -571,7 +571,6 @@ std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables) {
     return std::nullopt;
 }
 
-
 // ------------------------------------------------------------------ what the ends have
 // (CONTRACT 15.1: every kind of distributed table, schemas compared.)
 
@@ -728,20 +727,24 @@ std::string filter_sql(const Text &key_column, Oid key_type, const Text &shards,
     return sql;
 }
 
-std::vector<TableFilter> current_filters(const std::string &map, int32 logical, const Text &key) {
+std::vector<TableFilter> table_filters(const std::vector<MoveTable> &tables, const Text &shards, int32 logical,
+                                       const Text &key, const Text &pins, int npins) {
     std::vector<TableFilter> out;
+    const Text logical_s = std::to_string(logical);
+    for (const MoveTable &t : tables)
+        out.push_back({t.rel, filter_sql(t.key_column.empty() ? Text() : Text(t.key_column), t.key_type, shards, logical_s,
+                                         key, pins, npins)});
+    return out;
+}
+
+std::vector<TableFilter> current_filters(const std::string &map, int32 logical, const Text &key) {
     const std::vector<MoveTable> tables = move_tables(map);
-    if (tables.empty()) return out;
+    if (tables.empty()) return {};
     const Text shards = require_map(Text(map), false);
     const std::vector<Row> p = spi_rows("SELECT coalesce(pg_catalog.array_agg(p.key), '{}')::text, pg_catalog.count(*)::text "
                                         "FROM sharding.pins p WHERE p.map = $1",
                                         {map.c_str()});
-    const int npins = std::atoi(must(p[0][1]).c_str());
-    const Text logical_s = std::to_string(logical);
-    for (const MoveTable &t : tables)
-        out.push_back({t.rel, filter_sql(t.key_column.empty() ? Text() : Text(t.key_column), t.key_type, shards, logical_s,
-                                         key, p[0][0], npins)});
-    return out;
+    return table_filters(tables, shards, logical, key, p[0][0], std::atoi(must(p[0][1]).c_str()));
 }
 
 // ------------------------------------------------------------------ connections
@@ -1033,8 +1036,6 @@ bool undo(const std::string &map, int32 logical, const Text &key) {
             " AND " + kLive);
     return true;
 }
-
-
 
 namespace {
 
