@@ -48,7 +48,10 @@ extern "C" {
 namespace sharding::move {
 namespace {
 
-bool is_final(const std::string &phase) { return phase == "done" || phase == "failed" || phase == "cancelled"; }
+bool is_final(const std::string &phase) {
+    const std::optional<Phase> p = from_text(phase);
+    return p && is_final(*p);
+}
 
 // A journal row, as the functions below read it.
 struct JournalRow {

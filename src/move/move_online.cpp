@@ -298,8 +298,8 @@ void fix_plan(OnlineMove &m) {
             rels.push_back(t.rel);
             filters.push_back(t.filter);
         }
-        m.move_id = dbl(kSelf, "UPDATE sharding.move_journal AS j SET phase = 'copying', phase_started = pg_catalog.now(), "
-                               "plan_shards = " + (shards ? lit(shards) : std::string("NULL")) + "::integer, plan_pins = " +
+        m.move_id = dbl(kSelf, "UPDATE sharding.move_journal AS j SET phase = " + lit(std::string(to_text(Phase::Copying))) +
+                               ", phase_started = pg_catalog.now(), plan_shards = " + (shards ? lit(shards) : std::string("NULL")) + "::integer, plan_pins = " +
                                lit(p[0][0]) + "::text[], plan_tables = " + text_array(rels) + ", plan_filters = " +
                                text_array(filters) + " WHERE j.map = " + lit(map) + " AND j.logical = " + logical_s +
                                " AND j." + kLive + " RETURNING j.move");
@@ -595,7 +595,7 @@ void subscribe(OnlineMove &m) {
 void catch_up(OnlineMove &m) {
     m.step = "catchup";
     debug_at("move " + m.name + ": catchup");
-    phase(m.map, m.logical, "catching_up");
+    phase(m.map, m.logical, Phase::CatchingUp);
     for (int i = 1; i <= 100; i++)
         if (wait_flush(m.name, 600, m.live_where) < 0.2) break;
 }
@@ -654,7 +654,7 @@ void try_cutover(OnlineMove &m, const std::string &timeout_ms, bool *frozen, boo
 void cut_over(OnlineMove &m) {
     m.step = "cutover";
     debug_at("move " + m.name + ": cutover");
-    phase(m.map, m.logical, "cutover");
+    phase(m.map, m.logical, Phase::Cutover);
     const std::string timeout_ms = std::to_string(move_freeze_timeout);
     for (int attempt = 1;; attempt++) {
         bool frozen = false, held = false;

@@ -105,8 +105,8 @@ void debug_at(const std::string &what) {
 }
 
 // The live move of the shard enters a phase (committed before it acts).
-void phase(const std::string &map, int32 logical, const char *ph) {
-    journal("UPDATE sharding.move_journal SET phase = " + lit(std::string(ph)) +
+void phase(const std::string &map, int32 logical, Phase ph) {
+    journal("UPDATE sharding.move_journal SET phase = " + lit(std::string(to_text(ph))) +
             ", phase_started = pg_catalog.now() WHERE map = " + lit(map) + " AND logical = " +
             std::to_string(logical) + " AND " + kLive);
 }
