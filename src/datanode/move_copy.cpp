@@ -4,7 +4,7 @@
 //   logical replication connection to the source and creates the move's
 //   slot there with an exported snapshot (CREATE_REPLICATION_SLOT ...
 //   LOGICAL ... (SNAPSHOT 'export')). The connection stays open, idle, so
-//   the snapshot stays importable, until _move_slot_close(slot) or the end
+//   the snapshot stays importable, until close_held(slot) or the end
 //   of the transaction. Every change committed after that snapshot is in the
 //   slot's stream, every change before it in the copy: they never overlap.
 //
@@ -719,15 +719,6 @@ SHARDING_FUNCTION(sharding__move_slot_create) {
         return heap_form_tuple(BlessTupleDesc(desc), vals, nulls);
     });
     return HeapTupleGetDatum(t);
-}
-
-// _move_slot_close(slot text) RETURNS boolean: lets go of the exported
-// snapshot (closes the replication connection); false if none was held.
-SHARDING_FUNCTION(sharding__move_slot_close) {
-    if (PG_ARGISNULL(0)) PG_RETURN_BOOL(false);
-    std::string slot = pg_call([&]() -> char * { return text_to_cstring(PG_GETARG_TEXT_PP(0)); });
-    bool found = close_held(slot);
-    PG_RETURN_BOOL(found);
 }
 
 // _move_nice(step integer) RETURNS integer: raises this backend's nice

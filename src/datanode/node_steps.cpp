@@ -23,7 +23,7 @@ namespace sharding::move {
 
 void freeze_shard(const Text &map, const Text &logical) {
     check_logical(map, logical, require_map(map, false));
-    spi_value("SELECT sharding._lock_shard($1, $2::integer)", {c(map), c(logical)});
+    lock_shard_exclusive(map, logical);
     spi_value("INSERT INTO sharding.frozen_shards AS f (map, logical) VALUES ($1, $2::integer) ON CONFLICT DO NOTHING",
               {c(map), c(logical)});
 }

@@ -937,11 +937,9 @@ void sharding_jobs_launcher_main(Datum) {
 // commits, running as `runas` (which must be the caller unless the caller
 // is a superuser). False when the library is not preloaded (then
 // rebalance_run carries the job out).
-SHARDING_FUNCTION(sharding__job_launch) {
-    int64 job = PG_GETARG_INT64(0);
-    int32 runners = PG_GETARG_INT32(1);
-    Oid runas = PG_GETARG_OID(2);
-    if (shared == nullptr) PG_RETURN_BOOL(false);
+namespace sharding {
+bool jobs_launch(int64 job, int32 runners, Oid runas) {
+    if (shared == nullptr) return false;
     // Another role's runners: a superuser, or the extension's owner (the
     // launcher's scanner, which starts the runners of every live job; each
     // runner checks its job's role's rights again).
@@ -953,24 +951,32 @@ SHARDING_FUNCTION(sharding__job_launch) {
         });
     if (runas != GetUserId() && !superuser() && !owner)
         sharding::fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "only a superuser may start move workers as another role");
-    if (runners <= 0) PG_RETURN_BOOL(true);
+    if (runners <= 0) return true;
     if (!callback_registered) {
         sharding::pg_call([] { RegisterXactCallback(jobs_xact_callback, nullptr); });
         callback_registered = true;
     }
     if (n_wishes == kMaxWishes) {
         wake_launcher();  // the launcher's next scan starts them
-        PG_RETURN_BOOL(true);
+        return true;
     }
     wishes[n_wishes++] = Wish{job, runas, runners};
-    PG_RETURN_BOOL(true);
+    return true;
+}
+
+int jobs_runners(int64 job) {
+    if (shared == nullptr) return 0;
+    return runners_of(MyDatabaseId, job);
+}
+}  // namespace sharding
+
+SHARDING_FUNCTION(sharding__job_launch) {
+    PG_RETURN_BOOL(sharding::jobs_launch(PG_GETARG_INT64(0), PG_GETARG_INT32(1), PG_GETARG_OID(2)));
 }
 
 // _job_runners(job bigint): integer, runners of job in this database now.
 SHARDING_FUNCTION(sharding__job_runners) {
-    int64 job = PG_GETARG_INT64(0);
-    if (shared == nullptr) PG_RETURN_INT32(0);
-    PG_RETURN_INT32(runners_of(MyDatabaseId, job));
+    PG_RETURN_INT32(sharding::jobs_runners(PG_GETARG_INT64(0)));
 }
 
 namespace sharding {

@@ -517,8 +517,9 @@ void launch(const Text &job, bool done, const Text &switched, const Text &max_pa
         spi_value("UPDATE sharding.move_jobs t SET state = 'done', switched = coalesce($2::integer, t.switched), "
                   "started = pg_catalog.now(), finished = pg_catalog.now() WHERE t.job = $1::bigint",
                   {c(job), c(switched)});
-    else
-        spi_value("SELECT sharding._job_launch($1::bigint, $2::integer, $3::oid)", {c(job), c(max_parallel), c(runas)});
+    else if (job && max_parallel && runas)
+        (void)jobs_launch(to_int64(job), std::atoi(max_parallel->c_str()),
+                          static_cast<Oid>(std::strtoul(runas->c_str(), nullptr, 10)));
 }
 
 // Glue: SPI for a procedure that commits (nonatomic when CALLed outside a
@@ -776,9 +777,14 @@ SHARDING_FUNCTION(sharding__job_execute) {
 // _job_adopt(): the oldest live job of this role that lacks runners.
 SHARDING_FUNCTION(sharding__job_adopt) {
     (void)fcinfo;
-    Text job = spi_value("SELECT j.job::text FROM sharding.move_jobs j WHERE j.state IN ('queued', 'running') "
-                         "AND j.runas = $1::oid AND sharding._job_runners(j.job) < j.max_parallel ORDER BY j.job LIMIT 1",
-                         {c(me())});
+    Text job;
+    for (const Row &j : spi_rows("SELECT j.job::text, j.max_parallel::text FROM sharding.move_jobs j "
+                                 "WHERE j.state IN ('queued', 'running') AND j.runas = $1::oid ORDER BY j.job",
+                                 {c(me())}))
+        if (j[1] && jobs_runners(to_int64(j[0])) < std::atoi(j[1]->c_str())) {
+            job = j[0];
+            break;
+        }
     return bigint_or_null(fcinfo, job);
 }
 
@@ -806,8 +812,9 @@ SHARDING_FUNCTION(sharding__job_pickup) {
             if (!spi_value(kLiveOfJob, {c(j[0])})) finish_job(j[0]);
             continue;
         }
-        spi_value("SELECT sharding._job_launch($1::bigint, $2::integer - sharding._job_runners($1::bigint), $3::oid)",
-                  {c(j[0]), c(j[1]), c(j[2])});
+        if (j[1] && j[2])
+            (void)jobs_launch(to_int64(j[0]), std::atoi(j[1]->c_str()) - jobs_runners(to_int64(j[0])),
+                              static_cast<Oid>(std::strtoul(j[2]->c_str(), nullptr, 10)));
         n++;
     }
     PG_RETURN_INT32(n);

@@ -88,7 +88,7 @@ uint64 delete_local(Oid relid, const char *filter) {
 
 // What a move deletes: its origin's name, and per table the qualified name
 // and the condition, as the move's journal row fixed them when it started
-// (_move_filter_sql with the pins of then).
+// (filter_sql with the pins of then).
 struct DeletePlan {
     char *origin;
     int ntables;
@@ -97,7 +97,8 @@ struct DeletePlan {
 };
 
 // Glue: reads the plan through SPI into the caller's memory context (the
-// map known to exist; origin: the move's name).
+// map known to exist; origin: the move's name); nullptr for a move without
+// a plan in its journal row.
 DeletePlan *read_plan(const char *map, int32 logical, const char *key, const char *origin) {
     MemoryContext caller = CurrentMemoryContext;
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
@@ -131,12 +132,10 @@ DeletePlan *read_plan(const char *map, int32 logical, const char *key, const cha
                 "AND j.phase NOT IN ('done', 'failed', 'cancelled') ORDER BY r.i",
                 3, types, vals, nulls, false, 0) != SPI_OK_SELECT)
             elog(ERROR, "could not read the plan of a move");
-    } else if (SPI_execute_with_args(
-                   "SELECT m.rel, sharding._move_filter_sql(m.key_column, m.key_type, sharding._require_map($1), $2, $3, "
-                   "(SELECT coalesce(pg_catalog.array_agg(p.key), '{}') FROM sharding.pins p WHERE p.map = $1)) "
-                   "FROM sharding._move_tables($1) m",
-                   3, types, vals, nulls, false, 0) != SPI_OK_SELECT)
-        elog(ERROR, "could not read the tables of a move");
+    } else {
+        SPI_finish();
+        return nullptr;
+    }
     plan->ntables = (int)SPI_processed;
     plan->rels = static_cast<char **>(MemoryContextAllocZero(caller, sizeof(char *) * (plan->ntables + 1)));
     plan->filters = static_cast<char **>(MemoryContextAllocZero(caller, sizeof(char *) * (plan->ntables + 1)));
@@ -149,6 +148,20 @@ DeletePlan *read_plan(const char *map, int32 logical, const char *key, const cha
     }
     sharding::spi_snapshot_pop(snap);
     SPI_finish();
+    return plan;
+}
+
+// Glue: a plan of n tables, copied into the current memory context.
+DeletePlan *make_plan(const char *origin, int n, const char *const *rels, const char *const *filters) {
+    DeletePlan *plan = static_cast<DeletePlan *>(palloc0(sizeof(DeletePlan)));
+    plan->origin = pstrdup(origin);
+    plan->ntables = n;
+    plan->rels = static_cast<char **>(palloc0(sizeof(char *) * (n + 1)));
+    plan->filters = static_cast<char **>(palloc0(sizeof(char *) * (n + 1)));
+    for (int i = 0; i < n; i++) {
+        plan->rels[i] = pstrdup(rels[i]);
+        plan->filters[i] = pstrdup(filters[i]);
+    }
     return plan;
 }
 
@@ -410,6 +423,16 @@ int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical,
     const std::string origin = journal_move_name(map, logical);
     const char *k = key ? key->c_str() : nullptr;
     DeletePlan *plan = glue(read_plan, map.c_str(), logical, k, origin.c_str());
+    if (plan == nullptr) {
+        // Without a plan: the configuration as it is now.
+        const std::vector<TableFilter> now = current_filters(map, logical, key);
+        std::vector<const char *> rels, filters;
+        for (const TableFilter &t : now) {
+            rels.push_back(t.rel.c_str());
+            filters.push_back(t.filter.c_str());
+        }
+        plan = glue(make_plan, origin.c_str(), (int)now.size(), rels.data(), filters.data());
+    }
     if (plan->ntables == 0) return 0;
     return delete_rows(conn, plan, map, logical);
 }

@@ -73,12 +73,23 @@ std::vector<MoveTable> move_tables(const std::string &map);
 // pins: a text[]'s text form, npins its elements.
 std::string filter_sql(const Text &key_column, Oid key_type, const Text &shards, const Text &logical, const Text &key,
                        const Text &pins, int npins);
+// The condition of each table of move_tables(map) (filter_sql with the
+// map's shard count and pins as they are now), in its order; none for a
+// map without tables.
+struct TableFilter {
+    std::string rel, filter;
+};
+std::vector<TableFilter> current_filters(const std::string &map, int32 logical, const Text &key);
+// The condition of each of tables, with the shard count and the pins (a
+// text[]'s text form, npins its elements) given.
+std::vector<TableFilter> table_filters(const std::vector<MoveTable> &tables, const Text &shards, int32 logical,
+                                       const Text &key, const Text &pins, int npins);
 
 // _move_connect / _move_disconnect: sharding_move_src, _dst and _self.
 void check_dsns(const Text &destination, const Text &source);
 void connect(const Text &source, const Text &destination);
 void disconnect();
-// _move_refuse_written: 25001 in a transaction that has written.
+// refuse_written: 25001 in a transaction that has written.
 void refuse_written();
 // _move_wait_flush: until the move's slot has confirmed the source's
 // flushed WAL position (55000 after `seconds`); the seconds waited. The
@@ -90,7 +101,7 @@ struct MoveResult {
     Text new_epoch;
     int64 moved = 0;
 };
-// _move_online: the move itself; _move_finish and _move_undo.
+// _move_online: the move itself; finish and _move_undo.
 MoveResult move_online(const Text &map, int32 logical, const Text &key, const std::string &node);
 // before_delete, when given, runs once the replication is dropped and
 // before the source's rows are deleted (the verification).

@@ -10,7 +10,7 @@
 //     interrupted one) and returns its final phase;
 //   _move_resolve(move, final): rolls back or finishes an interrupted move
 //     from its journal row;
-//   _move_cancel(move), _move_recover(), _move_raise(move);
+//   _move_cancel(move), _move_recover();
 //   _refuse_owner_switch(map, fn): 55000 for move_shard, rebalance and
 //     rebalance_by_load on a map with distributed tables.
 //
@@ -25,6 +25,7 @@
 // move whose lock is free and whose phase is not final was interrupted.
 #include "move/move_engine.hpp"
 #include "move/journal.hpp"
+#include "pg/keys.hpp"
 #include "pg/launcher.hpp"
 #include "routing/owner_switch.hpp"
 #include "move/move_online.hpp"
@@ -47,7 +48,10 @@ extern "C" {
 namespace sharding::move {
 namespace {
 
-bool is_final(const std::string &phase) { return phase == "done" || phase == "failed" || phase == "cancelled"; }
+bool is_final(const std::string &phase) {
+    const std::optional<Phase> p = from_text(phase);
+    return p && is_final(*p);
+}
 
 // A journal row, as the functions below read it.
 struct JournalRow {
@@ -128,7 +132,7 @@ int sqlstate_code(const Text &s) {
 
 Text nonempty(const std::string &s) { return s.empty() ? Text() : Text(s); }
 
-// _move_raise: the recorded error of a move that did not end 'done'.
+// raise_recorded: the recorded error of a move that did not end 'done'.
 [[noreturn]] void raise_recorded(int64 id) {
     JournalRow j = read_row(id);
     const int code = j.error_state ? sqlstate_code(j.error_state) : ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
@@ -320,15 +324,17 @@ int64 run_move(const std::string &map, int32 logical, const Text &key, const std
 // table) stay as they are.
 Text canonical_key(const Text &map, const Text &key) {
     if (!key) return key;
-    Text type = spi_value("SELECT sharding._key_type(a.atttypid::pg_catalog.regtype)::pg_catalog.oid::text "
-                          "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
-                          "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
-                          "AND a.attname = d.key_column "
-                          "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
-                          {c(map)});
+    Text column_type = spi_value("SELECT a.atttypid::pg_catalog.text "
+                                 "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
+                                 "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
+                                 "AND a.attname = d.key_column "
+                                 "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
+                                 {c(map)});
+    if (!column_type) return key;
+    const std::optional<KeyType> type =
+        glue(key_type_of, static_cast<Oid>(std::strtoul(column_type->c_str(), nullptr, 10)));
     if (!type) return key;
-    const Oid oid = static_cast<Oid>(std::strtoul(type->c_str(), nullptr, 10));
-    switch (oid) {
+    switch (key_type_oid(*type)) {
     case INT2OID:
     case INT4OID:
     case INT8OID:
@@ -731,12 +737,6 @@ SHARDING_FUNCTION(sharding__move_cancel) {
 SHARDING_FUNCTION(sharding__move_recover) {
     (void)fcinfo;
     PG_RETURN_INT32(recover());
-}
-
-// _move_raise(move): raises what the move recorded.
-SHARDING_FUNCTION(sharding__move_raise) {
-    if (PG_ARGISNULL(0)) throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "move failed");
-    raise_recorded(PG_GETARG_INT64(0));
 }
 
 // _refuse_owner_switch(map, fn): 55000 naming a distributed table of the

@@ -294,19 +294,39 @@ void compare_schemas(OnlineMove &m) {
 // The journal says 'copying' before the publication and the slot exist.
 void fix_plan(OnlineMove &m) {
     const std::string &map = m.map, &logical_s = m.logical_s;
-    m.move_id =
-        dbl(kSelf, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('sharding.move_plan'), "
-                   "pg_catalog.hashtext(" + lit(map) + ")); "
-                   "UPDATE sharding.move_journal AS j SET phase = 'copying', phase_started = pg_catalog.now(), "
-                   "plan_shards = s.n, plan_pins = p.pins, plan_tables = t.rels, plan_filters = t.filters "
-                   "FROM (SELECT sharding._require_map(" + lit(map) + ") AS n) AS s, "
-                   "LATERAL (SELECT coalesce(pg_catalog.array_agg(x.key ORDER BY x.key), '{}') AS pins "
-                   "FROM sharding.pins x WHERE x.map = " + lit(map) + ") AS p, "
-                   "LATERAL (SELECT coalesce(pg_catalog.array_agg(m.rel ORDER BY m.rel), '{}') AS rels, "
-                   "coalesce(pg_catalog.array_agg(sharding._move_filter_sql(m.key_column, m.key_type, s.n, " + logical_s +
-                   ", " + (m.key ? lit(m.key) : std::string("NULL")) + "::text, p.pins) ORDER BY m.rel), '{}') AS filters "
-                   "FROM sharding._move_tables(" + lit(map) + ") AS m) AS t "
-                   "WHERE j.map = " + lit(map) + " AND j.logical = " + logical_s + " AND j." + kLive + " RETURNING j.move");
+    // The lock is taken over kSelf, in a transaction of its own that the
+    // journal row commits in; the plan is read here once it is held (what
+    // pin and the rest committed before is seen, nothing commits after).
+    dbl(kSelf, "BEGIN; SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('sharding.move_plan'), "
+               "pg_catalog.hashtext(" + lit(map) + "))");
+    try {
+        const Text shards = require_map(Text(map), false);
+        const std::vector<Row> p = spi_rows("SELECT coalesce(pg_catalog.array_agg(x.key ORDER BY x.key), '{}')::text, "
+                                            "pg_catalog.count(*)::text FROM sharding.pins x WHERE x.map = $1",
+                                            {map.c_str()});
+        const std::vector<TableFilter> now =
+            table_filters(move_tables(map), shards, m.logical, m.key, p[0][0], std::atoi(must(p[0][1]).c_str()));
+        // In the order of their names as the database sorts text.
+        std::vector<std::string> names;
+        for (const TableFilter &t : now) names.push_back(t.rel);
+        std::vector<std::string> rels, filters;
+        const std::string order = "SELECT (u.i - 1)::text FROM pg_catalog.unnest(" + text_array(names) +
+                                  ") WITH ORDINALITY AS u(rel, i) ORDER BY u.rel";
+        for (const Row &r : spi_rows(order.c_str(), {})) {
+            const TableFilter &t = now[std::strtoul(must(r[0]).c_str(), nullptr, 10)];
+            rels.push_back(t.rel);
+            filters.push_back(t.filter);
+        }
+        m.move_id = dbl(kSelf, "UPDATE sharding.move_journal AS j SET phase = " + lit(std::string(to_text(Phase::Copying))) +
+                               ", phase_started = pg_catalog.now(), plan_shards = " + (shards ? lit(shards) : std::string("NULL")) + "::integer, plan_pins = " +
+                               lit(p[0][0]) + "::text[], plan_tables = " + text_array(rels) + ", plan_filters = " +
+                               text_array(filters) + " WHERE j.map = " + lit(map) + " AND j.logical = " + logical_s +
+                               " AND j." + kLive + " RETURNING j.move");
+        dbl(kSelf, "COMMIT");
+    } catch (...) {
+        dbl(kSelf, "ROLLBACK");
+        throw;
+    }
     std::vector<Row> &planned = m.planned;
     if (m.move_id) {
         planned = spi_rows("SELECT j.plan_pins::text, pg_catalog.cardinality(j.plan_pins)::text, j.plan_shards::text, "
@@ -605,7 +625,7 @@ void subscribe(OnlineMove &m) {
 void catch_up(OnlineMove &m) {
     m.step = "catchup";
     debug_at("move " + m.name + ": catchup");
-    phase(m.map, m.logical, "catching_up");
+    phase(m.map, m.logical, Phase::CatchingUp);
     for (int i = 1; i <= 100; i++)
         if (wait_flush(m.name, 600, m.live_where) < 0.2) break;
 }
@@ -667,7 +687,7 @@ void cut_over(OnlineMove &m) {
     // The delete's origin states at the source, taken before the switch
     // (review RB-9): without them the move fails here, rolled back.
     reserve_origins(kSrc, m.name, m.source.value_or(""));
-    phase(m.map, m.logical, "cutover");
+    phase(m.map, m.logical, Phase::Cutover);
     const std::string timeout_ms = std::to_string(move_freeze_timeout);
     for (int attempt = 1;; attempt++) {
         bool frozen = false, held = false;

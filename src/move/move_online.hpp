@@ -4,6 +4,7 @@
 #pragma once
 
 #include "move/move_engine.hpp"
+#include "move/phase.hpp"
 
 #include <optional>
 #include <string>
@@ -40,7 +41,7 @@ inline constexpr const char *kVerify = "sharding_move_verify";
 
 // A DEBUG1 line with the time; the journal's phase of the live move.
 void debug_at(const std::string &what);
-void phase(const std::string &map, int32 logical, const char *ph);
+void phase(const std::string &map, int32 logical, Phase ph);
 // ARRAY['a', 'b']::text[].
 std::string text_array(const std::vector<std::string> &items);
 // _move_pull's answer; what the pull has sent so far; noted in the journal.

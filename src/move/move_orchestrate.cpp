@@ -1,14 +1,14 @@
 // The orchestration of an online move, in C++ (docs/moves.md; no PL/pgSQL
 // on the move's path), around the move itself (its named steps are
 // move_online.cpp's, sharding._move_online, the engine of
-// move_shard_online and isolate): _move_finish, _move_undo,
-// _move_drop_replication, _move_drop_triggers, _move_stop_backends,
-// _move_sees_switch, _move_journal, _move_phase, _move_call,
-// _move_connect, _move_disconnect, _move_wait_flush, _move_refuse_written,
-// and the helpers that name and describe what a move carries: _move_name,
-// _move_tables, _move_filter_sql. Each keeps its SQL name as a thin
-// LANGUAGE C wrapper (the journal interface and the public calls are in
-// move_journal.cpp; what both share, in move_engine.hpp).
+// move_shard_online and isolate): finish, _move_undo, drop_replication,
+// drop_triggers, _move_stop_backends, _move_sees_switch, _move_journal,
+// phase, _move_call, _move_connect, _move_disconnect, _move_wait_flush,
+// refuse_written, and the helpers that name and describe what a move
+// carries: _move_name, _move_tables, _move_filter_sql. Those with an SQL
+// name keep it as a thin LANGUAGE C wrapper (the journal interface and the
+// public calls are in move_journal.cpp; what both share, in
+// move_engine.hpp).
 //
 // Local steps run through SPI (every value a parameter, the SQL function
 // runs with search_path = pg_catalog, pg_temp and every name qualified) or
@@ -106,8 +106,8 @@ void debug_at(const std::string &what) {
 }
 
 // The live move of the shard enters a phase (committed before it acts).
-void phase(const std::string &map, int32 logical, const char *ph) {
-    journal("UPDATE sharding.move_journal SET phase = " + lit(std::string(ph)) +
+void phase(const std::string &map, int32 logical, Phase ph) {
+    journal("UPDATE sharding.move_journal SET phase = " + lit(std::string(to_text(ph))) +
             ", phase_started = pg_catalog.now() WHERE map = " + lit(map) + " AND logical = " +
             std::to_string(logical) + " AND " + kLive);
 }
@@ -308,7 +308,7 @@ void stop_controller(const std::string &name) {
     if (left && *left != "0") fail(ERRCODE_OBJECT_IN_USE, "sessions of move %s do not end", name.c_str());
 }
 
-// _move_drop_replication: the subscription at the destination (without
+// drop_replication: the subscription at the destination (without
 // contacting the source, which may be down), then the slot (waiting for
 // its walsender to let go, ending it after 2 s) and the publication at the
 // source, once the source sessions of a dead executor are gone.
@@ -336,7 +336,7 @@ void drop_replication(const std::string &name) {
         dbl(kSrc, "DELETE FROM sharding.move_decoding WHERE slot = " + lit(name));
 }
 
-// _move_drop_triggers: a 1.2 move's filter trigger on the map's tables at
+// drop_triggers: a 1.2 move's filter trigger on the map's tables at
 // the destination.
 void drop_triggers(const std::string &map, const std::string &name) {
     for (const MoveTable &t : move_tables(map)) {
@@ -572,7 +572,6 @@ std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables) {
     return std::nullopt;
 }
 
-
 // ------------------------------------------------------------------ what the ends have
 // (CONTRACT 15.1: every kind of distributed table, schemas compared.)
 
@@ -777,6 +776,26 @@ std::string filter_sql(const Text &key_column, Oid key_type, const Text &shards,
     return sql;
 }
 
+std::vector<TableFilter> table_filters(const std::vector<MoveTable> &tables, const Text &shards, int32 logical,
+                                       const Text &key, const Text &pins, int npins) {
+    std::vector<TableFilter> out;
+    const Text logical_s = std::to_string(logical);
+    for (const MoveTable &t : tables)
+        out.push_back({t.rel, filter_sql(t.key_column.empty() ? Text() : Text(t.key_column), t.key_type, shards, logical_s,
+                                         key, pins, npins)});
+    return out;
+}
+
+std::vector<TableFilter> current_filters(const std::string &map, int32 logical, const Text &key) {
+    const std::vector<MoveTable> tables = move_tables(map);
+    if (tables.empty()) return {};
+    const Text shards = require_map(Text(map), false);
+    const std::vector<Row> p = spi_rows("SELECT coalesce(pg_catalog.array_agg(p.key), '{}')::text, pg_catalog.count(*)::text "
+                                        "FROM sharding.pins p WHERE p.map = $1",
+                                        {map.c_str()});
+    return table_filters(tables, shards, logical, key, p[0][0], std::atoi(must(p[0][1]).c_str()));
+}
+
 // ------------------------------------------------------------------ connections
 
 void check_dsns(const Text &destination, const Text &source) {
@@ -966,7 +985,7 @@ void call_fn(const char *conn, const std::string &fn, const std::string &map, in
 
 // ------------------------------------------------------------------ the move
 
-// _move_finish: the end of a move whose switch has committed (also run
+// finish: the end of a move whose switch has committed (also run
 // after a crash): waits until the source and the destination show it,
 // thaws, drops the replication objects, deletes the moved rows at the
 // source, closes the journal. Connections sharding_move_src/_dst/_self are
@@ -1100,8 +1119,6 @@ bool undo(const std::string &map, int32 logical, const Text &key) {
     return true;
 }
 
-
-
 namespace {
 
 // The result row (glue).
@@ -1214,14 +1231,6 @@ SHARDING_FUNCTION(sharding__move_journal) {
     PG_RETURN_DATUM(PointerGetDatum(glue(cstring_to_text_with_len, v->c_str(), (int)v->size())));
 }
 
-// _move_phase(map, logical, phase): committed before the phase acts.
-SHARDING_FUNCTION(sharding__move_phase) {
-    Text map = text_arg(fcinfo, 0);
-    Text ph = text_arg(fcinfo, 2);
-    phase(*map, PG_GETARG_INT32(1), ph->c_str());
-    PG_RETURN_VOID();
-}
-
 // _move_call(conn, fn, map, logical): sharding.<fn>(map, logical) there.
 SHARDING_FUNCTION(sharding__move_call) {
     Text conn = text_arg(fcinfo, 0);
@@ -1232,19 +1241,6 @@ SHARDING_FUNCTION(sharding__move_call) {
     PG_RETURN_VOID();
 }
 
-// _move_finish(map, logical, key, destination, new_epoch): rows deleted at the source.
-SHARDING_FUNCTION(sharding__move_finish) {
-    if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(3))
-        fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "the map, the shard and the destination of a move must not be NULL");
-    Text map = text_arg(fcinfo, 0);
-    Text key = text_arg(fcinfo, 2);
-    Text dest = text_arg(fcinfo, 3);
-    Text epoch;
-    if (!PG_ARGISNULL(4)) epoch = std::to_string(PG_GETARG_INT64(4));
-    int64 deleted = finish(*map, PG_GETARG_INT32(1), key, *dest, epoch);
-    PG_RETURN_INT64(deleted);
-}
-
 // _move_undo(map, logical, key).
 SHARDING_FUNCTION(sharding__move_undo) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
@@ -1252,21 +1248,6 @@ SHARDING_FUNCTION(sharding__move_undo) {
     Text map = text_arg(fcinfo, 0);
     Text key = text_arg(fcinfo, 2);
     undo(*map, PG_GETARG_INT32(1), key);
-    PG_RETURN_VOID();
-}
-
-// _move_drop_replication(name).
-SHARDING_FUNCTION(sharding__move_drop_replication) {
-    Text name = text_arg(fcinfo, 0);
-    drop_replication(*name);
-    PG_RETURN_VOID();
-}
-
-// _move_drop_triggers(map, name).
-SHARDING_FUNCTION(sharding__move_drop_triggers) {
-    Text map = text_arg(fcinfo, 0);
-    Text name = text_arg(fcinfo, 1);
-    drop_triggers(*map, *name);
     PG_RETURN_VOID();
 }
 
@@ -1385,13 +1366,6 @@ SHARDING_FUNCTION(sharding__move_wait_flush) {
         }
     double waited = wait_flush(*name, seconds, where);
     PG_RETURN_FLOAT8(waited);
-}
-
-// _move_refuse_written(): 25001 in a transaction that has written.
-SHARDING_FUNCTION(sharding__move_refuse_written) {
-    (void)fcinfo;
-    refuse_written();
-    PG_RETURN_VOID();
 }
 
 namespace sharding {

@@ -18,6 +18,8 @@
 // (src/pg/spi.cpp), in the caller's transaction, each with a new
 // snapshot as PL/pgSQL ran them.
 #include "routing/owner_switch.hpp"
+#include "pg/keys.hpp"
+#include "pg/shard_lock.hpp"
 #include "remote/move_remote.hpp"
 
 #include <cstdlib>
@@ -54,6 +56,12 @@ char *setting_glue(const char *name) {
 }
 char *database_glue() { return get_database_name(MyDatabaseId); }
 char *user_glue() { return GetUserNameFromId(GetUserId(), false); }
+
+// Glue: _lock_shard's two locks, of the map and of the shard.
+void lock_shard_glue(const char *map, size_t len, uint32 logical) {
+    (void)lock_shard(map, len, map_level, RowExclusiveLock);
+    (void)lock_shard(map, len, logical, ExclusiveLock);
+}
 
 Text owned(char *s) {
     if (s == nullptr) return std::nullopt;
@@ -123,6 +131,13 @@ void check_database_nodes(const Text &map, const Text &nodes) {
          shown(map).c_str());
 }
 
+void lock_shard_exclusive(const Text &map, const Text &logical) {
+    const long long l = std::strtoll(must(logical).c_str(), nullptr, 10);
+    if (l < 0)  // -1 would be the map-level lock tag
+        fail(ERRCODE_INVALID_PARAMETER_VALUE, "logical shard must not be negative, got %lld", l);
+    glue(lock_shard_glue, must(map).c_str(), must(map).size(), static_cast<uint32>(l));
+}
+
 Text switch_owner(const Text &map, const Text &logical, const Text &node) {
     require_node(node);
     Text shards = require_map(map, false);
@@ -130,7 +145,7 @@ Text switch_owner(const Text &map, const Text &logical, const Text &node) {
     // On a database map the new owner needs a DSN.
     check_database_nodes(map, Text(one_element_array(*node)));
     // Waits for every writer fenced on the shard (and any rebalance).
-    spi_value("SELECT sharding._lock_shard($1, $2::integer)", {c(map), c(logical)});
+    lock_shard_exclusive(map, logical);
     std::vector<Row> cur = spi_rows("SELECT s.node, s.epoch::text FROM sharding.shards s "
                                     "WHERE s.map = $1 AND s.logical = $2::integer FOR UPDATE",
                                     {c(map), c(logical)});
@@ -162,16 +177,28 @@ std::string coordinator_dsn() {
 
 // The logical shard of a pinned key (pins are by text form): computed by
 // the type of the map's distributed key columns, as writers route it (the
-// type a key is hashed as: sharding._key_type).
+// type a key is hashed as: key_type_of).
 Text key_shard(const Text &map, const Text &key) {
-    Text type = spi_value("SELECT sharding._key_type(a.atttypid::pg_catalog.regtype)::text "
-                          "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
-                          "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
-                          "AND a.attname = d.key_column "
-                          "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
-                          {c(map)});
-    if (!type || *type == "text") return spi_value("SELECT sharding.logical_shard($1, $2)::text", {c(map), c(key)});
-    const std::string sql = "SELECT sharding.logical_shard($1, $2::" + *type + ")::text";
+    Text column_type = spi_value("SELECT a.atttypid::pg_catalog.text "
+                                 "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
+                                 "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
+                                 "AND a.attname = d.key_column "
+                                 "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
+                                 {c(map)});
+    const std::optional<KeyType> type =
+        column_type ? glue(key_type_of, static_cast<Oid>(std::strtoul(column_type->c_str(), nullptr, 10)))
+                    : std::nullopt;
+    const char *name = nullptr;  // text (and no type): the text function
+    if (type) switch (*type) {
+        case KeyType::Text: break;
+        case KeyType::Bytea: name = "bytea"; break;
+        case KeyType::Int2: name = "int2"; break;
+        case KeyType::Int4: name = "int4"; break;
+        case KeyType::Int8: name = "int8"; break;
+        case KeyType::Uuid: name = "uuid"; break;
+        }
+    if (!name) return spi_value("SELECT sharding.logical_shard($1, $2)::text", {c(map), c(key)});
+    const std::string sql = "SELECT sharding.logical_shard($1, $2::pg_catalog." + std::string(name) + ")::text";
     return spi_value(sql.c_str(), {c(map), c(key)});
 }
 

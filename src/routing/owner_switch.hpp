@@ -17,6 +17,10 @@ Text require_map(const Text &map, bool for_update);
 void check_logical(const Text &map, const Text &logical, const Text &shards);
 // _check_database_nodes: nodes is a text[]'s text form.
 void check_database_nodes(const Text &map, const Text &nodes);
+// _lock_shard: waits for every writer fenced on the shard and for any
+// rebalance of the map, and keeps new ones out until commit (22023 for a
+// negative shard).
+void lock_shard_exclusive(const Text &map, const Text &logical);
 // _switch_owner: the shard's epoch afterwards.
 Text switch_owner(const Text &map, const Text &logical, const Text &node);
 // _coordinator_dsn.

@@ -11,7 +11,7 @@ NEW=sharding_upgrade_new
 current=$(sed -n "s/^default_version = '\(.*\)'/\1/p" sharding.control)
 # Every released version upgrades to the current one.
 FROMS="1.0 1.1 1.2 1.3"
-echo "1..$((9 * $(echo $FROMS | wc -w)))"
+echo "1..$((9 * $(echo $FROMS | wc -w) + 1))"
 . test/lib/tap.sh
 trap 'dropdb --if-exists $OLD 2>/dev/null; dropdb --if-exists $NEW 2>/dev/null' EXIT
 
@@ -36,6 +36,25 @@ SELECT sharding.create_queue('jobs');
 INSERT INTO jobs (key) SELECT 'k' || i FROM generate_series(1, 5) AS i;
 SQL
 ok_rc $? "version $from installs and works"
+
+# The move engine's SQL wrappers that 1.4 drops (sql/upgrade/1.3--1.4/
+# 34_unused.sql): a database still at 1.3 that calls one is told, each with
+# 0A000, to update (src/pg/legacy.cpp), and nothing else happens.
+if [ "$from" = 1.3 ]; then
+    bad=
+    for call in "_move_slot_close('x')" "_move_drop_replication('x')" "_move_drop_triggers('x', 'x')" \
+                "_move_finish('x', 0, NULL, 'x', NULL)" "_move_phase('x', 0, 'x')" "_move_raise(1)" \
+                "_move_refuse_written()"; do
+        name=${call%%(*}
+        got=$(psql -XAtd $OLD -v VERBOSITY=verbose -c "SELECT sharding.$call" 2>&1 | grep -E '^(ERROR|HINT)' | tr '\n' ' ')
+        want="ERROR:  0A000: function sharding.$name was retired in version 1.4 HINT:  Run ALTER EXTENSION sharding UPDATE. "
+        [ "$got" = "$want" ] || bad="$bad
+#   sharding.$call: got: $got"
+    done
+    [ -z "$bad" ]
+    ok_rc $? "1.3's seven retired move wrappers raise 0A000 telling to update"
+    [ -z "$bad" ] || echo "$bad" | sed 1d
+fi
 
 routes="SELECT string_agg(sharding.partition_for('docs', k)::text || '/' || sharding.node_for('docs', k), ',' ORDER BY k)
           FROM (SELECT 'key-' || i AS k FROM generate_series(1, 300) i UNION ALL SELECT 'whale' UNION ALL SELECT '42') t"
