@@ -1,6 +1,6 @@
 // What an online move runs at its data nodes, in C++ (docs/moves.md: no
 // PL/pgSQL on the move's path), each behind its SQL name as a thin LANGUAGE
-// C wrapper with the PL/pgSQL's results, SQLSTATEs and messages:
+// C wrapper with the SQLSTATEs and messages docs/moves.md lists:
 //
 //   _freeze_shard(map, logical): waits for the shard's guarded and fenced
 //     writers (its exclusive shard lock), then records it frozen, so that

@@ -4,9 +4,9 @@
 // workers of jobs.cpp call: _job_claim (the next move a runner executes),
 // _job_execute, _job_adopt, _job_pickup; _job_lag (move_progress's live
 // lag) and _job_key_shard. Each keeps its SQL name, signature, SQLSTATEs
-// and messages as a thin LANGUAGE C wrapper; the rest of what the PL/pgSQL
-// had as separate functions (the checks, a job's end, the capacity of a
-// node pair, the one-value question to a node) is C++ here.
+// and messages as a thin LANGUAGE C wrapper; the rest (the checks, a
+// job's end, the capacity of a node pair, the one-value question to a
+// node) is C++ here.
 //
 // A job is a row of sharding.move_jobs; each of its moves is a row of the
 // move journal (move_journal.cpp), enqueued when the job starts. Who

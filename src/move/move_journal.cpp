@@ -17,7 +17,7 @@
 // Each keeps its SQL name, signature, SQLSTATEs and messages as a thin
 // LANGUAGE C wrapper. The journal is written over sharding_move_self
 // (move_support.cpp), committed at once whatever this transaction does.
-// Where the PL/pgSQL had an EXCEPTION block there is a subtransaction
+// A step that may fail runs in a subtransaction
 // (subxact): a failed step is rolled back there before anything else runs.
 //
 // Who executes a move: the backend holding the session-level advisory lock

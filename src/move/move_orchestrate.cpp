@@ -19,7 +19,7 @@
 // quoted as pg_catalog.format's %I and %L quote them (quote_identifier,
 // quote_literal_cstr).
 //
-// Transactions, exactly as the PL/pgSQL version had them: the journal is
+// Transactions: the journal is
 // written over sharding_move_self, a connection of this session to this
 // database, so each step is committed there before it acts, whatever this
 // transaction does; the owner switch commits over the same connection

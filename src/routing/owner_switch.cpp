@@ -1,6 +1,6 @@
 // The coordinator's checks and switch on a move's path, in C++ (docs/moves.md:
 // no PL/pgSQL on the move's path), each behind its SQL name as a thin
-// LANGUAGE C wrapper with the PL/pgSQL's results, SQLSTATEs and messages:
+// LANGUAGE C wrapper with the SQLSTATEs and messages docs/moves.md lists:
 //
 //   _require_map(map, for_update): a map's logical shard count (22023 for
 //     NULL, 42704 unknown), its row locked when for_update;
