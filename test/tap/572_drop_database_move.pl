@@ -113,8 +113,10 @@ sub nodes_left { return 'n1:' . $a->safe_psql('n1', $q) . ' n2:' . $b->safe_psql
 is(nodes_left(), 'n1:1/0/1/0/1 n2:0/1/0/0/0', 'not preloaded: the forced drop leaves the move\'s slot, publication, decoding row and subscription');
 ok(shard_rows($b, 'n2', $T) > 0, 'and the rows it copied at the destination');
 # The clean-up of docs/moves.md, "Dropping the coordinator's database":
-# at the destination, then at the source. The name is sharding_move_<map>_<logical>.
-my $name = "sharding_move_bank_$T";
+# at the destination, then at the source. The name
+# (sharding_move_<tag>_<map>_<logical>) is the source's slot's.
+my $name = $a->safe_psql('n1', "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%'");
+like($name, qr/^sharding_move_[0-9a-f]{6}_bank_${T}$/, "the move's objects are named $name");
 $b->safe_psql('n2', "ALTER SUBSCRIPTION $name DISABLE;
                      ALTER SUBSCRIPTION $name SET (slot_name = NONE);
                      DROP SUBSCRIPTION $name;
