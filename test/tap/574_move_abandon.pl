@@ -130,13 +130,13 @@ is($out, 'n1', 'S1: move_abandon returns the owner, n1') or diag($err);
 like($err, qr/WARNING:  move $m1 abandoned: abandoned in phase cutover: node "n2", its destination, is out of reach .*Left at "n2": subscription sharding_move_[0-9a-f]{6}_bank_$S1/,
 	'S1: a WARNING names what is left at n2');
 is($coord->safe_psql('coord', "SELECT phase || '|' || (error LIKE 'abandoned in phase cutover%') FROM sharding.move_journal WHERE move = $m1"),
-	'failed|t', 'S1: its journal row ends failed, "abandoned"');
+	'failed|true', 'S1: its journal row ends failed, "abandoned"');
 is(write_src($S1), 'ok', 'S1: the source writes the shard again');
 my $sum1 = shard_sum($a, 'n1', $S1);
 ($rc, $out, $err) = $coord->psql('coord', "SELECT sharding.move_abandon('bank', $S2)");
 is($out, 'n1', 'S2: move_abandon returns n1') or diag($err);
 is($coord->safe_psql('coord', "SELECT phase || '|' || (error LIKE 'abandoned in phase copying%') FROM sharding.move_journal WHERE move = $m2"),
-	'failed|t', 'S2: its journal row ends failed, "abandoned"');
+	'failed|true', 'S2: its journal row ends failed, "abandoned"');
 is($a->safe_psql('n1', $q), '0/0/0/0/0', 'no publication, slot, frozen shard or decoding row of either move is left at n1');
 is($a->safe_psql('n1', "SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'sharding_move%'"), '0',
 	'nor a replication origin of theirs');
@@ -182,7 +182,7 @@ like($err, qr/WARNING:  move $m3 abandoned: abandoned in phase catching_up: node
 	'S3: a WARNING names the slot and publication left at n1');
 like($err, qr/the destination "n3" keeps the rows it copied/, 'and says that n3 keeps the rows it copied');
 is($coord->safe_psql('coord', "SELECT phase || '|' || (error LIKE 'abandoned in phase catching_up%') FROM sharding.move_journal WHERE move = $m3"),
-	'failed|t', 'S3: its journal row ends failed, "abandoned"');
+	'failed|true', 'S3: its journal row ends failed, "abandoned"');
 is($c->safe_psql('n3', "SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move%'"), '0',
 	'S3: its subscription at n3 is dropped');
 is(shard_rows($c, 'n3', $S3), $copied, 'S3: n3 keeps every row it had');
