@@ -14,6 +14,9 @@
 #      each moves to a third node n3 with every row.
 #   2. Refusals: a non-admin (42501), a shard without a live move (42704),
 #      a move whose nodes both answer (55000, hint: cancel), nothing changed.
+#   4. Both gone: S4, held in its copy to n2 with S2, is left live; once n1
+#      is gone too, move_abandon refuses (55000, hint: force), and with
+#      force ends it on the coordinator's word (n1 keeps the shard).
 #   3. Source gone: S3 moving from n1 to n3, held in its catch-up (n3's
 #      apply worker sleeps on a row written meanwhile); n1 is stopped for
 #      good. move_abandon drops the subscription at n3, which keeps every
@@ -39,14 +42,16 @@ $coord->safe_psql('coord', "SELECT sharding.add_node('n3', \$\$$dsn3\$\$); SELEC
 wait_for_sql($c, 'n3', "SELECT count(*) FROM sharding.distributed_tables", '1');
 
 my $live = "phase NOT IN ('queued', 'done', 'failed', 'cancelled')";
-my ($S1, $S2, $S3) = split /\n/, $coord->safe_psql('coord',
-	"SELECT logical FROM sharding.shards WHERE map = 'bank' AND node = 'n1' ORDER BY logical LIMIT 3");
-my %tenant = map { $_ => (shard_tenants($coord, $_))[0] } ($S1, $S2, $S3);
-my $q = q{SELECT (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'sharding_move%')
+my ($S1, $S2, $S3, $S4) = split /\n/, $coord->safe_psql('coord',
+	"SELECT logical FROM sharding.shards WHERE map = 'bank' AND node = 'n1' ORDER BY logical LIMIT 4");
+my %tenant = map { $_ => (shard_tenants($coord, $_))[0] } ($S1, $S2, $S3, $S4);
+# What moves left at a node, S4's move (left live until both its nodes
+# are gone, part 4) apart.
+my $q = qq{SELECT (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'sharding_move%' AND pubname NOT LIKE '%_bank_$S4')
 	|| '/' || (SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move%')
-	|| '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%')
+	|| '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%' AND slot_name NOT LIKE '%_bank_$S4')
 	|| '/' || (SELECT count(*) FROM sharding.frozen_shards)
-	|| '/' || (SELECT count(*) FROM sharding.move_decoding)};
+	|| '/' || (SELECT count(*) FROM sharding.move_decoding WHERE slot NOT LIKE '%_bank_$S4')};
 
 # A write of shard L at n1: 'ok' or its SQLSTATE (and 'frozen').
 my $id = 900000;
@@ -87,12 +92,16 @@ wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE $copy_held A
 my $mv2 = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S2, 'n2')");
 ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted AND relation = 'accounts'::regclass", 't', 120),
 	'S2: the move\'s copy into accounts waits at the destination');
+my $mv4 = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S4, 'n2')");
+ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%_bank_$S4' "
+	  . "AND wait_event_type = 'Lock'", 't', 120), 'S4: its copy waits there too');
 my $m1 = $coord->safe_psql('coord', "SELECT move FROM sharding.move_journal WHERE map = 'bank' AND logical = $S1 AND $live");
 my $m2 = $coord->safe_psql('coord', "SELECT move FROM sharding.move_journal WHERE map = 'bank' AND logical = $S2 AND $live");
 
 # The destination is destroyed: stopped, never started again.
 $b->stop('immediate');
 $mv2->{h}->finish;
+$mv4->{h}->finish;
 like(${ $mv2->{err} }, qr/could not clean up after the failed move/, 'S2: the move fails and cannot clean up')
   or diag(${ $mv2->{err} });
 my $sum2 = shard_sum($a, 'n1', $S2);
@@ -102,8 +111,8 @@ is(journal_of($S2), 'copying', 'before: S2\'s journal row stays live (copying)')
 is(coord_try("SELECT sharding.move_shard_online('bank', $S2, 'n3')"), '55006',
 	'before: a new move of S2 (to n3) fails with 55006');
 is(coord_try("SELECT sharding._move_recover()"), 'ok 0', 'before: _move_recover resolves nothing');
-is($a->safe_psql('n1', "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%'"), '2',
-	'before: both moves\' slots hold WAL at the source');
+is($a->safe_psql('n1', "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%'"), '3',
+	'before: the three moves\' slots hold WAL at the source');
 
 # S1's executor is alive (it waits for its switch): refused.
 is(coord_try("SELECT sharding.move_abandon('bank', $S1)"), '55006', 'S1: refused (55006) while its executor is alive');
@@ -138,7 +147,7 @@ is($out, 'n1', 'S2: move_abandon returns n1') or diag($err);
 is($coord->safe_psql('coord', "SELECT phase || '|' || (error LIKE 'abandoned in phase copying%') FROM sharding.move_journal WHERE move = $m2"),
 	'failed|true', 'S2: its journal row ends failed, "abandoned"');
 is($a->safe_psql('n1', $q), '0/0/0/0/0', 'no publication, slot, frozen shard or decoding row of either move is left at n1');
-is($a->safe_psql('n1', "SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'sharding_move%'"), '0',
+is($a->safe_psql('n1', "SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'sharding_move%' AND roname NOT LIKE '%_bank_$S4%'"), '0',
 	'nor a replication origin of theirs');
 is($coord->safe_psql('coord', "SELECT string_agg(node, ',' ORDER BY logical) FROM sharding.shards WHERE map = 'bank' AND logical IN ($S1, $S2)"),
 	'n1,n1', 'n1 owns both shards');
@@ -163,7 +172,7 @@ my $m3 = $coord->safe_psql('coord', "SELECT move FROM sharding.move_journal WHER
 like($err, qr/ERROR:  55000: move $m3 of logical shard $S3 of map "bank" is not abandoned: both its nodes answer/,
 	'S3: refused (55000) while both nodes answer');
 like($err, qr/HINT:  Cancel it: SELECT sharding._move_cancel\($m3\);/, 'its hint says to cancel it');
-is(journal_of($S3) . ' ' . $a->safe_psql('n1', "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%'"),
+is(journal_of($S3) . ' ' . $a->safe_psql('n1', "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE '%_bank_$S3'"),
 	'copying 1', 'nothing changed: the move copies on, its slot at n1');
 # A row written meanwhile at n1 is held in n3's apply.
 $a->safe_psql('n1', "INSERT INTO accounts VALUES ('$tenant{$S3}', 990001, 'during')");
@@ -186,6 +195,19 @@ is($coord->safe_psql('coord', "SELECT phase || '|' || (error LIKE 'abandoned in 
 is($c->safe_psql('n3', "SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move%'"), '0',
 	'S3: its subscription at n3 is dropped');
 is(shard_rows($c, 'n3', $S3), $copied, 'S3: n3 keeps every row it had');
+
+# ------------------------------------------------------------------ 4. both gone
+is(journal_of($S4), 'copying', 'S4: its nodes both gone, its journal row is live');
+($rc, $out, $err) = $coord->psql('coord', "\\set VERBOSITY verbose\nSELECT sharding.move_abandon('bank', $S4)");
+like($err, qr/ERROR:  55000: move \d+ of logical shard $S4 of map "bank" cannot be abandoned: neither of its nodes answers/,
+	'S4: refused (55000) while neither node answers');
+like($err, qr/HINT:  .*force => true/, 'its hint names force');
+is(journal_of($S4), 'copying', 'nothing changed');
+($rc, $out, $err) = $coord->psql('coord', "SELECT sharding.move_abandon('bank', $S4, force => true)");
+is($out, 'n1', 'S4: with force, ended on the coordinator\'s word: n1 keeps the shard') or diag($err);
+is($coord->safe_psql('coord', "SELECT phase || '|' || (error LIKE 'abandoned in phase copying (forced): neither of its nodes answers%') "
+	  . "FROM sharding.move_journal WHERE map = 'bank' AND logical = $S4 ORDER BY move DESC LIMIT 1"),
+	'failed|true', 'S4: its journal row ends failed, "abandoned ... (forced)"');
 is($coord->safe_psql('coord', "SELECT count(*) FROM sharding.move_journal WHERE $live"), '0', 'no live move is left');
 
 done_testing();
