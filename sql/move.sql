@@ -402,6 +402,21 @@ DROP TABLE md, md_fired;
 DROP FUNCTION md_refuse(), md_count();
 DROP ROLE md_user, md_admin;
 
+-- move_abandon (docs/moves.md, "A node gone for good"): its arguments
+-- checked before anything else; no live move of the shard is 42704; only
+-- sharding_admin (and the owner) may call it.
+SELECT pg_temp.err($$SELECT sharding.move_abandon('nope', 0)$$);
+SELECT pg_temp.err($$SELECT sharding.move_abandon('mv', 8)$$);
+SELECT pg_temp.err($$SELECT sharding.move_abandon(NULL, 0)$$);
+SELECT pg_temp.err($$SELECT sharding.move_abandon('mv', NULL)$$);
+SELECT pg_temp.err($$SELECT sharding.move_abandon('mv', 0, NULL)$$);
+SELECT pg_temp.err($$SELECT sharding.move_abandon('mv', 0)$$);
+CREATE ROLE ma_user;
+SET ROLE ma_user;
+SELECT pg_temp.err($$SELECT sharding.move_abandon('mv', 0)$$);
+RESET ROLE;
+DROP ROLE ma_user;
+
 SELECT sharding.drop_map('mv');
 DROP EXTENSION sharding;
 DROP EXTENSION dblink;

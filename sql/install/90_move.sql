@@ -607,6 +607,28 @@ COMMENT ON FUNCTION sharding._move_recover() IS
     'internal: rolls back or finishes every move whose executor died; returns how many';
 -- @end
 
+-- move_abandon(map, logical, force DEFAULT false): ends the live move of a
+-- shard whose source or destination is gone for good (docs/moves.md, "A
+-- node gone for good"), which recovery and _move_cancel cannot end: they
+-- need both nodes. Refused (55000) while both nodes answer (cancel or
+-- recover it instead), 55006 while its executor is alive. The shard stays
+-- with the owner the coordinator's configuration names once the answering
+-- node's copy agrees (never undoing a switch it has seen); otherwise 55000
+-- unless force, which acts on the coordinator's word. The move's objects
+-- at the answering node are dropped (and the source thawed when it keeps
+-- the shard); no row is deleted anywhere. The journal row ends 'failed',
+-- its error naming what is left at the node gone (also in a WARNING).
+-- Returns the node that owns the shard. C++ (src/move/move_abandon.cpp).
+-- @object sharding.move_abandon
+CREATE FUNCTION sharding.move_abandon(map text, logical integer, force boolean DEFAULT false) RETURNS text
+    AS 'MODULE_PATHNAME', 'sharding_move_abandon' LANGUAGE C VOLATILE PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION sharding.move_abandon(text, integer, boolean) IS
+    'ends the live move of a shard whose source or destination is gone for good; returns the shard''s owner';
+REVOKE ALL ON FUNCTION sharding.move_abandon(text, integer, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding.move_abandon(text, integer, boolean) TO sharding_admin;
+-- @end
+
 -- @object sharding._move_journal_grants
 REVOKE ALL ON FUNCTION sharding._move_stop_backends(text, text),
     sharding._move_resolve(bigint, text), sharding._move_enqueue(bigint, text, integer, text, text),

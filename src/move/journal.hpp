@@ -14,6 +14,10 @@ std::string execute(int64 id);
 std::string resolve(int64 id, const std::string &final_phase);
 bool cancel(int64 id);
 int32 recover();
+// move_abandon (docs/moves.md, "A node gone for good"): the live move of
+// (map, logical) ended, its source or destination gone for good; the node
+// that owns the shard.
+std::string abandon(const Text &map, const Text &logical, bool force);
 // The executor's session-level advisory lock of a move,
 // (executor_lock_class(), executor_lock_obj(move)) =
 // (hashtext('sharding.move_journal'), move % (2^31 - 1)): held by whoever

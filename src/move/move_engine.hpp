@@ -124,4 +124,19 @@ int moves_sharing(const std::string &map, int32 logical);
 int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key);
 void call_fn(const char *conn, const std::string &fn, const std::string &map, int32 logical);
 
+// A live move as move_abandon reads its journal row.
+struct LiveMove {
+    int64 id = 0;
+    std::string map, phase, source, destination;
+    int32 logical = 0;
+    Text key;
+};
+// move_abandon (move_abandon.cpp; docs/moves.md, "A node gone for good"):
+// ends a live move whose source or destination is gone for good, the
+// caller acting as the move's role; the node that owns the shard
+// afterwards. 55000 while both ends answer, or while who owns the shard
+// cannot be told without the node gone (unless force); 55006 while its
+// executor is alive.
+std::string abandon_move(const LiveMove &m, bool force);
+
 }  // namespace sharding::move

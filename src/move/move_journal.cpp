@@ -582,6 +582,36 @@ bool cancel(int64 id) {
     return true;
 }
 
+std::string abandon(const Text &map, const Text &logical, bool force) {
+    refuse_before_take_over();
+    Text shards = require_map(map, false);
+    check_logical(map, logical, shards);
+    Text id = spi_value("SELECT m.move::text FROM sharding.move_journal m WHERE m.map = $1 AND m.logical = $2::integer "
+                        "AND m.phase NOT IN ('done', 'failed', 'cancelled')",
+                        {c(map), c(logical)});
+    if (!id)
+        fail(ERRCODE_UNDEFINED_OBJECT, Explain{"", "sharding.moves lists the moves in flight."},
+             "no move of logical shard %s of map \"%s\" is in flight", c(logical), c(map));
+    const int64 mv = std::strtoll(id->c_str(), nullptr, 10);
+    JournalRow j = read_row(mv);
+    if (j.phase == "queued")
+        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+             Explain{"A queued move has made nothing at its nodes.",
+                     format("Cancel it: SELECT sharding._move_cancel(%lld);", (long long)mv)},
+             "move %lld of logical shard %s of map \"%s\" is queued: nothing to abandon", (long long)mv, c(logical),
+             c(map));
+    ActingAs as(mv, j.runas);
+    LiveMove m;
+    m.id = mv;
+    m.map = j.map;
+    m.logical = j.logical;
+    m.key = j.key;
+    m.phase = j.phase;
+    m.source = must(j.source);
+    m.destination = must(j.destination);
+    return abandon_move(m, force);
+}
+
 int32 recover() {
     int32 n = 0;
     int32 left = 0;  // moves it could not resolve
@@ -737,6 +767,17 @@ SHARDING_FUNCTION(sharding__move_cancel) {
 SHARDING_FUNCTION(sharding__move_recover) {
     (void)fcinfo;
     PG_RETURN_INT32(recover());
+}
+
+// move_abandon(map, logical, force DEFAULT false): the node that owns the
+// shard afterwards. Not STRICT: NULL map or logical as the other calls of a
+// map (22023), NULL force 22004.
+SHARDING_FUNCTION(sharding_move_abandon) {
+    Text map = text_arg(fcinfo, 0);
+    Text logical = int_arg(fcinfo, 1);
+    if (PG_ARGISNULL(2)) fail(ERRCODE_NULL_VALUE_NOT_ALLOWED, "force must not be NULL");
+    const bool force = PG_GETARG_BOOL(2);
+    PG_RETURN_DATUM(text_datum(abandon(map, logical, force)));
 }
 
 // _refuse_owner_switch(map, fn): 55000 naming a distributed table of the

@@ -58,6 +58,16 @@ std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables);
 void check_identity(const char *conn, const Text &where, const MoveTable &t, const std::string &map);
 std::vector<std::pair<std::string, std::string>> columns_of(const char *conn, const std::string &rel, bool all);
 std::string column_signature(const char *conn, const std::string &rel);
+// The move's replication objects (move_orchestrate.cpp): its subscription
+// at the destination (sharding_move_dst, never contacting the source), its
+// slot, publication and decoding row at the source (sharding_move_src, a
+// dead executor's session there ended first); a 1.2 move's filter triggers
+// at the destination; the sessions of a node named after the move, ended
+// and waited for.
+void drop_subscription(const std::string &name);
+void drop_slot_and_publication(const std::string &name);
+void drop_triggers(const std::string &map, const std::string &name);
+void stop_backends(const char *conn, const std::string &name);
 
 }  // namespace online
 

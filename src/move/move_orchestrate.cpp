@@ -308,17 +308,22 @@ void stop_controller(const std::string &name) {
     if (left && *left != "0") fail(ERRCODE_OBJECT_IN_USE, "sessions of move %s do not end", name.c_str());
 }
 
-// drop_replication: the subscription at the destination (without
-// contacting the source, which may be down), then the slot (waiting for
-// its walsender to let go, ending it after 2 s) and the publication at the
-// source, once the source sessions of a dead executor are gone.
-void drop_replication(const std::string &name) {
+// drop_subscription: the move's subscription at the destination, without
+// contacting the source (which may be down or gone: its slot is left to
+// drop_slot_and_publication). A subscription at a node is local to it.
+void drop_subscription(const std::string &name) {
     if (dbl(kDst, "SELECT count(*) FROM pg_catalog.pg_subscription WHERE subname = " + lit(name)) != Text("0")) {
         dbl(kDst, "SELECT sharding._move_watch(NULL)");
         dbl(kDst, "ALTER SUBSCRIPTION " + ident(name) + " DISABLE");
         dbl(kDst, "ALTER SUBSCRIPTION " + ident(name) + " SET (slot_name = NONE)");
         dbl(kDst, "DROP SUBSCRIPTION " + ident(name));
     }
+}
+
+// drop_slot_and_publication: at the source, once the source sessions of a
+// dead executor are gone, the slot (waiting for its walsender to let go,
+// ending it after 2 s), the publication and the decoding row.
+void drop_slot_and_publication(const std::string &name) {
     stop_controller(name);
     for (int i = 1; i <= 200; i++) {
         Text active_pid = dbl(kSrc, "SELECT coalesce(active_pid::text, '-') FROM pg_catalog.pg_replication_slots "
@@ -334,6 +339,13 @@ void drop_replication(const std::string &name) {
     dbl(kSrc, "DROP PUBLICATION IF EXISTS " + ident(name));
     if (dbl(kSrc, "SELECT pg_catalog.to_regclass('sharding.move_decoding') IS NOT NULL") == Text("t"))
         dbl(kSrc, "DELETE FROM sharding.move_decoding WHERE slot = " + lit(name));
+}
+
+// drop_replication: the subscription at the destination, then the slot and
+// the publication at the source.
+void drop_replication(const std::string &name) {
+    drop_subscription(name);
+    drop_slot_and_publication(name);
 }
 
 // drop_triggers: a 1.2 move's filter trigger on the map's tables at

@@ -1,0 +1,3 @@
+-- move_abandon ends a move whose source or destination is gone for good
+-- (review LK-2; sql/install/90_move.sql, src/move/move_abandon.cpp).
+-- @include sharding.move_abandon
