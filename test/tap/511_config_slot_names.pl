@@ -1,0 +1,116 @@
+# Configuration slots named per coordinator (review LK-3 on the
+# configuration feed, issue 35): a node follows its coordinator through a
+# replication slot on the coordinator's instance, and slots belong to the
+# instance, not to one of its databases. Two coordinators (databases ca and
+# cb of one instance) call their nodes alike, n1 and n2, distinct databases
+# of one other instance (a_n1, a_n2 and b_n1, b_n2):
+#   1. both attach their nodes: four slots, two in each coordinator's
+#      database, each active;
+#   2. each node follows its own coordinator: a map made at A reaches A's
+#      nodes and not B's, and the other way round;
+#   3. A detaches its n1: B's n1 keeps its slot and goes on following; A's
+#      DDL still reaches A's n2 and not B's nodes;
+#   4. a node attached under 1.3 (old slot name sharding_config_<node>) keeps
+#      working after ALTER EXTENSION sharding UPDATE: DDL reaches it, and
+#      detach drops its slot.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use lib 'lib';
+use ShardingNode;
+use MoveTest;
+
+my $coord = sharding_node('coord', db => 'ca');
+$coord->safe_psql('postgres', 'CREATE DATABASE cb');
+$coord->safe_psql('cb', 'CREATE EXTENSION dblink; CREATE EXTENSION sharding');
+my $data = sharding_node('data', conf => 'max_prepared_transactions = 20');
+my $tables = 'CREATE TABLE accounts (tenant text NOT NULL, id bigint, val text, PRIMARY KEY (tenant, id));';
+my %co = (a => 'ca', b => 'cb');
+my $slots_sql = sub {
+	"SELECT count(*) || '/' || count(*) FILTER (WHERE active) FROM pg_replication_slots"
+	  . " WHERE slot_name LIKE 'sharding_config%' AND database = '$_[0]'";
+};
+my $slots = sub { $coord->safe_psql('postgres', $slots_sql->($_[0])) };
+# attach(x, n): attach_node at coordinator x, its error output ('' if none).
+sub attach
+{
+	my ($x, $n) = @_;
+	my ($rc, $out, $err) = $coord->psql($co{$x}, "SET statement_timeout = '150s'; SELECT sharding.attach_node('$n')");
+	return $err;
+}
+for my $x ('a', 'b')
+{
+	my $c = $co{$x};
+	for my $n ('n1', 'n2')
+	{
+		$data->safe_psql('postgres', "CREATE DATABASE ${x}_$n");
+		$data->safe_psql("${x}_$n", "CREATE EXTENSION dblink; CREATE EXTENSION sharding; $tables");
+	}
+	$coord->safe_psql($c, $tables);
+	$coord->safe_psql($c, "SELECT sharding.create_map('bank', 8, ARRAY['n1', 'n2']);
+		SELECT sharding.add_node('n1', '" . sharding_dsn($data, "${x}_n1") . "'), sharding.add_node('n2', '" . sharding_dsn($data, "${x}_n2") . "');
+		SELECT sharding.distribute('accounts', 'tenant', 'bank');");
+}
+
+# 1. Both attach their nodes.
+for my $x ('a', 'b')
+{
+	is(attach($x, $_), '', "attach: coordinator $x attaches its $_") for ('n1', 'n2');
+}
+ok(wait_for_sql($coord, 'postgres', "SELECT (" . $slots_sql->('ca') . ") || ' ' || (" . $slots_sql->('cb') . ")", '2/2 2/2', 30),
+	'attach: two active configuration slots in each coordinator\'s database');
+
+# 2. Each node follows its own coordinator.
+$coord->safe_psql('ca', "SELECT sharding.create_map('only_a', 4, ARRAY['n1', 'n2'])");
+$coord->safe_psql('cb', "SELECT sharding.create_map('only_b', 4, ARRAY['n1', 'n2'])");
+my $maps = "SELECT coalesce(string_agg(map, ',' ORDER BY map), '') FROM sharding.maps";
+for my $x ('a', 'b')
+{
+	for my $n ('n1', 'n2')
+	{
+		ok(wait_for_sql($data, "${x}_$n", $maps, "bank,only_$x", 30), "follow: ${x}_$n has its coordinator's maps, none of the other's");
+	}
+}
+
+# 3. A detaches its n1: B's n1 keeps its slot and follows.
+my ($rc, $out, $err) = $coord->psql('ca', "SET statement_timeout = '60s'; SELECT sharding.detach_node('n1')");
+is($err, '', 'detach: A detaches its n1');
+is($data->safe_psql('a_n1', "SELECT count(*) FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = 'a_n1')"), '0', 'detach: A\'s n1 has no subscription left');
+ok(wait_for_sql($coord, 'postgres', $slots_sql->('ca'), '1/1', 30), 'detach: A keeps one slot (its n2\'s)');
+is($slots->('cb'), '2/2', 'detach: B keeps both slots, active');
+$coord->safe_psql('cb', "SELECT sharding.create_map('more_b', 4, ARRAY['n1', 'n2'])");
+ok(wait_for_sql($data, 'b_n1', $maps, 'bank,more_b,only_b', 30), 'detach: B\'s n1 follows B still');
+is($data->safe_psql('a_n1', $maps), 'bank,only_a', 'detach: A\'s n1 keeps its copy, no more of B\'s');
+# A's DDL: reaches its n2 (attached), not B's nodes.
+($rc, $out, $err) = $coord->psql('ca', "SET statement_timeout = '60s'; ALTER TABLE accounts ADD COLUMN note_a text");
+is($err, '', 'ddl: A alters its distributed table');
+my $col = sub { $data->safe_psql($_[0], "SELECT count(*) FROM pg_attribute WHERE attrelid = 'accounts'::regclass AND attname = '$_[1]'") };
+is(join(' ', map { $col->($_, 'note_a') } qw(a_n1 a_n2 b_n1 b_n2)), '0 1 0 0', 'ddl: A\'s column reaches A\'s attached n2 alone');
+
+# 4. A node attached under 1.3 (slot sharding_config_m1), then the update.
+$coord->safe_psql('postgres', 'CREATE DATABASE c13');
+$coord->safe_psql('c13', "CREATE EXTENSION dblink; CREATE EXTENSION sharding VERSION '1.3'; $tables");
+$data->safe_psql('postgres', 'CREATE DATABASE c13_m1');
+$data->safe_psql('c13_m1', "CREATE EXTENSION dblink; CREATE EXTENSION sharding VERSION '1.3'; $tables");
+$coord->safe_psql('c13', "SELECT sharding.create_map('bank', 8, ARRAY['m1']);
+	SELECT sharding.add_node('m1', '" . sharding_dsn($data, 'c13_m1') . "');
+	SELECT sharding.distribute('accounts', 'tenant', 'bank');
+	SELECT sharding.attach_node('m1');");
+is($coord->safe_psql('postgres', "SELECT string_agg(slot_name, ',') FROM pg_replication_slots WHERE database = 'c13'"),
+	'sharding_config_m1', '1.3: the slot has the name 1.3 gives it');
+$coord->safe_psql('c13', 'ALTER EXTENSION sharding UPDATE');
+$data->safe_psql('c13_m1', 'ALTER EXTENSION sharding UPDATE');
+$coord->safe_psql('c13', "SELECT sharding.create_map('after', 4, ARRAY['m1'])");
+ok(wait_for_sql($data, 'c13_m1', $maps, 'after,bank', 30), '1.3: m1 follows after the update');
+($rc, $out, $err) = $coord->psql('c13', "SET statement_timeout = '60s'; ALTER TABLE accounts ADD COLUMN note_13 text");
+is($err, '', '1.3: the coordinator alters its distributed table');
+is($col->('c13_m1', 'note_13'), '1', '1.3: DDL reaches m1 (its old slot counts as attached)');
+($rc, $out, $err) = $coord->psql('c13', "SET statement_timeout = '60s'; SELECT sharding.detach_node('m1')");
+is($err, '', '1.3: detach m1 after the update');
+is($coord->safe_psql('postgres', "SELECT count(*) FROM pg_replication_slots WHERE database = 'c13'"), '0',
+	'1.3: its old slot is dropped');
+is($slots->('cb'), '2/2', '1.3: B\'s slots are untouched');
+
+done_testing();
