@@ -8,8 +8,9 @@
 #      database, each active;
 #   2. each node follows its own coordinator: a map made at A reaches A's
 #      nodes and not B's, and the other way round;
-#   3. A detaches its n1: B's n1 keeps its slot and goes on following; A's
-#      DDL still reaches A's n2 and not B's nodes;
+#   3. A detaches its n1, B its n2: the other's node of that name keeps its
+#      slot and goes on following; each one's DDL reaches its attached node
+#      alone;
 #   4. a node attached under 1.3 (old slot name sharding_config_<node>) keeps
 #      working after ALTER EXTENSION sharding UPDATE: DDL reaches it, and
 #      detach drops its slot.
@@ -83,11 +84,21 @@ is($slots->('cb'), '2/2', 'detach: B keeps both slots, active');
 $coord->safe_psql('cb', "SELECT sharding.create_map('more_b', 4, ARRAY['n1', 'n2'])");
 ok(wait_for_sql($data, 'b_n1', $maps, 'bank,more_b,only_b', 30), 'detach: B\'s n1 follows B still');
 is($data->safe_psql('a_n1', $maps), 'bank,only_a', 'detach: A\'s n1 keeps its copy, no more of B\'s');
+# B detaches its n2: A's n2 keeps its slot and follows.
+($rc, $out, $err) = $coord->psql('cb', "SET statement_timeout = '60s'; SELECT sharding.detach_node('n2')");
+is($err, '', 'detach: B detaches its n2');
+ok(wait_for_sql($coord, 'postgres', $slots_sql->('cb'), '1/1', 30), 'detach: B keeps one slot (its n1\'s)');
+is($slots->('ca'), '1/1', 'detach: A keeps its n2\'s slot, active');
+$coord->safe_psql('ca', "SELECT sharding.create_map('more_a', 4, ARRAY['n1', 'n2'])");
+ok(wait_for_sql($data, 'a_n2', $maps, 'bank,more_a,only_a', 30), 'detach: A\'s n2 follows A still');
 # A's DDL: reaches its n2 (attached), not B's nodes.
 ($rc, $out, $err) = $coord->psql('ca', "SET statement_timeout = '60s'; ALTER TABLE accounts ADD COLUMN note_a text");
 is($err, '', 'ddl: A alters its distributed table');
 my $col = sub { $data->safe_psql($_[0], "SELECT count(*) FROM pg_attribute WHERE attrelid = 'accounts'::regclass AND attname = '$_[1]'") };
 is(join(' ', map { $col->($_, 'note_a') } qw(a_n1 a_n2 b_n1 b_n2)), '0 1 0 0', 'ddl: A\'s column reaches A\'s attached n2 alone');
+($rc, $out, $err) = $coord->psql('cb', "SET statement_timeout = '60s'; ALTER TABLE accounts ADD COLUMN note_b text");
+is($err, '', 'ddl: B alters its distributed table');
+is(join(' ', map { $col->($_, 'note_b') } qw(a_n1 a_n2 b_n1 b_n2)), '0 0 1 0', 'ddl: B\'s column reaches B\'s attached n1 alone');
 
 # 4. A node attached under 1.3 (slot sharding_config_m1), then the update.
 $coord->safe_psql('postgres', 'CREATE DATABASE c13');
@@ -111,6 +122,6 @@ is($col->('c13_m1', 'note_13'), '1', '1.3: DDL reaches m1 (its old slot counts a
 is($err, '', '1.3: detach m1 after the update');
 is($coord->safe_psql('postgres', "SELECT count(*) FROM pg_replication_slots WHERE database = 'c13'"), '0',
 	'1.3: its old slot is dropped');
-is($slots->('cb'), '2/2', '1.3: B\'s slots are untouched');
+is($slots->('ca') . ' ' . $slots->('cb'), '1/1 1/1', '1.3: A\'s and B\'s slots are untouched');
 
 done_testing();
