@@ -495,6 +495,7 @@ COMMENT ON FUNCTION sharding._config_subscription(text) IS
 -- @object sharding._config_slot_part
 CREATE FUNCTION sharding._config_slot_part(node text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
     AS $$
     SELECT CASE WHEN $1 ~ '^[a-z0-9_]{1,40}$' THEN $1
                 ELSE pg_catalog.left(pg_catalog.regexp_replace(pg_catalog.lower($1), '[^a-z0-9_]', '_', 'g'), 30)
@@ -517,6 +518,7 @@ COMMENT ON FUNCTION sharding._coordinator_tag() IS
 -- take_over) makes it: sharding_config_<tag>_<node> (63 characters at most).
 CREATE FUNCTION sharding._config_slot(node text) RETURNS text
     LANGUAGE sql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
     AS $$ SELECT 'sharding_config_' || sharding._coordinator_tag() || '_' || sharding._config_slot_part($1) $$;
 COMMENT ON FUNCTION sharding._config_slot(text) IS
     'internal: replication slot (on the coordinator) that a node''s configuration subscription gets when attached';
