@@ -13,7 +13,10 @@
 #      alone;
 #   4. a node attached under 1.3 (old slot name sharding_config_<node>) keeps
 #      working after ALTER EXTENSION sharding UPDATE: DDL reaches it, and
-#      detach drops its slot.
+#      detach drops its slot;
+#   5. names: the tags, the length and characters of slot names, and the
+#      slots _config_slot_here finds (another tag: yes; another node's 1.3
+#      name or another database's slot: no).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -123,5 +126,26 @@ is($err, '', '1.3: detach m1 after the update');
 is($coord->safe_psql('postgres', "SELECT count(*) FROM pg_replication_slots WHERE database = 'c13'"), '0',
 	'1.3: its old slot is dropped');
 is($slots->('ca') . ' ' . $slots->('cb'), '1/1 1/1', '1.3: A\'s and B\'s slots are untouched');
+
+# 5. Names: A's and B's tags differ, and are their moves' tags; a slot name
+# stays within 63 characters of [a-z0-9_]; a slot with another tag (the
+# system identifier changed: pg_upgrade) is found, another node's 1.3 name
+# is not.
+my %tag = map { $_ => $coord->safe_psql($co{$_}, 'SELECT sharding._coordinator_tag()') } ('a', 'b');
+like($tag{a}, qr/^[0-9a-f]{6}$/, "names: A's tag has six hex digits ($tag{a})");
+isnt($tag{a}, $tag{b}, "names: B's tag differs ($tag{b})");
+is($coord->safe_psql('ca', "SELECT sharding._config_slot('n2') || ' ' || (sharding._move_name('bank', 1) LIKE 'sharding_move_' || sharding._coordinator_tag() || '_bank_1')"),
+	"sharding_config_$tag{a}_n2 true", 'names: A\'s n2 slot carries A\'s tag, as A\'s move names do');
+is($coord->safe_psql('ca', "SELECT string_agg((length(s) <= 63 AND s ~ '^[a-z0-9_]+\$')::text, ' ') FROM (SELECT sharding._config_slot(x) AS s"
+	  . " FROM unnest(ARRAY[repeat('a', 40), repeat('b', 41), 'Node-X ü', repeat('Ü', 63)]) AS x) AS q"),
+	'true true true true', 'names: at most 63 characters of [a-z0-9_], whatever the node name');
+$coord->safe_psql('c13', "SELECT sharding.add_node('m2', '" . sharding_dsn($data, 'c13_m1') . "'), sharding.add_node('abcdef_m3', '" . sharding_dsn($data, 'c13_m1') . "');
+	SELECT pg_create_logical_replication_slot('sharding_config_abcdef_m2', 'pgoutput');
+	SELECT pg_create_logical_replication_slot('sharding_config_abcdef_m3', 'pgoutput');");
+is($coord->safe_psql('c13', "SELECT sharding._config_slot_here('m2') || ' ' || sharding._config_slot_here('m3') || ' ' || sharding._config_slot_here('abcdef_m3')"),
+	'sharding_config_abcdef_m2 ' . $coord->safe_psql('c13', "SELECT sharding._config_slot('m3')") . ' sharding_config_abcdef_m3',
+	'names: m2\'s slot of another tag is found; abcdef_m3\'s 1.3 slot is its, not m3\'s');
+is($coord->safe_psql('ca', "SELECT sharding._config_slot_here('m2')"), "sharding_config_$tag{a}_m2", 'names: not from another database');
+$coord->safe_psql('c13', "SELECT pg_drop_replication_slot('sharding_config_abcdef_m2'), pg_drop_replication_slot('sharding_config_abcdef_m3')");
 
 done_testing();
