@@ -16,7 +16,9 @@
 #      detach drops its slot;
 #   5. names: the tags, the length and characters of slot names, and the
 #      slots _config_slot_here finds (another tag: yes; another node's 1.3
-#      name or another database's slot: no).
+#      name or another database's slot: no);
+#   6. take_over on a promoted standby of the coordinators' instance: each
+#      takes over its own n1 and n2, under its own (unchanged) tag.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -147,5 +149,32 @@ is($coord->safe_psql('c13', "SELECT sharding._config_slot_here('m2') || ' ' || s
 	'names: m2\'s slot of another tag is found; abcdef_m3\'s 1.3 slot is its, not m3\'s');
 is($coord->safe_psql('ca', "SELECT sharding._config_slot_here('m2')"), "sharding_config_$tag{a}_m2", 'names: not from another database');
 $coord->safe_psql('c13', "SELECT pg_drop_replication_slot('sharding_config_abcdef_m2'), pg_drop_replication_slot('sharding_config_abcdef_m3')");
+
+# 6. take_over on a promoted standby of the coordinators' instance (the
+# same system identifier and database OIDs: the same tags): each
+# coordinator takes its n1 and n2 over and no other's.
+is(attach('a', 'n1') . attach('b', 'n2'), '', 'take_over: A attaches its n1 again, B its n2');
+my $standby = sharding_standby($coord, 'standby', 'base');
+ok(wait_for_sql($standby, 'cb', "SELECT count(*) FROM sharding.nodes", '2', 60), 'take_over: the standby has caught up');
+$coord->stop('immediate');
+$standby->promote;
+ok(wait_for_sql($standby, 'postgres', 'SELECT NOT pg_is_in_recovery()', 't', 60), 'take_over: the standby is promoted');
+$standby->safe_psql('postgres', "ALTER DATABASE $_ SET sharding.coordinator_dsn = '" . sharding_dsn($standby, $_) . "'") for ('ca', 'cb');
+for my $x ('a', 'b')
+{
+	($rc, $out, $err) = $standby->psql($co{$x}, "SET statement_timeout = '120s'; SELECT sharding.take_over()");
+	is("$out|$err", '2|', "take_over: coordinator $x takes over its two nodes");
+}
+ok(wait_for_sql($standby, 'postgres', "SELECT (" . $slots_sql->('ca') . ") || ' ' || (" . $slots_sql->('cb') . ")", '2/2 2/2', 30),
+	'take_over: two active configuration slots in each coordinator\'s database');
+is(join(' ', map { $standby->safe_psql('postgres', "SELECT string_agg(slot_name, ',' ORDER BY slot_name) FROM pg_replication_slots WHERE database = '$co{$_}'") } ('a', 'b')),
+	"sharding_config_$tag{a}_n1,sharding_config_$tag{a}_n2 sharding_config_$tag{b}_n1,sharding_config_$tag{b}_n2",
+	'take_over: each coordinator\'s slots carry its tag (the same as before the promotion)');
+$standby->safe_psql($co{$_}, "SELECT sharding.create_map('taken_$_', 2, ARRAY['n1', 'n2'])") for ('a', 'b');
+for my $x ('a', 'b')
+{
+	ok(wait_for_sql($data, "${x}_$_", "SELECT string_agg(map, ',' ORDER BY map) FROM sharding.maps WHERE map LIKE 'taken%'", "taken_$x", 30),
+		"take_over: ${x}_$_ follows its coordinator's new server, not the other's") for ('n1', 'n2');
+}
 
 done_testing();
