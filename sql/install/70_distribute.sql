@@ -479,22 +479,78 @@ REVOKE ALL ON FUNCTION sharding._leads_here(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._leads_here(text) TO sharding_admin;
 -- @end
 
--- Subscription and slot names of a node's configuration feed. Slot names
--- allow only [a-z0-9_]: other node names get a sanitised name plus a hash.
+-- Subscription and slot names of a node's configuration feed. The
+-- subscription lives in the node's database; the slot lives on this
+-- coordinator's instance, whose slots all share one name space: its name
+-- carries this coordinator's tag (_coordinator_tag, as the names of its
+-- moves do), sharding_config_<tag>_<node>, so that coordinators of one
+-- instance whose nodes are named alike never share a slot (review LK-3).
+-- Slot names allow only [a-z0-9_] (63 characters at most): other node
+-- names get a sanitised name plus a hash (_config_slot_part).
 CREATE FUNCTION sharding._config_subscription(node text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$ SELECT 'sharding_config_' || $1 $$;
 COMMENT ON FUNCTION sharding._config_subscription(text) IS
     'internal: name of the subscription through which a node follows the coordinator';
-CREATE FUNCTION sharding._config_slot(node text) RETURNS text
+-- @object sharding._config_slot_part
+CREATE FUNCTION sharding._config_slot_part(node text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
     AS $$
-    SELECT CASE WHEN $1 ~ '^[a-z0-9_]{1,40}$' THEN 'sharding_config_' || $1
-                ELSE 'sharding_config_' || pg_catalog.left(pg_catalog.regexp_replace(pg_catalog.lower($1), '[^a-z0-9_]', '_', 'g'), 30)
+    SELECT CASE WHEN $1 ~ '^[a-z0-9_]{1,40}$' THEN $1
+                ELSE pg_catalog.left(pg_catalog.regexp_replace(pg_catalog.lower($1), '[^a-z0-9_]', '_', 'g'), 30)
                      || '_' || pg_catalog.left(pg_catalog.md5($1), 8) END
 $$;
+COMMENT ON FUNCTION sharding._config_slot_part(text) IS
+    'internal: a node''s part of its configuration slot''s name ([a-z0-9_], 40 characters at most)';
+-- @end
+-- @object sharding._coordinator_tag
+-- C++ (src/move/move_orchestrate.cpp): six hex digits of the md5 of this
+-- instance's system identifier and this database's OID; a promoted standby
+-- keeps both, and so the tag.
+CREATE FUNCTION sharding._coordinator_tag() RETURNS text
+    AS 'MODULE_PATHNAME', 'sharding__coordinator_tag' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION sharding._coordinator_tag() IS
+    'internal: this coordinator''s tag in the names of its moves and of its nodes'' configuration slots';
+-- @end
+-- @object sharding._config_slot
+-- The name a node's configuration slot gets when attach_node (or
+-- take_over) makes it: sharding_config_<tag>_<node> (63 characters at most).
+CREATE FUNCTION sharding._config_slot(node text) RETURNS text
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT 'sharding_config_' || sharding._coordinator_tag() || '_' || sharding._config_slot_part($1) $$;
 COMMENT ON FUNCTION sharding._config_slot(text) IS
-    'internal: replication slot (on the coordinator) of a node''s configuration subscription';
+    'internal: replication slot (on the coordinator) that a node''s configuration subscription gets when attached';
+-- @end
+-- @object sharding._config_slot_here
+-- The slot of this database (pg_replication_slots.database) that a node's
+-- configuration subscription uses: the one named by _config_slot, else one
+-- named by 1.3 (sharding_config_<node>, no tag: nodes attached before the
+-- update), else one named with another tag (the instance's system
+-- identifier changed: pg_upgrade), but never another node's 1.3 name; with
+-- none, _config_slot's name. attach_node, detach_node, take_over and the
+-- DDL checks (which nodes are attached) look slots up through it.
+CREATE FUNCTION sharding._config_slot_here(node text) RETURNS text
+    LANGUAGE sql STABLE STRICT
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+    SELECT coalesce(
+        (SELECT r.slot_name::text
+           FROM pg_catalog.pg_replication_slots AS r
+          WHERE r.database = pg_catalog.current_database() AND r.slot_type = 'logical'
+            AND r.slot_name::text ~ ('^sharding_config_([0-9a-f]{6}_)?' || sharding._config_slot_part($1) || '$')
+            AND NOT EXISTS (SELECT FROM sharding.nodes AS o
+                             WHERE o.node <> $1 AND r.slot_name::text = 'sharding_config_' || sharding._config_slot_part(o.node))
+          ORDER BY r.slot_name::text = sharding._config_slot($1) DESC,
+                   r.slot_name::text = 'sharding_config_' || sharding._config_slot_part($1) DESC,
+                   r.slot_name::text COLLATE "C"
+          LIMIT 1),
+        sharding._config_slot($1))
+$$;
+COMMENT ON FUNCTION sharding._config_slot_here(text) IS
+    'internal: a node''s configuration slot in this database (1.4''s tagged name, 1.3''s, or the name attach_node gives)';
+-- @end
 
 -- @object sharding._publish_config
 -- On the coordinator, in its own transaction (attach_node calls it over a
@@ -662,7 +718,7 @@ BEGIN
     END IF;
     me := sharding._coordinator_dsn();
     sub := sharding._config_subscription(_attach_node_body.node);
-    slot := sharding._config_slot(_attach_node_body.node);
+    slot := sharding._config_slot_here(_attach_node_body.node);
 
     -- The node: not this very database, this extension (1.2) there, not
     -- following as another node. Nothing has changed anywhere yet.
@@ -799,7 +855,7 @@ BEGIN
         RAISE EXCEPTION 'cannot reach node "%" to detach it: %', _detach_node_body.node, SQLERRM
             USING ERRCODE = 'sqlclient_unable_to_establish_sqlconnection',
                   HINT = format('If the node is gone for good, drop its replication slot here: '
-                                'SELECT pg_drop_replication_slot(%L);', sharding._config_slot(_detach_node_body.node));
+                                'SELECT pg_drop_replication_slot(%L);', sharding._config_slot_here(_detach_node_body.node));
     END;
     IF n > 0 THEN
         -- Drops the subscription's slot here too.

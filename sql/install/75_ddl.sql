@@ -241,7 +241,7 @@ BEGIN
     IF rel IS NULL OR pg_catalog.current_setting('sharding.propagate_ddl', true)::boolean IS FALSE OR NOT EXISTS (
         SELECT FROM sharding.nodes AS n WHERE n.dsn IS NOT NULL AND EXISTS (
             SELECT FROM pg_catalog.pg_replication_slots AS r
-             WHERE r.slot_name = sharding._config_slot(n.node) AND r.database = pg_catalog.current_database())) THEN
+             WHERE r.slot_name = sharding._config_slot_here(n.node) AND r.database = pg_catalog.current_database())) THEN
         RETURN NULL;
     END IF;
     lacking := sharding._ddl_nodes_lacking(pg_catalog.format('%I.%I', NEW.schema_name, NEW.table_name));

@@ -574,7 +574,7 @@ BEGIN
     FOR n IN SELECT p.key AS node, p.value AS facts, d.dsn
                FROM jsonb_each(probed) AS p JOIN sharding.nodes AS d ON d.node = p.key ORDER BY p.key LOOP
         sub := sharding._config_subscription(n.node);
-        slot := sharding._config_slot(n.node);
+        slot := sharding._config_slot_here(n.node);
         BEGIN
             PERFORM sharding._remote(n.dsn, format('SELECT sharding._take_over_accept(%L, %L, %L, %s, %L, %L)::text',
                                                    n.node, tok, sysid, tl, me, force));

@@ -662,11 +662,22 @@ namespace {
 int attached_nodes_c(char ***out) {
     *out = nullptr;
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-    int rc = SPI_execute(
-        "SELECT n.node FROM sharding.nodes AS n WHERE n.dsn IS NOT NULL AND EXISTS (SELECT FROM "
-        "pg_catalog.pg_replication_slots AS s WHERE s.slot_name = sharding._config_slot(n.node) "
-        "AND s.database = pg_catalog.current_database()) ORDER BY n.node COLLATE \"C\"",
-        true, 0);
+    // A node's slot in this database: _config_slot_here finds 1.4's tagged
+    // name and 1.3's; before ALTER EXTENSION UPDATE (1.3's SQL, no
+    // _config_slot_here) 1.3's _config_slot names the slots 1.3 made.
+    int rc = SPI_execute("SELECT pg_catalog.to_regprocedure('sharding._config_slot_here(text)') IS NOT NULL", true, 1);
+    bool here = false;
+    if (rc == SPI_OK_SELECT && SPI_processed == 1) {
+        char *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+        here = v && v[0] == 't';
+    }
+    rc = SPI_execute(here ? "SELECT n.node FROM sharding.nodes AS n WHERE n.dsn IS NOT NULL AND EXISTS (SELECT FROM "
+                            "pg_catalog.pg_replication_slots AS s WHERE s.slot_name = sharding._config_slot_here(n.node) "
+                            "AND s.database = pg_catalog.current_database()) ORDER BY n.node COLLATE \"C\""
+                          : "SELECT n.node FROM sharding.nodes AS n WHERE n.dsn IS NOT NULL AND EXISTS (SELECT FROM "
+                            "pg_catalog.pg_replication_slots AS s WHERE s.slot_name = sharding._config_slot(n.node) "
+                            "AND s.database = pg_catalog.current_database()) ORDER BY n.node COLLATE \"C\"",
+                     true, 0);
     if (rc != SPI_OK_SELECT) elog(ERROR, "could not list the attached nodes");
     int n = (int)SPI_processed;
     char **names = static_cast<char **>(MemoryContextAlloc(CurTransactionContext, sizeof(char *) * (n + 1)));

@@ -1318,6 +1318,14 @@ SHARDING_FUNCTION(sharding__move_name) {
     PG_RETURN_DATUM(text_datum(name));
 }
 
+// _coordinator_tag(): this coordinator's tag (coordinator_tag), which the
+// names of its moves and of its nodes' configuration slots carry
+// (sharding._config_slot).
+SHARDING_FUNCTION(sharding__coordinator_tag) {
+    (void)fcinfo;
+    PG_RETURN_DATUM(text_datum(coordinator_tag()));
+}
+
 // _move_tables(map): rel, key_column, key_type, cols, coldefs, vals, pk_match.
 SHARDING_FUNCTION(sharding__move_tables) {
     Text map = text_arg(fcinfo, 0);

@@ -117,9 +117,9 @@ is(digest('n1', $in_s), '0:-', "the source holds none of shard $S\'s rows");
 is(digest('n1', 'true'), expected_digest("sharding.node_for('bank', tenant) = 'n1'"), 'every other row is where the log says: n1');
 is(digest('n2', 'true'), expected_digest("sharding.node_for('bank', tenant) = 'n2'"), 'every other row is where the log says: n2');
 is(leftovers(), $CLEAN, 'no publication, subscription, slot, filter trigger, frozen shard or journal row is left');
-is(sharding_q($coord, 'postgres', "SELECT string_agg(slot_name, ',' ORDER BY slot_name) FROM pg_replication_slots") . '|'
+is(sharding_q($coord, 'postgres', "SELECT string_agg(regexp_replace(slot_name, '^sharding_config_[0-9a-f]{6}_', 'sharding_config_<tag>_'), ',' ORDER BY slot_name) FROM pg_replication_slots") . '|'
 	  . sharding_q($data, 'postgres', "SELECT coalesce(string_agg(slot_name, ','), '') FROM pg_replication_slots"),
-	'sharding_config_n1,sharding_config_n2,sharding_config_n3|',
+	'sharding_config_<tag>_n1,sharding_config_<tag>_n2,sharding_config_<tag>_n3|',
 	"only the configuration slots remain (all at the coordinator's instance)");
 
 # ------------------------------------------------------------------ 2. cancel and failure

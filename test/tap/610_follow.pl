@@ -113,7 +113,7 @@ is(join(' ', map { d($_, "SELECT count(*) FILTER (WHERE r.srsubstate IN ('r', 's
 	'each node synchronised every configuration table before attach_node returned');
 is( c("SELECT sharding.attach_node('n2')") . '|'
 	  . d('n2', "SELECT count(*) FROM pg_subscription WHERE subname = 'sharding_config_n2'") . '|'
-	  . c("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'sharding_config_n2'"),
+	  . c("SELECT count(*) FROM pg_replication_slots WHERE slot_name = sharding._config_slot('n2')"),
 	'|1|1', 'repeating attach_node is harmless (one subscription, one slot)');
 is(c("SELECT sqlstate_of(\$\$SELECT sharding.attach_node('ghost')\$\$) || '|' || sqlstate_of(\$\$SELECT sharding.attach_node(NULL)\$\$)"),
 	'55000|22023', 'attach_node of a node without DSN: 55000; NULL: 22023');
@@ -346,7 +346,7 @@ is(d('n2', $checksum_sql), $sum2, "a pinned key's row is not part of its logical
 my $v_before = d('n3', "SELECT sharding.cluster_version('m')");
 is(c("SELECT sharding.detach_node('n3')"), '', "detach_node('n3')");
 is( d('n3', 'SELECT count(*) FROM pg_subscription') . '|'
-	  . c("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'sharding_config_n3'") . '|'
+	  . c("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_config%n3'") . '|'
 	  . d('n3', 'SELECT sharding.this_node()') . '|' . sharding_guards($inst{i3}, 'data'),
 	'0|0|n3|0', "n3: no subscription; the coordinator: no slot for it; this_node() still n3; guards gone");
 is( d('n3', "SELECT sqlstate_of(\$\$SELECT sharding.pin('m', 'mine', 'n3')\$\$)") . '|'

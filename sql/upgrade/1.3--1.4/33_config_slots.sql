@@ -1,0 +1,11 @@
+-- Configuration slots named per coordinator (review LK-3, issue 35): a
+-- node's slot is sharding_config_<tag>_<node>; nodes attached by 1.3 keep
+-- their slot sharding_config_<node>, which _config_slot_here finds
+-- (sql/install/70_distribute.sql). attach_node, detach_node, take_over
+-- and the DDL checks look slots up through it.
+-- @include sharding._config_slot_part
+-- @include sharding._coordinator_tag
+-- @replace sharding._config_slot
+-- @include sharding._config_slot_here
+-- @replace sharding.attach_node
+-- @replace sharding.detach_node
