@@ -27,9 +27,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -494,13 +496,13 @@ int move_parallel = 2;
 int move_nice = 0;
 bool move_verify = true;
 
-void nice_session(PGconn *conn) {
-    if (move_nice <= 0) return;
+void nice_session(PGconn *conn, int nice) {
+    if (nice <= 0) return;
     auto ask = [conn](const std::string &sql) { return answer(run_statement(conn, sql.c_str(), "", true)); };
     if (ask("SELECT coalesce(pg_catalog.has_function_privilege(p, 'EXECUTE'), false) "
             "FROM pg_catalog.to_regprocedure('sharding._move_nice(integer)') p") != "t")
         return;
-    ask("SELECT sharding._move_nice(" + std::to_string(move_nice) + ")");
+    ask("SELECT sharding._move_nice(" + std::to_string(nice) + ")");
 }
 
 int parts_for(int64 blocks, int sessions) {
@@ -574,6 +576,69 @@ std::vector<std::string> collect_all(const std::vector<PGconn *> &conns, const c
         // Wakes as soon as the first busy one has data, or after 10 ms to
         // look at the others (or at once on a cancel).
         glue(wait_for_any, PQsocket(busy));
+    }
+}
+
+std::string conninfo_of(PGconn *conn) {
+    std::string out;
+    PQconninfoOption *opts = PQconninfo(conn);
+    if (opts == nullptr) fail(ERRCODE_OUT_OF_MEMORY, "out of memory");
+    for (PQconninfoOption *o = opts; o->keyword != nullptr; o++) {
+        if (o->val == nullptr || *o->val == '\0' || std::strcmp(o->keyword, "replication") == 0) continue;
+        out += std::string(o->keyword) + "='";
+        for (const char *c = o->val; *c; c++) {
+            if (*c == '\'' || *c == '\\') out += '\\';
+            out += *c;
+        }
+        out += "' ";
+    }
+    PQconninfoFree(opts);
+    return out;
+}
+
+void run_queue(const std::vector<PGconn *> &conns, const std::vector<std::string> &work, const char *prefix,
+               const std::function<void(size_t, const std::string &)> &done, const std::function<void()> &tick,
+               long tick_ms) {
+    std::vector<long> running(conns.size(), -1);  // the item each connection runs, -1: none
+    size_t next = 0, left = work.size();
+    auto send = [&](size_t c) {
+        if (next >= work.size()) return;
+        if (PQsendQuery(conns[c], work[next].c_str()) == 0)
+            fail(ERRCODE_CONNECTION_FAILURE, "%scould not send a statement: %s", prefix, PQerrorMessage(conns[c]));
+        running[c] = (long)next++;
+    };
+    for (size_t c = 0; c < conns.size(); c++) send(c);
+    auto last_tick = std::chrono::steady_clock::now();
+    while (left > 0) {
+        PGconn *busy = nullptr;
+        for (size_t c = 0; c < conns.size(); c++) {
+            if (running[c] < 0) continue;
+            PGconn *conn = conns[c];
+            if (PQflush(conn) < 0 || PQconsumeInput(conn) == 0)
+                fail(ERRCODE_CONNECTION_FAILURE, "lost a connection: %s", PQerrorMessage(conn));
+            if (PQisBusy(conn)) {
+                busy = busy ? busy : conn;
+                continue;
+            }
+            // Its answer has arrived: read it (a remote error is thrown
+            // here), then this connection takes the next item.
+            const size_t item = (size_t)running[c];
+            std::string v = answer(collect_statement(conn, prefix, true));
+            running[c] = -1;
+            left--;
+            done(item, v);
+            send(c);
+            if (running[c] >= 0) busy = busy ? busy : conn;
+        }
+        if (left == 0) break;
+        const auto now = std::chrono::steady_clock::now();
+        if (tick && now - last_tick >= std::chrono::milliseconds(tick_ms)) {
+            tick();
+            last_tick = now;
+        }
+        // Wakes as soon as the first busy one has data, or after 10 ms to
+        // look at the others (or at once on a cancel).
+        if (busy != nullptr) glue(wait_for_any, PQsocket(busy));
     }
 }
 
