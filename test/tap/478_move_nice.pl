@@ -126,7 +126,10 @@ sub move_held
 		  . "WHERE application_name = '$name' AND query NOT LIKE 'SELECT sharding._move_pull(%'");
 	is(scalar(@own), 1, "$what: the coordinator's own session at the destination waits, copying nothing");
 	my @src = split / /, $a->safe_psql('n1', $copies);
-	ok(@src >= 2, "$what: the source has a COPY session for each part (" . scalar(@src) . ")");
+	# The held part's COPY session at least (the other part's ends with it:
+	# the shard's rows may all lie in the last part's blocks, the first one
+	# then done at once).
+	ok(@src >= 1, "$what: the source has the held part's COPY session (" . scalar(@src) . ")");
 	is(join(',', map { nice_of($_) } @dst, @own), join(',', $want, $want, $base_b),
 		"$what: the two parts at the destination run at nice $want, the coordinator's session at $base_b");
 	is(join(',', map { nice_of($_) } @src), join(',', map { $want } @src),
