@@ -14,9 +14,12 @@
 //   source callback (as file_fdw feeds a file). Binary where every column's
 //   type is built in and has binary I/O, else text. No program, no shell:
 //   the source's connection string is read from this node's sharding.nodes,
-//   so it appears in no statement, command line or process title. A table
-//   of at least 4 MB at the source goes in parts (sharding.move_parallel
-//   sessions of this database at once, each on a range of the source's
+//   so it appears in no statement, command line or process title. A move
+//   calls it once per part of its copy's queue, in sessions of its own
+//   (src/move/move_online.cpp, copy_rows; run_queue below), each with
+//   sharding.move_parallel = 1. Called with a larger sharding.move_parallel,
+//   a table of at least 4 MB at the source goes in parts itself
+//   (sessions of this database at once, each on a range of the source's
 //   blocks under the same snapshot; see "parts" below): the copy is bound
 //   by the destination's inserts and index maintenance, one core's work
 //   per session.
@@ -649,10 +652,11 @@ namespace sharding {
 // sharding.move_verify.
 void copy_init() {
     DefineCustomIntVariable("sharding.move_parallel",
-                            "Sessions that copy or delete one table of an online move at once.",
+                            "Sessions that copy an online move's tables, or delete one of them, at once.",
                             "Read where the copy runs (the destination) and where the move runs (the coordinator, "
-                            "for the deletes). Each session takes a range of the table's blocks; tables under 4 MB "
-                            "go in one session.",
+                            "for the deletes). The copy's sessions take the next part of any table (a table, a "
+                            "leaf partition, or a range of the blocks of one of 4 MB or more) as each is done; "
+                            "a delete's session takes a range of the table's blocks.",
                             &move::move_parallel, 2, 1, 16, PGC_USERSET, 0, nullptr, nullptr, nullptr);
     DefineCustomIntVariable("sharding.move_nice",
                             "How much lower than other sessions' an online move's copy runs (nice value added).",
