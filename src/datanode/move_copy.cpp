@@ -14,9 +14,12 @@
 //   source callback (as file_fdw feeds a file). Binary where every column's
 //   type is built in and has binary I/O, else text. No program, no shell:
 //   the source's connection string is read from this node's sharding.nodes,
-//   so it appears in no statement, command line or process title. A table
-//   of at least 4 MB at the source goes in parts (sharding.move_parallel
-//   sessions of this database at once, each on a range of the source's
+//   so it appears in no statement, command line or process title. A move
+//   calls it once per part of its copy's queue, in sessions of its own
+//   (src/move/move_online.cpp, copy_rows; run_queue below), each with
+//   sharding.move_parallel = 1. Called with a larger sharding.move_parallel,
+//   a table of at least 4 MB at the source goes in parts itself
+//   (sessions of this database at once, each on a range of the source's
 //   blocks under the same snapshot; see "parts" below): the copy is bound
 //   by the destination's inserts and index maintenance, one core's work
 //   per session.
@@ -27,9 +30,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -494,13 +499,13 @@ int move_parallel = 2;
 int move_nice = 0;
 bool move_verify = true;
 
-void nice_session(PGconn *conn) {
-    if (move_nice <= 0) return;
+void nice_session(PGconn *conn, int nice) {
+    if (nice <= 0) return;
     auto ask = [conn](const std::string &sql) { return answer(run_statement(conn, sql.c_str(), "", true)); };
     if (ask("SELECT coalesce(pg_catalog.has_function_privilege(p, 'EXECUTE'), false) "
             "FROM pg_catalog.to_regprocedure('sharding._move_nice(integer)') p") != "t")
         return;
-    ask("SELECT sharding._move_nice(" + std::to_string(move_nice) + ")");
+    ask("SELECT sharding._move_nice(" + std::to_string(nice) + ")");
 }
 
 int parts_for(int64 blocks, int sessions) {
@@ -577,6 +582,69 @@ std::vector<std::string> collect_all(const std::vector<PGconn *> &conns, const c
     }
 }
 
+std::string conninfo_of(PGconn *conn) {
+    std::string out;
+    PQconninfoOption *opts = PQconninfo(conn);
+    if (opts == nullptr) fail(ERRCODE_OUT_OF_MEMORY, "out of memory");
+    for (PQconninfoOption *o = opts; o->keyword != nullptr; o++) {
+        if (o->val == nullptr || *o->val == '\0' || std::strcmp(o->keyword, "replication") == 0) continue;
+        out += std::string(o->keyword) + "='";
+        for (const char *c = o->val; *c; c++) {
+            if (*c == '\'' || *c == '\\') out += '\\';
+            out += *c;
+        }
+        out += "' ";
+    }
+    PQconninfoFree(opts);
+    return out;
+}
+
+void run_queue(const std::vector<PGconn *> &conns, const std::vector<std::string> &work, const char *prefix,
+               const std::function<void(size_t, const std::string &)> &done, const std::function<void()> &tick,
+               long tick_ms) {
+    std::vector<long> running(conns.size(), -1);  // the item each connection runs, -1: none
+    size_t next = 0, left = work.size();
+    auto send = [&](size_t c) {
+        if (next >= work.size()) return;
+        if (PQsendQuery(conns[c], work[next].c_str()) == 0)
+            fail(ERRCODE_CONNECTION_FAILURE, "%scould not send a statement: %s", prefix, PQerrorMessage(conns[c]));
+        running[c] = (long)next++;
+    };
+    for (size_t c = 0; c < conns.size(); c++) send(c);
+    auto last_tick = std::chrono::steady_clock::now();
+    while (left > 0) {
+        PGconn *busy = nullptr;
+        for (size_t c = 0; c < conns.size(); c++) {
+            if (running[c] < 0) continue;
+            PGconn *conn = conns[c];
+            if (PQflush(conn) < 0 || PQconsumeInput(conn) == 0)
+                fail(ERRCODE_CONNECTION_FAILURE, "lost a connection: %s", PQerrorMessage(conn));
+            if (PQisBusy(conn)) {
+                busy = busy ? busy : conn;
+                continue;
+            }
+            // Its answer has arrived: read it (a remote error is thrown
+            // here), then this connection takes the next item.
+            const size_t item = (size_t)running[c];
+            std::string v = answer(collect_statement(conn, prefix, true));
+            running[c] = -1;
+            left--;
+            done(item, v);
+            send(c);
+            if (running[c] >= 0) busy = busy ? busy : conn;
+        }
+        if (left == 0) break;
+        const auto now = std::chrono::steady_clock::now();
+        if (tick && now - last_tick >= std::chrono::milliseconds(tick_ms)) {
+            tick();
+            last_tick = now;
+        }
+        // Wakes as soon as the first busy one has data, or after 10 ms to
+        // look at the others (or at once on a cancel).
+        if (busy != nullptr) glue(wait_for_any, PQsocket(busy));
+    }
+}
+
 }  // namespace sharding::move
 
 namespace sharding {
@@ -584,10 +652,11 @@ namespace sharding {
 // sharding.move_verify.
 void copy_init() {
     DefineCustomIntVariable("sharding.move_parallel",
-                            "Sessions that copy or delete one table of an online move at once.",
+                            "Sessions that copy an online move's tables, or delete one of them, at once.",
                             "Read where the copy runs (the destination) and where the move runs (the coordinator, "
-                            "for the deletes). Each session takes a range of the table's blocks; tables under 4 MB "
-                            "go in one session.",
+                            "for the deletes). The copy's sessions take the next part of any table (a table, a "
+                            "leaf partition, or a range of the blocks of one of 4 MB or more) as each is done; "
+                            "a delete's session takes a range of the table's blocks.",
                             &move::move_parallel, 2, 1, 16, PGC_USERSET, 0, nullptr, nullptr, nullptr);
     DefineCustomIntVariable("sharding.move_nice",
                             "How much lower than other sessions' an online move's copy runs (nice value added).",

@@ -20,6 +20,7 @@
 
 #include "remote/move_remote.hpp"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,10 @@ extern bool move_verify;
 // the destination ask for it with _move_nice; 0 leaves them alone.
 extern int move_nice;
 // On a session of the copy: raises its backend's nice value by
-// move_nice, if any, through sharding._move_nice there (a session where
+// nice (move_nice unless given), if any, through sharding._move_nice there (a session where
 // there is no such function, or whose role may not call it, is left
 // alone: a priority is not worth failing a move for).
-void nice_session(PGconn *conn);
+void nice_session(PGconn *conn, int nice = move_nice);
 constexpr int64 kPartPages = 256;  // 2 MB of heap per part at least
 // How many parts for a table of `blocks` blocks (at least 1), of at most
 // `sessions` (sharding.move_parallel, or a move's share of it).
@@ -89,6 +90,19 @@ std::string answer(PGresult *res);
 // throws the first remote error as collect_statement does (the caller
 // cancels the others). The answers, in order.
 std::vector<std::string> collect_all(const std::vector<PGconn *> &conns, const char *prefix);
+
+// The connection options of a live connection, as a conninfo string
+// (another session like it: the same node, the same login).
+std::string conninfo_of(PGconn *conn);
+// A queue of statements over several connections: each connection runs
+// the next statement of `work` as soon as its own has answered, until all
+// have; done(i, answer) for each as it answers (answer as answer() reads
+// it); tick() at least every tick_ms while waiting (none if empty). Every
+// wait interruptible; a remote error is thrown as collect_statement throws
+// it (with prefix; the caller cancels the others, e.g. by closing them).
+void run_queue(const std::vector<PGconn *> &conns, const std::vector<std::string> &work, const char *prefix,
+               const std::function<void(size_t, const std::string &)> &done, const std::function<void()> &tick,
+               long tick_ms);
 
 // The move's slot at node `source`, made over a replication connection
 // that exports its snapshot and is held until close_held(slot)

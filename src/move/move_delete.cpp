@@ -178,24 +178,6 @@ struct Part {
     bool begun = false;
 };
 
-// The connection options of a live connection, as a conninfo string.
-std::string conninfo_of(PGconn *conn) {
-    std::string out;
-    PQconninfoOption *opts = PQconninfo(conn);
-    if (opts == nullptr) fail(ERRCODE_OUT_OF_MEMORY, "out of memory");
-    for (PQconninfoOption *o = opts; o->keyword != nullptr; o++) {
-        if (o->val == nullptr || *o->val == '\0' || std::strcmp(o->keyword, "replication") == 0) continue;
-        out += std::string(o->keyword) + "='";
-        for (const char *c = o->val; *c; c++) {
-            if (*c == '\'' || *c == '\\') out += '\\';
-            out += *c;
-        }
-        out += "' ";
-    }
-    PQconninfoFree(opts);
-    return out;
-}
-
 // Sends sql[i] on part i (none where empty), then waits for them all: they
 // run at once. The answers, in order.
 std::vector<std::string> on_parts(std::vector<Part> &parts, const std::vector<std::string> &sql) {

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <memory>
 #include <cctype>
 #include <cerrno>
 #include <csignal>
@@ -495,6 +496,100 @@ void open_stream(OnlineMove &m) {
                 "::text[] WHERE move = " + *m.move_id);
 }
 
+// The copy's work: what one session of the destination pulls at a time
+// (a whole table, a leaf partition, or a range of the blocks of either).
+struct CopyPart {
+    std::string target;    // the destination's table (or leaf) it writes into
+    std::string attnames;  // text[] of the columns
+    std::string query;     // SELECT ... at the source
+    int64 blocks = 0;      // its size at the source, for the order
+};
+
+// What the copy reads of table t at the source, and where it writes it. A
+// shard-partitioned table: the shard's leaf at the source, read whole (no
+// filter, no other leaf scanned), written straight into the shard's leaf at
+// the destination too where it has one: no routing, and CopyFrom batches
+// (the guard's idle trigger is left out on the table it writes to, not on
+// the leaves it would route to). condition: "" for the whole relation.
+struct CopyRead {
+    std::string from, condition, target;
+};
+CopyRead copy_read(const OnlineMove &m, const CopyTable &t) {
+    CopyRead r{t.rel, t.filter, t.rel};
+    if (!m.key) {
+        const std::string leaf_of = "SELECT s.leaf FROM (" + shard_leaves_sql(lit(t.rel) + "::pg_catalog.regclass") +
+                                    ") s WHERE s.shard = " + lit(t.filter);
+        Text leaf = dbl(kSrc, leaf_of);
+        if (leaf) {
+            r.from = *leaf;
+            r.condition.clear();
+            Text there = dbl(kDst, leaf_of);
+            if (there) r.target = *there;
+        }
+    }
+    return r;
+}
+
+std::string pull_sql(const OnlineMove &m, const std::string &target, const std::string &attnames,
+                     const std::string &query) {
+    return "SELECT sharding._move_pull(" + lit(m.source) + ", " + lit(m.snapshot) + ", " + lit(target) +
+           "::pg_catalog.regclass, " + attnames + ", " + lit(query) + ")::text";
+}
+
+// The work list of a copy over `sessions` sessions: every table of the
+// plan; a partitioned table read with a filter, leaf by leaf (plain tables
+// only; else as a whole, through its root); each of these of at least
+// 2 * kPartPages blocks at the source in block ranges (parts_for), all under
+// the one snapshot of the slot. The largest first: the small ones fill the
+// sessions' idle ends.
+std::vector<CopyPart> plan_copy(const OnlineMove &m, int sessions) {
+    std::vector<CopyPart> parts;
+    for (const CopyTable &t : m.tables) {
+        const CopyRead r = copy_read(m, t);
+        const std::string attnames = text_array(t.attnames);
+        // (relation read, its blocks)
+        std::vector<std::pair<std::string, int64>> reads;
+        if (r.from == t.rel) {
+            // Its leaves, when every one is a plain table (their oids, read
+            // at once; a leaf attached, detached or rewritten during the
+            // move fails it at the cutover: hold_storage).
+            const std::string oids = must(dbl(
+                kSrc, "SELECT CASE WHEN pg_catalog.bool_and(c.relkind = 'r') THEN pg_catalog.string_agg(c.oid::text, "
+                      "' ' ORDER BY c.oid) END FROM pg_catalog.pg_partition_tree(" + lit(t.rel) +
+                      "::pg_catalog.regclass) p JOIN pg_catalog.pg_class c ON c.oid = p.relid WHERE p.isleaf AND "
+                      "p.relid OPERATOR(pg_catalog.<>) " + lit(t.rel) + "::pg_catalog.regclass"));
+            size_t at = 0;
+            while (at < oids.size()) {
+                size_t end = oids.find(' ', at);
+                if (end == std::string::npos) end = oids.size();
+                const std::string oid = oids.substr(at, end - at);
+                at = end + 1;
+                Text leaf = dbl(kSrc, "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class c "
+                                      "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = " +
+                                      lit(oid) + "::pg_catalog.oid");
+                if (!leaf)
+                    fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "a leaf partition of %s at the source is gone",
+                         t.rel.c_str());
+                reads.emplace_back(*leaf, 0);
+            }
+        }
+        if (reads.empty()) reads.emplace_back(r.from, 0);
+        for (auto &read : reads) {
+            read.second = std::strtoll(must(dbl(kSrc, blocks_query(read.first))).c_str(), nullptr, 10);
+            const int n = parts_for(read.second, sessions);
+            for (int i = 0; i < n; i++) {
+                std::string where = n == 1 ? r.condition : part_condition(r.condition.empty() ? "true" : r.condition,
+                                                                         read.second, i, n);
+                parts.push_back(CopyPart{r.target, attnames,
+                                         "SELECT " + t.cols + " FROM " + read.first + (where.empty() ? "" : " WHERE " + where),
+                                         read.second / n});
+            }
+        }
+    }
+    std::stable_sort(parts.begin(), parts.end(), [](const CopyPart &a, const CopyPart &b) { return a.blocks > b.blocks; });
+    return parts;
+}
+
 // 3. Copy, filtered at the source: the destination pulls each table under
 // the slot's snapshot. move_progress is kept current meanwhile.
 void copy_rows(OnlineMove &m) {
@@ -504,81 +599,108 @@ void copy_rows(OnlineMove &m) {
     // Leftovers of the shard at the destination (it does not own them).
     delete_shard_rows(kDst, m.map, m.logical, m.key);
     dbl(kDst, "SET session_replication_role = replica");
-    // With other moves in flight at its nodes, the copy takes its share of
-    // the destination's sharding.move_parallel sessions (moves_sharing).
+    // The destination's sharding.move_parallel sessions copy (its setting);
+    // with other moves in flight at its nodes, the copy takes its share of
+    // them (moves_sharing).
     const int sharing = moves_sharing(m.map, m.logical);
-    Text parallel_was;
-    if (sharing > 1)
-        parallel_was = dbl(kDst, "SELECT pg_catalog.current_setting('sharding.move_parallel', true)");
-    if (parallel_was)
-        dbl(kDst, "SELECT pg_catalog.set_config('sharding.move_parallel', GREATEST(1, " + lit(*parallel_was) +
-                      "::integer / " + std::to_string(sharing) + ")::text, false)");
-    if (parallel_was) debug_at("move " + name + ": " + std::to_string(sharing) + " moves in flight share the copy's sessions");
+    const int parallel = std::atoi(
+        must(dbl(kDst, "SELECT coalesce(pg_catalog.current_setting('sharding.move_parallel', true), '2')")).c_str());
+    const int sessions = std::max(1, parallel / std::max(1, sharing));
+    if (sharing > 1) debug_at("move " + name + ": " + std::to_string(sharing) + " moves in flight share the copy's sessions");
     // move_progress is kept current while the destination copies: every
     // quarter of a second, the rows and bytes the source's side of the
-    // pull has sent so far (copy_progress) on top of the tables already
+    // pull has sent so far (copy_progress) on top of the parts already
     // copied, committed in the journal. The tick only reports: what it
     // fails with (a journal update refused, the source's progress view
     // unreadable) is logged, a WARNING the first time, and the copy goes
     // on. A cancel (a PostgreSQL error, not a sharding::Error) ends the
     // wait.
     int64 copied_rows = 0, copied_bytes = 0;
+    Copied noted;  // what move_progress shows: never less than before
     bool tick_warned = false;
+    auto tick = [&] {
+        try {
+            Copied now = copy_progress(name);
+            noted.rows = std::max(noted.rows, copied_rows + now.rows);
+            noted.bytes = std::max(noted.bytes, copied_bytes + now.bytes);
+            note_copied(m.live_where, noted.rows, noted.bytes);
+        } catch (const Error &e) {
+            const std::string what = "could not note the progress of the copy of move " + name + ": " + e.what();
+            if (!tick_warned)
+                warn(what);
+            else
+                debug_at(what);
+            tick_warned = true;
+        }
+    };
     // What the copy is expected to send, and when it starts (time_left).
     note_expected(m.live_where, m.tables, !m.key);
-    for (const CopyTable &t : m.tables) {
-        // The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
-        // from the source under the slot's exported snapshot, straight
-        // into the table (move_copy.cpp).
-        std::string query = "SELECT " + t.cols + " FROM " + t.rel + " WHERE " + t.filter;
-        // A shard-partitioned table: the shard's leaf at the source, read
-        // whole (no filter, no other leaf scanned), written straight into
-        // the shard's leaf at the destination too where it has one: no
-        // routing, and CopyFrom batches (the guard's idle trigger is left
-        // out on the table it writes to, not on the leaves it would route
-        // to).
-        std::string target = t.rel;
-        if (!m.key) {
-            const std::string leaf_of = "SELECT s.leaf FROM (" + shard_leaves_sql(lit(t.rel) + "::pg_catalog.regclass") +
-                                        ") s WHERE s.shard = " + lit(t.filter);
-            Text leaf = dbl(kSrc, leaf_of);
-            if (leaf) {
-                query = "SELECT " + t.cols + " FROM " + *leaf;
-                Text there = dbl(kDst, leaf_of);
-                if (there) target = *there;
+    if (sessions < 2) {
+        // One session, this one's at the destination: table after table.
+        Text parallel_was;
+        if (sharing > 1) {
+            parallel_was = dbl(kDst, "SELECT pg_catalog.current_setting('sharding.move_parallel', true)");
+            dbl(kDst, "SELECT pg_catalog.set_config('sharding.move_parallel', '1', false)");
+        }
+        for (const CopyTable &t : m.tables) {
+            // The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
+            // from the source under the slot's exported snapshot, straight
+            // into the table (move_copy.cpp).
+            const CopyRead r = copy_read(m, t);
+            const std::string query =
+                "SELECT " + t.cols + " FROM " + r.from + (r.condition.empty() ? "" : " WHERE " + r.condition);
+            Text pulled;
+            {
+                WaitTick progress(tick, 250);
+                pulled = dbl(kDst, pull_sql(m, r.target, text_array(t.attnames), query));
             }
+            Copied done = pulled_pair(pulled);
+            copied_rows += done.rows;
+            copied_bytes += done.bytes;
+            note_copied(m.live_where, copied_rows, copied_bytes);
         }
-        Copied seen;
-        Text pulled;
-        {
-            WaitTick progress(
-                [&] {
-                    try {
-                        Copied now = copy_progress(name);
-                        seen.rows = std::max(seen.rows, now.rows);
-                        seen.bytes = std::max(seen.bytes, now.bytes);
-                        note_copied(m.live_where, copied_rows + seen.rows, copied_bytes + seen.bytes);
-                    } catch (const Error &e) {
-                        const std::string what =
-                            "could not note the progress of the copy of move " + name + ": " + e.what();
-                        if (!tick_warned)
-                            warn(what);
-                        else
-                            debug_at(what);
-                        tick_warned = true;
-                    }
-                },
-                250);
-            pulled = dbl(kDst, "SELECT sharding._move_pull(" + lit(m.source) + ", " + lit(m.snapshot) + ", " +
-                                   lit(target) + ", " + text_array(t.attnames) + ", " + lit(query) + ")::text");
+        if (parallel_was)
+            dbl(kDst, "SELECT pg_catalog.set_config('sharding.move_parallel', " + lit(*parallel_was) + ", false)");
+    } else {
+        // Sessions of their own at the destination (named as the move, so
+        // that an undo ends them with the rest; each ending by itself if
+        // this session goes away; each one part at a time, no parts within
+        // parts) work on one queue of every table's parts: a session that
+        // is done takes the next part, whatever its table. Each part reads
+        // the slot's exported snapshot (held until close_held below) and
+        // commits on its own; a failed move's undo deletes what they left,
+        // as it deletes the rows of any table already copied.
+        const std::vector<CopyPart> parts = plan_copy(m, sessions);
+        const int nsessions = std::min<int>(sessions, (int)parts.size());
+        debug_at("move " + name + ": copying " + std::to_string(parts.size()) + " parts of " +
+                 std::to_string(m.tables.size()) + " tables in " + std::to_string(nsessions) + " sessions");
+        const std::string nice =
+            must(dbl(kDst, "SELECT coalesce(pg_catalog.current_setting('sharding.move_nice', true), '0')"));
+        const std::string info = conninfo_of(named_connection(kDst));
+        const std::string options = "-c client_connection_check_interval=1000 -c sharding.move_parallel=1 "
+                                    "-c sharding.move_nice=" + std::to_string(std::atoi(nice.c_str())) +
+                                    " -c session_replication_role=replica";
+        std::vector<std::unique_ptr<Remote>> own;
+        std::vector<PGconn *> conns;
+        for (int i = 0; i < nsessions; i++) {
+            own.push_back(std::make_unique<Remote>(info, false, name, options));
+            conns.push_back(own.back()->conn());
+            own.back()->run("SET search_path = pg_catalog, pg_temp");
+            nice_session(conns.back(), std::atoi(nice.c_str()));
         }
-        Copied done = pulled_pair(pulled);
-        copied_rows += done.rows;
-        copied_bytes += done.bytes;
+        std::vector<std::string> work;
+        for (const CopyPart &p : parts) work.push_back(pull_sql(m, p.target, p.attnames, p.query));
+        run_queue(
+            conns, work, "copying a part: ",
+            [&](size_t, const std::string &v) {
+                Copied done = pulled_pair(Text(v));
+                copied_rows += done.rows;
+                copied_bytes += done.bytes;
+            },
+            tick, 250);
         note_copied(m.live_where, copied_rows, copied_bytes);
     }
     dbl(kDst, "SET session_replication_role = origin");
-    if (parallel_was) dbl(kDst, "SELECT pg_catalog.set_config('sharding.move_parallel', " + lit(*parallel_was) + ", false)");
     // The snapshot is no longer needed: let go of the replication connection.
     close_held(name);
 }

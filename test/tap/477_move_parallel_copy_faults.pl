@@ -40,8 +40,9 @@ ok($a->safe_psql('n1', "SELECT pg_relation_size('accounts') / 8192 >= 512") eq '
 	'the source table is large enough to be copied in two parts (4 MB)');
 is($b->safe_psql('n2', 'SHOW sharding.move_parallel'), '2', 'the destination copies in two parts by default');
 
-# The move's sessions at the destination: the coordinator's (which runs
-# _move_pull and waits for the parts) and the parts.
+# The move's sessions at the destination that pull: the parts (sessions the
+# coordinator opens there for the copy's queue; its own session there
+# waits idle).
 my $pulls = "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$name' AND query LIKE 'SELECT sharding._move_pull(%'";
 # hold_part(): a session at the destination inserts, uncommitted, a row
 # with the key of the last row at the source (in the last blocks: the last
@@ -57,7 +58,7 @@ sub in_parts
 	ok(wait_for_sql($b, 'n2', "$pulls AND wait_event_type = 'Lock'", '1', 120), "$what: a part of the copy waits for the held key");
 	ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM accounts WHERE sharding.logical_shard('bank', tenant) = $S", 't', 120),
 		"$what: the other part has committed its rows at the destination");
-	is($b->safe_psql('n2', $pulls), '3', "$what: the coordinator's session and two parts copy");
+	is($b->safe_psql('n2', $pulls), '2', "$what: two parts copy");
 }
 sub nothing_left
 {
@@ -106,7 +107,8 @@ $mv->{h}->finish;
 wait_for_restart($coord);
 # The destination's sessions of the move find their client gone and end by
 # themselves (client_connection_check_interval): the coordinator's session
-# within a second, and with it the parts it ran.
+# and the parts' sessions, all connections of the killed backend, within a
+# second.
 ok(wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$name'", '0', 30),
 	'kill -9: the destination\'s sessions of the move end by themselves');
 release($hold);

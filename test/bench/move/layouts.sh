@@ -13,6 +13,12 @@
 #      the pipe of the partition, COPY parted_0 TO STDOUT | COPY FROM STDIN
 #      into a table partitioned the same way at the destination (target:
 #      at most 1.15);
+#   2b. one shard over four plain tables (multi_1 .. multi_4, a quarter of
+#      the rows each, one map): the move / the four pipes one after another,
+#      and the move's copy phase (its DEBUG "copying" to "catchup") / those
+#      pipes; the copy works on one queue of every table's parts
+#      (sharding.move_parallel sessions). The copy phase of the other
+#      layouts is reported too.
 #   3. the clean-up of each move (replication dropped to return: the
 #      source-side delete, or the leaf's TRUNCATE), and each move with
 #      move_verify = on / the pipe, reported.
@@ -55,26 +61,37 @@ CREATE TABLE pipe_parted (tenant text NOT NULL, id bigint NOT NULL, val text, PR
     PARTITION BY HASH (tenant sharding.text_shard_ops);
 SELECT sharding.create_partitions('pipe_parted', 4);
 SQL
+    for i in 1 2 3 4; do
+        qn "$n" -c "CREATE TABLE multi_$i (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (id, tenant))" \
+            -c "CREATE TABLE pipe_multi_$i (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (id, tenant))" >/dev/null
+    done
 done
 qn coord >/dev/null <<SQL
 SELECT sharding.create_map('mplain', 4, ARRAY['n1', 'n2']);
 SELECT sharding.create_map('mparted', 4, ARRAY['n1', 'n2']);
+SELECT sharding.create_map('mmulti', 4, ARRAY['n1', 'n2']);
 SELECT sharding.add_node('n1', '$(ndsn n1)'), sharding.add_node('n2', '$(ndsn n2)');
 SELECT sharding.distribute('plain', 'tenant', 'mplain');
 SELECT sharding.distribute('parted', 'tenant', 'mparted');
+SELECT sharding.distribute('multi_' || i, 'tenant', 'mmulti') FROM generate_series(1, 4) i;
 SELECT sharding.attach_node('n1');
 SELECT sharding.attach_node('n2');
 SQL
-for m in mplain mparted; do
+for m in mplain mparted mmulti; do
     [ "$(qn coord -c "SELECT node FROM sharding.shards WHERE map = '$m' AND logical = 0")" = n1 ] ||
         qn coord -c "SELECT sharding.move_shard_online('$m', 0, 'n1')" >/dev/null
 done
-mn_wait i1 n1 "SELECT count(*) FROM sharding.shards WHERE node = 'n1' AND logical = 0" 2 30 >/dev/null
+mn_wait i1 n1 "SELECT count(*) FROM sharding.shards WHERE node = 'n1' AND logical = 0" 3 30 >/dev/null
 # ROWS rows over 1,000 tenants of shard 0.
 for t in plain parted; do
     qn n1 -c "INSERT INTO $t SELECT t, i, repeat('x', 100) FROM
                 (SELECT array_agg(t) AS ts FROM (SELECT 'tenant-' || i AS t FROM generate_series(1, 10000) i) x
                   WHERE sharding.shard_of(t, 4) = 0) a, LATERAL (SELECT ts[1 + i % 1000] AS t, i FROM generate_series(1, $ROWS) i) g" >/dev/null
+done
+for i in 1 2 3 4; do
+    qn n1 -c "INSERT INTO multi_$i SELECT t, i, repeat('x', 100) FROM
+                (SELECT array_agg(t) AS ts FROM (SELECT 'tenant-' || i AS t FROM generate_series(1, 10000) i) x
+                  WHERE sharding.shard_of(t, 4) = 0) a, LATERAL (SELECT ts[1 + i % 1000] AS t, i FROM generate_series(1, $ROWS / 4) i) g" >/dev/null
 done
 
 qn coord >/dev/null <<'SQL'
@@ -114,16 +131,19 @@ estimate() {
 }
 settle() { for n in n1 n2; do qn "$n" -c 'VACUUM ANALYZE' -c 'CHECKPOINT' >/dev/null; done; }
 ts() { date -d "$1" +%s.%N; }
-# move MAP TO VERIFY: prints "total_ms cleanup_ms" (clean-up: replication
-# dropped to return).
+# move MAP TO VERIFY: prints "total_ms cleanup_ms copy_ms" (clean-up:
+# replication dropped to return; copy: "copying" to "catchup").
 move() {
-    local t0 t1 out x
+    local t0 t1 out x c k
     t0=$(date +%s.%N)
     out=$(PGOPTIONS="-c client_min_messages=debug1 -c sharding.move_verify=$3" qn coord -c "SELECT sharding.move_shard_online('$1', 0, '$2')" 2>&1)
     t1=$(date +%s.%N)
     x=$(echo "$out" | sed -n 's/.*: replication dropped at \(.*\)$/\1/p')
-    [ -n "$x" ] || { echo "move failed: $out" >&2; exit 1; }
-    awk -v a="$t0" -v b="$t1" -v x="$(ts "$x")" 'BEGIN { printf "%.0f %.0f\n", (b - a) * 1000, (b - x) * 1000 }'
+    c=$(echo "$out" | sed -n 's/.*: copying at \(.*\)$/\1/p')
+    k=$(echo "$out" | sed -n 's/.*: catchup at \(.*\)$/\1/p')
+    [ -n "$x" ] && [ -n "$c" ] && [ -n "$k" ] || { echo "move failed: $out" >&2; exit 1; }
+    awk -v a="$t0" -v b="$t1" -v x="$(ts "$x")" -v c="$(ts "$c")" -v k="$(ts "$k")" \
+        'BEGIN { printf "%.0f %.0f %.0f\n", (b - a) * 1000, (b - x) * 1000, (k - c) * 1000 }'
 }
 # pipe QUERY TABLE: COPY (QUERY) TO STDOUT at n1 | COPY TABLE FROM STDIN at n2; ms.
 pipe() {
@@ -134,26 +154,35 @@ pipe() {
     echo $((($(date +%s%N) - t0) / 1000000))
     qn n2 -c "TRUNCATE $2" >/dev/null
 }
+LAYOUTS=${BENCH_LAYOUTS:-plain parted multi}
 for r in $(seq 1 "$RUNS"); do
-    for layout in plain parted; do
-        if [ "$layout" = plain ]; then query="SELECT tenant, id, val FROM plain WHERE sharding.shard_of(tenant, 4) = 0"
-        else query="SELECT tenant, id, val FROM parted_0"; fi
+    for layout in $LAYOUTS; do
         settle
-        p=$(pipe "$query" "pipe_$layout")
+        if [ "$layout" = multi ]; then
+            p=0
+            for i in 1 2 3 4; do
+                p=$((p + $(pipe "SELECT tenant, id, val FROM multi_$i WHERE sharding.shard_of(tenant, 4) = 0" "pipe_multi_$i")))
+            done
+        else
+            if [ "$layout" = plain ]; then query="SELECT tenant, id, val FROM plain WHERE sharding.shard_of(tenant, 4) = 0"
+            else query="SELECT tenant, id, val FROM parted_0"; fi
+            p=$(pipe "$query" "pipe_$layout")
+        fi
         settle
-        read -r m mc <<<"$(move "m$layout" n2 off)"
+        read -r m mc mcp <<<"$(move "m$layout" n2 off)"
         read -r e er <<<"$(estimate "m$layout" "$ROWS")"
         settle
-        read -r v vc <<<"$(move "m$layout" n2 on)"
+        read -r v vc vcp <<<"$(move "m$layout" n2 on)"
         move "m$layout" n1 off >/dev/null
-        echo "# run $r, $layout: pipe $p ms; move (verify off) $m ms, clean-up $mc ms; move (verify on) $v ms, clean-up $vc ms; time_left mid-copy / actual ${e:-none}, rows_expected / rows ${er:-none}"
-        echo "$p $m $mc $v $vc ${e:-0} ${er:-0}" >"$ROOT/$layout.r$r"
+        echo "# run $r, $layout: pipe $p ms; move (verify off) $m ms, copy phase $mcp ms, clean-up $mc ms; move (verify on) $v ms, copy phase $vcp ms, clean-up $vc ms; time_left mid-copy / actual ${e:-none}, rows_expected / rows ${er:-none}; load $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo "$p $m $mc $v $vc ${e:-0} ${er:-0} $mcp $vcp" >"$ROOT/$layout.r$r"
     done
 done
 med() { for r in $(seq 1 "$RUNS"); do awk "{print $2}" "$ROOT/$1.r$r"; done | median; }
-for layout in plain parted; do
-    target=$([ "$layout" = plain ] && echo 1.2 || echo 1.15)
+for layout in $LAYOUTS; do
+    target=$([ "$layout" = parted ] && echo 1.15 || echo 1.2)
     echo "$layout: move (move_verify off) / pipe = $(printf '%.2f' "$(med "$layout" '$2 / $1')") (target <= $target); with verification $(printf '%.2f' "$(med "$layout" '$4 / $1')"); median pipe $(med "$layout" '$1') ms, move $(med "$layout" '$2') ms, clean-up $(med "$layout" '$3') ms (verify on: $(med "$layout" '$5') ms)"
+    echo "$layout: copy phase / pipe = $(printf '%.2f' "$(med "$layout" '$8 / $1')") (median copy phase $(med "$layout" '$8') ms)"
     echo "$layout: time_left at mid-copy / the copy's actual rest = $(med "$layout" '$6'); rows_expected / rows = $(med "$layout" '$7')"
 done
 echo "rows: $ROWS; nproc: $(nproc)"
