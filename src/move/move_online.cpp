@@ -113,10 +113,22 @@ struct OnlineMove {
     // The stream (open_stream).
     std::string storage_src, storage_dst;
     Text plugin_opts, snapshot;
-    // How far it got (fail_move reads it).
-    const char *step = "setup";
+    // How far it got (fail_move reads it): the step it is in, named as the
+    // journal's phase (phase.hpp). The journal enters each phase before
+    // the step acts; step follows it, except 'cleanup', which the journal
+    // commits with the switch and step enters once both ends committed
+    // (a failure in between is told by switched_after_all).
+    Phase step = Phase::Queued;
     bool verify = true, verify_failed = false;
 };
+
+// The move enters a step (m.step), named as the journal's phase, with a
+// DEBUG1 line "move <name>: <phase> at <time>" (test/bench/move reads the
+// times).
+void enter(OnlineMove &m, Phase p) {
+    m.step = p;
+    debug_at("move " + m.name + ": " + to_text(p));
+}
 
 // The shard's source and epoch now. One move per shard at a time (a
 // transaction-level lock: a crashed caller's lock goes with it, and its
@@ -327,6 +339,7 @@ void fix_plan(OnlineMove &m) {
         dbl(kSelf, "ROLLBACK");
         throw;
     }
+    m.step = Phase::Copying;  // as the journal row since the commit above
     std::vector<Row> &planned = m.planned;
     if (m.move_id) {
         planned = spi_rows("SELECT j.plan_pins::text, pg_catalog.cardinality(j.plan_pins)::text, j.plan_shards::text, "
@@ -499,8 +512,7 @@ void open_stream(OnlineMove &m) {
 // the slot's snapshot. move_progress is kept current meanwhile.
 void copy_rows(OnlineMove &m) {
     const std::string &name = m.name;
-    m.step = "copying";
-    debug_at("move " + name + ": copying");
+    enter(m, Phase::Copying);
     // Leftovers of the shard at the destination (it does not own them).
     delete_shard_rows(kDst, m.map, m.logical, m.key);
     dbl(kDst, "SET session_replication_role = replica");
@@ -623,8 +635,7 @@ void subscribe(OnlineMove &m) {
 // 5. Catch up until a round is short: the backlog left for the frozen
 // phase is then a fraction of a second of writes.
 void catch_up(OnlineMove &m) {
-    m.step = "catchup";
-    debug_at("move " + m.name + ": catchup");
+    enter(m, Phase::CatchingUp);
     phase(m.map, m.logical, Phase::CatchingUp);
     for (int i = 1; i <= 100; i++)
         if (wait_flush(m.name, 600, m.live_where) < 0.2) break;
@@ -663,13 +674,13 @@ void try_cutover(OnlineMove &m, const std::string &timeout_ms, bool *frozen, boo
     if (!m.key)
         m.out.new_epoch = dbl(kSelf, bounded + "WITH m AS (SELECT sharding._switch_owner(" + lit(map) + ", " +
                                          m.logical_s + ", " + lit(m.node) +
-                                         ") AS e), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
+                                         ") AS e), j AS (UPDATE sharding.move_journal SET phase = " PHASE_SQL(CLEANUP) ", "
                                          "phase_started = pg_catalog.now(), new_epoch = (SELECT e FROM m) " +
                                          m.live_where + ") SELECT e FROM m");
     else
         dbl(kSelf, bounded + "WITH m AS (SELECT sharding.pin(" + lit(map) + ", " + lit(m.key) + "::text, " +
                        lit(m.node) +
-                       ")), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
+                       ")), j AS (UPDATE sharding.move_journal SET phase = " PHASE_SQL(CLEANUP) ", "
                        "phase_started = pg_catalog.now(), new_epoch = " +
                        m.out.new_epoch.value_or("NULL") + " " + m.live_where + ") SELECT 1 FROM m");
 }
@@ -682,8 +693,7 @@ void try_cutover(OnlineMove &m, const std::string &timeout_ms, bool *frozen, boo
 // tries again a second later, three times in all, then fails with 55P03
 // (rolled back by fail_move, nothing lost).
 void cut_over(OnlineMove &m) {
-    m.step = "cutover";
-    debug_at("move " + m.name + ": cutover");
+    enter(m, Phase::Cutover);
     // The delete's origin states at the source, taken before the switch
     // (review RB-9): without them the move fails here, rolled back.
     reserve_origins(kSrc, m.name, m.source.value_or(""));
@@ -718,8 +728,7 @@ void cut_over(OnlineMove &m) {
     }
     dbl(kSrc, "COMMIT");
     dbl(kDst, "COMMIT");
-    m.step = "switched";
-    debug_at("move " + m.name + ": switched");
+    enter(m, Phase::Cleanup);
 }
 
 // 7a. Before the source's rows go (finish calls it): the copies compared.
@@ -744,7 +753,7 @@ void verify_copies(OnlineMove &m) {
                                "shard's rows (refused by its guard, invisible to routing).";
     const std::string hint = "Compare the rows of the shard at both ends, repair the destination's, "
                              "then delete the source's copy.";
-    journal("UPDATE sharding.move_journal SET phase = 'failed', phase_started = pg_catalog.now(), "
+    journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(FAILED) ", phase_started = pg_catalog.now(), "
             "finished = pg_catalog.now(), pid = NULL, lag_bytes = 0, error = " + lit(message) +
             ", error_state = 'XX001', error_detail = " + lit(detail) + ", error_hint = " + lit(hint) + " " +
             m.live_where);
@@ -769,7 +778,7 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
                 const std::string self = coordinator_dsn();
                 named_connect(kSelf, self.c_str());
                 committed = dbl(kSelf, "SELECT COALESCE(new_epoch::text, '') FROM sharding.move_journal " +
-                                           m.live_where + " AND phase = 'cleanup'");
+                                           m.live_where + " AND phase = " PHASE_SQL(CLEANUP));
             },
             &inner)) {
         // Unknown: neither thaw nor undo; _move_recover finishes or rolls
@@ -792,7 +801,7 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
 // move is finished. Then the error is raised again, saying what happened
 // to the shard.
 [[noreturn]] void fail_move(OnlineMove &m, const Caught &err) {
-    elog(DEBUG1, "move %s failed at step %s: %s (%s)", m.name.c_str(), m.step, err.message.c_str(),
+    elog(DEBUG1, "move %s failed at step %s: %s (%s)", m.name.c_str(), to_text(m.step), err.message.c_str(),
          err.context.c_str());
     if (m.verify_failed) {
         // The copies differ: the journal row has ended 'failed', and the
@@ -800,8 +809,8 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
         disconnect();
         reraise(err);
     }
-    bool switched = std::string(m.step) == "switched";
-    if (std::string(m.step) == "cutover") switched = switched_after_all(m, err);
+    bool switched = m.step == Phase::Cleanup;
+    if (m.step == Phase::Cutover) switched = switched_after_all(m, err);
     Caught inner;
     // Not switched: the source stays frozen until undo has heard from the
     // destination that it does not own the shard (a coordinator restored
