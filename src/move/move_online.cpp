@@ -72,21 +72,24 @@ using namespace online;
 namespace {
 
 // One online move as its steps see it. move_online runs the steps in
-// order (docs/moves.md numbers them the same way):
-//   1. find_source      the shard's owner and epoch, under the shard's move lock
-//      check_ends       both ends attached and guarded, wal_level
-//      fix_plan         the plan in the journal row ('copying'): shard count, pins, tables;
-//                       from here on DDL of the map's tables waits for the move (55006)
-//      compare_schemas  the plan's tables at both ends (after DDL committed before the
-//                       plan): replica identities, the columns copied, their signatures
-//      plan_tables      the plan's tables with their conditions and columns
-//                       (a refusal of these two ends the journal row: refuse_after_plan)
-//   2. open_stream      controller lock, storage noted, publication, decoder's row, slot
-//   3. copy_rows        the destination pulls each table under the slot's snapshot
-//   4. subscribe        the destination streams from the slot
-//   5. catch_up         rounds until one is short
-//   6. cut_over         freeze, drain, hold storage and columns, switch (+ journal 'cleanup')
-//   7. finish           (verify_copies first) thaw, drop replication, delete at the source
+// order, each named as the journal's phase it runs in (phase.hpp;
+// docs/moves.md, "Steps", lists them the same way):
+//   queued       find_source      the shard's owner and epoch, under the shard's move lock
+//                check_ends       both ends attached and guarded, wal_level
+//   copying      fix_plan         the plan in the journal row, entering 'copying': shard count,
+//                                 pins, tables; from here on DDL of the map's tables waits
+//                                 for the move (55006)
+//                compare_schemas  the plan's tables at both ends (after DDL committed before the
+//                                 plan): replica identities, the columns copied, their signatures
+//                plan_tables      the plan's tables with their conditions and columns
+//                                 (a refusal of these two ends the journal row: refuse_after_plan)
+//                open_stream      controller lock, storage noted, publication, decoder's row, slot
+//                copy_rows        the destination pulls each table under the slot's snapshot
+//                subscribe        the destination streams from the slot
+//   catching_up  catch_up         rounds until one is short
+//   cutover      cut_over         freeze, drain, hold storage and columns, switch (+ journal
+//                                 'cleanup', in the same transaction)
+//   cleanup      finish           (verify_copies first) thaw, drop replication, delete at the source
 // and, when a step fails, fail_move: undo before the switch, finish after.
 struct OnlineMove {
     // What and where (move_online, find_source).
@@ -446,7 +449,7 @@ void prepare_sessions(OnlineMove &m) {
     dbl(kSrc, "SET client_connection_check_interval = 1000");
 }
 
-// 2. The controller lock, the tables' storage at both ends, the
+// open_stream (copying): the controller lock, the tables' storage at both ends, the
 // publication, the decoder's instructions and the slot, whose snapshot the
 // copy reads; the plan's leaf partitions noted.
 void open_stream(OnlineMove &m) {
@@ -508,7 +511,7 @@ void open_stream(OnlineMove &m) {
                 "::text[] WHERE move = " + *m.move_id);
 }
 
-// 3. Copy, filtered at the source: the destination pulls each table under
+// copy_rows (copying), filtered at the source: the destination pulls each table under
 // the slot's snapshot. move_progress is kept current meanwhile.
 void copy_rows(OnlineMove &m) {
     const std::string &name = m.name;
@@ -595,7 +598,7 @@ void copy_rows(OnlineMove &m) {
     close_held(name);
 }
 
-// 4. Stream from the slot made before the copy. No filter at the
+// subscribe (copying): stream from the slot made before the copy. No filter at the
 // destination: the slot's decoder (plugin "sharding", pgoutput inside)
 // sends only the shard's changes. synchronous_commit on: the apply worker
 // confirms a position only once its commit is flushed here, so with 'off'
@@ -632,7 +635,7 @@ void subscribe(OnlineMove &m) {
     dbl(kDst, "SELECT sharding._move_watch(" + lit(name) + ")");
 }
 
-// 5. Catch up until a round is short: the backlog left for the frozen
+// catch_up (catching_up) until a round is short: the backlog left for the frozen
 // phase is then a fraction of a second of writes.
 void catch_up(OnlineMove &m) {
     enter(m, Phase::CatchingUp);
@@ -685,7 +688,7 @@ void try_cutover(OnlineMove &m, const std::string &timeout_ms, bool *frozen, boo
                        m.out.new_epoch.value_or("NULL") + " " + m.live_where + ") SELECT 1 FROM m");
 }
 
-// 6. Cutover. Bounded (sharding.move_freeze_timeout): the freeze waits at
+// cut_over (cutover). Bounded (sharding.move_freeze_timeout): the freeze waits at
 // most that long for the shard's writers at the source (a fence, an idle
 // transaction that wrote a row of the shard), and so does the switch for
 // the coordinator's shard lock; new writers queued behind the freeze wait
@@ -731,7 +734,7 @@ void cut_over(OnlineMove &m) {
     enter(m, Phase::Cleanup);
 }
 
-// 7a. Before the source's rows go (finish calls it): the copies compared.
+// verify_copies (cleanup): before the source's rows go (finish calls it), the copies compared.
 // A difference cannot undo the switch: the journal row ends 'failed' with
 // XX001 and the source keeps its copy for an operator.
 void verify_copies(OnlineMove &m) {
@@ -902,7 +905,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             subscribe(m);
             catch_up(m);
             cut_over(m);
-            // 7. Clean up after the switch, the copies compared first.
+            // cleanup: after the switch, the copies compared first.
             m.out.moved = finish(m.map, m.logical, m.key, m.node, m.out.new_epoch, [&] { verify_copies(m); });
         },
         &err);
