@@ -4,53 +4,22 @@
 -- DROP SUBSCRIPTION cannot run in a transaction block, so every remote step
 -- is its own autocommit statement on a separate connection).
 --
--- How a move runs (named objects: see _move_name; the same steps as
--- docs/moves.md, each a function of src/move/move_online.cpp):
---   1. journal  a row in sharding.move_journal, committed at once through a
---               loopback connection, so that a later call knows what a
---               crashed or failed one left behind and undoes it; both ends
---               checked, the plan fixed in the row ('copying'), then the
---               plan's tables read at both ends (after DDL committed
---               before the plan; later DDL waits for the move);
---   2. source   CREATE PUBLICATION of the map's distributed tables, then a
---               row in sharding.move_decoding naming the shard, then a
---               logical replication slot made over a replication
---               connection with an exported snapshot; its output plugin is
---               this library (src/datanode/move_decoder.cpp), which wraps
---               pgoutput and drops every change outside the moving shard
---               before it is encoded;
---   3. copy     the destination pulls the shard's rows in C++
---               (_move_pull, src/datanode/move_copy.cpp): a libpq connection
---               to the source under the exported snapshot runs
---               COPY (SELECT ... WHERE <shard>) TO STDOUT, fed into the
---               local table through BeginCopyFrom, under
---               session_replication_role = replica (the guard does not
---               fire). Copy and stream never overlap: the copy sees exactly
---               what was committed before the slot's starting point;
---   4. stream   CREATE SUBSCRIPTION (copy_data = false, the slot of step 2):
---               plain PostgreSQL apply of the changes committed since;
---   5. catch up until the slot's confirmed_flush_lsn reaches the source's
---               flushed WAL position quickly (the backlog is small);
---   6. cutover  _freeze_shard at the source (waits for its in-flight
---               writers, then its guard refuses the shard's keys), wait
---               until the destination confirmed the source's last WAL
---               position, switch the owner on the coordinator (move_shard:
---               epoch + 1; isolate: pin);
---   7. finish   wait until the source shows the switch (it follows the
---               coordinator), thaw it (it now refuses by ownership), wait
---               until the destination shows it; drop the subscription, the
---               slot and the publication; compare the copies; delete the
---               shard's rows at the source (one transaction).
--- The refusal window is from the freeze (6) to the thaw (7): a few round trips and the last
--- moments of replication lag, whatever the shard's size.
+-- How a move runs: docs/moves.md, "Steps", lists its steps once, each
+-- named as the journal's phase it runs in (queued, copying, catching_up,
+-- cutover, cleanup, then done, failed or cancelled; sharding.move_journal
+-- below), in the order of src/move/move_online.cpp, where each is a
+-- function of its own. The refusal window is from the cutover's freeze to
+-- the thaw in cleanup: a few round trips and the last moments of
+-- replication lag, whatever the shard's size.
 --
 -- The orchestration is C++ (src/move/move_orchestrate.cpp; the functions
 -- below marked LANGUAGE C keep their SQL names as thin wrappers); its main
 -- block runs in a subtransaction, as a PL/pgSQL EXCEPTION block did.
--- Failure or cancel before the switch: the handler undoes steps
--- 2-6 (drops the subscription, slot and publication, deletes what
--- the copy put at the destination, thaws) and re-raises; the old owner never
--- stopped owning. After the switch: the handler finishes step 7. If the
+-- Failure or cancel before the switch (phases copying to cutover): the
+-- handler undoes the move (drops the subscription, slot and publication,
+-- deletes what the copy put at the destination, thaws) and re-raises; the
+-- old owner never stopped owning. After the switch (cleanup): the handler
+-- finishes the clean-up. If the
 -- handler itself cannot (a node is down, the coordinator crashed), the
 -- journal row stays and the next call for that shard, with any node, does it
 -- first.

@@ -39,6 +39,7 @@
 #include "pg/extension.hpp"
 #include "pg/shmem.hpp"
 #include "jobs/jobs.hpp"
+#include "move/phase.hpp"
 #include "routing/groups.hpp"
 
 extern "C" {
@@ -380,8 +381,8 @@ bool role_may_run(Oid role) {
 // that failed too.
 bool give_up(int64 job, const char *error) {
     static const char *const kSql[] = {
-        "UPDATE sharding.move_journal m SET phase = 'cancelled', finished = now() "
-        "WHERE m.job = $1 AND m.phase = 'queued' AND m.pid IS NULL "
+        "UPDATE sharding.move_journal m SET phase = " PHASE_SQL(CANCELLED) ", finished = now() "
+        "WHERE m.job = $1 AND m.phase = " PHASE_SQL(QUEUED) " AND m.pid IS NULL "
         "AND EXISTS (SELECT FROM sharding.move_jobs t WHERE t.job = $1 AND t.state IN ('queued', 'running')) "
         "AND NOT EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
         "AND l.classid = (hashtext('sharding.move_journal'))::oid AND l.objsubid = 2 "
@@ -393,7 +394,7 @@ bool give_up(int64 job, const char *error) {
         "started = coalesce(t.started, now()), "
         "waiting = CASE WHEN l.live THEN t.waiting END, waits = CASE WHEN l.live THEN t.waits ELSE '{}' END "
         "FROM (SELECT EXISTS (SELECT FROM sharding.move_journal m WHERE m.job = $1 "
-        "AND m.phase NOT IN ('done', 'failed', 'cancelled')) AS live) l "
+        "AND m.phase NOT IN " PHASE_SQL_FINAL ") AS live) l "
         "WHERE t.job = $1 AND t.state IN ('queued', 'running')",
     };
     Oid types[2] = {INT8OID, TEXTOID};

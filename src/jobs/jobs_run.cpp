@@ -75,12 +75,12 @@ std::string claimed(const char *alias) {
 // The moves of job $1 in flight (claimed by a live executor), as a query.
 std::string in_flight() {
     return "SELECT f.move, f.logical, f.source, f.destination, f.phase FROM sharding.move_journal f "
-           "WHERE f.job = $1::bigint AND f.phase NOT IN ('done', 'failed', 'cancelled') AND " + claimed("f");
+           "WHERE f.job = $1::bigint AND f.phase NOT IN " PHASE_SQL_FINAL " AND " + claimed("f");
 }
 
 const char *const kLiveOfJob =
     "SELECT m.move::text FROM sharding.move_journal m WHERE m.job = $1::bigint "
-    "AND m.phase NOT IN ('done', 'failed', 'cancelled')";
+    "AND m.phase NOT IN " PHASE_SQL_FINAL;
 
 int64 to_int64(const Text &t) { return std::strtoll(must(t).c_str(), nullptr, 10); }
 
@@ -122,7 +122,7 @@ void require_job(const Text &job) {
 // Cancels the moves a failed start enqueued (the journal committed them).
 void unqueue(const Text &job) {
     for (Row &r : spi_rows("SELECT m.move::text FROM sharding.move_journal m WHERE m.job = $1::bigint "
-                           "AND m.phase = 'queued' ORDER BY m.move",
+                           "AND m.phase = " PHASE_SQL(QUEUED) " ORDER BY m.move",
                            {c(job)}))
         cancel(to_int64(r[0]));
 }
@@ -134,7 +134,7 @@ void unqueue(const Text &job) {
 // when its cancel_requested was lost (_move_cancel of one of its moves).
 std::string finish_job(const Text &job) {
     std::vector<Row> failed = spi_rows(
-        "SELECT m.error FROM sharding.move_journal m WHERE m.job = $1::bigint AND m.phase = 'failed' "
+        "SELECT m.error FROM sharding.move_journal m WHERE m.job = $1::bigint AND m.phase = " PHASE_SQL(FAILED) " "
         "AND m.move <> ALL ((SELECT t.retried FROM sharding.move_jobs t WHERE t.job = $1::bigint)::bigint[]) "
         "ORDER BY m.finished NULLS LAST, m.move LIMIT 1",
         {c(job)});
@@ -147,7 +147,7 @@ std::string finish_job(const Text &job) {
     Text cancelled_move;
     if (!cancelled && failed.empty() && !gave_up)
         cancelled_move = spi_value("SELECT m.move::text FROM sharding.move_journal m WHERE m.job = $1::bigint "
-                                   "AND m.phase = 'cancelled' ORDER BY m.move LIMIT 1",
+                                   "AND m.phase = " PHASE_SQL(CANCELLED) " ORDER BY m.move LIMIT 1",
                                    {c(job)});
     const std::string state = cancelled                    ? "cancelled"
                               : !failed.empty() || gave_up ? "failed"
@@ -209,7 +209,7 @@ Text node_dsn_of(const Text &node) {
 int claimed_not_begun(bool as_source, const Text &node) {
     auto sql = [](const char *role) {
         return "SELECT pg_catalog.count(*)::text FROM sharding.move_jobs j JOIN sharding.move_journal m "
-               "ON m.job = j.job WHERE j.state = 'running' AND m.phase = 'queued' AND m." +
+               "ON m.job = j.job WHERE j.state = 'running' AND m.phase = " PHASE_SQL(QUEUED) " AND m." +
                std::string(role) + " = $1 AND " + claimed("m");
     };
     static const std::string at_source = sql("source"), at_destination = sql("destination");
@@ -361,7 +361,7 @@ Text claim(const Text &job) {
         spi_value("UPDATE sharding.move_jobs t SET state = 'running', started = pg_catalog.now() WHERE t.job = $1::bigint",
                   {c(job)});
     const char *const live_shard = "SELECT 1 FROM sharding.move_journal m WHERE m.map = $1 AND m.logical = $2::integer "
-                                   "AND m.phase NOT IN ('done', 'failed', 'cancelled')";
+                                   "AND m.phase NOT IN " PHASE_SQL_FINAL;
     // Deferred key moves whose shard has no live move any more: enqueue.
     if (deferred != "[]" && !cancel_requested) {
         for (Row &d : spi_rows("SELECT d.value::text, d.value ->> 'logical', d.value ->> 'key', d.value ->> 'destination' "
@@ -382,7 +382,7 @@ Text claim(const Text &job) {
     if (!cancel_requested) {
         for (Row &r : spi_rows(
                  "SELECT m.move::text, m.logical::text, m.key, m.destination FROM sharding.move_journal m "
-                 "WHERE m.job = $1::bigint AND m.phase = 'failed' AND m.move <> ALL ($2::bigint[]) "
+                 "WHERE m.job = $1::bigint AND m.phase = " PHASE_SQL(FAILED) " AND m.move <> ALL ($2::bigint[]) "
                  "AND m.error LIKE 'interrupted in phase %, rolled back' "
                  "AND (SELECT pg_catalog.count(*) FROM sharding.move_journal x WHERE x.job = $1::bigint "
                  "AND x.logical = m.logical AND x.key IS NOT DISTINCT FROM m.key) < 3 ORDER BY m.move",
@@ -398,7 +398,7 @@ Text claim(const Text &job) {
     const int flying = std::atoi(must(spi_kept_value(&flying_plan, count_in_flight.c_str(), {c(job)})).c_str());
     const bool failed = gave_up || spi_kept_value(&failed_plan,
                                                   "SELECT 1 FROM sharding.move_journal m WHERE m.job = $1::bigint "
-                                                  "AND m.phase = 'failed' AND m.move <> ALL ($2::bigint[])",
+                                                  "AND m.phase = " PHASE_SQL(FAILED) " AND m.move <> ALL ($2::bigint[])",
                                                   {c(job), retried.c_str()})
                                        .has_value();
     if (cancel_requested || failed) {
@@ -407,7 +407,7 @@ Text claim(const Text &job) {
                   {c(job)});
         deferred = "[]";
         static const std::string not_begun = "SELECT m.move::text FROM sharding.move_journal m WHERE m.job = $1::bigint "
-                                      "AND m.phase = 'queued' AND m.move NOT IN (SELECT f.move FROM (" +
+                                      "AND m.phase = " PHASE_SQL(QUEUED) " AND m.move NOT IN (SELECT f.move FROM (" +
                                       in_flight() + ") f) ORDER BY m.move";
         for (Row &r : spi_kept_rows(&not_begun_plan, not_begun.c_str(), {c(job)})) cancel(to_int64(r[0]));
         if (flying == 0 && !spi_kept_value(&live_of_job_plan, kLiveOfJob, {c(job)})) {
@@ -421,7 +421,7 @@ Text claim(const Text &job) {
         std::atoi(must(spi_kept_value(&live_plan,
                                       "SELECT (pg_catalog.count(*) + pg_catalog.jsonb_array_length($2::jsonb))::text "
                                       "FROM sharding.move_journal m WHERE m.job = $1::bigint "
-                                      "AND m.phase NOT IN ('done', 'failed', 'cancelled')",
+                                      "AND m.phase NOT IN " PHASE_SQL_FINAL,
                                       {c(job), deferred.c_str()}))
                       .c_str());
     if (live == 0) {
@@ -440,16 +440,16 @@ Text claim(const Text &job) {
     // then queued ones in plan order; never two of one shard at once.
     static const std::string candidates =
         "SELECT m.move::text, m.logical::text, m.source, m.destination, m.phase FROM sharding.move_journal m "
-        "WHERE m.job = $1::bigint AND m.phase NOT IN ('done', 'failed', 'cancelled') "
+        "WHERE m.job = $1::bigint AND m.phase NOT IN " PHASE_SQL_FINAL " "
         "AND m.move NOT IN (SELECT f.move FROM (" + in_flight() + ") f) "
         "AND m.logical NOT IN (SELECT f.logical FROM (" + in_flight() + ") f) "
-        "AND (NOT $2::boolean OR m.phase <> 'queued') ORDER BY (m.phase = 'queued'), m.move";
+        "AND (NOT $2::boolean OR m.phase <> " PHASE_SQL(QUEUED) ") ORDER BY (m.phase = " PHASE_SQL(QUEUED) "), m.move";
     Waits waits;
     // A node pair's capacity, asked once per claim (the nodes answer over
     // the network; nothing this claim does changes it before it returns).
     std::map<std::pair<Text, Text>, Text> capacity_of;
     for (Row &m : spi_kept_rows(&candidates_plan, candidates.c_str(), {c(job), cancel_requested ? "true" : "false"})) {
-        if (m[4] == Text("queued")) {
+        if (m[4] == Text(to_text(Phase::Queued))) {
             // Any number of moves into and out of one node at once (each
             // move's decoder sends only its shard, each applies and deletes
             // under names of its own: docs/rebalance.md), as far as the
@@ -792,7 +792,7 @@ SHARDING_FUNCTION(sharding__job_adopt) {
 // whose executor died, then asks for runners for every live job.
 SHARDING_FUNCTION(sharding__job_pickup) {
     (void)fcinfo;
-    if (spi_value("SELECT 1 FROM sharding.move_journal m WHERE m.phase NOT IN ('queued', 'done', 'failed', 'cancelled') "
+    if (spi_value("SELECT 1 FROM sharding.move_journal m WHERE m.phase NOT IN " PHASE_SQL_NOT_IN_FLIGHT " "
                   "LIMIT 1",
                   {}))
         recover();

@@ -115,7 +115,7 @@ DeletePlan *read_plan(const char *map, int32 logical, const char *key, const cha
     // configuration as it is.
     if (SPI_execute_with_args("SELECT j.plan_tables IS NOT NULL FROM sharding.move_journal j WHERE j.map = $1 "
                               "AND j.logical = $2 AND j.key IS NOT DISTINCT FROM $3 "
-                              "AND j.phase NOT IN ('done', 'failed', 'cancelled')",
+                              "AND j.phase NOT IN " PHASE_SQL_FINAL,
                               3, types, vals, nulls, false, 0) != SPI_OK_SELECT)
         elog(ERROR, "could not read the journal of a move");
     bool planned = false;
@@ -129,7 +129,7 @@ DeletePlan *read_plan(const char *map, int32 logical, const char *key, const cha
                 "SELECT r.rel, r.filter FROM sharding.move_journal j, "
                 "ROWS FROM (pg_catalog.unnest(j.plan_tables), pg_catalog.unnest(j.plan_filters)) WITH ORDINALITY AS r(rel, filter, i) "
                 "WHERE j.map = $1 AND j.logical = $2 AND j.key IS NOT DISTINCT FROM $3 "
-                "AND j.phase NOT IN ('done', 'failed', 'cancelled') ORDER BY r.i",
+                "AND j.phase NOT IN " PHASE_SQL_FINAL " ORDER BY r.i",
                 3, types, vals, nulls, false, 0) != SPI_OK_SELECT)
             elog(ERROR, "could not read the plan of a move");
     } else {

@@ -13,6 +13,7 @@
 // libpq connections src/remote/'s.
 #pragma once
 
+#include "move/phase.hpp"
 #include "pg/spi.hpp"
 #include "remote/move_remote.hpp"
 

@@ -136,14 +136,14 @@ Text nonempty(const std::string &s) { return s.empty() ? Text() : Text(s); }
 [[noreturn]] void raise_recorded(int64 id) {
     JournalRow j = read_row(id);
     const int code = j.error_state ? sqlstate_code(j.error_state) : ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
-    if (j.phase == "cleanup")
+    if (j.phase == to_text(Phase::Cleanup))
         // The move itself happened; only its tidying failed.
         throw Error(code,
                     format("logical shard %d of map \"%s\" moved to \"%s\" (epoch %s), but finishing failed: %s",
                            j.logical, j.map.c_str(), shown(j.destination).c_str(), shown(j.new_epoch).c_str(),
                            shown(j.error).c_str()),
                     std::string(), "Call sharding.move_shard_online again to finish.");
-    if (j.found && j.phase != "failed" && j.phase != "cancelled")
+    if (j.found && j.phase != to_text(Phase::Failed) && j.phase != to_text(Phase::Cancelled))
         warn(format("could not clean up after the failed move of logical shard %d of map \"%s\"", j.logical,
                     j.map.c_str()),
              "The next sharding.move_shard_online or sharding.isolate of this shard cleans up first.");
@@ -311,7 +311,7 @@ void refuse_before_take_over() {
 int64 run_move(const std::string &map, int32 logical, const Text &key, const std::string &node) {
     refuse_written();
     int64 id = enqueue(Text(), Text(map), Text(std::to_string(logical)), key, Text(node));
-    if (execute(id) != "done") raise_recorded(id);
+    if (execute(id) != to_text(Phase::Done)) raise_recorded(id);
     return id;
 }
 
@@ -399,7 +399,7 @@ int64 enqueue(const Text &job, const Text &map, const Text &logical_arg, const T
     std::vector<Row> live = spi_rows(
         "SELECT m.move::text, m.phase, m.error FROM sharding.move_journal m "
         "WHERE m.map = $1 AND (m.logical = $2::integer OR m.key = $3) "
-        "AND m.phase NOT IN ('done', 'failed', 'cancelled') LIMIT 1",
+        "AND m.phase NOT IN " PHASE_SQL_FINAL " LIMIT 1",
         {c(map), c(logical), c(key)});
     if (!live.empty()) {
         const std::string msg = format("logical shard %s of map \"%s\" is already being moved (move %s, phase %s)",
@@ -440,14 +440,14 @@ std::string resolve(int64 id, const std::string &final_phase) {
     JournalRow j = require_row(Text(ids));
     if (is_final(j.phase)) return j.phase;
     ActingAs as(id, j.runas);
-    if (j.phase == "queued") {
+    if (j.phase == to_text(Phase::Queued)) {
         journal("UPDATE sharding.move_journal SET phase = " + lit(final_phase) +
                 ", finished = pg_catalog.now(), pid = NULL WHERE move = " + ids);
         return final_phase;
     }
     connect(j.source, j.destination);
     std::string result = final_phase;
-    if (j.phase == "cleanup") {
+    if (j.phase == to_text(Phase::Cleanup)) {
         Text epoch = j.new_epoch;
         if (!epoch) {
             const std::string l = std::to_string(j.logical);
@@ -455,7 +455,7 @@ std::string resolve(int64 id, const std::string &final_phase) {
                               {j.map.c_str(), l.c_str()});
         }
         finish(j.map, j.logical, j.key, must(j.destination), epoch);
-        result = "done";
+        result = to_text(Phase::Done);
     } else {
         // The source thaws inside undo, once the destination has said it
         // does not own the shard (a destination out of reach: the source
@@ -463,7 +463,7 @@ std::string resolve(int64 id, const std::string &final_phase) {
         if (!undo(j.map, j.logical, j.key)) {
             // The destination owned the shard already: finished, 'done'.
             disconnect();
-            return "done";
+            return to_text(Phase::Done);
         }
         journal("UPDATE sharding.move_journal SET phase = " + lit(final_phase) +
                 ", finished = pg_catalog.now(), pid = NULL, error = coalesce(error, " +
@@ -488,25 +488,25 @@ std::string execute(int64 id) {
     Caught err;
     bool ok = subxact(
         [&] {
-            if (j.phase != "queued") {
-                result = resolve(id, "failed");
+            if (j.phase != to_text(Phase::Queued)) {
+                result = resolve(id, to_text(Phase::Failed));
                 return;
             }
             ActingAs as(id, j.runas);
             if (!journal("UPDATE sharding.move_journal SET pid = " + std::to_string(MyProcPid) +
                          ", started = pg_catalog.now(), phase_started = pg_catalog.now() WHERE move = " + ids +
-                         " AND phase = 'queued' RETURNING phase")) {
+                         " AND phase = " PHASE_SQL(QUEUED) " RETURNING phase")) {
                 cancelled_meanwhile = true;
                 return;
             }
             MoveResult res = move_online(Text(j.map), j.logical, j.key, must(j.destination));
             // Moves that copy nothing (same owner, no distributed table) end here.
-            journal("UPDATE sharding.move_journal SET phase = 'done', phase_started = pg_catalog.now(), "
+            journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(DONE) ", phase_started = pg_catalog.now(), "
                     "finished = pg_catalog.now(), pid = NULL, new_epoch = coalesce(new_epoch, " +
                     res.new_epoch.value_or("NULL") + "), rows_moved = coalesce(rows_moved, " +
                     std::to_string(res.moved) + ") WHERE move = " + ids +
-                    " AND phase NOT IN ('done', 'failed', 'cancelled')");
-            result = "done";
+                    " AND phase NOT IN " PHASE_SQL_FINAL);
+            result = to_text(Phase::Done);
         },
         &err);
     if (ok) {
@@ -523,15 +523,15 @@ std::string execute(int64 id) {
     // Rolled back (or never started): the row ends. Otherwise (the rollback
     // or the finish could not complete) it stays in its phase for
     // _move_recover, with the error.
-    const std::string ending = lit(std::string(cancelled ? "cancelled" : "failed"));
+    const std::string ending = lit(std::string(to_text(cancelled ? Phase::Cancelled : Phase::Failed)));
     Caught inner;
     if (!subxact(
             [&] {
-                journal("UPDATE sharding.move_journal SET phase = CASE WHEN undone OR phase = 'queued' THEN " + ending +
-                        " ELSE phase END, finished = CASE WHEN undone OR phase = 'queued' THEN pg_catalog.now() END, "
+                journal("UPDATE sharding.move_journal SET phase = CASE WHEN undone OR phase = " PHASE_SQL(QUEUED) " THEN " + ending +
+                        " ELSE phase END, finished = CASE WHEN undone OR phase = " PHASE_SQL(QUEUED) " THEN pg_catalog.now() END, "
                         "error = " + lit(err.message) + ", error_state = " + lit(sqlstate_text(err.code)) +
                         ", error_detail = " + lit(nonempty(err.detail)) + ", error_hint = " + lit(nonempty(err.hint)) +
-                        ", pid = NULL WHERE move = " + ids + " AND phase NOT IN ('done', 'failed', 'cancelled')");
+                        ", pid = NULL WHERE move = " + ids + " AND phase NOT IN " PHASE_SQL_FINAL);
             },
             &inner)) {
         if (not_others(inner.code)) {
@@ -544,28 +544,28 @@ std::string execute(int64 id) {
     // A rollback that could not complete (a node out of reach) is retried
     // without a call by the jobs launcher, once the nodes answer again.
     if (spi_value("SELECT m.phase FROM sharding.move_journal m WHERE m.move = $1::bigint AND m.phase NOT IN "
-                  "('queued', 'done', 'failed', 'cancelled')",
+                  PHASE_SQL_NOT_IN_FLIGHT,
                   {ids.c_str()}))
         jobs_recheck(MyDatabaseId);
     // A cancel of the caller goes on (with the move rolled back and
     // recorded); a failure is recorded and returned.
     if (cancelled) throw Error(ERRCODE_QUERY_CANCELED, err.message);
-    return "failed";
+    return to_text(Phase::Failed);
 }
 
 bool cancel(int64 id) {
     const std::string ids = std::to_string(id);
     JournalRow j = require_row(Text(ids));
     if (is_final(j.phase)) return false;
-    if (j.phase == "queued" &&
-        journal("UPDATE sharding.move_journal SET phase = 'cancelled', finished = pg_catalog.now() WHERE move = " + ids +
-                " AND phase = 'queued' AND pid IS NULL RETURNING phase"))
+    if (j.phase == to_text(Phase::Queued) &&
+        journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(CANCELLED) ", finished = pg_catalog.now() WHERE move = " + ids +
+                " AND phase = " PHASE_SQL(QUEUED) " AND pid IS NULL RETURNING phase"))
         return true;
     const int32 k1 = lock_class(), k2 = lock_obj(id);
     if (try_session_lock(k1, k2)) {
         // Nobody runs it (its executor died): roll it back here.
         Caught err;
-        bool ok = subxact([&] { resolve(id, "cancelled"); }, &err);
+        bool ok = subxact([&] { resolve(id, to_text(Phase::Cancelled)); }, &err);
         session_unlock(k1, k2);
         if (!ok) reraise(err);
         return true;
@@ -622,7 +622,7 @@ int32 recover() {
     const std::string me = std::to_string(glue(user_glue));
     const std::string sql =
         std::string("SELECT m.move::text FROM sharding.move_journal m "
-                    "WHERE m.phase NOT IN ('queued', 'done', 'failed', 'cancelled') "
+                    "WHERE m.phase NOT IN " PHASE_SQL_NOT_IN_FLIGHT " "
                     "AND m.pid IS DISTINCT FROM pg_catalog.pg_backend_pid() ") +
         (journal_has_runas() ? "AND (m.runas = $1::oid OR pg_catalog.pg_has_role($1::oid, m.runas, 'USAGE') "
                                "OR EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname = 'sharding' "
@@ -642,7 +642,7 @@ int32 recover() {
             warn(format("could not recover move %lld: %s", (long long)id, err.message.c_str()), err.hint);
             continue;
         }
-        if (subxact([&] { resolve(id, "failed"); }, &err))
+        if (subxact([&] { resolve(id, to_text(Phase::Failed)); }, &err))
             n++;
         else if (not_others(err.code)) {
             session_unlock(k1, lock_obj(id));
@@ -753,7 +753,7 @@ SHARDING_FUNCTION(sharding__move_execute) {
 SHARDING_FUNCTION(sharding__move_resolve) {
     int64 id = move_id(fcinfo);
     Text final_phase = text_arg(fcinfo, 1);
-    std::string result = resolve(id, final_phase.value_or("failed"));
+    std::string result = resolve(id, final_phase.value_or(to_text(Phase::Failed)));
     PG_RETURN_DATUM(text_datum(result));
 }
 

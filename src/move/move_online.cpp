@@ -73,21 +73,24 @@ using namespace online;
 namespace {
 
 // One online move as its steps see it. move_online runs the steps in
-// order (docs/moves.md numbers them the same way):
-//   1. find_source      the shard's owner and epoch, under the shard's move lock
-//      check_ends       both ends attached and guarded, wal_level
-//      fix_plan         the plan in the journal row ('copying'): shard count, pins, tables;
-//                       from here on DDL of the map's tables waits for the move (55006)
-//      compare_schemas  the plan's tables at both ends (after DDL committed before the
-//                       plan): replica identities, the columns copied, their signatures
-//      plan_tables      the plan's tables with their conditions and columns
-//                       (a refusal of these two ends the journal row: refuse_after_plan)
-//   2. open_stream      controller lock, storage noted, publication, decoder's row, slot
-//   3. copy_rows        the destination pulls each table under the slot's snapshot
-//   4. subscribe        the destination streams from the slot
-//   5. catch_up         rounds until one is short
-//   6. cut_over         freeze, drain, hold storage and columns, switch (+ journal 'cleanup')
-//   7. finish           (verify_copies first) thaw, drop replication, delete at the source
+// order, each named as the journal's phase it runs in (phase.hpp;
+// docs/moves.md, "Steps", lists them the same way):
+//   queued       find_source      the shard's owner and epoch, under the shard's move lock
+//                check_ends       both ends attached and guarded, wal_level
+//   copying      fix_plan         the plan in the journal row, entering 'copying': shard count,
+//                                 pins, tables; from here on DDL of the map's tables waits
+//                                 for the move (55006)
+//                compare_schemas  the plan's tables at both ends (after DDL committed before the
+//                                 plan): replica identities, the columns copied, their signatures
+//                plan_tables      the plan's tables with their conditions and columns
+//                                 (a refusal of these two ends the journal row: refuse_after_plan)
+//                open_stream      controller lock, storage noted, publication, decoder's row, slot
+//                copy_rows        the destination pulls each table under the slot's snapshot
+//                subscribe        the destination streams from the slot
+//   catching_up  catch_up         rounds until one is short
+//   cutover      cut_over         freeze, drain, hold storage and columns, switch (+ journal
+//                                 'cleanup', in the same transaction)
+//   cleanup      finish           (verify_copies first) thaw, drop replication, delete at the source
 // and, when a step fails, fail_move: undo before the switch, finish after.
 struct OnlineMove {
     // What and where (move_online, find_source).
@@ -114,10 +117,22 @@ struct OnlineMove {
     // The stream (open_stream).
     std::string storage_src, storage_dst;
     Text plugin_opts, snapshot;
-    // How far it got (fail_move reads it).
-    const char *step = "setup";
+    // How far it got (fail_move reads it): the step it is in, named as the
+    // journal's phase (phase.hpp). The journal enters each phase before
+    // the step acts; step follows it, except 'cleanup', which the journal
+    // commits with the switch and step enters once both ends committed
+    // (a failure in between is told by switched_after_all).
+    Phase step = Phase::Queued;
     bool verify = true, verify_failed = false;
 };
+
+// The move enters a step (m.step), named as the journal's phase, with a
+// DEBUG1 line "move <name>: <phase> at <time>" (test/bench/move reads the
+// times).
+void enter(OnlineMove &m, Phase p) {
+    m.step = p;
+    debug_at("move " + m.name + ": " + to_text(p));
+}
 
 // The shard's source and epoch now. One move per shard at a time (a
 // transaction-level lock: a crashed caller's lock goes with it, and its
@@ -328,6 +343,7 @@ void fix_plan(OnlineMove &m) {
         dbl(kSelf, "ROLLBACK");
         throw;
     }
+    m.step = Phase::Copying;  // as the journal row since the commit above
     std::vector<Row> &planned = m.planned;
     if (m.move_id) {
         planned = spi_rows("SELECT j.plan_pins::text, pg_catalog.cardinality(j.plan_pins)::text, j.plan_shards::text, "
@@ -434,7 +450,7 @@ void prepare_sessions(OnlineMove &m) {
     dbl(kSrc, "SET client_connection_check_interval = 1000");
 }
 
-// 2. The controller lock, the tables' storage at both ends, the
+// open_stream (copying): the controller lock, the tables' storage at both ends, the
 // publication, the decoder's instructions and the slot, whose snapshot the
 // copy reads; the plan's leaf partitions noted.
 void open_stream(OnlineMove &m) {
@@ -590,12 +606,11 @@ std::vector<CopyPart> plan_copy(const OnlineMove &m, int sessions) {
     return parts;
 }
 
-// 3. Copy, filtered at the source: the destination pulls each table under
+// copy_rows (copying), filtered at the source: the destination pulls each table under
 // the slot's snapshot. move_progress is kept current meanwhile.
 void copy_rows(OnlineMove &m) {
     const std::string &name = m.name;
-    m.step = "copying";
-    debug_at("move " + name + ": copying");
+    enter(m, Phase::Copying);
     // Leftovers of the shard at the destination (it does not own them).
     delete_shard_rows(kDst, m.map, m.logical, m.key);
     dbl(kDst, "SET session_replication_role = replica");
@@ -705,7 +720,7 @@ void copy_rows(OnlineMove &m) {
     close_held(name);
 }
 
-// 4. Stream from the slot made before the copy. No filter at the
+// subscribe (copying): stream from the slot made before the copy. No filter at the
 // destination: the slot's decoder (plugin "sharding", pgoutput inside)
 // sends only the shard's changes. synchronous_commit on: the apply worker
 // confirms a position only once its commit is flushed here, so with 'off'
@@ -742,11 +757,10 @@ void subscribe(OnlineMove &m) {
     dbl(kDst, "SELECT sharding._move_watch(" + lit(name) + ")");
 }
 
-// 5. Catch up until a round is short: the backlog left for the frozen
+// catch_up (catching_up) until a round is short: the backlog left for the frozen
 // phase is then a fraction of a second of writes.
 void catch_up(OnlineMove &m) {
-    m.step = "catchup";
-    debug_at("move " + m.name + ": catchup");
+    enter(m, Phase::CatchingUp);
     phase(m.map, m.logical, Phase::CatchingUp);
     for (int i = 1; i <= 100; i++)
         if (wait_flush(m.name, 600, m.live_where) < 0.2) break;
@@ -785,18 +799,18 @@ void try_cutover(OnlineMove &m, const std::string &timeout_ms, bool *frozen, boo
     if (!m.key)
         m.out.new_epoch = dbl(kSelf, bounded + "WITH m AS (SELECT sharding._switch_owner(" + lit(map) + ", " +
                                          m.logical_s + ", " + lit(m.node) +
-                                         ") AS e), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
+                                         ") AS e), j AS (UPDATE sharding.move_journal SET phase = " PHASE_SQL(CLEANUP) ", "
                                          "phase_started = pg_catalog.now(), new_epoch = (SELECT e FROM m) " +
                                          m.live_where + ") SELECT e FROM m");
     else
         dbl(kSelf, bounded + "WITH m AS (SELECT sharding.pin(" + lit(map) + ", " + lit(m.key) + "::text, " +
                        lit(m.node) +
-                       ")), j AS (UPDATE sharding.move_journal SET phase = 'cleanup', "
+                       ")), j AS (UPDATE sharding.move_journal SET phase = " PHASE_SQL(CLEANUP) ", "
                        "phase_started = pg_catalog.now(), new_epoch = " +
                        m.out.new_epoch.value_or("NULL") + " " + m.live_where + ") SELECT 1 FROM m");
 }
 
-// 6. Cutover. Bounded (sharding.move_freeze_timeout): the freeze waits at
+// cut_over (cutover). Bounded (sharding.move_freeze_timeout): the freeze waits at
 // most that long for the shard's writers at the source (a fence, an idle
 // transaction that wrote a row of the shard), and so does the switch for
 // the coordinator's shard lock; new writers queued behind the freeze wait
@@ -804,8 +818,7 @@ void try_cutover(OnlineMove &m, const std::string &timeout_ms, bool *frozen, boo
 // tries again a second later, three times in all, then fails with 55P03
 // (rolled back by fail_move, nothing lost).
 void cut_over(OnlineMove &m) {
-    m.step = "cutover";
-    debug_at("move " + m.name + ": cutover");
+    enter(m, Phase::Cutover);
     // The delete's origin states at the source, taken before the switch
     // (review RB-9): without them the move fails here, rolled back.
     reserve_origins(kSrc, m.name, m.source.value_or(""));
@@ -840,11 +853,10 @@ void cut_over(OnlineMove &m) {
     }
     dbl(kSrc, "COMMIT");
     dbl(kDst, "COMMIT");
-    m.step = "switched";
-    debug_at("move " + m.name + ": switched");
+    enter(m, Phase::Cleanup);
 }
 
-// 7a. Before the source's rows go (finish calls it): the copies compared.
+// verify_copies (cleanup): before the source's rows go (finish calls it), the copies compared.
 // A difference cannot undo the switch: the journal row ends 'failed' with
 // XX001 and the source keeps its copy for an operator.
 void verify_copies(OnlineMove &m) {
@@ -866,7 +878,7 @@ void verify_copies(OnlineMove &m) {
                                "shard's rows (refused by its guard, invisible to routing).";
     const std::string hint = "Compare the rows of the shard at both ends, repair the destination's, "
                              "then delete the source's copy.";
-    journal("UPDATE sharding.move_journal SET phase = 'failed', phase_started = pg_catalog.now(), "
+    journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(FAILED) ", phase_started = pg_catalog.now(), "
             "finished = pg_catalog.now(), pid = NULL, lag_bytes = 0, error = " + lit(message) +
             ", error_state = 'XX001', error_detail = " + lit(detail) + ", error_hint = " + lit(hint) + " " +
             m.live_where);
@@ -891,7 +903,7 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
                 const std::string self = coordinator_dsn();
                 named_connect(kSelf, self.c_str());
                 committed = dbl(kSelf, "SELECT COALESCE(new_epoch::text, '') FROM sharding.move_journal " +
-                                           m.live_where + " AND phase = 'cleanup'");
+                                           m.live_where + " AND phase = " PHASE_SQL(CLEANUP));
             },
             &inner)) {
         // Unknown: neither thaw nor undo; _move_recover finishes or rolls
@@ -914,7 +926,7 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
 // move is finished. Then the error is raised again, saying what happened
 // to the shard.
 [[noreturn]] void fail_move(OnlineMove &m, const Caught &err) {
-    elog(DEBUG1, "move %s failed at step %s: %s (%s)", m.name.c_str(), m.step, err.message.c_str(),
+    elog(DEBUG1, "move %s failed at step %s: %s (%s)", m.name.c_str(), to_text(m.step), err.message.c_str(),
          err.context.c_str());
     if (m.verify_failed) {
         // The copies differ: the journal row has ended 'failed', and the
@@ -922,8 +934,8 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
         disconnect();
         reraise(err);
     }
-    bool switched = std::string(m.step) == "switched";
-    if (std::string(m.step) == "cutover") switched = switched_after_all(m, err);
+    bool switched = m.step == Phase::Cleanup;
+    if (m.step == Phase::Cutover) switched = switched_after_all(m, err);
     Caught inner;
     // Not switched: the source stays frozen until undo has heard from the
     // destination that it does not own the shard (a coordinator restored
@@ -1015,7 +1027,7 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             subscribe(m);
             catch_up(m);
             cut_over(m);
-            // 7. Clean up after the switch, the copies compared first.
+            // cleanup: after the switch, the copies compared first.
             m.out.moved = finish(m.map, m.logical, m.key, m.node, m.out.new_epoch, [&] { verify_copies(m); });
         },
         &err);

@@ -956,7 +956,7 @@ double wait_flush(const std::string &name, double seconds, const std::string &jo
                 if (l) lag = std::max<int64>(0, int64_value(*l, "source", "the slot's lag"));
             }
             journal("UPDATE sharding.move_journal SET lag_bytes = " + std::to_string(lag) + " " + journal_where +
-                    " AND phase IN ('catching_up', 'cutover')");
+                    " AND phase IN " PHASE_SQL_STREAMING);
             noted = clock_seconds();
             // RB-6: an apply worker at the destination that keeps failing
             // (a constraint or a column there that the source's rows break)
@@ -1042,7 +1042,7 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
     const int64 deleted = delete_shard_rows(kSrc, map, logical, key);
     drop_left_origins(kSrc, name);
     drop_left_origins(kDst, name);
-    journal("UPDATE sharding.move_journal SET phase = 'done', phase_started = pg_catalog.now(), "
+    journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(DONE) ", phase_started = pg_catalog.now(), "
             "finished = pg_catalog.now(), rows_moved = " + std::to_string(deleted) +
             ", lag_bytes = 0, pid = NULL WHERE map = " + lit(map) + " AND logical = " + logical_s + " AND " + kLive);
     return deleted;
@@ -1058,7 +1058,7 @@ int moves_sharing(const std::string &map, int32 logical) {
         n = dbl(kSelf,
                 "SELECT pg_catalog.count(*) FROM sharding.move_journal o, sharding.move_journal m "
                 "WHERE m.map = " + lit(map) + " AND m.logical = " + std::to_string(logical) + " AND m." + kLive +
-                " AND o.phase IN ('copying', 'catching_up', 'cutover', 'cleanup') "
+                " AND o.phase NOT IN " PHASE_SQL_NOT_IN_FLIGHT " "
                 "AND (o.source IN (m.source, m.destination) OR o.destination IN (m.source, m.destination)) "
                 "AND EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
                 "AND l.classid = (pg_catalog.hashtext('sharding.move_journal'))::oid AND l.objsubid = 2 "
@@ -1083,7 +1083,7 @@ bool undo(const std::string &map, int32 logical, const Text &key) {
     // own connection, not this transaction's snapshot, which may predate
     // the switch.
     if (journal("SELECT m.phase FROM sharding.move_journal m WHERE m.map = " + lit(map) + " AND m.logical = " +
-                logical_s + " AND m." + kLive) == Text("cleanup"))
+                logical_s + " AND m." + kLive) == Text(to_text(Phase::Cleanup)))
         fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
              Explain{"Its owner switch has committed: the destination owns the shard.",
                      "Call sharding.move_shard_online or sharding._move_recover to finish it."},
@@ -1309,7 +1309,7 @@ SHARDING_FUNCTION(sharding__move_name) {
         name = move_name(*map, logical);
     } else {
         Text stored = spi_value("SELECT coalesce(m.name, '') FROM sharding.move_journal m WHERE m.map = $1 AND "
-                                "m.logical = $2::integer AND m.phase NOT IN ('done', 'failed', 'cancelled')",
+                                "m.logical = $2::integer AND m.phase NOT IN " PHASE_SQL_FINAL,
                                 {c(map), logical_s.c_str()});
         name = !stored            ? move_name(*map, logical, coordinator_tag())
                : stored->empty()  ? move_name(*map, logical)
@@ -1378,7 +1378,7 @@ SHARDING_FUNCTION(sharding__move_wait_flush) {
     std::string where = "WHERE false";
     const std::string named = std::string("SELECT m.move::text, m.map, m.logical::text, ") +
                               (journal_has_name() ? "m.name" : "NULL::text") +
-                              " FROM sharding.move_journal m WHERE m.phase IN ('catching_up', 'cutover')";
+                              " FROM sharding.move_journal m WHERE m.phase IN " PHASE_SQL_STREAMING;
     for (const Row &r : spi_rows(named.c_str(), {}))
         if ((r[3] ? *r[3] : move_name(must(r[1]), std::atoi(must(r[2]).c_str()))) == *name) {
             where = "WHERE move = " + must(r[0]);

@@ -7,7 +7,7 @@ namespace sharding::move {
 const char *const kSrc = "sharding_move_src";
 const char *const kDst = "sharding_move_dst";
 const char *const kSelf = "sharding_move_self";
-const char *const kLive = "phase NOT IN ('done', 'failed', 'cancelled')";
+const char *const kLive = "phase NOT IN " PHASE_SQL_FINAL;
 
 Text dbl(const char *conn, const std::string &sql) {
     std::string v;

@@ -209,7 +209,7 @@ move() {
     f=$(echo "$out" | sed -n 's/.*: frozen at \(.*\)$/\1/p')
     d=$(echo "$out" | sed -n 's/.*: destination follows at \(.*\)$/\1/p')
     c=$(echo "$out" | sed -n 's/.*: copying at \(.*\)$/\1/p')
-    k=$(echo "$out" | sed -n 's/.*: catchup at \(.*\)$/\1/p')
+    k=$(echo "$out" | sed -n 's/.*: catching_up at \(.*\)$/\1/p')
     x=$(echo "$out" | sed -n 's/.*: replication dropped at \(.*\)$/\1/p')
     if [ -z "$f" ] || [ -z "$d" ] || [ -z "$c" ] || [ -z "$k" ] || [ -z "$x" ]; then echo "move failed: $out" >&2; echo "0 0 0 0 0"; return 1; fi
     if [ -n "${BENCH_VERBOSE:-}" ]; then
