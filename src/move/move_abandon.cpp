@@ -113,7 +113,7 @@ std::string left_at_destination(const std::string &name, bool switched) {
 std::string left_at_source(const LiveMove &m, const std::string &name, bool switched) {
     return "slot " + name + " (holding WAL until dropped), publication " + name + ", its row of " +
            "sharding.move_decoding, replication origins " + name + "*" +
-           (m.phase == "cutover" ? ", the shard frozen" : "") + ", and " +
+           (m.phase == to_text(Phase::Cutover) ? ", the shard frozen" : "") + ", and " +
            (switched ? "its copy of the shard's rows as of the switch" : "the shard's rows (it owns the shard)");
 }
 
@@ -153,7 +153,7 @@ std::string abandon_move(const LiveMove &m, bool force) {
                      (long long)m.id);
             LiveMove now = m;
             now.phase = *phase;
-            const bool switched = now.phase == "cleanup";
+            const bool switched = now.phase == to_text(Phase::Cleanup);
             const std::string name = journal_move_name(m.map, m.logical);
             End &here = src.present ? src : dst;
             End &gone = src.present ? dst : src;
@@ -226,7 +226,7 @@ std::string abandon_move(const LiveMove &m, bool force) {
             const std::string error =
                 format("abandoned in phase %s%s: %s; \"%s\" owns the shard. %s", now.phase.c_str(),
                        agree ? "" : " (forced)", gone_text.c_str(), owner.c_str(), left.c_str());
-            journal("UPDATE sharding.move_journal SET phase = 'failed', phase_started = pg_catalog.now(), "
+            journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(FAILED) ", phase_started = pg_catalog.now(), "
                     "finished = pg_catalog.now(), pid = NULL, lag_bytes = NULL, error = " + lit(Text(error)) +
                     ", error_state = '55000', error_detail = NULL, error_hint = " +
                     lit(Text("Drop what is left at a node that comes back (docs/moves.md, \"A node gone for good\"); "

@@ -587,7 +587,7 @@ std::string abandon(const Text &map, const Text &logical, bool force) {
     Text shards = require_map(map, false);
     check_logical(map, logical, shards);
     Text id = spi_value("SELECT m.move::text FROM sharding.move_journal m WHERE m.map = $1 AND m.logical = $2::integer "
-                        "AND m.phase NOT IN ('done', 'failed', 'cancelled')",
+                        "AND m.phase NOT IN " PHASE_SQL_FINAL,
                         {c(map), c(logical)});
     if (!id)
         fail(ERRCODE_UNDEFINED_OBJECT, Explain{"", "sharding.moves lists the moves in flight."},
