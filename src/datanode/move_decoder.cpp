@@ -47,6 +47,7 @@
 #include "pg/pg.hpp"
 #include "core/hash_core.hpp"
 #include "datanode/move_controller.hpp"
+#include "pg/cache.hpp"
 #include "pg/catalog.hpp"
 
 extern "C" {
@@ -276,12 +277,8 @@ int move_table_index(Oid relid) {
 MoveTable *table_of(Relation rel) {
     Oid relid = RelationGetRelid(rel);
     if (rel_cache == nullptr) {
-        HASHCTL ctl;
-        memset(&ctl, 0, sizeof(ctl));
-        ctl.keysize = sizeof(Oid);
-        ctl.entrysize = sizeof(RelEntry);
-        ctl.hcxt = config_cxt;
-        rel_cache = hash_create("sharding move decoder relations", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+        rel_cache = sharding::cache::blob_hash(config_cxt, "sharding move decoder relations", 64, sizeof(Oid),
+                                               sizeof(RelEntry));
         auto *gone = static_cast<MemoryContextCallback *>(MemoryContextAllocZero(config_cxt, sizeof(MemoryContextCallback)));
         gone->func = cache_gone;
         MemoryContextRegisterResetCallback(config_cxt, gone);
