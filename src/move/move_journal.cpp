@@ -324,15 +324,7 @@ int64 run_move(const std::string &map, int32 logical, const Text &key, const std
 // table) stay as they are.
 Text canonical_key(const Text &map, const Text &key) {
     if (!key) return key;
-    Text column_type = spi_value("SELECT a.atttypid::pg_catalog.text "
-                                 "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
-                                 "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
-                                 "AND a.attname = d.key_column "
-                                 "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
-                                 {c(map)});
-    if (!column_type) return key;
-    const std::optional<KeyType> type =
-        glue(key_type_of, static_cast<Oid>(std::strtoul(column_type->c_str(), nullptr, 10)));
+    const std::optional<KeyType> type = map_key_type(map);
     if (!type) return key;
     switch (key_type_oid(*type)) {
     case INT2OID:
