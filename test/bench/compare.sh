@@ -79,7 +79,7 @@ def figures(side):
         seen = {}
         for line in open(f'{d}/{bench}-{side}-{r}'):
             line = re.sub(r'\s+', ' ', line.strip())
-            t = verdict.sub('@', num.sub('#', line))
+            t = verdict.sub('\x01', num.sub('\x00', line))
             seen[t] = seen.get(t, 0) + 1
             key = (t, seen[t])
             if key not in by:
@@ -94,13 +94,13 @@ def show(x):
 for key in order:
     t = key[0]
     if key not in old:
-        print(t + '   (only in this checkout)')
+        print(t.replace('\x00', '?').replace('\x01', '?') + '   (only in this checkout)')
         continue
     n = len(new[key][0][0])
     if any(len(v) != n for v, _ in new[key] + old[key]):
-        print(t + '   (numbers vary in count between runs)')
+        print(t.replace('\x00', '?').replace('\x01', '?') + '   (numbers vary in count between runs)')
         continue
-    parts = t.split('#')
+    parts = t.split('\x00')
     out = parts[0]
     for i in range(n):
         mn = statistics.median(v[i] for v, _ in new[key])
@@ -110,9 +110,9 @@ for key in order:
             out += f' [{mn / mo:.2f}]' if mo else ' [old 0]'
         out += parts[i + 1]
     # a verdict (met/MISSED) as the rounds of each side gave it
-    for j in range(out.count('@')):
+    for j in range(out.count('\x01')):
         nw = '/'.join(ws[j] for _, ws in new[key])
         ow = '/'.join(ws[j] for _, ws in old[key])
-        out = out.replace('@', f'{nw} (old {ow})', 1)
+        out = out.replace('\x01', f'{nw} (old {ow})', 1)
     print(out)
 PY
