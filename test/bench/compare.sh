@@ -51,6 +51,7 @@ cmp -s "$script" "$old_tree/$script" || echo "# note: $script differs between $r
 # run SIDE ROUND: one run of the benchmark on that side's build.
 run() {
     local side=$1 round=$2 tree root out
+    shift 2
     if [ "$side" = old ]; then tree=$old_tree root=$old_root; else tree=$here root=$SHARDING_PGROOT; fi
     out=$dir/$bench-$side-$round
     echo "# round $round: $side ($(cd "$tree" && git rev-parse --short HEAD)), load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
@@ -85,7 +86,7 @@ def figures(side):
             if key not in by:
                 by[key] = []
                 order.append(key)
-            by[key].append(([float(x) for x in num.findall(line)], verdict.findall(line)))
+            by[key].append(([float(x) for x in num.findall(line)], verdict.findall(line), num.findall(line)))
     return by, order
 old, _ = figures('old')
 new, order = figures('new')
@@ -97,22 +98,25 @@ for key in order:
         print(t.replace('\x00', '?').replace('\x01', '?') + '   (only in this checkout)')
         continue
     n = len(new[key][0][0])
-    if any(len(v) != n for v, _ in new[key] + old[key]):
+    if any(len(v) != n for v, _, _ in new[key] + old[key]):
         print(t.replace('\x00', '?').replace('\x01', '?') + '   (numbers vary in count between runs)')
         continue
     parts = t.split('\x00')
     out = parts[0]
     for i in range(n):
-        mn = statistics.median(v[i] for v, _ in new[key])
-        mo = statistics.median(v[i] for v, _ in old[key])
+        mn = statistics.median(v[i] for v, _, _ in new[key])
+        mo = statistics.median(v[i] for v, _, _ in old[key])
+        if all(v[i] == mn for v, _, _ in new[key] + old[key]):
+            out += new[key][0][2][i] + parts[i + 1]  # the same everywhere: as printed
+            continue
         out += show(mn)
         if mn != mo:
             out += f' [{mn / mo:.2f}]' if mo else ' [old 0]'
         out += parts[i + 1]
     # a verdict (met/MISSED) as the rounds of each side gave it
     for j in range(out.count('\x01')):
-        nw = '/'.join(ws[j] for _, ws in new[key])
-        ow = '/'.join(ws[j] for _, ws in old[key])
+        nw = '/'.join(ws[j] for _, ws, _ in new[key])
+        ow = '/'.join(ws[j] for _, ws, _ in old[key])
         out = out.replace('\x01', f'{nw} (old {ow})', 1)
     print(out)
 PY
