@@ -213,31 +213,42 @@ std::string handoff_exclusion(const char *key_expr, const char *map) {
 
 // ------------------------------------------------------------ ordered
 //
-// Moved verbatim from queue_ordered.cpp (append_order ... update_sql); the
+// Moved from queue_ordered.cpp (append_order ... update_sql, the same text); the
 // comments on the pick's algorithm stay with its executor there.
 
 namespace {
 
 // Claim order of rows aliased `a` (docs/queue.md): priority, run_at, created, id.
-void append_order(Sql &s, const OrderedTable &q, const char *a) {
-    if (q.t.has_priority) s.addf("%s.priority DESC, ", a);
-    if (q.t.has_run_at) s.addf("%s.run_at, ", a);
-    s.addf("%s.created, %s.id", a, a);
+std::string order(const OrderedTable &q, const char *a) {
+    return format("%s%s%s.created, %s.id", q.t.has_priority ? format("%s.priority DESC, ", a).c_str() : "",
+                  q.t.has_run_at ? format("%s.run_at, ", a).c_str() : "", a, a);
 }
 
 // The claim-order key of rows aliased `a` as columns that compare
 // ascending in claim order: -priority, run_at, created, id.
-void append_order_key(Sql &s, const OrderedTable &q, const char *a) {
-    if (q.t.has_priority) s.addf("0 - %s.priority::pg_catalog.int8, ", a);
-    if (q.t.has_run_at) s.addf("%s.run_at, ", a);
-    s.addf("%s.created, %s.id", a, a);
+std::string order_key(const OrderedTable &q, const char *a) {
+    return format("%s%s%s.created, %s.id",
+                  q.t.has_priority ? format("0 - %s.priority::pg_catalog.int8, ", a).c_str() : "",
+                  q.t.has_run_at ? format("%s.run_at, ", a).c_str() : "", a, a);
 }
 
 // Claim order reversed, of rows aliased `a`.
-void append_reverse_order(Sql &s, const OrderedTable &q, const char *a) {
-    if (q.t.has_priority) s.addf("%s.priority, ", a);
-    if (q.t.has_run_at) s.addf("%s.run_at DESC, ", a);
-    s.addf("%s.created DESC, %s.id DESC", a, a);
+std::string reverse_order(const OrderedTable &q, const char *a) {
+    return format("%s%s%s.created DESC, %s.id DESC", q.t.has_priority ? format("%s.priority, ", a).c_str() : "",
+                  q.t.has_run_at ? format("%s.run_at DESC, ", a).c_str() : "", a, a);
+}
+
+// Rows aliased `a` up to the last row of `from` (a relation aliased `b`)
+// in claim order: ROW(a's key) <= (SELECT b's key ... LIMIT 1).
+std::string up_to_last_of(const OrderedTable &q, const char *a, const char *from, const char *b) {
+    return format("ROW(%s) <= (SELECT %s FROM %s %s ORDER BY %s LIMIT 1)", order_key(q, a).c_str(),
+                  order_key(q, b).c_str(), from, b, reverse_order(q, b).c_str());
+}
+
+// The last row of `from` (rows aliased z, with their condition) in claim
+// order, as a subquery.
+std::string last_row(const OrderedTable &q, const char *from) {
+    return format("(SELECT * FROM %s ORDER BY %s LIMIT 1)", from, reverse_order(q, "z").c_str());
 }
 
 // The filter every candidate row `c` passes: key not NULL, due, shard or
@@ -271,10 +282,10 @@ void append_head_check(Sql &s, const OrderedTable &q, bool oldest_pending = fals
 
 // The claim-order key of rows aliased `a` as the pick returns it: id,
 // priority (int8, 0 without the column), run_at (NULL without it), created.
-void append_position(Sql &s, const OrderedTable &q, const char *a) {
-    s.addf("%s.id, %s, %s, %s.created", a,
-           q.t.has_priority ? format("%s.priority::pg_catalog.int8", a).c_str() : "0::pg_catalog.int8",
-           q.t.has_run_at ? format("%s.run_at", a).c_str() : "NULL::pg_catalog.timestamptz", a);
+std::string position(const OrderedTable &q, const char *a) {
+    return format("%s.id, %s, %s, %s.created", a,
+                  q.t.has_priority ? format("%s.priority::pg_catalog.int8", a).c_str() : "0::pg_catalog.int8",
+                  q.t.has_run_at ? format("%s.run_at", a).c_str() : "NULL::pg_catalog.timestamptz", a);
 }
 
 // One arm of the walk: pending rows in claim order, filtered, past `past`.
@@ -283,9 +294,8 @@ void append_walk_arm(Sql &s, const OrderedTable &q, uint32_t variant, const char
            "FROM %s c WHERE c.status = 'pending'",
            cols, q.key, q.t.qname);
     append_filter(s, q, variant);
-    s.addf(" AND NOT (c.%s::pg_catalog.text COLLATE \"C\" = ANY ($14))%s ORDER BY ", q.key, past);
-    append_order(s, q, "c");
-    s.add(" LIMIT $9");
+    s.addf(" AND NOT (c.%s::pg_catalog.text COLLATE \"C\" = ANY ($14))%s ORDER BY %s LIMIT $9", q.key, past,
+           order(q, "c").c_str());
 }
 
 }  // namespace
@@ -322,9 +332,7 @@ void append_expired(Sql &s, const OrderedTable &q, uint32_t variant) {
            candidate_columns(q), q.key, q.t.qname);
     if (variant & Reap) s.add(" AND (c.attempts IS NULL OR c.attempts < $8)");
     append_filter(s, q, variant);
-    s.add(" AND c.id <> ALL ($15) ORDER BY ");
-    append_order(s, q, "c");
-    s.add(" LIMIT $2)");
+    s.addf(" AND c.id <> ALL ($15) ORDER BY %s LIMIT $2)", order(q, "c").c_str());
 }
 
 // The walk (from the start of the line or past the position: as ranges of
@@ -361,11 +369,9 @@ void append_walk_and_probes(Sql &s, const OrderedTable &q, uint32_t variant) {
 // it is due (a job scheduled later sits behind the jobs inserted
 // meanwhile). `extra`: the NULL columns after the position.
 void append_tail(Sql &s, const OrderedTable &q, const char *extra) {
-    s.add(" UNION ALL SELECT 't', ");
-    append_position(s, q, "l");
-    s.addf("%s FROM (SELECT * FROM %s z WHERE z.status = 'pending' ORDER BY ", extra, q.t.qname);
-    append_reverse_order(s, q, "z");
-    s.add(" LIMIT 1) l WHERE (SELECT pg_catalog.count(*) FROM walk) < $9");
+    const std::string pending = format("%s z WHERE z.status = 'pending'", q.t.qname);
+    s.addf(" UNION ALL SELECT 't', %s%s FROM %s l WHERE (SELECT pg_catalog.count(*) FROM walk) < $9",
+           position(q, "l").c_str(), extra, last_row(q, pending.c_str()).c_str());
     if (q.t.has_run_at) s.add(" AND NOT (l.run_at > pg_catalog.now())");
 }
 
@@ -384,23 +390,15 @@ std::string pick(const OrderedTable &q, uint32_t variant) {
     const char *cols = candidate_columns(q);
     Sql s;
     append_sources(s, q, variant);
-    s.add(", ");
     // Per key, its oldest candidate (an expired lease is its key's oldest
     // job); of those, the ones up to where the walk got (or all, if it
     // reached the end of the line: a candidate past it may be preceded by
     // a head not walked yet); then, in claim order, each is tested and
     // locked until $2 are taken.
-    s.addf("fresh AS MATERIALIZED (SELECT %s, c.status, w.k FROM (SELECT * FROM (SELECT DISTINCT ON (x.k) x.* FROM "
+    s.addf(", fresh AS MATERIALIZED (SELECT %s, c.status, w.k FROM (SELECT * FROM (SELECT DISTINCT ON (x.k) x.* FROM "
            "(SELECT * FROM walk UNION ALL SELECT * FROM probes UNION ALL SELECT * FROM expired) x "
-           "ORDER BY x.k, x.created, x.id) d WHERE (SELECT pg_catalog.count(*) FROM walk) < $9 OR ROW(",
-           cols);
-    append_order_key(s, q, "d");
-    s.add(") <= (SELECT ");
-    append_order_key(s, q, "z");
-    s.add(" FROM walk z ORDER BY ");
-    append_reverse_order(s, q, "z");
-    s.add(" LIMIT 1) ORDER BY ");
-    append_order(s, q, "d");
+           "ORDER BY x.k, x.created, x.id) d WHERE (SELECT pg_catalog.count(*) FROM walk) < $9 OR %s ORDER BY %s",
+           cols, up_to_last_of(q, "d", "walk", "z").c_str(), order(q, "d").c_str());
     // The head check, then the lock: only heads are locked, and no more
     // than are taken, so a claim never holds a row it did not take (a
     // blocked key's head, locked by a claim that found it blocked, was
@@ -413,35 +411,23 @@ std::string pick(const OrderedTable &q, uint32_t variant) {
     append_filter(s, q, variant);
     s.add(" AND c.id <> ALL ($15) AND sharding._current_version(c.tableoid, c.ctid)");
     append_head_check(s, q);
-    s.add(" FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2) ");
-    s.add("SELECT 'e'::\"char\" AS kind, ");
-    append_position(s, q, "e");
-    s.add(", e.k, NULL::pg_catalog.int8 AS n FROM fresh e WHERE e.status = 'processing' UNION ALL SELECT 'f', ");
-    append_position(s, q, "f");
-    s.add(", f.k, NULL FROM fresh f WHERE f.status = 'pending' UNION ALL SELECT 'w', ");
-    append_position(s, q, "w");
+    s.addf(" FOR UPDATE OF c SKIP LOCKED) AS c LIMIT $2) SELECT 'e'::\"char\" AS kind, %s, e.k, "
+           "NULL::pg_catalog.int8 AS n FROM fresh e WHERE e.status = 'processing' "
+           "UNION ALL SELECT 'f', %s, f.k, NULL FROM fresh f WHERE f.status = 'pending' ",
+           position(q, "e").c_str(), position(q, "f").c_str());
     // Per key walked and not taken. When the round took all it asked for,
     // the next position is its last row taken, and only the rows before it
     // can be listed: the others are left out here (most of a walk, with
     // few heads blocked).
-    s.add(", w.k, w.n FROM (SELECT DISTINCT ON (v.k) v.*, "
-          "pg_catalog.count(*) OVER (PARTITION BY v.k) AS n FROM walk v "
-          "WHERE v.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::pg_catalog.int8[]) "
-          "AND ((SELECT pg_catalog.count(*) FROM fresh f) < $2 OR ROW(");
-    append_order_key(s, q, "v");
-    s.add(") <= (SELECT ");
-    append_order_key(s, q, "f");
-    s.add(" FROM fresh f ORDER BY ");
-    append_reverse_order(s, q, "f");
-    s.add(" LIMIT 1)) ORDER BY v.k, ");
-    append_order(s, q, "v");
-    s.add(") w UNION ALL SELECT 'p', ");
-    append_position(s, q, "p");
-    s.add(", p.k, NULL FROM probes p UNION ALL SELECT 'l', ");
-    append_position(s, q, "l");
-    s.add(", l.k, (SELECT pg_catalog.count(*) FROM walk) FROM (SELECT * FROM walk z ORDER BY ");
-    append_reverse_order(s, q, "z");  // the walk's last row
-    s.add(" LIMIT 1) l");
+    s.addf("UNION ALL SELECT 'w', %s, w.k, w.n FROM (SELECT DISTINCT ON (v.k) v.*, "
+           "pg_catalog.count(*) OVER (PARTITION BY v.k) AS n FROM walk v "
+           "WHERE v.id <> ALL ((SELECT coalesce(pg_catalog.array_agg(f.id), '{}') FROM fresh f)::pg_catalog.int8[]) "
+           "AND ((SELECT pg_catalog.count(*) FROM fresh f) < $2 OR %s) ORDER BY v.k, %s) w",
+           position(q, "w").c_str(), up_to_last_of(q, "v", "fresh", "f").c_str(), order(q, "v").c_str());
+    // The probes, then the walk's last row.
+    s.addf(" UNION ALL SELECT 'p', %s, p.k, NULL FROM probes p "
+           "UNION ALL SELECT 'l', %s, l.k, (SELECT pg_catalog.count(*) FROM walk) FROM %s l",
+           position(q, "p").c_str(), position(q, "l").c_str(), last_row(q, "walk z").c_str());
     append_tail(s, q, ", NULL, NULL");
     return s.text;
 }
@@ -452,13 +438,10 @@ std::string candidates(const OrderedTable &q, uint32_t variant) {
     // A probed key's oldest pending job may not pass the filter (not due,
     // another shard or node): still a 'p' row (its key stays listed), but
     // no candidate (ok false).
-    s.add(" SELECT 'e'::\"char\" AS kind, ");
-    append_position(s, q, "e");
-    s.add(", e.k, e.t, true AS ok FROM expired e UNION ALL SELECT 'w', ");
-    append_position(s, q, "w");
-    s.add(", w.k, w.t, true FROM walk w UNION ALL SELECT 'p', ");
-    append_position(s, q, "p");
-    s.addf(", p.k, p.t, EXISTS (SELECT FROM %s c WHERE c.tableoid = p.r AND c.ctid = p.t", q.t.qname);
+    s.addf(" SELECT 'e'::\"char\" AS kind, %s, e.k, e.t, true AS ok FROM expired e "
+           "UNION ALL SELECT 'w', %s, w.k, w.t, true FROM walk w "
+           "UNION ALL SELECT 'p', %s, p.k, p.t, EXISTS (SELECT FROM %s c WHERE c.tableoid = p.r AND c.ctid = p.t",
+           position(q, "e").c_str(), position(q, "w").c_str(), position(q, "p").c_str(), q.t.qname);
     append_filter(s, q, variant);
     s.add(") FROM probes p");
     append_tail(s, q, ", NULL, NULL::pg_catalog.tid, false");
@@ -467,11 +450,8 @@ std::string candidates(const OrderedTable &q, uint32_t variant) {
 
 std::string listed_job(const OrderedTable &q) {
     Sql s;
-    s.add("SELECT ");
-    append_position(s, q, "o");
-    s.addf(" FROM %s o WHERE o.%s = $1::%s AND o.status = 'pending' AND ROW(", q.t.qname, q.key, q.key_type);
-    append_order_key(s, q, "o");
-    s.add(") <= ROW(");
+    s.addf("SELECT %s FROM %s o WHERE o.%s = $1::%s AND o.status = 'pending' AND ROW(%s) <= ROW(",
+           position(q, "o").c_str(), q.t.qname, q.key, q.key_type, order_key(q, "o").c_str());
     if (q.t.has_priority) s.add("0 - $2, ");
     if (q.t.has_run_at) s.add("$3, ");
     s.addf("$4, $5) ORDER BY o.%s, o.status, o.created, o.id LIMIT 1", q.key);
@@ -481,9 +461,8 @@ std::string listed_job(const OrderedTable &q) {
 std::string update(const OrderedTable &q) {
     Sql s;
     s.addf("WITH claimed AS (UPDATE %s AS u SET owner = $1, claim_expires = pg_catalog.now() + $3, "
-           "status = 'processing'%s WHERE u.id = ANY ($2) RETURNING u.*) SELECT * FROM claimed c ORDER BY ",
-           q.t.qname, q.t.has_attempts ? ", attempts = coalesce(u.attempts, 0) + 1" : "");
-    append_order(s, q, "c");
+           "status = 'processing'%s WHERE u.id = ANY ($2) RETURNING u.*) SELECT * FROM claimed c ORDER BY %s",
+           q.t.qname, q.t.has_attempts ? ", attempts = coalesce(u.attempts, 0) + 1" : "", order(q, "c").c_str());
     return s.text;
 }
 

@@ -47,6 +47,7 @@
 #include "pg/pg.hpp"
 #include "core/hash_core.hpp"
 #include "datanode/move_controller.hpp"
+#include "pg/cache.hpp"
 #include "pg/catalog.hpp"
 
 extern "C" {
@@ -276,12 +277,8 @@ int move_table_index(Oid relid) {
 MoveTable *table_of(Relation rel) {
     Oid relid = RelationGetRelid(rel);
     if (rel_cache == nullptr) {
-        HASHCTL ctl;
-        memset(&ctl, 0, sizeof(ctl));
-        ctl.keysize = sizeof(Oid);
-        ctl.entrysize = sizeof(RelEntry);
-        ctl.hcxt = config_cxt;
-        rel_cache = hash_create("sharding move decoder relations", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+        rel_cache = sharding::cache::blob_hash(config_cxt, "sharding move decoder relations", 64, sizeof(Oid),
+                                               sizeof(RelEntry));
         auto *gone = static_cast<MemoryContextCallback *>(MemoryContextAllocZero(config_cxt, sizeof(MemoryContextCallback)));
         gone->func = cache_gone;
         MemoryContextRegisterResetCallback(config_cxt, gone);
@@ -511,6 +508,20 @@ bool engine_origin(RepOriginId origin_id) {
     return ours;
 }
 
+// The change carries the key only as a TOAST pointer (tuple_moves: -2):
+// an error, never a guess. `change` names it ("an insert into"), `detail`
+// and `hint` are nullptr where its error has none.
+[[noreturn]] void toast_key_error(Relation rel, const MoveTable *t, const char *change, const char *detail,
+                                  const char *hint) {
+    ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                    errmsg("%s table \"%s\" carries its key column \"%s\" only as a TOAST pointer", change,
+                           RelationGetRelationName(rel), t->key_column),
+                    detail ? errdetail("%s", detail) : 0, hint ? errhint("%s", hint) : 0));
+    pg_unreachable();
+}
+
+const char *const kReplicaIdentityHint = "Make the table's replica identity include the key column.";
+
 // Whether the change travels (possibly turned into an INSERT or a DELETE).
 bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChange *change) {
     load_config(ctx);
@@ -529,9 +540,7 @@ bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChan
     case REORDER_BUFFER_CHANGE_INSERT: {
         int now = tuple_moves(t, rel, newtup);
         if (now == -2)  // (an insert's new chunks are in its transaction, put back by the reorder buffer)
-            ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-                            errmsg("an insert into table \"%s\" carries its key column \"%s\" only as a TOAST pointer",
-                                   RelationGetRelationName(rel), t->key_column)));
+            toast_key_error(rel, t, "an insert into", nullptr, nullptr);
         if (now != 1) return false;
         break;
     }
@@ -545,11 +554,9 @@ bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChan
         // same key, so the same answer. Without it, never a guess.
         if (now == -2 && before >= 0) now = before;
         if (now == -2 || before == -2)
-            ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-                            errmsg("an update of table \"%s\" carries its key column \"%s\" only as a TOAST pointer",
-                                   RelationGetRelationName(rel), t->key_column),
-                            errdetail("The move cannot tell which shard the row belongs to; nothing of it was applied."),
-                            errhint("Make the table's replica identity include the key column.")));
+            toast_key_error(rel, t, "an update of",
+                            "The move cannot tell which shard the row belongs to; nothing of it was applied.",
+                            kReplicaIdentityHint);
         if (now == 1 && before == 0) {
             // The key came into the shard: the destination has no old row.
             change->action = REORDER_BUFFER_CHANGE_INSERT;
@@ -563,11 +570,7 @@ bool change_travels(LogicalDecodingContext *ctx, Relation rel, ReorderBufferChan
     }
     case REORDER_BUFFER_CHANGE_DELETE: {
         int before = tuple_moves(t, rel, oldtup);
-        if (before == -2)
-            ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-                            errmsg("a delete of table \"%s\" carries its key column \"%s\" only as a TOAST pointer",
-                                   RelationGetRelationName(rel), t->key_column),
-                            errhint("Make the table's replica identity include the key column.")));
+        if (before == -2) toast_key_error(rel, t, "a delete of", nullptr, kReplicaIdentityHint);
         if (before != 1) return false;
         break;
     }

@@ -361,6 +361,35 @@ Datum call_function(Oid fn, int nargs, const Datum *args, bool *isnull) {
 // search_path for the rest of the session, before any SQL runs.
 void pin_search_path() { SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_SESSION); }
 
+// A worker's connection to database db, as the bootstrap superuser, with
+// search_path pinned, shown as `appname`.
+void connect_worker(Oid db, const char *appname) {
+    BackgroundWorkerInitializeConnectionByOid(db, InvalidOid, 0);
+    pin_search_path();
+    pgstat_report_appname(appname);
+}
+
+// The extension (in *ext) and its function `name` of no arguments:
+// InvalidOid where the extension is not installed (or has no such member).
+Oid own_function(Extension *ext, const char *name) {
+    Oid fn = InvalidOid;
+    (void)in_own_transaction([&] {
+        *ext = find_extension();
+        if (OidIsValid(ext->oid)) fn = extension_function(*ext, name, 0, nullptr);
+    });
+    return fn;
+}
+
+// Calls fn (of no arguments) in a transaction of its own, shown as
+// `activity`; its result is not read (an ERROR is logged).
+void call_in_own_transaction(Oid fn, const char *activity) {
+    (void)in_own_transaction([&] {
+        pgstat_report_activity(STATE_RUNNING, activity);
+        bool isnull;
+        (void)call_function(fn, 0, nullptr, &isnull);
+    });
+}
+
 // Whether role may run moves: it exists and is the extension's owner or has
 // the privileges of sharding_admin (a superuser has them). In a transaction.
 bool role_may_run(Oid role) {
@@ -474,9 +503,7 @@ void sharding_jobs_runner_main(Datum) {
     my_job = args.job;
     // As the bootstrap superuser (no login check), then as the job's role
     // (see "what a worker runs" above).
-    BackgroundWorkerInitializeConnectionByOid(args.db, InvalidOid, 0);
-    pin_search_path();
-    pgstat_report_appname("sharding move worker");
+    connect_worker(args.db, "sharding move worker");
     Oid fn_claim = InvalidOid, fn_execute = InvalidOid, fn_adopt = InvalidOid;
     (void)in_own_transaction([&] {
         Extension ext = find_extension();
@@ -603,17 +630,11 @@ void sharding_jobs_runner_main(Datum) {
 void sharding_jobs_scanner_main(Datum arg) {
     pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
-    BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(arg), InvalidOid, 0);
-    pin_search_path();
-    pgstat_report_appname("sharding move scanner");
+    connect_worker(DatumGetObjectId(arg), "sharding move scanner");
     // Nothing runs where the extension is not installed; where it is, its
     // own _job_pickup, as its owner.
     Extension ext{InvalidOid, InvalidOid, InvalidOid};
-    Oid pickup = InvalidOid;
-    (void)in_own_transaction([&] {
-        ext = find_extension();
-        if (OidIsValid(ext.oid)) pickup = extension_function(ext, "_job_pickup", 0, nullptr);
-    });
+    const Oid pickup = own_function(&ext, "_job_pickup");
     if (!OidIsValid(pickup)) proc_exit(0);
     SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
     // A server promoted from a standby of the coordinator (or restored from
@@ -636,11 +657,7 @@ void sharding_jobs_scanner_main(Datum arg) {
     // (Moves it cannot roll back or finish yet, a node still out of reach,
     // have this database scanned again a little later: _move_recover asks
     // for it.)
-    (void)in_own_transaction([&] {
-        pgstat_report_activity(STATE_RUNNING, "SELECT sharding._job_pickup()");
-        bool isnull;
-        (void)call_function(pickup, 0, nullptr, &isnull);
-    });
+    call_in_own_transaction(pickup, "SELECT sharding._job_pickup()");
     // Two-phase transactions this database (a coordinator) left prepared
     // on nodes (src/ddl): resolved as it decided; what is left (a node out
     // of reach, a transaction still deciding) has it scanned again soon.
@@ -655,12 +672,7 @@ void sharding_jobs_scanner_main(Datum arg) {
     // re-pointed now, or another scan is asked for.
     Oid pending = InvalidOid;
     (void)in_own_transaction([&] { pending = extension_function(ext, "_take_over_pending", 0, nullptr); });
-    if (OidIsValid(pending))
-        (void)in_own_transaction([&] {
-            pgstat_report_activity(STATE_RUNNING, "SELECT sharding._take_over_pending()");
-            bool isnull;
-            (void)call_function(pending, 0, nullptr, &isnull);
-        });
+    if (OidIsValid(pending)) call_in_own_transaction(pending, "SELECT sharding._take_over_pending()");
     proc_exit(0);
 }
 
@@ -673,25 +685,15 @@ void sharding_groups_reaper_main(Datum arg) {
     before_shmem_exit([](int, Datum db) { sharding::groups_reaper_done(DatumGetObjectId(db), no_extension); }, arg);
     pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
-    BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(arg), InvalidOid, 0);
-    pin_search_path();
-    pgstat_report_appname("sharding group reaper");
+    connect_worker(DatumGetObjectId(arg), "sharding group reaper");
     Extension ext{InvalidOid, InvalidOid, InvalidOid};
-    Oid reap = InvalidOid;
-    (void)in_own_transaction([&] {
-        ext = find_extension();
-        if (OidIsValid(ext.oid)) reap = extension_function(ext, "_group_reap", 0, nullptr);
-    });
+    const Oid reap = own_function(&ext, "_group_reap");
     if (!OidIsValid(reap)) {
         no_extension = true;  // its entry in the shared table goes
         proc_exit(0);
     }
     SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
-    (void)in_own_transaction([&] {
-        pgstat_report_activity(STATE_RUNNING, "SELECT sharding._group_reap()");
-        bool isnull;
-        (void)call_function(reap, 0, nullptr, &isnull);
-    });
+    call_in_own_transaction(reap, "SELECT sharding._group_reap()");
     proc_exit(0);
 }
 

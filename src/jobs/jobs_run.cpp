@@ -224,6 +224,19 @@ int claimed_not_begun(bool as_source, const Text &node) {
 // and an apply worker at the destination; moves claimed but not begun count
 // as using one. A node that cannot answer is not waited for: the move
 // itself then fails and says why.
+// The first n integers of an answer of integers separated by single spaces
+// (atoi's reading of each); 0 for each one missing.
+std::vector<int> integers(const std::string &answer, size_t n) {
+    std::vector<int> out(n, 0);
+    size_t at = 0;
+    for (size_t i = 0; i < n && at != std::string::npos; i++) {
+        out[i] = std::atoi(answer.c_str() + at);
+        at = answer.find(' ', at);
+        if (at != std::string::npos) at++;
+    }
+    return out;
+}
+
 Text capacity(const Text &source, const Text &destination) {
     // Origin states (review RB-9): max_replication_slots of them
     // (max_active_replication_origins from PostgreSQL 18); a move's delete
@@ -240,11 +253,8 @@ Text capacity(const Text &source, const Text &destination) {
                                   " - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication)::integer)"
                                   " || ' ' || ") + free_origins);
     if (answer) {
-        const int free_slots = std::atoi(answer->c_str());
-        const size_t space = answer->find(' ');
-        const int free_senders = space == std::string::npos ? 0 : std::atoi(answer->c_str() + space + 1);
-        const size_t space2 = space == std::string::npos ? space : answer->find(' ', space + 1);
-        const int free_origin_states = space2 == std::string::npos ? 0 : std::atoi(answer->c_str() + space2 + 1);
+        const std::vector<int> free = integers(*answer, 3);
+        const int free_slots = free[0], free_senders = free[1], free_origin_states = free[2];
         const int pending = claimed_not_begun(true, source);
         const int per_move = std::max(1, move_parallel);
         if (free_origin_states - per_move * pending < per_move)
@@ -269,9 +279,8 @@ Text capacity(const Text &source, const Text &destination) {
                              " - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_subscription s WHERE s.pid IS NOT "
                              "NULL)::integer) || ' ' || ") + free_origins);
     if (answer) {
-        const int free_workers = std::atoi(answer->c_str());
-        const size_t space = answer->find(' ');
-        const int free_origin_states = space == std::string::npos ? 0 : std::atoi(answer->c_str() + space + 1);
+        const std::vector<int> free = integers(*answer, 2);
+        const int free_workers = free[0], free_origin_states = free[1];
         const int pending = claimed_not_begun(false, destination);
         if (free_workers - pending < 1)
             return format("destination %s has no free logical replication worker (max_logical_replication_workers; "

@@ -324,15 +324,7 @@ int64 run_move(const std::string &map, int32 logical, const Text &key, const std
 // table) stay as they are.
 Text canonical_key(const Text &map, const Text &key) {
     if (!key) return key;
-    Text column_type = spi_value("SELECT a.atttypid::pg_catalog.text "
-                                 "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
-                                 "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
-                                 "AND a.attname = d.key_column "
-                                 "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
-                                 {c(map)});
-    if (!column_type) return key;
-    const std::optional<KeyType> type =
-        glue(key_type_of, static_cast<Oid>(std::strtoul(column_type->c_str(), nullptr, 10)));
+    const std::optional<KeyType> type = map_key_type(map);
     if (!type) return key;
     switch (key_type_oid(*type)) {
     case INT2OID:
@@ -670,19 +662,35 @@ int64 move_id(FunctionCallInfo fcinfo) {
     if (PG_ARGISNULL(0)) fail(ERRCODE_UNDEFINED_OBJECT, "move <NULL> does not exist");
     return PG_GETARG_INT64(0);
 }
+
+// The arguments (map, shard or key, node) of move_shard_online and isolate,
+// checked as both check them before they move anything.
+struct MoveCall {
+    Text map, what, node;
+    Text shards;  // the map's logical shard count
+};
+
+// The prologue of move_shard_online and isolate: refused under snapshot
+// isolation or before take_over; argument 1 read as an integer or as
+// text and, where `required` names it, refused when NULL (22023); then the
+// node and the map checked.
+MoveCall begin_move_call(FunctionCallInfo fcinfo, bool integer, const char *required) {
+    refuse_snapshot_isolation();
+    refuse_before_take_over();
+    MoveCall m{text_arg(fcinfo, 0), integer ? int_arg(fcinfo, 1) : text_arg(fcinfo, 1), text_arg(fcinfo, 2), {}};
+    if (required && !m.what) fail(ERRCODE_INVALID_PARAMETER_VALUE, "%s must not be NULL", required);
+    require_node(m.node);
+    m.shards = require_map(m.map, false);
+    return m;
+}
 }  // namespace
 
 // move_shard_online(map text, logical integer, node text): bigint, the
 // shard's epoch afterwards. Not STRICT: NULL arguments raise 22023.
 SHARDING_FUNCTION(sharding_move_shard_online) {
-    refuse_snapshot_isolation();
-    refuse_before_take_over();
-    Text map = text_arg(fcinfo, 0);
-    Text logical = int_arg(fcinfo, 1);
-    Text node = text_arg(fcinfo, 2);
-    require_node(node);
-    Text shards = require_map(map, false);
-    check_logical(map, logical, shards);
+    const MoveCall m = begin_move_call(fcinfo, true, nullptr);
+    const Text &map = m.map, &logical = m.what, &node = m.node;
+    check_logical(map, logical, m.shards);
     // What an interrupted move left is cleaned up first.
     recover();
     std::vector<Row> cur = spi_rows("SELECT s.node, s.epoch::text FROM sharding.shards s "
@@ -701,16 +709,10 @@ SHARDING_FUNCTION(sharding_move_shard_online) {
 
 // isolate(map text, key text, node text): bigint, the rows moved. Not STRICT.
 SHARDING_FUNCTION(sharding_isolate) {
-    refuse_snapshot_isolation();
-    refuse_before_take_over();
-    Text map = text_arg(fcinfo, 0);
-    Text key = text_arg(fcinfo, 1);
-    Text node = text_arg(fcinfo, 2);
-    if (!key) fail(ERRCODE_INVALID_PARAMETER_VALUE, "key must not be NULL");
-    require_node(node);
-    require_map(map, false);
+    const MoveCall m = begin_move_call(fcinfo, false, "key");
+    const Text &map = m.map, &node = m.node;
     // One value, whatever its spelling (22P02 for one the type rejects).
-    key = canonical_key(map, key);
+    Text key = canonical_key(map, m.what);
     Text logical = key_shard(map, key);
     recover();
     Text source = spi_value("SELECT coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = $1 AND p.key = $2), "

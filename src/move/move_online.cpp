@@ -413,6 +413,19 @@ void plan_tables(OnlineMove &m) {
     }
 }
 
+// "the move of logical shard L of map "M"", as messages name it.
+std::string the_move(const OnlineMove &m) {
+    return format("the move of logical shard %d of map \"%s\"", m.logical, m.map.c_str());
+}
+
+// A step of the move failed with `inner`, and the move goes on without it:
+// a cancel (or an assertion: not_others) is raised again, any other error
+// becomes the WARNING "could not <what>: <its message>" with `hint`.
+void survive(const Caught &inner, const std::string &what, const char *hint) {
+    if (not_others(inner.code)) reraise(inner);
+    warn("could not " + what + ": " + inner.message, hint);
+}
+
 // compare_schemas and plan_tables, after the plan: when they refuse the
 // move, nothing has been made at either end yet (no publication, slot,
 // decoder's row, subscription or frozen shard, no row copied). The journal
@@ -425,12 +438,9 @@ void refuse_after_plan(OnlineMove &m, const std::function<void()> &steps) {
     if (subxact(steps, &why)) return;
     if (m.move_id) {
         Caught inner;
-        if (!subxact([&] { journal("UPDATE sharding.move_journal SET undone = true " + m.live_where); }, &inner)) {
-            if (not_others(inner.code)) reraise(inner);
-            warn(format("could not record the refusal of the move of logical shard %d of map \"%s\": %s", m.logical,
-                        m.map.c_str(), inner.message.c_str()),
-                 "The next sharding.move_shard_online or sharding._move_recover of this shard ends it.");
-        }
+        if (!subxact([&] { journal("UPDATE sharding.move_journal SET undone = true " + m.live_where); }, &inner))
+            survive(inner, "record the refusal of " + the_move(m),
+                    "The next sharding.move_shard_online or sharding._move_recover of this shard ends it.");
     }
     disconnect();
     reraise(why);
@@ -908,10 +918,8 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
             &inner)) {
         // Unknown: neither thaw nor undo; _move_recover finishes or rolls
         // back by the journal's phase.
-        if (not_others(inner.code)) reraise(inner);
-        warn(format("could not tell whether the move of logical shard %d of map \"%s\" switched: %s", m.logical,
-                    m.map.c_str(), inner.message.c_str()),
-             "The next sharding.move_shard_online or sharding._move_recover of this shard finishes or rolls it back.");
+        survive(inner, "tell whether " + the_move(m) + " switched",
+                "The next sharding.move_shard_online or sharding._move_recover of this shard finishes or rolls it back.");
         disconnect();
         reraise(err);
     }

@@ -271,12 +271,7 @@ void rebuild_tables() {
     if (tables) hash_destroy(tables);
     tables = nullptr;
     MemoryContextReset(tables_cxt);
-    HASHCTL ctl;
-    memset(&ctl, 0, sizeof(ctl));
-    ctl.keysize = sizeof(Oid);
-    ctl.entrysize = sizeof(TableEntry);
-    ctl.hcxt = tables_cxt;
-    tables = hash_create("sharding fan-out tables", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    tables = sharding::cache::blob_hash(tables_cxt, "sharding fan-out tables", 16, sizeof(Oid), sizeof(TableEntry));
 
     Oid dt = InvalidOid, maps_rel = InvalidOid;
     Oid nsp = get_namespace_oid("sharding", true);

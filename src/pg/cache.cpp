@@ -342,6 +342,15 @@ MemoryContext entry_context(const char *name) {
     return AllocSetContextCreateInternal(context(), name, ALLOCSET_SMALL_SIZES);  // name: a literal
 }
 
+HTAB *blob_hash(MemoryContext cxt, const char *name, long nelem, Size keysize, Size entrysize) {
+    HASHCTL ctl;
+    memset(&ctl, 0, sizeof ctl);
+    ctl.keysize = keysize;
+    ctl.entrysize = entrysize;
+    ctl.hcxt = cxt;
+    return hash_create(name, nelem, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
 void retire_context(MemoryContext cxt) {
     if (cxt != nullptr) add_retired(Retired{Retired::Context, cxt, nullptr});
 }

@@ -63,6 +63,7 @@
 
 extern "C" {
 #include "executor/spi.h"
+#include "utils/hsearch.h"
 }
 
 namespace sharding {
@@ -89,6 +90,11 @@ MemoryContext context();
 // kept by pointer): delete it (or retire it)
 // as a whole when the entry is replaced.
 MemoryContext entry_context(const char *name);
+
+// A backend-local hash table in cxt whose keys (keysize bytes, compared as
+// bytes: zero a struct key's padding) start its entries of entrysize
+// bytes; name: a string literal, nelem: its expected size.
+HTAB *blob_hash(MemoryContext cxt, const char *name, long nelem, Size keysize, Size entrysize);
 
 // Retirement (see above): what is handed over is freed when no call of this
 // extension is running any more. retire_plan calls SPI_freeplan, retire_context

@@ -77,14 +77,9 @@ HTAB *state_cache = nullptr;
 
 OrderedState *state_for(Oid relid, uint32 variant, const char *key_column) {
     ensure_context();
-    if (state_cache == nullptr) {
-        HASHCTL ctl;
-        memset(&ctl, 0, sizeof ctl);
-        ctl.keysize = sizeof(StateKey);
-        ctl.entrysize = sizeof(OrderedState);
-        ctl.hcxt = ordered_cxt;
-        state_cache = hash_create("sharding ordered claim positions", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-    }
+    if (state_cache == nullptr)
+        state_cache = sharding::cache::blob_hash(ordered_cxt, "sharding ordered claim positions", 16, sizeof(StateKey),
+                                                 sizeof(OrderedState));
     StateKey k;
     memset(&k, 0, sizeof k);
     k.relid = relid;

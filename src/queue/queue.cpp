@@ -336,17 +336,10 @@ const sharding::cache::Kind queue_kind = {"queue", queue_relation_changed, queue
 
 void ensure_cache() {
     if (queue_cache != nullptr) return;
-    HASHCTL ctl;
-    memset(&ctl, 0, sizeof ctl);
-    ctl.keysize = sizeof(Oid);
-    ctl.entrysize = sizeof(QueueEntry);
-    ctl.hcxt = sharding::cache::context();
-    queue_cache = hash_create("sharding queues", 16, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-    memset(&ctl, 0, sizeof ctl);
-    ctl.keysize = sizeof(sharding::queue::PlanKey);
-    ctl.entrysize = sizeof(sharding::queue::PlanEntry);
-    ctl.hcxt = sharding::cache::context();
-    plan_cache = hash_create("sharding queue plans", 32, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    queue_cache = sharding::cache::blob_hash(sharding::cache::context(), "sharding queues", 16, sizeof(Oid),
+                                             sizeof(QueueEntry));
+    plan_cache = sharding::cache::blob_hash(sharding::cache::context(), "sharding queue plans", 32,
+                                            sizeof(sharding::queue::PlanKey), sizeof(sharding::queue::PlanEntry));
 }
 
 // What a rebuild replaces may still be executing further up the stack (a

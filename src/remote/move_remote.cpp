@@ -759,13 +759,15 @@ std::string Remote::run(const std::string &sql, PGresult **keep) {
     return first;
 }
 
-void Remote::start_copy_out(const std::string &sql) {
+void Remote::start_copy(const std::string &sql, ExecStatusType started) {
     if (PQsendQuery(conn_, sql.c_str()) == 0)
         fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", chomp(PQerrorMessage(conn_)).c_str());
     PGresult *res = next_result();
-    if (res == nullptr || PQresultStatus(res) != PGRES_COPY_OUT) throw_result(res, conn_);
+    if (res == nullptr || PQresultStatus(res) != started) throw_result(res, conn_);
     PQclear(res);
 }
+
+void Remote::start_copy_out(const std::string &sql) { start_copy(sql, PGRES_COPY_OUT); }
 
 bool Remote::read_copy(const char **data, int *len) { return next_copy(data, len, true) == 1; }
 
@@ -809,13 +811,7 @@ int Remote::next_copy(const char **data, int *len, bool may_wait) {
     }
 }
 
-void Remote::start_copy_in(const std::string &sql) {
-    if (PQsendQuery(conn_, sql.c_str()) == 0)
-        fail(ERRCODE_CONNECTION_FAILURE, "could not send a statement: %s", chomp(PQerrorMessage(conn_)).c_str());
-    PGresult *res = next_result();
-    if (res == nullptr || PQresultStatus(res) != PGRES_COPY_IN) throw_result(res, conn_);
-    PQclear(res);
-}
+void Remote::start_copy_in(const std::string &sql) { start_copy(sql, PGRES_COPY_IN); }
 
 // What libpq has queued goes out, waiting (interruptibly) while the
 // socket is full; what the server sent meanwhile is read, so neither side

@@ -117,6 +117,9 @@ class Remote {
     void establish();
     void wait(bool for_write);
     void flush_out();
+    // Sends a COPY statement and waits until its copy begins (`started`:
+    // PGRES_COPY_OUT or PGRES_COPY_IN); else throws its error.
+    void start_copy(const std::string &sql, ExecStatusType started);
     bool own_login_ = false;
     PGresult *next_result();
     PGconn *conn_ = nullptr;

@@ -175,19 +175,22 @@ std::string coordinator_dsn() {
            " dbname=" + lit(owned(glue(database_glue))) + " user=" + lit(owned(glue(user_glue)));
 }
 
-// The logical shard of a pinned key (pins are by text form): computed by
-// the type of the map's distributed key columns, as writers route it (the
-// type a key is hashed as: key_type_of).
-Text key_shard(const Text &map, const Text &key) {
+std::optional<KeyType> map_key_type(const Text &map) {
     Text column_type = spi_value("SELECT a.atttypid::pg_catalog.text "
                                  "FROM sharding.distributed_tables d JOIN pg_catalog.pg_attribute a "
                                  "ON a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', d.schema_name, d.table_name)) "
                                  "AND a.attname = d.key_column "
                                  "WHERE d.map = $1 ORDER BY d.schema_name, d.table_name LIMIT 1",
                                  {c(map)});
-    const std::optional<KeyType> type =
-        column_type ? glue(key_type_of, static_cast<Oid>(std::strtoul(column_type->c_str(), nullptr, 10)))
-                    : std::nullopt;
+    if (!column_type) return std::nullopt;
+    return glue(key_type_of, static_cast<Oid>(std::strtoul(column_type->c_str(), nullptr, 10)));
+}
+
+// The logical shard of a pinned key (pins are by text form): computed by
+// the type of the map's distributed key columns, as writers route it (the
+// type a key is hashed as: key_type_of).
+Text key_shard(const Text &map, const Text &key) {
+    const std::optional<KeyType> type = map_key_type(map);
     const char *name = nullptr;  // text (and no type): the text function
     if (type) switch (*type) {
         case KeyType::Text: break;

@@ -4,8 +4,10 @@
 // configuration.
 #pragma once
 
+#include "pg/keys.hpp"
 #include "pg/spi.hpp"
 
+#include <optional>
 #include <string>
 
 namespace sharding::move {
@@ -28,5 +30,9 @@ std::string coordinator_dsn();
 // _job_key_shard: the logical shard of a key given as text,
 // hashed as the type of the map's key columns, as writers route it.
 Text key_shard(const Text &map, const Text &key);
+// The KeyType the map's keys are hashed as: that of the key column of its
+// first distributed table (by schema and name); nullopt for a map without
+// one, or a column of a type that is not a KeyType's.
+std::optional<KeyType> map_key_type(const Text &map);
 
 }  // namespace sharding::move
