@@ -181,7 +181,8 @@ struct Executing {
 // whatever is done to the move afterwards (carried out, rolled back or
 // finished, by its executor, _move_resolve, _move_cancel, _move_recover or
 // the launcher's scanner) runs with that role's rights, as a subscription
-// runs as its owner: dblink's password rule (move_remote.cpp) applies to it
+// runs as its owner: the password rule of the remote connections
+// (move_remote.cpp, as postgres_fdw's password_required) applies to it
 // exactly as to the role itself, whoever calls. The caller needs the
 // privileges of that role (the extension's owner, whose scanner looks after
 // every move, has them by office); the role must still exist and still be
