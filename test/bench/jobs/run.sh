@@ -81,8 +81,8 @@ timeline() {
                               FROM sharding.move_journal WHERE job = $j ORDER BY move"); do
         IFS=: read -r id lg src dst <<<"$m"
         printf '#   move %s (shard %s, %s -> %s):' "$id" "$lg" "$src" "$dst"
-        grep -a "move sharding_move_bench_$lg: .* at 20" "${DIR[i0]}/server.log" |
-            sed -n 's/.*move sharding_move_bench_[0-9]*: \(.*\) at \(20[0-9-]* [0-9:.+]*\)$/\2|\1/p' |
+        grep -a "move sharding_move_[0-9a-f]*_\?bench_$lg: .* at 20" "${DIR[i0]}/server.log" |
+            sed -n 's/.*move sharding_move_[0-9a-f]*_\?bench_[0-9]*: \(.*\) at \(20[0-9-]* [0-9:.+]*\)$/\2|\1/p' |
             while IFS='|' read -r when what; do
                 awk -v a="$t0" -v b="$(date -d "$when" +%s.%N)" -v w="$what" \
                     'BEGIN { if (b >= a) printf " %s +%.0f;", w, (b - a) * 1000 }'

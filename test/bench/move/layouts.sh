@@ -15,7 +15,7 @@
 #      at most 1.15);
 #   2b. one shard over four plain tables (multi_1 .. multi_4, a quarter of
 #      the rows each, one map): the move / the four pipes one after another,
-#      and the move's copy phase (its DEBUG "copying" to "catchup") / those
+#      and the move's copy phase (its DEBUG "copying" to "catching_up") / those
 #      pipes; the copy works on one queue of every table's parts
 #      (sharding.move_parallel sessions). The copy phase of the other
 #      layouts is reported too.
@@ -132,7 +132,7 @@ estimate() {
 settle() { for n in n1 n2; do qn "$n" -c 'VACUUM ANALYZE' -c 'CHECKPOINT' >/dev/null; done; }
 ts() { date -d "$1" +%s.%N; }
 # move MAP TO VERIFY: prints "total_ms cleanup_ms copy_ms" (clean-up:
-# replication dropped to return; copy: "copying" to "catchup").
+# replication dropped to return; copy: "copying" to "catching_up").
 move() {
     local t0 t1 out x c k
     t0=$(date +%s.%N)
@@ -140,7 +140,7 @@ move() {
     t1=$(date +%s.%N)
     x=$(echo "$out" | sed -n 's/.*: replication dropped at \(.*\)$/\1/p')
     c=$(echo "$out" | sed -n 's/.*: copying at \(.*\)$/\1/p')
-    k=$(echo "$out" | sed -n 's/.*: catchup at \(.*\)$/\1/p')
+    k=$(echo "$out" | sed -n 's/.*: catching_up at \(.*\)$/\1/p')
     [ -n "$x" ] && [ -n "$c" ] && [ -n "$k" ] || { echo "move failed: $out" >&2; exit 1; }
     awk -v a="$t0" -v b="$t1" -v x="$(ts "$x")" -v c="$(ts "$c")" -v k="$(ts "$k")" \
         'BEGIN { printf "%.0f %.0f %.0f\n", (b - a) * 1000, (b - x) * 1000, (k - c) * 1000 }'
