@@ -25,15 +25,7 @@ my ($coord, $a, $b) = move_cluster();
 load_rows($coord, $a, $b, 200);
 my $clean = 'n1:0/0/0/0/0 n2:0/0/0/0/0 coord:0';
 my @tenants = map { sprintf('t%02d', $_) } 0 .. 63;
-my $parts = "CREATE TABLE parts (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (tenant, id))
-                 PARTITION BY HASH (tenant sharding.text_shard_ops);
-             SELECT sharding.create_partitions('parts', 8);";
-$_->[0]->safe_psql($_->[1], $parts) for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
-$coord->safe_psql('coord', "SELECT sharding.distribute('parts', 'tenant', 'bank')");
-wait_for_sql($_->[0], $_->[1], "SELECT count(*) FROM sharding.distributed_tables", '2') for ([$a, 'n1'], [$b, 'n2']);
-my $gen = "SELECT 't' || lpad((i % 64)::text, 2, '0') AS tenant, i::bigint AS id, 'p-' || i AS val FROM generate_series(1, 64 * 500) AS i";
-$a->safe_psql('n1', "INSERT INTO parts SELECT * FROM ($gen) g WHERE sharding.node_for('bank', g.tenant) = 'n1'");
-$b->safe_psql('n2', "INSERT INTO parts SELECT * FROM ($gen) g WHERE sharding.node_for('bank', g.tenant) = 'n2'");
+load_parts($coord, $a, $b);
 is($b->safe_psql('n2', 'SHOW sharding.move_parallel'), '2', 'the destination copies in two sessions by default');
 
 my $psum = sub { $_[0]->safe_psql($_[1], "SELECT rows || '/' || checksum FROM sharding.shard_checksum('bank', $_[2], 'parts')") };

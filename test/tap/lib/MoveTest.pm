@@ -15,7 +15,7 @@ use Exporter 'import';
 
 our @EXPORT = qw(move_cluster load_rows start_writers stop_writers leftovers expected_vs_actual shard_rows
   wait_for_sql psql_bg usleep slow_apply shard_tenants shard_sum writers_kept mover_pid wait_for_restart deleting
-  hold_row release_row);
+  hold_row release_row load_parts);
 
 # move_cluster(opts): ($coord, $n1, $n2) clusters, databases coord, n1, n2.
 # opts{node_conf}: extra postgresql.conf lines of the two data nodes.
@@ -345,4 +345,24 @@ sub release_row
 	$h->{h}->finish;
 }
 
+
+# load_parts(coord, n1, n2): table parts, hash-partitioned with
+# sharding.text_shard_ops into 8 leaves (create_partitions) at the
+# coordinator and both nodes, distributed on map bank (the nodes wait until
+# they follow it), 500 rows for each of the tenants t00..t63, each node
+# inserting the rows it owns.
+sub load_parts
+{
+	my ($coord, $a, $b) = @_;
+	my $parts = "CREATE TABLE parts (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (tenant, id))
+	                 PARTITION BY HASH (tenant sharding.text_shard_ops);
+	             SELECT sharding.create_partitions('parts', 8);";
+	$_->[0]->safe_psql($_->[1], $parts) for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
+	$coord->safe_psql('coord', "SELECT sharding.distribute('parts', 'tenant', 'bank')");
+	wait_for_sql($_->[0], $_->[1], "SELECT count(*) FROM sharding.distributed_tables", '2') for ([$a, 'n1'], [$b, 'n2']);
+	my $gen = "SELECT 't' || lpad((i % 64)::text, 2, '0') AS tenant, i::bigint AS id, 'p-' || i AS val"
+	  . " FROM generate_series(1, 64 * 500) AS i";
+	$a->safe_psql('n1', "INSERT INTO parts SELECT * FROM ($gen) g WHERE sharding.node_for('bank', g.tenant) = 'n1'");
+	$b->safe_psql('n2', "INSERT INTO parts SELECT * FROM ($gen) g WHERE sharding.node_for('bank', g.tenant) = 'n2'");
+}
 1;
