@@ -23,7 +23,14 @@ sub sharding_node
 	my $node = PostgreSQL::Test::Cluster->new($name);
 	$node->init(allows_streaming => 'logical');
 	my $preload = exists $opts{preload} ? $opts{preload} : 1;
+	# max_connections: PostgreSQL::Test::Cluster's 10 is less than two
+	# moves at once take at one instance (docs/moves.md: a session at the
+	# destination per part, one more from there to the source each, and
+	# the coordinator's own): 508's data instance, holding both
+	# coordinators' nodes, refused a part's connection ("too many clients
+	# already") once in a few runs on a busy machine. opts{conf} may set it.
 	$node->append_conf('postgresql.conf', join("\n",
+		"max_connections = 40",
 		"max_replication_slots = 20",
 		"max_wal_senders = 20",
 		"max_logical_replication_workers = 12",
