@@ -40,22 +40,6 @@ my ($coord, $a, $b) = move_cluster();
 load_rows($coord, $a, $b, 50);
 my $clean = 'n1:0/0/0/0/0 n2:0/0/0/0/0 coord:0';
 
-# hold(node, db, table): a session there holds table in SHARE mode; a
-# move's delete and copy into it wait. release(node, db, h) ends it.
-my $holding = "query LIKE 'BEGIN; LOCK TABLE % IN SHARE MODE; SELECT pg_sleep(600)'";
-sub hold
-{
-	my ($node, $db, $table) = @_;
-	my $h = psql_bg($node, $db, "BEGIN; LOCK TABLE $table IN SHARE MODE; SELECT pg_sleep(600)");
-	wait_for_sql($node, $db, "SELECT count(*) FROM pg_stat_activity WHERE $holding AND wait_event = 'PgSleep'", '1', 60);
-	return $h;
-}
-sub release
-{
-	my ($node, $db, $h) = @_;
-	$node->safe_psql($db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $holding AND pid <> pg_backend_pid()");
-	$h->{h}->finish;
-}
 # A call in the background with its messages' SQLSTATEs.
 sub call_bg
 {
@@ -113,14 +97,14 @@ for my $case (@cases)
 	my $t = "t_$map";
 	$a->safe_psql('n1', "INSERT INTO $t SELECT $id + i, $typed, 'v' || i FROM generate_series(1, 20) i");
 	# Another key of the same shard stays where it is.
-	my $h = hold($b, 'n2', $t);
+	my $h = hold_table($b, 'n2', $t);
 	my $iso = call_bg($coord, 'coord', "SELECT sharding.isolate('$map', '$spelled', 'n2')");
 	ok(copy_held($b, 'n2'), "$what: the isolate's copy is held");
 	# Writes to the key at the source while the copy waits.
 	$a->safe_psql('n1', "INSERT INTO $t SELECT $id + 100 + i, $typed, 'new' || i FROM generate_series(1, 5) i; "
 		  . "UPDATE $t SET val = 'upd' WHERE k = $typed AND id <= $id + 3; DELETE FROM $t WHERE k = $typed AND id = $id + 10");
 	my $want = $a->safe_psql('n1', "SELECT count(*) || ' ' || string_agg(id || ':' || val, ',' ORDER BY id) FROM $t WHERE k = $typed");
-	release($b, 'n2', $h);
+	release_table($b, 'n2', $h);
 	$iso->{h}->finish;
 	is(${ $iso->{err} }, '', "$what: isolate succeeds");
 	is($b->safe_psql('n2', "SELECT count(*) || ' ' || string_agg(id || ':' || val, ',' ORDER BY id) FROM $t WHERE k = $typed"),
@@ -163,7 +147,7 @@ $_->[0]->safe_psql($_->[1], 'CREATE TABLE nums4 (id bigint PRIMARY KEY, k intege
 is(sqlstate_of($coord, 'coord', "SELECT sharding.distribute('nums4', 'k', 'nums')"), 'ok', 'an integer key joins a map of bigint keys');
 
 my $shard_before = shard_sum($a, 'n1', $S);
-my $h = hold($b, 'n2', 'accounts');
+my $h = hold_table($b, 'n2', 'accounts');
 my $mv = call_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S, 'n2')");
 ok(copy_held($b, 'n2'), 'the move of the pinned key\'s shard is held in its copy');
 like(sqlstate_of($coord, 'coord', "SELECT sharding.unpin('bank', '$whale')"), qr/^55006: .*move/,
@@ -175,7 +159,7 @@ like(sqlstate_of($coord, 'coord', "SELECT sharding.pin_many('bank', ARRAY['$tena
 is(sqlstate_of($coord, 'coord', "SELECT sharding.pin('bank', '$other_shard_key', 'n1')"), 'ok', 'a pin of another shard goes on');
 like(sqlstate_of($coord, 'coord', "SELECT sharding.distribute('ledger', 'tenant', 'bank')"), qr/^55006: .*move/,
 	'distribute of a table of the moving map: 55006 naming the move');
-release($b, 'n2', $h);
+release_table($b, 'n2', $h);
 $mv->{h}->finish;
 is(${ $mv->{err} }, '', 'the move succeeds');
 $coord->safe_psql('coord', "SELECT sharding.unpin('bank', '$other_shard_key')");
@@ -192,11 +176,11 @@ $coord->safe_psql('coord', "SELECT sharding.distribute('ledger', 'tenant', 'bank
 # ------------------------------------------------------------------ (c) a restored coordinator
 my $S2 = $coord->safe_psql('coord', "SELECT min(logical) FROM sharding.shards WHERE map = 'bank' AND node = 'n1'");
 my $sum2 = shard_sum($a, 'n1', $S2);
-$h = hold($b, 'n2', 'accounts');
+$h = hold_table($b, 'n2', 'accounts');
 $mv = call_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S2, 'n2')");
 ok(copy_held($b, 'n2'), 'a move held in its copy');
 $coord->backup('during_copy');
-release($b, 'n2', $h);
+release_table($b, 'n2', $h);
 $mv->{h}->finish;
 is(${ $mv->{err} }, '', 'the move completes after the backup');
 is(shard_sum($b, 'n2', $S2), $sum2, 'the destination owns every row of the shard');
@@ -280,7 +264,7 @@ is(leftovers($coord, $a, $b), $clean, 'nothing of the move is left');
 
 # ------------------------------------------------------------------ (e) DROP EXTENSION, detach_node
 my $S4 = $coord->safe_psql('coord', "SELECT min(logical) FROM sharding.shards WHERE map = 'bank' AND node = 'n1'");
-$h = hold($b, 'n2', 'accounts');
+$h = hold_table($b, 'n2', 'accounts');
 $mv = call_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S4, 'n2')");
 ok(copy_held($b, 'n2'), 'a move held in its copy');
 like(sqlstate_of($coord, 'coord', 'DROP EXTENSION sharding CASCADE'), qr/^55006: .*move/, 'DROP EXTENSION during a move: 55006 naming the move');
@@ -290,7 +274,7 @@ like(sqlstate_of($coord, 'coord', "SELECT sharding.undistribute('ledger')"), qr/
 	'undistribute of a table of the moving map: 55006');
 like(sqlstate_of($coord, 'coord', "SELECT sharding.drop_map('bank')"), qr/^55006: /, 'drop_map of the moving map: 55006');
 like(sqlstate_of($coord, 'coord', "SELECT sharding.drop_node('n2')"), qr/^55006: /, 'drop_node of an end of the move: 55006');
-release($b, 'n2', $h);
+release_table($b, 'n2', $h);
 $mv->{h}->finish;
 is(${ $mv->{err} }, '', 'the move then completes');
 is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S4"), 'n2', 'n2 owns the shard');

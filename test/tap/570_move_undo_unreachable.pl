@@ -41,13 +41,9 @@ sub write_src
 }
 
 # The switch held: the shard's row at the coordinator locked.
-my $holding = "query LIKE 'BEGIN; SELECT 1 FROM sharding.shards %'";
-my $hold = psql_bg($coord, 'coord', "BEGIN; SELECT 1 FROM sharding.shards WHERE map = 'bank' AND logical = $S FOR UPDATE; "
-	  . "SELECT pg_sleep(600)");
-wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE $holding AND wait_event = 'PgSleep'", '1');
+my $hold = hold_switch($coord, $S);
 my $mv = psql_bg($coord, 'coord', "SET sharding.move_freeze_timeout = '10min'; SELECT sharding.move_shard_online('bank', $S, 'n2')");
-ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-	  . "AND query LIKE '%sharding._switch_owner(%'", '1', 120), 'the move waits in its cutover for the switch');
+ok(switch_waits($coord), 'the move waits in its cutover for the switch');
 is($a->safe_psql('n1', "SELECT count(*) FROM sharding.frozen_shards WHERE map = 'bank' AND logical = $S"), '1',
 	'the source is frozen');
 my $move = $coord->safe_psql('coord', "SELECT move FROM sharding.move_journal WHERE map = 'bank' AND logical = $S AND $live");
@@ -57,8 +53,7 @@ $b->stop('immediate');
 $coord->safe_psql('coord', "SELECT sharding._move_cancel($move)");
 $mv->{h}->finish;
 like(${ $mv->{err} }, qr/ERROR:  canceling statement/, 'the move is cancelled') or diag(${ $mv->{err} });
-$coord->safe_psql('coord', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $holding");
-$hold->{h}->finish;
+release_switch($coord, $hold);
 
 is(write_src(), '55000 frozen', 'destination out of reach: the source still refuses writes of the shard (55000)');
 is($coord->safe_psql('coord', "SELECT phase || '|' || undone FROM sharding.move_journal WHERE move = $move"),

@@ -51,9 +51,7 @@ is($a->safe_psql('n1', "SELECT to_regclass('events') IS NULL"), 't', 'the drop r
 $coord->safe_psql('coord', "CREATE TABLE ledger2 (tenant text NOT NULL, id bigint, PRIMARY KEY (tenant, id));
                             SELECT sharding.distribute('ledger2', 'tenant', 'bank')");
 my $S = $coord->safe_psql('coord', "SELECT min(logical) FROM sharding.shards WHERE map = 'bank' AND node = 'n1'");
-my $holding = "query LIKE 'BEGIN; LOCK TABLE accounts IN SHARE MODE; SELECT pg_sleep(600)'";
-my $h = psql_bg($b, 'n2', 'BEGIN; LOCK TABLE accounts IN SHARE MODE; SELECT pg_sleep(600)');
-wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE $holding AND wait_event = 'PgSleep'", '1');
+my $h = hold_table($b, 'n2', 'accounts');
 my $mv = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S, 'n2')");
 ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%' "
 	  . "AND wait_event_type = 'Lock'", 't', 120), 'a move of the map held in its copy');
@@ -61,8 +59,7 @@ my ($rc, $out, $err) = $coord->psql('coord', "\\set VERBOSITY verbose\nSET lock_
 like($err, qr/ERROR:  55006: .*move \d+ of logical shard $S of map "bank"/, 'DROP TABLE during a move of its map: 55006 naming the move')
   or diag($err);
 is($coord->safe_psql('coord', $rows), 'accounts,ledger2', 'the table stays, distributed');
-$b->safe_psql('n2', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $holding");
-$h->{h}->finish;
+release_table($b, 'n2', $h);
 $mv->{h}->finish;
 is(${ $mv->{err} }, '', 'the move completes');
 $coord->safe_psql('coord', 'DROP TABLE ledger2');

@@ -22,19 +22,6 @@ use MoveTest;
 my ($coord, $a, $b) = move_cluster();
 load_rows($coord, $a, $b, 50);
 my $clean = 'n1:0/0/0/0/0 n2:0/0/0/0/0 coord:0';
-my $holding = "query LIKE 'BEGIN; LOCK TABLE accounts IN SHARE MODE; SELECT pg_sleep(600)'";
-sub hold
-{
-	my $h = psql_bg($b, 'n2', 'BEGIN; LOCK TABLE accounts IN SHARE MODE; SELECT pg_sleep(600)');
-	wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE $holding AND wait_event = 'PgSleep'", '1');
-	return $h;
-}
-sub release
-{
-	my ($h) = @_;
-	$b->safe_psql('n2', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $holding");
-	$h->{h}->finish;
-}
 sub copy_held
 {
 	return wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%' "
@@ -58,7 +45,7 @@ my ($S, $T) = @n1;
 
 # ------------------------------------------------------------------ (a) preloaded
 my $sum = shard_sum($a, 'n1', $S);
-my $h = hold();
+my $h = hold_table($b, 'n2', 'accounts');
 my $mv = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S, 'n2')");
 ok(copy_held(), 'preloaded: a move held in its copy');
 my $move = $coord->safe_psql('coord', "SELECT move FROM sharding.move_journal WHERE map = 'bank' AND logical = $S
@@ -72,7 +59,7 @@ like($err, qr/HINT:  Cancel the move first: in database "coord", SELECT sharding
 ($rc, $out, $err) = $coord->psql('postgres', "\\set VERBOSITY verbose\nDROP DATABASE coord");
 like($err, qr/ERROR:  55006: database "coord" cannot be dropped: move $move/, 'preloaded: DROP DATABASE coord without FORCE too');
 config_subscriptions(1);
-release($h);
+release_table($b, 'n2', $h);
 $mv->{h}->finish;
 is(${ $mv->{err} }, '', 'the move goes on and completes');
 is(shard_sum($b, 'n2', $S) . ' ' . shard_rows($a, 'n1', $S), "$sum 0", 'every row of the shard at the destination, none at the source');
@@ -89,13 +76,13 @@ $coord->restart;
 my $tsum = shard_sum($a, 'n1', $T);
 my ($tt) = shard_tenants($coord, $T);
 slow_apply($b, 'n2', 600);
-$h = hold();
+$h = hold_table($b, 'n2', 'accounts');
 $mv = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $T, 'n2')");
 ok(copy_held(), 'not preloaded: a move held in its copy');
 # A row written meanwhile reaches the destination through the stream.
 $a->safe_psql('n1', "INSERT INTO accounts VALUES ('$tt', 990001, 'during')");
 $tsum = shard_sum($a, 'n1', $T);
-release($h);
+release_table($b, 'n2', $h);
 ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM sharding.move_journal WHERE map = 'bank' AND logical = $T AND phase = 'catching_up'", '1', 120),
 	'the move copied the shard and catches up');
 ok(wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'logical replication%' AND wait_event = 'PgSleep'", '1', 60),

@@ -19,9 +19,7 @@ load_rows($coord, $a, $b, 20);
 my $clean = 'n1:0/0/0/0/0 n2:0/0/0/0/0 coord:0';
 $coord->safe_psql('coord', 'CREATE TABLE churn (id int PRIMARY KEY, v int); INSERT INTO churn SELECT i, 0 FROM generate_series(1, 1000) i');
 
-my $holding = "query LIKE 'BEGIN; LOCK TABLE accounts IN SHARE MODE; SELECT pg_sleep(600)'";
-my $h = psql_bg($b, 'n2', 'BEGIN; LOCK TABLE accounts IN SHARE MODE; SELECT pg_sleep(600)');
-wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE $holding AND wait_event = 'PgSleep'", '1');
+my $h = hold_table($b, 'n2', 'accounts');
 # n1 drained to n2, a job: a worker carries out its moves one at a time.
 my $job = $coord->safe_psql('coord', "SELECT sharding.drain_node('bank', 'n1')");
 ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%' "
@@ -36,8 +34,7 @@ my ($rc, $out, $err) = $coord->psql('coord', 'VACUUM (VERBOSE) churn');
 my ($kept) = $err =~ /(\d+) are dead but not yet removable/;
 is($kept, '0', 'VACUUM removes every dead row version of a table updated during the move') or diag($err);
 
-$b->safe_psql('n2', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $holding");
-$h->{h}->finish;
+release_table($b, 'n2', $h);
 is($coord->safe_psql('coord', "SELECT sharding.rebalance_wait($job, '120s')"), 'done', 'the job completes');
 is($coord->safe_psql('coord', "SELECT count(*) FROM sharding.shards WHERE map = 'bank' AND node = 'n1'") . ' '
   . $a->safe_psql('n1', 'SELECT count(*) FROM accounts') . ' ' . $b->safe_psql('n2', 'SELECT count(*) FROM accounts'),

@@ -32,14 +32,7 @@ use MoveTest;
 
 my ($coord, $a, $b) = move_cluster();
 load_rows($coord, $a, $b, 50);
-my $c = sharding_node('i3', db => 'n3');
-$c->safe_psql('n3', "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);"
-	  . " CREATE INDEX ON accounts (tenant);"
-	  . " CREATE UNIQUE INDEX accounts_identity ON accounts (id, tenant);"
-	  . " ALTER TABLE accounts REPLICA IDENTITY USING INDEX accounts_identity;");
-my $dsn3 = $c->connstr('n3');
-$coord->safe_psql('coord', "SELECT sharding.add_node('n3', \$\$$dsn3\$\$); SELECT sharding.attach_node('n3');");
-wait_for_sql($c, 'n3', "SELECT count(*) FROM sharding.distributed_tables", '1');
+my $c = third_node($coord);
 
 my $live = "phase NOT IN ('queued', 'done', 'failed', 'cancelled')";
 my ($S1, $S2, $S3, $S4) = split /\n/, $coord->safe_psql('coord',
@@ -77,18 +70,12 @@ sub journal_of
 }
 
 # ------------------------------------------------------------------ 1. destination gone
-my $switch_held = "query LIKE 'BEGIN; SELECT 1 FROM sharding.shards %'";
-my $hold = psql_bg($coord, 'coord', "BEGIN; SELECT 1 FROM sharding.shards WHERE map = 'bank' AND logical = $S1 FOR UPDATE; "
-	  . "SELECT pg_sleep(600)");
-wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE $switch_held AND wait_event = 'PgSleep'", '1');
+my $hold = hold_switch($coord, $S1);
 my $mv1 = psql_bg($coord, 'coord', "SET sharding.move_freeze_timeout = '10min'; SELECT sharding.move_shard_online('bank', $S1, 'n2')");
-ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-	  . "AND query LIKE '%sharding._switch_owner(%'", '1', 120), 'S1: the move waits in its cutover for the switch');
+ok(switch_waits($coord), 'S1: the move waits in its cutover for the switch');
 is(write_src($S1), '55000 frozen', 'S1: the source is frozen');
 
-my $copy_held = "query LIKE 'BEGIN; LOCK TABLE accounts IN SHARE MODE; SELECT pg_sleep(600)'";
-my $lock = psql_bg($b, 'n2', 'BEGIN; LOCK TABLE accounts IN SHARE MODE; SELECT pg_sleep(600)');
-wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE $copy_held AND wait_event = 'PgSleep'", '1');
+my $lock = hold_table($b, 'n2', 'accounts');
 my $mv2 = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S2, 'n2')");
 ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted AND relation = 'accounts'::regclass", 't', 120),
 	'S2: the move\'s copy into accounts waits at the destination');
@@ -118,8 +105,7 @@ is($a->safe_psql('n1', "SELECT count(*) FROM pg_replication_slots WHERE slot_nam
 is(coord_try("SELECT sharding.move_abandon('bank', $S1)"), '55006', 'S1: refused (55006) while its executor is alive');
 $coord->safe_psql('coord', "SELECT sharding._move_cancel($m1)");
 $mv1->{h}->finish;
-$coord->safe_psql('coord', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $switch_held");
-$hold->{h}->finish;
+release_switch($coord, $hold);
 is(journal_of($S1), 'cutover', 'S1: cancelled, its journal row stays live (cutover)');
 is(write_src($S1), '55000 frozen', 'before: S1 stays frozen at the source');
 is(coord_try("SELECT sharding.move_shard_online('bank', $S1, 'n3')"), '55006',
@@ -161,8 +147,7 @@ is(shard_sum($c, 'n3', $S1) . ' ' . shard_sum($c, 'n3', $S2) . ' ' . shard_rows(
 
 # ------------------------------------------------------------------ 3. source gone
 slow_apply($c, 'n3', 600);
-my $lock3 = psql_bg($c, 'n3', 'BEGIN; LOCK TABLE accounts IN SHARE MODE; SELECT pg_sleep(600)');
-wait_for_sql($c, 'n3', "SELECT count(*) FROM pg_stat_activity WHERE $copy_held AND wait_event = 'PgSleep'", '1');
+my $lock3 = hold_table($c, 'n3', 'accounts');
 my $mv3 = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S3, 'n3')");
 ok(wait_for_sql($c, 'n3', "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted AND relation = 'accounts'::regclass", 't', 120),
 	'S3: the move\'s copy waits at n3');
@@ -176,8 +161,7 @@ is(journal_of($S3) . ' ' . $a->safe_psql('n1', "SELECT count(*) FROM pg_replicat
 	'copying 1', 'nothing changed: the move copies on, its slot at n1');
 # A row written meanwhile at n1 is held in n3's apply.
 $a->safe_psql('n1', "INSERT INTO accounts VALUES ('$tenant{$S3}', 990001, 'during')");
-$c->safe_psql('n3', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $copy_held");
-$lock3->{h}->finish;
+release_table($c, 'n3', $lock3);
 ok(wait_for_sql($c, 'n3', "SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'logical replication%' AND wait_event = 'PgSleep'", '1', 120),
 	'S3: copied, its apply worker holds the catch-up');
 my $copied = shard_rows($c, 'n3', $S3);

@@ -28,17 +28,7 @@ use MoveTest;
 my ($coord, $a, $b) = move_cluster();
 load_rows($coord, $a, $b, 50);
 load_parts($coord, $a, $b);
-my $c = sharding_node('i3', db => 'n3');
-$c->safe_psql('n3', "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);"
-	  . " CREATE INDEX ON accounts (tenant);"
-	  . " CREATE UNIQUE INDEX accounts_identity ON accounts (id, tenant);"
-	  . " ALTER TABLE accounts REPLICA IDENTITY USING INDEX accounts_identity;"
-	  . " CREATE TABLE parts (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (tenant, id))"
-	  . "   PARTITION BY HASH (tenant sharding.text_shard_ops);"
-	  . " SELECT sharding.create_partitions('parts', 8);");
-my $dsn3 = $c->connstr('n3');
-$coord->safe_psql('coord', "SELECT sharding.add_node('n3', \$\$$dsn3\$\$); SELECT sharding.attach_node('n3');");
-wait_for_sql($c, 'n3', "SELECT count(*) FROM sharding.distributed_tables", '2');
+my $c = third_node($coord, parts => 1);
 
 my $live = "phase NOT IN ('queued', 'done', 'failed', 'cancelled')";
 my ($S1, $S2) = split /\n/, $coord->safe_psql('coord',
@@ -91,13 +81,28 @@ sub abandon
 	}
 	return ($out, $err);
 }
+# After move_abandon: n1 has every row of both tables (sum: as before the
+# move), writes both again and keeps nothing of the move; then the shard
+# moves to n3 with every row of both, and n1 keeps none (its leaf emptied).
+sub kept_then_moved
+{
+	my ($l, $sum, $what) = @_;
+	is(both($a, 'n1', $l), $sum, "$what: n1 has every row of both tables");
+	is(write_both($l), 'ok ok', "$what: n1 writes both tables' rows of the shard again");
+	is($a->safe_psql('n1', $left), '0/0/0/0/0', "$what: nothing of the move is left at n1");
+	my $written = both($a, 'n1', $l);
+	my (undef, $out, $err) = $coord->psql('coord', "SELECT sharding.move_shard_online('bank', $l, 'n3') > 0");
+	is($out, 't', "$what then moves to n3") or diag($err);
+	is(both($c, 'n3', $l), $written, "$what: n3 has every row of both tables, the new ones too");
+	is($a->safe_psql('n1', "SELECT (SELECT count(*) FROM parts_$l) || '/' || "
+		  . "(SELECT count(*) FROM accounts WHERE sharding.shard_of(tenant, 8) = $l)"),
+		'0/0', "$what: n1 keeps none (its leaf parts_$l emptied)");
+}
 ok(both($a, 'n1', $S1) =~ m{^accounts [1-9]\d*/-?\d+, parts [1-9]\d*/-?\d+$}, "S1 has rows of both tables at n1");
 
 # ------------------------------------------------------------------ 1. destination gone in the copy
 my $sum1 = both($a, 'n1', $S1);
-my $copy_held = "query LIKE 'BEGIN; LOCK TABLE parts IN SHARE MODE; SELECT pg_sleep(600)'";
-my $lock = psql_bg($b, 'n2', 'BEGIN; LOCK TABLE parts IN SHARE MODE; SELECT pg_sleep(600)');
-wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE $copy_held AND wait_event = 'PgSleep'", '1');
+my $lock = hold_table($b, 'n2', 'parts');
 my $mv1 = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S1, 'n2')");
 ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%_bank_$S1' "
 	  . "AND wait_event_type = 'Lock'", 't', 120), 'S1: its copy into parts waits at n2');
@@ -108,28 +113,16 @@ is(journal_of($S1), 'copying', 'S1: its journal row stays live');
 my ($out, $err) = abandon($S1);
 is($out, 'n1', 'S1: move_abandon returns n1') or diag($err);
 is(journal_of($S1), 'failed', 'S1: its journal row ends failed');
-is(both($a, 'n1', $S1), $sum1, 'S1: n1 has every row of both tables');
-is(write_both($S1), 'ok ok', 'S1: n1 writes both tables\' rows of the shard again');
-is($a->safe_psql('n1', $left), '0/0/0/0/0', 'S1: nothing of the move is left at n1');
-my $sum1w = both($a, 'n1', $S1);
-(undef, $out, $err) = $coord->psql('coord', "SELECT sharding.move_shard_online('bank', $S1, 'n3') > 0");
-is($out, 't', 'S1 then moves to n3') or diag($err);
-is(both($c, 'n3', $S1), $sum1w, 'S1: n3 has every row of both tables, the new ones too');
-is($a->safe_psql('n1', "SELECT (SELECT count(*) FROM parts_$S1) || '/' || (SELECT count(*) FROM accounts WHERE sharding.shard_of(tenant, 8) = $S1)"),
-	'0/0', 'S1: n1 keeps none (its leaf parts_' . $S1 . ' emptied)');
+kept_then_moved($S1, $sum1, 'S1');
 
 # ------------------------------------------------------------------ 2. destination gone in the cutover, kill -9
 # n2 comes back for this part only as the destination, and is stopped for
 # good again before the switch.
 $b->start;
 my $sum2 = both($a, 'n1', $S2);
-my $switch_held = "query LIKE 'BEGIN; SELECT 1 FROM sharding.shards %'";
-my $hold = psql_bg($coord, 'coord', "BEGIN; SELECT 1 FROM sharding.shards WHERE map = 'bank' AND logical = $S2 FOR UPDATE; "
-	  . "SELECT pg_sleep(600)");
-wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE $switch_held AND wait_event = 'PgSleep'", '1');
+my $hold = hold_switch($coord, $S2);
 my $mv2 = psql_bg($coord, 'coord', "SET sharding.move_freeze_timeout = '10min'; SELECT sharding.move_shard_online('bank', $S2, 'n2')");
-ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-	  . "AND query LIKE '%sharding._switch_owner(%'", '1', 120), 'S2: the move waits in its cutover for the switch');
+ok(switch_waits($coord), 'S2: the move waits in its cutover for the switch');
 is(write_both($S2), '55000 55000', 'S2: the source refuses writes of both tables (frozen)');
 $b->stop('immediate');
 my $pid = mover_pid($coord);
@@ -144,13 +137,7 @@ is(write_both($S2), '55000 55000', 'S2: the source still refuses writes of both 
 is($out, 'n1', 'S2: move_abandon returns n1') or diag($err);
 like($err, qr/WARNING:  01000: move \d+ abandoned: abandoned in phase cutover: node "n2", its destination, is out of reach/, 'S2: a WARNING says it was abandoned in its cutover');
 is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S2"), 'n1', 'S2: n1 owns it');
-is(both($a, 'n1', $S2), $sum2, 'S2: n1 has every row of both tables');
-is(write_both($S2), 'ok ok', 'S2: n1 writes both tables\' rows of the shard again');
-is($a->safe_psql('n1', $left), '0/0/0/0/0', 'S2: nothing of the move is left at n1');
-my $sum2w = both($a, 'n1', $S2);
-(undef, $out, $err) = $coord->psql('coord', "SELECT sharding.move_shard_online('bank', $S2, 'n3') > 0");
-is($out, 't', 'S2 then moves to n3') or diag($err);
-is(both($c, 'n3', $S2), $sum2w, 'S2: n3 has every row of both tables, the new ones too');
+kept_then_moved($S2, $sum2, 'S2');
 is($coord->safe_psql('coord', "SELECT count(*) FROM sharding.move_journal WHERE $live"), '0', 'no live move is left');
 
 done_testing();

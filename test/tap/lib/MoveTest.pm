@@ -15,7 +15,19 @@ use Exporter 'import';
 
 our @EXPORT = qw(move_cluster load_rows start_writers stop_writers leftovers expected_vs_actual shard_rows
   wait_for_sql psql_bg usleep slow_apply shard_tenants shard_sum writers_kept mover_pid wait_for_restart deleting
-  hold_row release_row load_parts);
+  hold_row release_row load_parts hold_table release_table holding_table hold_switch release_switch switch_waits third_node);
+
+# Table accounts. The key is not in the primary key: the replica identity
+# carries it (a move refuses a table whose deletes would not name their
+# shard).
+my $accounts_sql = "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);"
+  . " CREATE INDEX ON accounts (tenant);"
+  . " CREATE UNIQUE INDEX accounts_identity ON accounts (id, tenant);"
+  . " ALTER TABLE accounts REPLICA IDENTITY USING INDEX accounts_identity;";
+# Table parts: one leaf per logical shard of an 8-shard map.
+my $parts_sql = "CREATE TABLE parts (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (tenant, id))
+                 PARTITION BY HASH (tenant sharding.text_shard_ops);
+             SELECT sharding.create_partitions('parts', 8);";
 
 # move_cluster(opts): ($coord, $n1, $n2) clusters, databases coord, n1, n2.
 # opts{node_conf}: extra postgresql.conf lines of the two data nodes.
@@ -27,13 +39,7 @@ sub move_cluster
 	my @nconf = $opts{node_conf} ? (conf => $opts{node_conf}) : ();
 	my $a = sharding_node('i1', db => 'n1', @nconf);
 	my $b = sharding_node('i2', db => 'n2', @nconf);
-	# The key is not in the primary key: the replica identity carries it
-	# (a move refuses a table whose deletes would not name their shard).
-	my $tables = "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);"
-	  . " CREATE INDEX ON accounts (tenant);"
-	  . " CREATE UNIQUE INDEX accounts_identity ON accounts (id, tenant);"
-	  . " ALTER TABLE accounts REPLICA IDENTITY USING INDEX accounts_identity;";
-	$_->[0]->safe_psql($_->[1], $tables) for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
+	$_->[0]->safe_psql($_->[1], $accounts_sql) for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
 	my $dsn1 = $a->connstr('n1');
 	my $dsn2 = $b->connstr('n2');
 	$coord->safe_psql('coord', qq{
@@ -187,6 +193,55 @@ sub psql_bg
 		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr($db), '-c', $sql ],
 		'>', \$out, '2>', \$err);
 	return { h => $h, out => \$out, err => \$err };
+}
+
+# hold_table(node, db, table): a session there holds table in SHARE mode
+# (a move's copy into it and its delete there wait), once it holds it;
+# release_table(node, db, session) ends it. holding_table(): the
+# pg_stat_activity condition naming such a session.
+sub holding_table { return "query LIKE 'BEGIN; LOCK TABLE % IN SHARE MODE; SELECT pg_sleep(600)'"; }
+sub hold_table
+{
+	my ($node, $db, $table) = @_;
+	my $h = psql_bg($node, $db, "BEGIN; LOCK TABLE $table IN SHARE MODE; SELECT pg_sleep(600)");
+	wait_for_sql($node, $db, "SELECT count(*) FROM pg_stat_activity WHERE " . holding_table() . " AND wait_event = 'PgSleep'", '1', 60)
+	  or die "$table was not locked at $db";
+	return $h;
+}
+sub release_table
+{
+	my ($node, $db, $h) = @_;
+	$node->safe_psql($db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE " . holding_table() . " AND pid <> pg_backend_pid()");
+	$h->{h}->finish;
+}
+
+# hold_switch(coord, logical[, map]): a session at the coordinator locks the
+# shard's row of sharding.shards (map 'bank' by default), once it does: a
+# move's switch waits for it in its cutover, the source frozen.
+# switch_waits(coord): whether a move waits there (2 minutes at most).
+# release_switch(coord, session) ends the session.
+my $holding_switch = "query LIKE 'BEGIN; SELECT 1 FROM sharding.shards %'";
+sub hold_switch
+{
+	my ($coord, $logical, $map) = @_;
+	$map //= 'bank';
+	my $h = psql_bg($coord, 'coord', "BEGIN; SELECT 1 FROM sharding.shards WHERE map = '$map' AND logical = $logical FOR UPDATE; "
+		  . "SELECT pg_sleep(600)");
+	wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE $holding_switch AND wait_event = 'PgSleep'", '1', 60)
+	  or die "the row of shard $logical was not locked";
+	return $h;
+}
+sub switch_waits
+{
+	my ($coord) = @_;
+	return wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+		  . "AND query LIKE '%sharding._switch_owner(%'", '1', 120);
+}
+sub release_switch
+{
+	my ($coord, $h) = @_;
+	$coord->safe_psql('coord', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $holding_switch AND pid <> pg_backend_pid()");
+	$h->{h}->finish;
 }
 
 # start_writers(coord, n, tenants): n writer procedures on the coordinator
@@ -354,15 +409,26 @@ sub release_row
 sub load_parts
 {
 	my ($coord, $a, $b) = @_;
-	my $parts = "CREATE TABLE parts (tenant text NOT NULL, id bigint NOT NULL, val text, PRIMARY KEY (tenant, id))
-	                 PARTITION BY HASH (tenant sharding.text_shard_ops);
-	             SELECT sharding.create_partitions('parts', 8);";
-	$_->[0]->safe_psql($_->[1], $parts) for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
+	$_->[0]->safe_psql($_->[1], $parts_sql) for ([$coord, 'coord'], [$a, 'n1'], [$b, 'n2']);
 	$coord->safe_psql('coord', "SELECT sharding.distribute('parts', 'tenant', 'bank')");
 	wait_for_sql($_->[0], $_->[1], "SELECT count(*) FROM sharding.distributed_tables", '2') for ([$a, 'n1'], [$b, 'n2']);
 	my $gen = "SELECT 't' || lpad((i % 64)::text, 2, '0') AS tenant, i::bigint AS id, 'p-' || i AS val"
 	  . " FROM generate_series(1, 64 * 500) AS i";
 	$a->safe_psql('n1', "INSERT INTO parts SELECT * FROM ($gen) g WHERE sharding.node_for('bank', g.tenant) = 'n1'");
 	$b->safe_psql('n2', "INSERT INTO parts SELECT * FROM ($gen) g WHERE sharding.node_for('bank', g.tenant) = 'n2'");
+}
+
+# third_node(coord, opts): instance i3 with database n3, table accounts
+# (and parts with opts{parts}), added and attached as node n3 of the
+# coordinator, once it follows the distributed tables.
+sub third_node
+{
+	my ($coord, %opts) = @_;
+	my $c = sharding_node('i3', db => 'n3');
+	$c->safe_psql('n3', $accounts_sql . ($opts{parts} ? $parts_sql : ''));
+	my $dsn3 = $c->connstr('n3');
+	$coord->safe_psql('coord', "SELECT sharding.add_node('n3', \$\$$dsn3\$\$); SELECT sharding.attach_node('n3');");
+	wait_for_sql($c, 'n3', "SELECT count(*) FROM sharding.distributed_tables", $opts{parts} ? '2' : '1');
+	return $c;
 }
 1;
