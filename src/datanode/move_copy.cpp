@@ -498,6 +498,7 @@ uint64 without_idle_triggers(Relation rel, int16 event, uint64 (*fn)(void *), vo
 int move_parallel = 2;
 int move_nice = 0;
 bool move_verify = true;
+int move_cleanup = static_cast<int>(Cleanup::Immediate);
 
 void nice_session(PGconn *conn, int nice) {
     if (nice <= 0) return;
@@ -648,8 +649,8 @@ void run_queue(const std::vector<PGconn *> &conns, const std::vector<std::string
 }  // namespace sharding::move
 
 namespace sharding {
-// Called from _PG_init: sharding.move_parallel, sharding.move_nice and
-// sharding.move_verify.
+// Called from _PG_init: sharding.move_parallel, sharding.move_nice,
+// sharding.move_verify and sharding.move_cleanup.
 void copy_init() {
     DefineCustomIntVariable("sharding.move_parallel",
                             "Sessions that copy an online move's tables, or delete one of them, at once.",
@@ -672,6 +673,21 @@ void copy_init() {
                              "source (frozen since the cutover) are compared with the destination's as of the "
                              "switch; a difference keeps the source's copy and fails the move. off skips it.",
                              &move::move_verify, true, PGC_USERSET, 0, nullptr, nullptr, nullptr);
+    static const config_enum_entry cleanups[] = {
+        {"immediate", static_cast<int>(move::Cleanup::Immediate), false},
+        {"deferred", static_cast<int>(move::Cleanup::Deferred), false},
+        {nullptr, 0, false}};
+    DefineCustomEnumVariable("sharding.move_cleanup",
+                             "When move_shard_online deletes the moved shard's rows at the source: before it returns "
+                             "(immediate) or right after, in a background worker (deferred).",
+                             "Read where the move runs (the coordinator), for direct move_shard_online calls (isolate "
+                             "and rebalance jobs clean up in the move). deferred: the call returns once the switch "
+                             "is done, the followers see it and the copies are verified; the source's rows, refused "
+                             "to writers and routed nowhere, are deleted by a background worker, the journal row in "
+                             "phase cleanup until then; a crash resumes it. A later move of the same shard waits "
+                             "for it (55006).",
+                             &move::move_cleanup, static_cast<int>(move::Cleanup::Immediate), cleanups,
+                             PGC_USERSET, 0, nullptr, nullptr, nullptr);
 }
 }  // namespace sharding
 

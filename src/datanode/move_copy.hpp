@@ -46,6 +46,11 @@ extern int move_parallel;
 // sharding.move_verify: compare the shard's rows at both ends before the
 // source's copy is deleted (move_orchestrate.cpp, verify_copy).
 extern bool move_verify;
+// sharding.move_cleanup: when a direct move_shard_online deletes the
+// shard's rows at the source: before it returns (immediate, the default)
+// or right after, in a background worker (deferred; move_journal.cpp).
+enum class Cleanup { Immediate = 0, Deferred = 1 };
+extern int move_cleanup;
 // sharding.move_nice: how much lower than other sessions' the copy's
 // sessions run (0-19, added to the session's nice value). A copy session
 // at the source (the COPY TO of _move_pull) and each part's session at

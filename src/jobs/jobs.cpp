@@ -479,6 +479,7 @@ SHARDING_EXPORT void sharding_jobs_runner_main(Datum arg);
 SHARDING_EXPORT void sharding_jobs_scanner_main(Datum arg);
 SHARDING_EXPORT void sharding_jobs_launcher_main(Datum arg);
 SHARDING_EXPORT void sharding_groups_reaper_main(Datum arg);
+SHARDING_EXPORT void sharding_jobs_cleaner_main(Datum arg);
 }
 
 // A runner: claims and executes the moves of its job until the job is over,
@@ -673,6 +674,24 @@ void sharding_jobs_scanner_main(Datum arg) {
     Oid pending = InvalidOid;
     (void)in_own_transaction([&] { pending = extension_function(ext, "_take_over_pending", 0, nullptr); });
     if (OidIsValid(pending)) call_in_own_transaction(pending, "SELECT sharding._take_over_pending()");
+    proc_exit(0);
+}
+
+// A cleaner: in one database, right after a move returned with its
+// clean-up deferred (sharding.move_cleanup, docs/moves.md), finishes the
+// moves whose executor let go of them (_move_recover, as the extension's
+// owner, as a scanner does): the deferred delete at the source first. One
+// it cannot finish (a node out of reach) stays in the journal for the
+// launcher's scans (preloaded) or the next call; it asks for a scan.
+void sharding_jobs_cleaner_main(Datum arg) {
+    pqsignal(SIGTERM, die);
+    BackgroundWorkerUnblockSignals();
+    connect_worker(DatumGetObjectId(arg), "sharding move cleaner");
+    Extension ext{InvalidOid, InvalidOid, InvalidOid};
+    const Oid recover = own_function(&ext, "_move_recover");
+    if (!OidIsValid(recover)) proc_exit(0);
+    SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
+    call_in_own_transaction(recover, "SELECT sharding._move_recover()");
     proc_exit(0);
 }
 
@@ -1038,6 +1057,20 @@ void recheck(Oid db, bool soon) noexcept {
     if (latch) SetLatch(latch);
 }
 
+// Installed as jobs_clean_up (src/pg/launcher.hpp): a cleaner for db, a
+// dynamic background worker (no shared memory of ours needed).
+bool clean_up(Oid db) noexcept {
+    if (!OidIsValid(db)) return false;
+    BackgroundWorker w;
+    init_worker(&w, "sharding_jobs_cleaner_main", "sharding move cleaner", BGW_NEVER_RESTART);
+    snprintf(w.bgw_name, BGW_MAXLEN, "sharding move cleaner for database %u", db);
+    w.bgw_main_arg = ObjectIdGetDatum(db);
+    w.bgw_notify_pid = 0;
+    if (RegisterDynamicBackgroundWorker(&w, nullptr)) return true;
+    recheck(db, false);
+    return false;
+}
+
 // Called from _PG_init: the setting, shared memory and the launcher, only
 // when preloaded (without, rebalance_run carries jobs out).
 }  // namespace
@@ -1046,6 +1079,7 @@ void jobs_init() {
     LauncherCalls calls;
     calls.recheck = recheck;
     calls.poke = poke_launcher;
+    calls.clean_up = clean_up;
     set_launcher_calls(calls);
     // A PGC_POSTMASTER setting can only be defined while preloading.
     if (!process_shared_preload_libraries_in_progress) return;

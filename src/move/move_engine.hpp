@@ -101,13 +101,20 @@ double wait_flush(const std::string &name, double seconds, const std::string &jo
 struct MoveResult {
     Text new_epoch;
     int64 moved = 0;
+    bool deferred = false;  // the source's rows are still to be deleted (finish, defer)
 };
-// _move_online: the move itself; finish and _move_undo.
-MoveResult move_online(const Text &map, int32 logical, const Text &key, const std::string &node);
+// _move_online: the move itself; finish and _move_undo. may_defer: the
+// source's rows may be left to a cleaner (sharding.move_cleanup =
+// deferred; a direct move of a whole shard).
+MoveResult move_online(const Text &map, int32 logical, const Text &key, const std::string &node,
+                       bool may_defer = false);
 // before_delete, when given, runs once the replication is dropped and
-// before the source's rows are deleted (the verification).
+// before the source's rows are deleted (the verification). defer: returns
+// -1 right after it, the journal row left in phase cleanup without an
+// executor; the next finish of the move (_move_recover, the cleaner
+// started by execute) deletes the rows.
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
-             const Text &new_epoch, const std::function<void()> &before_delete = nullptr);
+             const Text &new_epoch, const std::function<void()> &before_delete = nullptr, bool defer = false);
 bool undo(const std::string &map, int32 logical, const Text &key);  // false: finished instead
 // How many moves are in flight (a live executor, copying to cleanup) into
 // or out of a node of the live move of (map, logical), itself included

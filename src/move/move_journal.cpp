@@ -58,7 +58,7 @@ struct JournalRow {
     bool found = false;
     std::string map, phase;
     int32 logical = 0;
-    Text key, source, destination, new_epoch, pid, error, error_state, error_detail, error_hint;
+    Text key, source, destination, new_epoch, pid, error, error_state, error_detail, error_hint, job;
     Oid runas = InvalidOid;  // the role the move runs as (docs/moves.md, "Rights")
 };
 
@@ -78,7 +78,7 @@ JournalRow read_row(int64 id) {
                                         "m.new_epoch::text, m.pid::text, m.error, m.error_state, m.error_detail, "
                                         "m.error_hint, ") +
                             (journal_has_runas() ? "m.runas::text" : "NULL::text") +
-                            " FROM sharding.move_journal m WHERE m.move = $1::bigint";
+                            ", m.job::text FROM sharding.move_journal m WHERE m.move = $1::bigint";
     std::vector<Row> r = spi_rows(sql.c_str(), {ids.c_str()});
     JournalRow j;
     if (r.empty()) return j;
@@ -96,6 +96,7 @@ JournalRow read_row(int64 id) {
     j.error_detail = r[0][10];
     j.error_hint = r[0][11];
     if (r[0][12]) j.runas = static_cast<Oid>(std::strtoul(r[0][12]->c_str(), nullptr, 10));
+    j.job = r[0][13];
     return j;
 }
 
@@ -478,6 +479,7 @@ std::string execute(int64 id) {
     Executing executing(id);
     std::string result;
     bool cancelled_meanwhile = false;
+    bool deferred = false;
     Caught err;
     bool ok = subxact(
         [&] {
@@ -492,7 +494,19 @@ std::string execute(int64 id) {
                 cancelled_meanwhile = true;
                 return;
             }
-            MoveResult res = move_online(Text(j.map), j.logical, j.key, must(j.destination));
+            // A direct move of a whole shard may leave the source's rows to
+            // a cleaner (sharding.move_cleanup); a job's runner and isolate
+            // (which returns the rows deleted) clean up themselves.
+            MoveResult res = move_online(Text(j.map), j.logical, j.key, must(j.destination), !j.job && !j.key);
+            deferred = res.deferred;
+            if (deferred) {
+                // Left in phase cleanup for the cleaner (started below, once
+                // this session has let go of the move).
+                journal("UPDATE sharding.move_journal SET pid = NULL, new_epoch = coalesce(new_epoch, " +
+                        res.new_epoch.value_or("NULL") + ") WHERE move = " + ids);
+                result = to_text(Phase::Done);
+                return;
+            }
             // Moves that copy nothing (same owner, no distributed table) end here.
             journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(DONE) ", phase_started = pg_catalog.now(), "
                     "finished = pg_catalog.now(), pid = NULL, new_epoch = coalesce(new_epoch, " +
@@ -504,6 +518,11 @@ std::string execute(int64 id) {
         &err);
     if (ok) {
         session_unlock(k1, k2);
+        if (deferred && !jobs_clean_up(MyDatabaseId))
+            warn(format("the source's rows of move %lld are deleted later: no background worker could be started "
+                          "for it now",
+                          (long long)id),
+                   "sharding._move_recover(), the next move_shard_online or the jobs launcher deletes them.");
         if (cancelled_meanwhile)
             return must(spi_value("SELECT m.phase FROM sharding.move_journal m WHERE m.move = $1::bigint", {ids.c_str()}));
         return result;

@@ -987,7 +987,8 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
 }  // namespace
 
 // The move, as its steps (OnlineMove above).
-MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, const std::string &node) {
+MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, const std::string &node,
+                       bool may_defer) {
     OnlineMove m;
     m.logical = logical;
     m.logical_s = std::to_string(logical);
@@ -1036,7 +1037,12 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             catch_up(m);
             cut_over(m);
             // cleanup: after the switch, the copies compared first.
-            m.out.moved = finish(m.map, m.logical, m.key, m.node, m.out.new_epoch, [&] { verify_copies(m); });
+            const bool defer = may_defer && !m.key && move_cleanup == static_cast<int>(Cleanup::Deferred);
+            m.out.moved = finish(m.map, m.logical, m.key, m.node, m.out.new_epoch, [&] { verify_copies(m); }, defer);
+            if (m.out.moved < 0) {
+                m.out.deferred = true;
+                m.out.moved = 0;
+            }
         },
         &err);
     if (!ok) fail_move(m, err);

@@ -1003,7 +1003,7 @@ void call_fn(const char *conn, const std::string &fn, const std::string &map, in
 // source, closes the journal. Connections sharding_move_src/_dst/_self are
 // open. Returns the rows deleted at the source.
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
-             const Text &new_epoch, const std::function<void()> &before_delete) {
+             const Text &new_epoch, const std::function<void()> &before_delete, bool defer) {
     const std::string name = journal_move_name(map, logical);
     const std::string logical_s = std::to_string(logical);
     // The source's guard must see the new owner before its shard thaws
@@ -1039,6 +1039,16 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
              "the source of the move of logical shard %d of map \"%s\" no longer shows the switch", logical,
              map.c_str());
     if (before_delete) before_delete();
+    if (defer) {
+        // The clean-up deferred: the row stays in phase cleanup, with no
+        // pid once the executor lets go (its executor lock), for the
+        // cleaner; the source's rows are refused to writers (the guard)
+        // and routed nowhere meanwhile.
+        journal("UPDATE sharding.move_journal SET phase_started = pg_catalog.now(), lag_bytes = 0, pid = NULL "
+                "WHERE map = " + lit(map) + " AND logical = " + logical_s + " AND " + kLive);
+        debug_at("move " + name + ": clean-up deferred");
+        return -1;
+    }
     const int64 deleted = delete_shard_rows(kSrc, map, logical, key);
     drop_left_origins(kSrc, name);
     drop_left_origins(kDst, name);

@@ -18,4 +18,6 @@ void jobs_poke_launcher() noexcept {
     if (installed.poke != nullptr) installed.poke();
 }
 
+bool jobs_clean_up(Oid db) noexcept { return installed.clean_up != nullptr && installed.clean_up(db); }
+
 }  // namespace sharding

@@ -22,11 +22,20 @@ void jobs_recheck(Oid db, bool soon) noexcept;
 // Wakes the launcher for its next round without a scan of the databases
 // (worker groups: a lease that expires sooner than it was going to wake).
 void jobs_poke_launcher() noexcept;
+// Starts a short-lived background worker in this database (a dynamic one:
+// with or without shared_preload_libraries) that finishes, as the
+// extension's owner, the moves whose executor has let go of them
+// (sharding._move_recover): a move's deferred clean-up
+// (sharding.move_cleanup = deferred, src/move). False when no background
+// worker slot is free; the launcher is asked to scan the database then
+// (with the library preloaded).
+bool jobs_clean_up(Oid db) noexcept;
 
 // What jobs.cpp installs.
 struct LauncherCalls {
     void (*recheck)(Oid db, bool soon) noexcept = nullptr;
     void (*poke)() noexcept = nullptr;
+    bool (*clean_up)(Oid db) noexcept = nullptr;
 };
 void set_launcher_calls(const LauncherCalls &calls) noexcept;
 

@@ -37,6 +37,10 @@
 #      with it / the same move without it, and the comparison's own time
 #      (the engine's DEBUG line); it runs after the switch, outside the
 #      refusal window of item 2.
+#   6. the clean-up deferred (sharding.move_cleanup = deferred, verification
+#      off): the BIG move's return / the pipe (target: at most 1.2), and
+#      how long after its return the cleaner's delete at the source ended
+#      (the journal row 'done'); the source must then hold none of its rows.
 #
 # Every timed step starts from the same state: VACUUM of the tables and a
 # CHECKPOINT on both data nodes first (settle). Without it a step paid for
@@ -282,6 +286,7 @@ stray() { qn "$2" -c "SELECT count(*) FROM accounts WHERE sharding.logical_shard
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 rate_p=(); rate_mp=(); small_w=(); big_w=(); big_t=(); copy_t=(); small_t=(); copyg_t=(); small_e=(); big_e=(); rate_r=(); rate_aa=(); big_c=()
 big_s=(); big_x=(); pull_t=(); del_t=(); move_r=(); ph_c=(); ph_k=(); ph_x=(); verify_r=(); verify_t=(); verify_off=()
+deferred_r=(); deferred_t=(); deferred_x=()
 bad=0
 for r in $(seq "$RUNS"); do
     # The big shard goes src -> dst without writers (timed), then back
@@ -349,6 +354,24 @@ for r in $(seq "$RUNS"); do
     read -r to _ < <(PGOPTIONS="${PGOPTIONS:-} -c sharding.move_verify=off" move_timed 0 "$src")
     echo "# run $r: ${BIG}-row move with the verification ${tv} ms (the comparison ${vv} ms), without ${to} ms"
     verify_r+=("$(ratio "$tv" "$to")"); verify_t+=("$vv"); verify_off+=("$to")
+    # The clean-up deferred (sharding.move_cleanup, item 6): the big move
+    # src -> dst (the pipe's direction) without the verification, timed to
+    # its return and to its journal row's 'done' (the cleaner's delete at
+    # the source); the source must then hold none of the shard's rows.
+    settle
+    t0=$(date +%s%N)
+    PGOPTIONS="${PGOPTIONS:-} -c sharding.move_verify=off -c sharding.move_cleanup=deferred" \
+        qn coord -c "SELECT sharding.move_shard_online('bench', 0, '$dst')" >/dev/null || { echo "# run $r: the deferred move failed" >&2; bad=1; }
+    t1=$(date +%s%N)
+    for _ in $(seq 1200); do
+        [ "$(qn coord -c "SELECT phase FROM sharding.move_journal WHERE map = 'bench' AND logical = 0 ORDER BY move DESC LIMIT 1")" = done ] && break
+        sleep 0.05
+    done
+    t2=$(date +%s%N)
+    n=$(qn "$src" -c "SELECT count(*) FROM accounts WHERE sharding.shard_of(tenant, 4) = 0")
+    [ "$n" = 0 ] || { echo "# run $r: $n rows of the deferred move left at $src" >&2; bad=1; }
+    echo "# run $r: ${BIG}-row move without the verification, clean-up deferred: returned in $(((t1 - t0) / 1000000)) ms, cleaned $(((t2 - t0) / 1000000)) ms after the call (pipe ${c} ms)"
+    deferred_r+=("$(ratio $(((t1 - t0) / 1000000)) "$c")"); deferred_t+=("$(((t1 - t0) / 1000000))"); deferred_x+=("$(((t2 - t1) / 1000000))")
 done
 med() { printf '%s\n' "$@" | median; }
 mw_s=$(med "${small_w[@]}"); mw_b=$(med "${big_w[@]}"); me_s=$(med "${small_e[@]}"); me_b=$(med "${big_e[@]}")
@@ -365,5 +388,6 @@ echo "other shards by phase of the move, during / without: set-up and copy $(rat
 echo "other shards during the plain pipe of the same rows out of their node: pipe / without $(ratio "$mrp" 1); move / pipe $(ratio "$mrmp" 1) (medians of per-run ratios)"
 echo "rows/s: $(awk -v n="$BIG" -v t="$mt_b" 'BEGIN { printf "%.0f", n / t * 1000 }') over the whole move, $(awk -v n="$BIG" -v t="$mcb" 'BEGIN { printf "%.0f", n / t * 1000 }') in its copy phase (${mcb} ms); the pipe $(awk -v n="$BIG" -v t="$mc" 'BEGIN { printf "%.0f", n / t * 1000 }') (Citus quotes ~2.6 M rows/s)"
 echo "verification (sharding.move_verify): ${BIG}-row move with / without it $(ratio "$(med "${verify_r[@]}")" 1) (median of per-run ratios); the comparison itself $(med "${verify_t[@]}") ms; the move without it / the pipe $(ratio "$(med "${verify_off[@]}")" "$mc")"
+echo "clean-up deferred (sharding.move_cleanup = deferred, verification off): the ${BIG}-row move returns in $(med "${deferred_t[@]}") ms, / the pipe $(ratio "$(med "${deferred_r[@]}")" 1) (median of per-run ratios; target <= 1.2); the cleaner done $(med "${deferred_x[@]}") ms after the return"
 echo "medians of $RUNS runs; load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
 exit "$bad"

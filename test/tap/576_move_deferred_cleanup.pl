@@ -1,0 +1,168 @@
+# sharding.move_cleanup = deferred (issue 38, "a cheaper clean-up"):
+# move_shard_online returns once the switch is done, the followers see it
+# and the copies are verified; a background worker (the move cleaner)
+# deletes the source's rows afterwards, and a crash resumes it. Map bank
+# moves accounts (plain, its key outside the primary key) and parts
+# (shard-partitioned, one leaf per shard) together.
+#   0. The setting: immediate by default, a bad value 22023.
+#   1. S1's clean-up held at n1 (a session there holds a row of S1 FOR
+#      UPDATE, taken once the move is past its slot): the call returns,
+#      n2 owns S1 with every row of both tables, the journal row stays in
+#      phase cleanup while the cleaner's delete waits at n1, n1 still has
+#      S1's rows and refuses writes of them; a move of S1 back is refused
+#      (55006), changing nothing; another shard (S2, from n2 to n1) moves
+#      and is cleaned meanwhile. Then kill -9 of the cleaner (the coordinator restarts):
+#      the row stays in cleanup; once the hold is released the launcher's
+#      recovery finishes it: done, n1 keeps no row of S1, nothing of the
+#      move is left.
+#   2. S1 moves back to n1, deferred: every row there, none left at n2.
+#   3. isolate cleans up before it returns, whatever the setting.
+#   4. The coordinator without shared_preload_libraries: the cleaner (a
+#      dynamic background worker) still deletes the source's rows, without
+#      a further call.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use lib 'lib';
+use ShardingNode;
+use MoveTest;
+
+my ($coord, $a, $b) = move_cluster();
+load_rows($coord, $a, $b, 50);
+load_parts($coord, $a, $b);
+
+my ($S1, $S3) = split /\n/, $coord->safe_psql('coord',
+	"SELECT logical FROM sharding.shards WHERE map = 'bank' AND node = 'n1' ORDER BY logical LIMIT 2");
+# S2 moves from n2 meanwhile: a move from n1 would wait for the held row's
+# transaction (a slot waits for the transactions running at its creation).
+my $S2 = $coord->safe_psql('coord', "SELECT logical FROM sharding.shards WHERE map = 'bank' AND node = 'n2' ORDER BY logical LIMIT 1");
+my %tenant = map { $_ => (shard_tenants($coord, $_))[0] } ($S1, $S2, $S3);
+# "rows/checksum" of both tables' rows of shard L at a node.
+sub both
+{
+	my ($node, $db, $l) = @_;
+	return $node->safe_psql($db, "SELECT string_agg(t || ' ' || rows || '/' || checksum, ', ' ORDER BY t) FROM "
+		  . "(SELECT t, (sharding.shard_checksum('bank', $l, t::regclass)).* FROM unnest(ARRAY['accounts', 'parts']) t) s");
+}
+# Rows of shard L at a node, "accounts/parts".
+sub count_of
+{
+	my ($node, $db, $l) = @_;
+	return $node->safe_psql($db, "SELECT (SELECT count(*) FROM accounts WHERE sharding.shard_of(tenant, 8) = $l) "
+		  . "|| '/' || (SELECT count(*) FROM parts WHERE sharding.shard_of(tenant, 8) = $l)");
+}
+my $left = q{SELECT (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'sharding_move%')
+	|| '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%')
+	|| '/' || (SELECT count(*) FROM sharding.frozen_shards)
+	|| '/' || (SELECT count(*) FROM sharding.move_decoding)
+	|| '/' || (SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'sharding_move%')};
+sub journal_of
+{
+	my ($l) = @_;
+	return $coord->safe_psql('coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $l ORDER BY move DESC LIMIT 1");
+}
+my $id = 900000;
+# A write of shard L at n1 into accounts: 'ok' or its SQLSTATE.
+sub write_n1
+{
+	my ($l) = @_;
+	$id++;
+	my ($rc, $out, $err) = $a->psql('n1', "\\set VERBOSITY verbose\nINSERT INTO accounts (tenant, id, val) VALUES ('$tenant{$l}', $id, 'w')");
+	return $rc == 0 ? 'ok' : ($err =~ /ERROR:  (\w{5}):/ ? $1 : $err);
+}
+my $deferred = "SET sharding.move_cleanup = deferred; ";
+
+# ------------------------------------------------------------------ 0. the setting
+is($coord->safe_psql('coord', 'SHOW sharding.move_cleanup'), 'immediate', 'move_cleanup is immediate by default');
+my ($rc, $out, $err) = $coord->psql('coord', "\\set VERBOSITY verbose\nSET sharding.move_cleanup = later");
+like($err, qr/ERROR:  22023: invalid value for parameter "sharding.move_cleanup"/, 'a bad value of move_cleanup: 22023');
+
+# ------------------------------------------------------------------ 1. held, killed, resumed
+my $sum1 = both($a, 'n1', $S1);
+my $count1 = count_of($a, 'n1', $S1);
+ok($count1 =~ m{^[1-9]\d*/[1-9]\d*$}, "S1 has rows of both tables at n1 ($count1)");
+# The copy held at n2 first: the row lock at n1 is taken after the move's
+# slot exists (a slot waits for the transactions running at its creation).
+my $copy_hold = hold_table($b, 'n2', 'parts');
+my $mv = psql_bg($coord, 'coord', $deferred . "SELECT sharding.move_shard_online('bank', $S1, 'n2')");
+ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%_bank_$S1' "
+	  . "AND wait_event_type = 'Lock'", 't', 120), 'S1: its copy waits at n2');
+my $row_hold = psql_bg($a, 'n1', "BEGIN; SELECT 1 FROM accounts WHERE tenant = '$tenant{$S1}' ORDER BY id LIMIT 1 FOR UPDATE; "
+	  . "SELECT pg_sleep(600)");
+ok(wait_for_sql($a, 'n1', "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep(600)' "
+	  . "AND wait_event = 'PgSleep'", '1', 60), 'S1: a session at n1 holds a row of S1');
+release_table($b, 'n2', $copy_hold);
+$mv->{h}->finish;
+like(${ $mv->{out} }, qr/^\d+$/, 'S1: move_shard_online returns its epoch with the clean-up held') or diag(${ $mv->{err} });
+is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S1"), 'n2', 'S1: n2 owns it');
+is(both($b, 'n2', $S1), $sum1, 'S1: n2 has every row of both tables');
+ok(wait_for_sql($a, 'n1', "SELECT count(*) > 0 FROM pg_stat_activity WHERE " . deleting() . " AND wait_event_type = 'Lock'", 't', 60),
+	"S1: the cleaner's delete waits at n1 for the held row");
+is(journal_of($S1), 'cleanup', 'S1: its journal row is in phase cleanup meanwhile');
+is($coord->safe_psql('coord', "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'sharding move cleaner'"), '1',
+	'S1: a move cleaner runs at the coordinator');
+is(count_of($a, 'n1', $S1) =~ m{^[1-9]\d*/} ? 'kept' : 'gone', 'kept', "S1: n1 still has S1's accounts rows");
+is(write_n1($S1), '55000', 'S1: n1 refuses writes of S1 meanwhile');
+($rc, $out, $err) = $coord->psql('coord', "\\set VERBOSITY verbose\n" . $deferred . "SELECT sharding.move_shard_online('bank', $S1, 'n1')");
+like($err, qr/ERROR:  55006: logical shard $S1 of map "bank" is already being moved \(move \d+, phase cleanup\)/,
+	'S1: a move back while its clean-up runs: 55006');
+is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S1"), 'n2', 'S1: still n2');
+# Another shard moves (n2 to n1), deferred, and is cleaned meanwhile.
+my $sum2 = both($b, 'n2', $S2);
+my $count2 = count_of($b, 'n2', $S2);
+($rc, $out, $err) = $coord->psql('coord', $deferred . "SELECT sharding.move_shard_online('bank', $S2, 'n1') > 0");
+is($out, 't', 'S2 moves meanwhile (n2 to n1)') or diag($err);
+is(both($a, 'n1', $S2), $sum2, 'S2: n1 has every row of both tables');
+ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $S2 ORDER BY move DESC LIMIT 1",
+	'done', 60), 'S2: its clean-up ends done');
+is(count_of($b, 'n2', $S2), '0/0', 'S2: n2 keeps none of its rows');
+my ($a2, $p2) = split m{/}, $count2;
+is($coord->safe_psql('coord', "SELECT rows_moved FROM sharding.move_journal WHERE map = 'bank' AND logical = $S2 ORDER BY move DESC LIMIT 1"),
+	$a2 + $p2, 'S2: rows_moved counts the rows deleted at the source');
+# kill -9 of the cleaner: the coordinator restarts, the row stays.
+my $cleaner = $coord->safe_psql('coord', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'sharding move cleaner'");
+ok($cleaner =~ /^\d+$/, "S1: the cleaner is backend $cleaner");
+kill 'KILL', $cleaner;
+wait_for_restart($coord);
+is(journal_of($S1), 'cleanup', 'S1: after kill -9 of the cleaner its journal row stays in cleanup');
+$a->safe_psql('n1', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep(600)'");
+$row_hold->{h}->finish;
+ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $S1 ORDER BY move DESC LIMIT 1",
+	'done', 120), 'S1: once released, recovery finishes the clean-up: done');
+is(count_of($a, 'n1', $S1), '0/0', 'S1: n1 keeps none of its rows (both tables)');
+is($a->safe_psql('n1', $left), '0/0/0/0/0', 'nothing of the moves is left at n1');
+is($b->safe_psql('n2', "SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move%'"), '0', 'no subscription is left at n2');
+is(both($b, 'n2', $S1), $sum1, 'S1: n2 still has every row');
+
+# ------------------------------------------------------------------ 2. back, deferred
+($rc, $out, $err) = $coord->psql('coord', $deferred . "SELECT sharding.move_shard_online('bank', $S1, 'n1') > 0");
+is($out, 't', 'S1 moves back to n1, deferred') or diag($err);
+is(both($a, 'n1', $S1), $sum1, 'S1: n1 has every row again, once');
+ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $S1 ORDER BY move DESC LIMIT 1",
+	'done', 60), 'S1: the clean-up at n2 ends done');
+is(count_of($b, 'n2', $S1), '0/0', 'S1: n2 keeps none of its rows');
+
+# ------------------------------------------------------------------ 3. isolate is not deferred
+my $whale = $tenant{$S3};
+my $before = $a->safe_psql('n1', "SELECT count(*) FROM accounts WHERE tenant = '$whale'");
+($rc, $out, $err) = $coord->psql('coord', $deferred . "SELECT sharding.isolate('bank', '$whale', 'n2')");
+ok($out > 0, "isolate moves $out rows of $whale") or diag($err);
+is($a->safe_psql('n1', "SELECT count(*) FROM accounts WHERE tenant = '$whale'"), '0', 'isolate: n1 keeps none when it returns');
+is($b->safe_psql('n2', "SELECT count(*) FROM accounts WHERE tenant = '$whale'"), $before, "isolate: n2 has all $before");
+
+# ------------------------------------------------------------------ 4. without shared_preload_libraries
+$coord->adjust_conf('postgresql.conf', 'shared_preload_libraries', "''");
+$coord->restart;
+is($coord->safe_psql('coord', "SELECT count(*) FROM pg_settings WHERE name = 'sharding.max_move_workers'"), '0',
+	'the coordinator runs without the library preloaded');
+my $sum3 = both($a, 'n1', $S3);
+($rc, $out, $err) = $coord->psql('coord', $deferred . "SELECT sharding.move_shard_online('bank', $S3, 'n2') > 0");
+is($out, 't', 'S3 moves, deferred, without preload') or diag($err);
+is(both($b, 'n2', $S3), $sum3, 'S3: n2 has every row of both tables');
+ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $S3 ORDER BY move DESC LIMIT 1",
+	'done', 60), 'S3: the cleaner ends it done without a further call');
+is(count_of($a, 'n1', $S3), '0/0', 'S3: n1 keeps none of its rows');
+
+done_testing();
