@@ -17,7 +17,10 @@
 #                immediate stop of the source or the destination (then a
 #                start), while the copy is held or later; pin, unpin or
 #                distribute on the map during the move;
-#   concurrency  at times a second shard moved at once.
+#   concurrency  at times a second shard moved at once;
+#   clean-up     for a shard move, at times deferred (sharding.move_cleanup:
+#                the call returns before the source's delete, which the
+#                move cleaner does; the oracle runs once it is done).
 # Every write commits together with its line in a log table at the node that
 # ran it (refused writes log their SQLSTATE), so the oracle is exact: after
 # the move (and its recovery) the two nodes hold exactly the rows the logged
@@ -138,6 +141,9 @@ sub gen_case
 	$x = $r->next;
 	$c{admin} = $x < 0.07 ? 'pin' : $x < 0.14 ? 'unpin' : $x < 0.20 ? 'distribute' : '';
 	$c{second} = $c{how} eq 'move' && $r->chance(0.2) ? 1 : 0;
+	# The clean-up deferred (sharding.move_cleanup) for a shard move, drawn
+	# from a stream of its own: the other draws stay what they were.
+	$c{cleanup} = $c{how} eq 'move' && Rng->new("$SEED:$i:cleanup")->chance(0.4) ? 'deferred' : '';
 	$c{rows} = 120 + $r->below(120);
 	$c{ops1} = 40 + $r->below(80);
 	$c{ops2} = 40 + $r->below(80);
@@ -149,7 +155,8 @@ sub describe
 	my $c = shift;
 	return join ' ', "case $c->{i}:", $c->{kind}, $c->{type},
 	  ($c->{how} eq 'isolate' ? "isolate($c->{spelling})" : 'move_shard_online'),
-	  ($c->{second} ? 'two-moves' : ()), ($c->{slow} ? 'slow-apply' : ()), ($c->{ddl} ? $c->{ddl} : ()),
+	  ($c->{second} ? 'two-moves' : ()), ($c->{cleanup} ? 'cleanup-deferred' : ()), ($c->{slow} ? 'slow-apply' : ()),
+	  ($c->{ddl} ? $c->{ddl} : ()),
 	  ($c->{fault} ? "$c->{fault}\@$c->{fault_when}" : ()), ($c->{admin} ? "$c->{admin}-during" : ());
 }
 
@@ -163,6 +170,7 @@ sub dims
 	push @d, "fault:$c->{fault}" if $c->{fault};
 	push @d, "admin:$c->{admin}" if $c->{admin};
 	push @d, 'second' if $c->{second};
+	push @d, "cleanup:$c->{cleanup}" if $c->{cleanup};
 	return @d;
 }
 
@@ -481,8 +489,9 @@ sub run_case
 	my $move_sql = $c->{how} eq 'isolate'
 	  ? "SELECT sharding.isolate('$map', \$k\$$iso->{spellings}{$c->{spelling}}\$k\$, '$dst')"
 	  : "SELECT sharding.move_shard_online('$map', $L, '$dst')";
-	my @mv = (bg($coord, 'coord', $move_sql));
-	push @mv, bg($coord, 'coord', "SELECT sharding.move_shard_online('$map', $L2, '$dst')") if defined $L2;
+	my @set = $c->{cleanup} ? ("SET sharding.move_cleanup = $c->{cleanup}") : ();
+	my @mv = (bg($coord, 'coord', @set, $move_sql));
+	push @mv, bg($coord, 'coord', @set, "SELECT sharding.move_shard_online('$map', $L2, '$dst')") if defined $L2;
 	my $nmoves = scalar @mv;
 	my $slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name ~ '^sharding_move_[0-9a-f]{6}_${map}_'";
 	my ($held, $ended) = (0, 0);
@@ -586,6 +595,13 @@ sub run_case
 		wait_for_restart($coord);
 		sq($coord, 'coord', 'SELECT sharding._move_recover()');
 		wait_for_sql($coord, 'coord', "SELECT count(*) FROM sharding.move_journal WHERE map = '$map' AND phase NOT IN ('done', 'failed', 'cancelled')", '0', 90);
+	}
+	# A deferred clean-up ends by itself (the move cleaner), before the
+	# oracle reads both nodes.
+	if ($c->{cleanup})
+	{
+		ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM sharding.move_journal WHERE map = '$map' AND phase NOT IN ('done', 'failed', 'cancelled')", '0', 90),
+			"$desc: the deferred clean-up ends without a call");
 	}
 
 	# ---------------------------------------------------------------- the oracle
