@@ -42,6 +42,8 @@
 #include "move/phase.hpp"
 #include "routing/groups.hpp"
 
+#include <algorithm>
+
 extern "C" {
 #include "access/genam.h"
 #include "access/heapam.h"
@@ -684,6 +686,9 @@ void sharding_jobs_scanner_main(Datum arg) {
 // it cannot finish (a node out of reach) stays in the journal for the
 // launcher's scans (preloaded) or the next call; it asks for a scan.
 void sharding_jobs_cleaner_main(Datum arg) {
+    // However it ends (terminated too), the launcher scans the database
+    // again if a clean-up is left (with the library preloaded).
+    before_shmem_exit([](int, Datum) { sharding::jobs_recheck(MyDatabaseId); }, 0);
     pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
     connect_worker(DatumGetObjectId(arg), "sharding move cleaner");
@@ -691,7 +696,35 @@ void sharding_jobs_cleaner_main(Datum arg) {
     const Oid recover = own_function(&ext, "_move_recover");
     if (!OidIsValid(recover)) proc_exit(0);
     SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
-    call_in_own_transaction(recover, "SELECT sharding._move_recover()");
+    // Deferred clean-ups nobody carries out now (no executor holds their
+    // lock): tried again after 1, 2, 4, 8 and 10 s while any is left (a
+    // cancelled delete, a source out of reach), then left to the launcher
+    // and the next call.
+    static const char *const kLeft =
+        "SELECT pg_catalog.count(*) FROM sharding.move_journal m WHERE m.phase = " PHASE_SQL(CLEANUP) " AND m.pid IS NULL "
+        "AND NOT EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+        "AND l.classid = (pg_catalog.hashtext('sharding.move_journal'))::oid AND l.objsubid = 2 "
+        "AND l.objid = ((m.move OPERATOR(pg_catalog.%) 2147483647)::integer)::oid "
+        "AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d "
+        "WHERE d.datname = pg_catalog.current_database()))";
+    long wait = 1000;
+    for (int attempt = 0; attempt < 6; attempt++) {
+        if (attempt > 0) {
+            sleep_ms(wait);
+            wait = std::min(wait * 2, 10000L);
+        }
+        call_in_own_transaction(recover, "SELECT sharding._move_recover()");
+        int64 left = 0;
+        if (!in_own_transaction([&] {
+                if (SPI_execute(kLeft, true, 1) == SPI_OK_SELECT && SPI_processed == 1) {
+                    bool isnull;
+                    Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+                    if (!isnull) left = DatumGetInt64(d);
+                }
+            }))
+            break;
+        if (left == 0) break;
+    }
     proc_exit(0);
 }
 

@@ -10,10 +10,15 @@
 namespace sharding::move {
 
 int64 enqueue(const Text &job, const Text &map, const Text &logical, const Text &key, const Text &destination);
-std::string execute(int64 id);
+// may_defer: a direct move_shard_online (run_move), which may leave the
+// source's rows to the move cleaner (sharding.move_cleanup = deferred).
+std::string execute(int64 id, bool may_defer = false);
 std::string resolve(int64 id, const std::string &final_phase);
 bool cancel(int64 id);
-int32 recover();
+// skip_fresh_deferred: leaves alone the deferred clean-ups of the last 10 s
+// whose cleaner has not taken them yet (the calls of move_shard_online and
+// isolate, which would otherwise do the previous call's delete themselves).
+int32 recover(bool skip_fresh_deferred = false);
 // move_abandon (docs/moves.md, "A node gone for good"): the live move of
 // (map, logical) ended, its source or destination gone for good; the node
 // that owns the shard.

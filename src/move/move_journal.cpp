@@ -313,7 +313,7 @@ void refuse_before_take_over() {
 int64 run_move(const std::string &map, int32 logical, const Text &key, const std::string &node) {
     refuse_written();
     int64 id = enqueue(Text(), Text(map), Text(std::to_string(logical)), key, Text(node));
-    if (execute(id) != to_text(Phase::Done)) raise_recorded(id);
+    if (execute(id, !key) != to_text(Phase::Done)) raise_recorded(id);
     return id;
 }
 
@@ -468,7 +468,7 @@ std::string resolve(int64 id, const std::string &final_phase) {
     return result;
 }
 
-std::string execute(int64 id) {
+std::string execute(int64 id, bool may_defer) {
     const std::string ids = std::to_string(id);
     JournalRow j = require_row(Text(ids));
     if (is_final(j.phase)) return j.phase;
@@ -494,10 +494,11 @@ std::string execute(int64 id) {
                 cancelled_meanwhile = true;
                 return;
             }
-            // A direct move of a whole shard may leave the source's rows to
-            // a cleaner (sharding.move_cleanup); a job's runner and isolate
-            // (which returns the rows deleted) clean up themselves.
-            MoveResult res = move_online(Text(j.map), j.logical, j.key, must(j.destination), !j.job && !j.key);
+            // A direct move of a whole shard (move_shard_online) may leave
+            // the source's rows to a cleaner (sharding.move_cleanup); a
+            // job's runner, _move_execute and isolate (which returns the
+            // rows deleted) clean up themselves.
+            MoveResult res = move_online(Text(j.map), j.logical, j.key, must(j.destination), may_defer && !j.job && !j.key);
             deferred = res.deferred;
             if (deferred) {
                 // Left in phase cleanup for the cleaner (started below, once
@@ -522,7 +523,8 @@ std::string execute(int64 id) {
             warn(format("the source's rows of move %lld are deleted later: no background worker could be started "
                           "for it now",
                           (long long)id),
-                   "sharding._move_recover(), the next move_shard_online or the jobs launcher deletes them.");
+                   "sharding._move_recover() deletes them, as do the jobs launcher and, 10 s on, the next "
+                   "move_shard_online or isolate.");
         if (cancelled_meanwhile)
             return must(spi_value("SELECT m.phase FROM sharding.move_journal m WHERE m.move = $1::bigint", {ids.c_str()}));
         return result;
@@ -624,7 +626,7 @@ std::string abandon(const Text &map, const Text &logical, bool force) {
     return abandon_move(m, force);
 }
 
-int32 recover() {
+int32 recover(bool skip_fresh_deferred) {
     int32 n = 0;
     int32 left = 0;  // moves it could not resolve
     const int32 k1 = lock_class();
@@ -640,6 +642,9 @@ int32 recover() {
                                "OR EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname = 'sharding' "
                                "AND e.extowner = $1::oid)) "
                              : "AND $1::oid IS NOT NULL ") +
+        (skip_fresh_deferred ? "AND NOT (m.phase = " PHASE_SQL(CLEANUP) " AND m.pid IS NULL AND m.error IS NULL "
+                               "AND m.phase_started > pg_catalog.clock_timestamp() - interval '10 s') "
+                             : "") +
         "ORDER BY m.move";
     for (Row &r : spi_rows(sql.c_str(), {me.c_str()})) {
         const int64 id = std::strtoll(must(r[0]).c_str(), nullptr, 10);
@@ -711,8 +716,9 @@ SHARDING_FUNCTION(sharding_move_shard_online) {
     const MoveCall m = begin_move_call(fcinfo, true, nullptr);
     const Text &map = m.map, &logical = m.what, &node = m.node;
     check_logical(map, logical, m.shards);
-    // What an interrupted move left is cleaned up first.
-    recover();
+    // What an interrupted move left is cleaned up first (a deferred
+    // clean-up of the last seconds is its cleaner's).
+    recover(true);
     std::vector<Row> cur = spi_rows("SELECT s.node, s.epoch::text FROM sharding.shards s "
                                     "WHERE s.map = $1 AND s.logical = $2::integer",
                                     {c(map), c(logical)});
@@ -734,7 +740,7 @@ SHARDING_FUNCTION(sharding_isolate) {
     // One value, whatever its spelling (22P02 for one the type rejects).
     Text key = canonical_key(map, m.what);
     Text logical = key_shard(map, key);
-    recover();
+    recover(true);
     Text source = spi_value("SELECT coalesce((SELECT p.node FROM sharding.pins p WHERE p.map = $1 AND p.key = $2), "
                             "(SELECT s.node FROM sharding.shards s WHERE s.map = $1 AND s.logical = $3::integer))",
                             {c(map), c(key), c(logical)});

@@ -101,7 +101,7 @@ is(both($b, 'n2', $S1), $sum1, 'S1: n2 has every row of both tables');
 ok(wait_for_sql($a, 'n1', "SELECT count(*) > 0 FROM pg_stat_activity WHERE " . deleting() . " AND wait_event_type = 'Lock'", 't', 60),
 	"S1: the cleaner's delete waits at n1 for the held row");
 is(journal_of($S1), 'cleanup', 'S1: its journal row is in phase cleanup meanwhile');
-is($coord->safe_psql('coord', "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'sharding move cleaner'"), '1',
+ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'sharding move cleaner'", '1', 30),
 	'S1: a move cleaner runs at the coordinator');
 is(count_of($a, 'n1', $S1) =~ m{^[1-9]\d*/} ? 'kept' : 'gone', 'kept', "S1: n1 still has S1's accounts rows");
 is(write_n1($S1), '55000', 'S1: n1 refuses writes of S1 meanwhile');
@@ -121,10 +121,25 @@ is(count_of($b, 'n2', $S2), '0/0', 'S2: n2 keeps none of its rows');
 my ($a2, $p2) = split m{/}, $count2;
 is($coord->safe_psql('coord', "SELECT rows_moved FROM sharding.move_journal WHERE map = 'bank' AND logical = $S2 ORDER BY move DESC LIMIT 1"),
 	$a2 + $p2, 'S2: rows_moved counts the rows deleted at the source');
+# _move_cancel interrupts the cleaner's delete (it cannot undo the
+# switch): the cleaner tries again, its new delete waits at n1 again.
+my $mid = $coord->safe_psql('coord', "SELECT move FROM sharding.move_journal WHERE map = 'bank' AND logical = $S1 ORDER BY move DESC LIMIT 1");
+my $before_cancel = $a->safe_psql('n1', 'SELECT clock_timestamp()');
+is($coord->safe_psql('coord', "SELECT sharding._move_cancel($mid)"), 't', 'S1: _move_cancel of the move in its clean-up');
+ok(wait_for_sql($a, 'n1', "SELECT count(*) > 0 FROM pg_stat_activity WHERE " . deleting() . " AND wait_event_type = 'Lock' "
+	  . "AND query_start > '$before_cancel'", 't', 60), 'S1: the cleaner tries again: a new delete waits at n1');
+is(journal_of($S1), 'cleanup', 'S1: its journal row is still in cleanup');
+is(count_of($a, 'n1', $S1) =~ m{^[1-9]\d*/} ? 'kept' : 'gone', 'kept', "S1: n1 still has S1's accounts rows (the cancelled delete rolled back)");
 # kill -9 of the cleaner: the coordinator restarts, the row stays.
-my $cleaner = $coord->safe_psql('coord', "SELECT pid FROM pg_stat_activity WHERE backend_type = 'sharding move cleaner'");
-ok($cleaner =~ /^\d+$/, "S1: the cleaner is backend $cleaner");
-kill 'KILL', $cleaner;
+# Who carries the clean-up out now holds the move's executor lock: the
+# cleaner, or the launcher's scanner when the cancel had it scan first
+# (both retry after 1 s; the one that finds the other at work leaves it).
+my $holder_sql = "SELECT l.pid || ' ' || a.backend_type FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+  . "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+  . "AND l.classid = hashtext('sharding.move_journal')::oid AND l.objid = ${mid}::oid";
+my ($cleaner, $who) = split / /, $coord->safe_psql('coord', $holder_sql), 2;
+like($who // '', qr/^sharding move (cleaner|scanner)$/, "S1: a worker of the extension carries the clean-up out (" . ($who // 'none') . ')');
+kill 'KILL', $cleaner if defined $cleaner && $cleaner =~ /^\d+$/;
 wait_for_restart($coord);
 is(journal_of($S1), 'cleanup', 'S1: after kill -9 of the cleaner its journal row stays in cleanup');
 $a->safe_psql('n1', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep(600)'");
