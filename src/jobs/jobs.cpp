@@ -628,18 +628,27 @@ void sharding_jobs_runner_main(Datum) {
     proc_exit(0);
 }
 
+namespace {
+// The start of a worker that runs the extension's own function `fn` (of
+// no arguments) in database arg, as the extension's owner, shown as
+// appname: fn's OID (the worker now runs as the owner), or InvalidOid
+// where the extension is not installed (nothing runs there).
+Oid start_owner_worker(Datum arg, const char *appname, const char *fn, Extension *ext) {
+    pqsignal(SIGTERM, die);
+    BackgroundWorkerUnblockSignals();
+    connect_worker(DatumGetObjectId(arg), appname);
+    const Oid f = own_function(ext, fn);
+    if (OidIsValid(f)) SetUserIdAndSecContext(ext->owner, SECURITY_LOCAL_USERID_CHANGE);
+    return f;
+}
+}  // namespace
+
 // A scanner: in one database, recovers the moves whose executor died and
 // starts runners for every unfinished job (at its commit).
 void sharding_jobs_scanner_main(Datum arg) {
-    pqsignal(SIGTERM, die);
-    BackgroundWorkerUnblockSignals();
-    connect_worker(DatumGetObjectId(arg), "sharding move scanner");
-    // Nothing runs where the extension is not installed; where it is, its
-    // own _job_pickup, as its owner.
     Extension ext{InvalidOid, InvalidOid, InvalidOid};
-    const Oid pickup = own_function(&ext, "_job_pickup");
+    const Oid pickup = start_owner_worker(arg, "sharding move scanner", "_job_pickup", &ext);
     if (!OidIsValid(pickup)) proc_exit(0);
-    SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
     // A server promoted from a standby of the coordinator (or restored from
     // its backup) leaves moves and jobs alone until take_over has made the
     // nodes follow it (take_over.cpp; it asks for a scan when it is done).
@@ -689,13 +698,9 @@ void sharding_jobs_cleaner_main(Datum arg) {
     // However it ends (terminated too), the launcher scans the database
     // again if a clean-up is left (with the library preloaded).
     before_shmem_exit([](int, Datum) { sharding::jobs_recheck(MyDatabaseId); }, 0);
-    pqsignal(SIGTERM, die);
-    BackgroundWorkerUnblockSignals();
-    connect_worker(DatumGetObjectId(arg), "sharding move cleaner");
     Extension ext{InvalidOid, InvalidOid, InvalidOid};
-    const Oid recover = own_function(&ext, "_move_recover");
+    const Oid recover = start_owner_worker(arg, "sharding move cleaner", "_move_recover", &ext);
     if (!OidIsValid(recover)) proc_exit(0);
-    SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
     // Deferred clean-ups nobody carries out now (no executor holds their
     // lock): tried again after 1, 2, 4, 8 and 10 s while any is left (a
     // cancelled delete, a source out of reach), then left to the launcher
@@ -735,16 +740,12 @@ void sharding_groups_reaper_main(Datum arg) {
     // However it ends (an error too), the launcher may start the next one.
     static bool no_extension = false;
     before_shmem_exit([](int, Datum db) { sharding::groups_reaper_done(DatumGetObjectId(db), no_extension); }, arg);
-    pqsignal(SIGTERM, die);
-    BackgroundWorkerUnblockSignals();
-    connect_worker(DatumGetObjectId(arg), "sharding group reaper");
     Extension ext{InvalidOid, InvalidOid, InvalidOid};
-    const Oid reap = own_function(&ext, "_group_reap");
+    const Oid reap = start_owner_worker(arg, "sharding group reaper", "_group_reap", &ext);
     if (!OidIsValid(reap)) {
         no_extension = true;  // its entry in the shared table goes
         proc_exit(0);
     }
-    SetUserIdAndSecContext(ext.owner, SECURITY_LOCAL_USERID_CHANGE);
     call_in_own_transaction(reap, "SELECT sharding._group_reap()");
     proc_exit(0);
 }

@@ -73,6 +73,25 @@ sub write_n1
 	return $rc == 0 ? 'ok' : ($err =~ /ERROR:  (\w{5}):/ ? $1 : $err);
 }
 my $deferred = "SET sharding.move_cleanup = deferred; ";
+# deferred_move(L, from, to, what): L moves from node `from` to `to` (each
+# instance's database has the node's name) with the clean-up deferred: the
+# destination has every row of both tables when the call returns, the
+# cleaner ends the journal row done without a further call, and the
+# source keeps none. Returns the source's "accounts/parts" rows before.
+sub deferred_move
+{
+	my ($l, $from, $to, $what) = @_;
+	my ($fdb, $tdb) = ($from->name eq 'i1' ? 'n1' : 'n2', $to->name eq 'i1' ? 'n1' : 'n2');
+	my $sum = both($from, $fdb, $l);
+	my $count = count_of($from, $fdb, $l);
+	my (undef, $out, $err) = $coord->psql('coord', $deferred . "SELECT sharding.move_shard_online('bank', $l, '$tdb') > 0");
+	is($out, 't', "$what moves from $fdb to $tdb, deferred") or diag($err);
+	is(both($to, $tdb, $l), $sum, "$what: $tdb has every row of both tables");
+	ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $l ORDER BY move DESC LIMIT 1",
+		'done', 60), "$what: the cleaner ends its clean-up done without a further call");
+	is(count_of($from, $fdb, $l), '0/0', "$what: $fdb keeps none of its rows");
+	return $count;
+}
 
 # ------------------------------------------------------------------ 0. the setting
 is($coord->safe_psql('coord', 'SHOW sharding.move_cleanup'), 'immediate', 'move_cleanup is immediate by default');
@@ -110,14 +129,7 @@ like($err, qr/ERROR:  55006: logical shard $S1 of map "bank" is already being mo
 	'S1: a move back while its clean-up runs: 55006');
 is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S1"), 'n2', 'S1: still n2');
 # Another shard moves (n2 to n1), deferred, and is cleaned meanwhile.
-my $sum2 = both($b, 'n2', $S2);
-my $count2 = count_of($b, 'n2', $S2);
-($rc, $out, $err) = $coord->psql('coord', $deferred . "SELECT sharding.move_shard_online('bank', $S2, 'n1') > 0");
-is($out, 't', 'S2 moves meanwhile (n2 to n1)') or diag($err);
-is(both($a, 'n1', $S2), $sum2, 'S2: n1 has every row of both tables');
-ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $S2 ORDER BY move DESC LIMIT 1",
-	'done', 60), 'S2: its clean-up ends done');
-is(count_of($b, 'n2', $S2), '0/0', 'S2: n2 keeps none of its rows');
+my $count2 = deferred_move($S2, $b, $a, 'S2');
 my ($a2, $p2) = split m{/}, $count2;
 is($coord->safe_psql('coord', "SELECT rows_moved FROM sharding.move_journal WHERE map = 'bank' AND logical = $S2 ORDER BY move DESC LIMIT 1"),
 	$a2 + $p2, 'S2: rows_moved counts the rows deleted at the source');
@@ -152,12 +164,8 @@ is($b->safe_psql('n2', "SELECT count(*) FROM pg_subscription WHERE subname LIKE 
 is(both($b, 'n2', $S1), $sum1, 'S1: n2 still has every row');
 
 # ------------------------------------------------------------------ 2. back, deferred
-($rc, $out, $err) = $coord->psql('coord', $deferred . "SELECT sharding.move_shard_online('bank', $S1, 'n1') > 0");
-is($out, 't', 'S1 moves back to n1, deferred') or diag($err);
+deferred_move($S1, $b, $a, 'S1 back');
 is(both($a, 'n1', $S1), $sum1, 'S1: n1 has every row again, once');
-ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $S1 ORDER BY move DESC LIMIT 1",
-	'done', 60), 'S1: the clean-up at n2 ends done');
-is(count_of($b, 'n2', $S1), '0/0', 'S1: n2 keeps none of its rows');
 
 # ------------------------------------------------------------------ 3. isolate is not deferred
 my $whale = $tenant{$S3};
@@ -172,12 +180,6 @@ $coord->adjust_conf('postgresql.conf', 'shared_preload_libraries', "''");
 $coord->restart;
 is($coord->safe_psql('coord', "SELECT count(*) FROM pg_settings WHERE name = 'sharding.max_move_workers'"), '0',
 	'the coordinator runs without the library preloaded');
-my $sum3 = both($a, 'n1', $S3);
-($rc, $out, $err) = $coord->psql('coord', $deferred . "SELECT sharding.move_shard_online('bank', $S3, 'n2') > 0");
-is($out, 't', 'S3 moves, deferred, without preload') or diag($err);
-is(both($b, 'n2', $S3), $sum3, 'S3: n2 has every row of both tables');
-ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $S3 ORDER BY move DESC LIMIT 1",
-	'done', 60), 'S3: the cleaner ends it done without a further call');
-is(count_of($a, 'n1', $S3), '0/0', 'S3: n1 keeps none of its rows');
+deferred_move($S3, $a, $b, 'S3, without preload,');
 
 done_testing();
