@@ -600,16 +600,36 @@ std::string conninfo_of(PGconn *conn) {
     return out;
 }
 
+bool out_of_connections(const Error &e) {
+    if (e.sqlstate() != ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION &&
+        e.sqlstate() != ERRCODE_TOO_MANY_CONNECTIONS)
+        return false;
+    const char *m = e.what();
+    return std::strstr(m, "too many clients already") != nullptr ||
+           std::strstr(m, "remaining connection slots are reserved") != nullptr ||
+           std::strstr(m, "too many connections for") != nullptr;
+}
+
 void run_queue(const std::vector<PGconn *> &conns, const std::vector<std::string> &work, const char *prefix,
                const std::function<void(size_t, const std::string &)> &done, const std::function<void()> &tick,
                long tick_ms) {
+    constexpr long kRetired = -2;
     std::vector<long> running(conns.size(), -1);  // the item each connection runs, -1: none
-    size_t next = 0, left = work.size();
+    size_t next = 0, left = work.size(), active = conns.size();
+    std::vector<size_t> again;  // items given back by a retired connection
     auto send = [&](size_t c) {
-        if (next >= work.size()) return;
-        if (PQsendQuery(conns[c], work[next].c_str()) == 0)
+        size_t item;
+        if (!again.empty()) {
+            item = again.back();
+            again.pop_back();
+        } else if (next < work.size()) {
+            item = next++;
+        } else {
+            return;
+        }
+        if (PQsendQuery(conns[c], work[item].c_str()) == 0)
             fail(ERRCODE_CONNECTION_FAILURE, "%scould not send a statement: %s", prefix, PQerrorMessage(conns[c]));
-        running[c] = (long)next++;
+        running[c] = (long)item;
     };
     for (size_t c = 0; c < conns.size(); c++) send(c);
     auto last_tick = std::chrono::steady_clock::now();
@@ -627,7 +647,24 @@ void run_queue(const std::vector<PGconn *> &conns, const std::vector<std::string
             // Its answer has arrived: read it (a remote error is thrown
             // here), then this connection takes the next item.
             const size_t item = (size_t)running[c];
-            std::string v = answer(collect_statement(conn, prefix, true));
+            std::string v;
+            try {
+                v = answer(collect_statement(conn, prefix, true));
+            } catch (const Error &e) {
+                // The item could not get a connection of its own (a node at
+                // max_connections): nothing of it ran; it goes back to the
+                // queue and this connection stops taking items, while
+                // another still works.
+                if (active < 2 || !out_of_connections(e)) throw;
+                warn(format("%sone of %zu sessions stops, the others go on: %s", prefix, active, e.what()),
+                     "Raise max_connections there, or lower sharding.move_parallel.");
+                running[c] = kRetired;
+                active--;
+                again.push_back(item);
+                for (size_t o = 0; o < conns.size() && !again.empty(); o++)
+                    if (running[o] == -1) send(o);
+                continue;
+            }
             running[c] = -1;
             left--;
             done(item, v);

@@ -99,12 +99,19 @@ std::vector<std::string> collect_all(const std::vector<PGconn *> &conns, const c
 // The connection options of a live connection, as a conninfo string
 // (another session like it: the same node, the same login).
 std::string conninfo_of(PGconn *conn);
+// Whether e says that a node refused a connection for want of a free one
+// (max_connections, a role's or a database's connection limit).
+bool out_of_connections(const Error &e);
 // A queue of statements over several connections: each connection runs
 // the next statement of `work` as soon as its own has answered, until all
 // have; done(i, answer) for each as it answers (answer as answer() reads
 // it); tick() at least every tick_ms while waiting (none if empty). Every
 // wait interruptible; a remote error is thrown as collect_statement throws
 // it (with prefix; the caller cancels the others, e.g. by closing them).
+// A statement of the queue whose own connection could not be made (a node
+// at max_connections, 53300 there: its message) is given back to the queue
+// and its session stops taking items, with a WARNING, while another
+// session still works; the last one's failure is thrown.
 void run_queue(const std::vector<PGconn *> &conns, const std::vector<std::string> &work, const char *prefix,
                const std::function<void(size_t, const std::string &)> &done, const std::function<void()> &tick,
                long tick_ms);

@@ -278,7 +278,19 @@ int64 delete_rows(const char *conn, const DeletePlan *plan, const std::string &m
             if (i == 0) {
                 parts[i].conn = named;
             } else {
-                parts[i].own = std::make_unique<Remote>(info, false, plan->origin);
+                // A node at max_connections: the sessions it gave delete,
+                // each a larger range.
+                try {
+                    parts[i].own = std::make_unique<Remote>(info, false, plan->origin);
+                } catch (const Error &e) {
+                    if (!out_of_connections(e)) throw;
+                    warn(format("the delete of move %s runs in %d sessions, not %d: %s", plan->origin, i, nparts,
+                                e.what()),
+                         "Raise max_connections there, or lower sharding.move_parallel.");
+                    nparts = i;
+                    parts.resize(i);
+                    break;
+                }
                 parts[i].conn = parts[i].own->conn();
                 run_on(parts[i].conn, "SET search_path = pg_catalog, pg_temp");
             }
@@ -297,7 +309,7 @@ int64 delete_rows(const char *conn, const DeletePlan *plan, const std::string &m
                     continue;
                 }
             }
-            int n = parts_for(blocks[t], sessions);
+            const int n = std::min(parts_for(blocks[t], sessions), nparts);
             for (int i = 0; i < nparts; i++)
                 sql[i] = i >= n ? std::string()
                                 : "SELECT sharding._move_delete_local(" + lit(std::string(plan->rels[t])) +

@@ -708,7 +708,15 @@ void copy_rows(OnlineMove &m) {
         std::vector<std::unique_ptr<Remote>> own;
         std::vector<PGconn *> conns;
         for (int i = 0; i < nsessions; i++) {
-            own.push_back(std::make_unique<Remote>(info, false, name, options));
+            // A destination at max_connections: the sessions it gave copy.
+            try {
+                own.push_back(std::make_unique<Remote>(info, false, name, options));
+            } catch (const Error &e) {
+                if (i == 0 || !out_of_connections(e)) throw;
+                warn(format("move %s copies in %d sessions, not %d: %s", name.c_str(), i, nsessions, e.what()),
+                     "Raise max_connections at the destination, or lower sharding.move_parallel.");
+                break;
+            }
             conns.push_back(own.back()->conn());
             own.back()->run("SET search_path = pg_catalog, pg_temp");
             nice_session(conns.back(), std::atoi(nice.c_str()));
