@@ -502,10 +502,12 @@ void note_expected(const std::string &live_where, const std::vector<CopyTable> &
 // Before the source's copy of the shard is deleted, the rows at both ends
 // are compared (sharding.move_verify, docs/moves.md "Verified before
 // anything is deleted"): per table, the count and an order-independent
-// checksum (the sum, as numeric, of sharding.hash64 of each row's text
-// form: XXH3 of the row as the type output functions spell it under fixed
-// output settings, the same on every PostgreSQL major) of the shard's rows,
-// with the move's own filter and column list.
+// checksum (the exact sum of sharding.hash64 of each row's text form, XXH3
+// of the row as the type output functions spell it under fixed output
+// settings, the same on every PostgreSQL major; summed as sum(bigint) sums:
+// numeric, accumulated in 128 bits, the same value as a sum of each hash
+// cast to numeric, about a seventh faster) of the shard's rows, with the
+// move's own filter and column list.
 //
 // The source's rows are frozen since the cutover (then refused by its
 // guard, which follows the new owner), so they are read after the switch,
@@ -562,7 +564,7 @@ std::optional<Difference> compare_copies(const std::vector<CopyTable> &tables) {
             Text leaf = dbl(conn, leaf_of);
             return "SELECT pg_catalog.count(*)::text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) "
                    "coalesce(pg_catalog.sum(sharding.hash64((ROW(" + t.cols +
-                   "))::text)::numeric), 0)::text FROM " + leaf.value_or(t.rel) + " WHERE " + t.filter;
+                   "))::text)), 0)::text FROM " + leaf.value_or(t.rel) + " WHERE " + t.filter;
         };
         const std::string src_sql = sql_from(kSrc), dst_sql = sql_from(kVerify);
         if (PQsendQuery(src, src_sql.c_str()) == 0)
