@@ -347,6 +347,64 @@ int64 delete_rows(const char *conn, const DeletePlan *plan, const std::string &m
     return total;
 }
 
+// The deferred clean-up's delete (delete_shard_rows, batched): over the
+// named connection alone, under the move's origin set up for the session,
+// each range of kBatchPages blocks of a table its own statement and so its
+// own transaction (a shard's leaf truncated in one), then the filter once
+// more over the whole table, for rows a concurrent VACUUM FULL moved into
+// a range already done. A crash or cancel leaves what is not yet deleted
+// to the next attempt; the count is what this one deleted.
+constexpr int64 kBatchPages = 1024;  // 8 MB of heap
+int64 delete_batched(const char *conn, const DeletePlan *plan) {
+    PGconn *named = named_connection(conn);
+    const std::string origin = lit(std::string(plan->origin));
+    int64 total = 0;
+    run_on(named, "SET session_replication_role = replica; "
+                  "SELECT pg_catalog.pg_replication_origin_session_reset() "
+                  "WHERE pg_catalog.pg_replication_origin_session_is_setup(); "
+                  "SELECT pg_catalog.pg_replication_origin_create(" + origin + ") "
+                  "WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_origin WHERE roname = " + origin + "); "
+                  "SELECT pg_catalog.pg_replication_origin_session_setup(" + origin + ")");
+    try {
+        for (int t = 0; t < plan->ntables; t++) {
+            const std::string rel = plan->rels[t], filter = plan->filters[t];
+            const std::string leaf =
+                run_on(named, "SELECT s.leaf FROM (" + shard_leaves_sql(lit(rel) + "::pg_catalog.regclass") +
+                                  ") s WHERE s.shard = " + lit(filter));
+            if (!leaf.empty()) {
+                run_on(named, "BEGIN");
+                const int64 truncated = truncate_leaf(named, leaf);
+                run_on(named, "COMMIT");
+                if (truncated >= 0) {
+                    total += truncated;
+                    continue;
+                }
+            }
+            const std::string del = "SELECT sharding._move_delete_local(" + lit(rel) + "::pg_catalog.regclass, ";
+            const int64 blocks = std::strtoll(run_on(named, blocks_query(rel)).c_str(), nullptr, 10);
+            const int n = (int)std::max<int64>(1, (blocks + kBatchPages - 1) / kBatchPages);
+            for (int i = 0; i < n; i++) total += count_of(run_on(named, del + lit(part_condition(filter, blocks, i, n)) + ")"), conn);
+            if (n > 1) total += count_of(run_on(named, del + lit(filter) + ")"), conn);
+        }
+    } catch (...) {
+        try {
+            cancel_and_drain(named);
+            run_on(named, "ROLLBACK; RESET session_replication_role; SELECT pg_catalog.pg_replication_origin_session_reset() "
+                          "WHERE pg_catalog.pg_replication_origin_session_is_setup()");
+        } catch (...) {
+            // The connection is gone or unusable: the caller starts from a fresh one.
+        }
+        throw;
+    }
+    run_on(named, "RESET session_replication_role; SELECT pg_catalog.pg_replication_origin_session_reset()");
+    try {
+        run_on(named, "SELECT pg_catalog.pg_replication_origin_drop(" + origin + ")");
+    } catch (const Error &) {
+        // In use by a session not yet gone: dropped by the next move of the shard.
+    }
+    return total;
+}
+
 }  // namespace
 
 // Origin states free at a node (review RB-9): an origin set up or
@@ -411,7 +469,7 @@ void drop_left_origins(const char *conn, const std::string &name) {
     }
 }
 
-int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key) {
+int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key, bool batched) {
     // An unknown map is 42704, even without tables.
     (void)require_map(Text(map), false);
     const std::string origin = journal_move_name(map, logical);
@@ -428,7 +486,7 @@ int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical,
         plan = glue(make_plan, origin.c_str(), (int)now.size(), rels.data(), filters.data());
     }
     if (plan->ntables == 0) return 0;
-    return delete_rows(conn, plan, map, logical);
+    return batched ? delete_batched(conn, plan) : delete_rows(conn, plan, map, logical);
 }
 
 }  // namespace sharding::move

@@ -113,8 +113,11 @@ MoveResult move_online(const Text &map, int32 logical, const Text &key, const st
 // -1 right after it, the journal row left in phase cleanup without an
 // executor; the next finish of the move (_move_recover, the cleaner
 // started by execute) deletes the rows.
+// batched: the source's rows deleted a range of blocks per transaction
+// (delete_shard_rows; the deferred clean-up's).
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
-             const Text &new_epoch, const std::function<void()> &before_delete = nullptr, bool defer = false);
+             const Text &new_epoch, const std::function<void()> &before_delete = nullptr, bool defer = false,
+             bool batched = false);
 bool undo(const std::string &map, int32 logical, const Text &key);  // false: finished instead
 // How many moves are in flight (a live executor, copying to cleanup) into
 // or out of a node of the live move of (map, logical), itself included
@@ -128,8 +131,13 @@ bool undo(const std::string &map, int32 logical, const Text &key);  // false: fi
 int moves_sharing(const std::string &map, int32 logical);
 // The rows of a move's shard deleted at one end over the named connection
 // conn (kSrc after the switch, kDst when undone), by the plan its journal
-// row fixed (move_delete.cpp); how many.
-int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key);
+// row fixed (move_delete.cpp); how many. batched: in one session, a
+// transaction per range of blocks (a deferred clean-up: nobody waits for
+// it, and no long transaction at the source holds up another move's slot
+// or VACUUM there); otherwise all in one transaction per session,
+// committed together.
+int64 delete_shard_rows(const char *conn, const std::string &map, int32 logical, const Text &key,
+                        bool batched = false);
 void call_fn(const char *conn, const std::string &fn, const std::string &map, int32 logical);
 
 // A live move as move_abandon reads its journal row.

@@ -448,7 +448,10 @@ std::string resolve(int64 id, const std::string &final_phase) {
             epoch = spi_value("SELECT s.epoch::text FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2::integer",
                               {j.map.c_str(), l.c_str()});
         }
-        finish(j.map, j.logical, j.key, must(j.destination), epoch);
+        // A deferred clean-up (its executor let go of it: no pid, no
+        // error) deletes in batches; a move interrupted in its clean-up as
+        // its executor deletes.
+        finish(j.map, j.logical, j.key, must(j.destination), epoch, nullptr, false, !j.pid && !j.error);
         result = to_text(Phase::Done);
     } else {
         // The source thaws inside undo, once the destination has said it

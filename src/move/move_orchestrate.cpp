@@ -1005,7 +1005,7 @@ void call_fn(const char *conn, const std::string &fn, const std::string &map, in
 // source, closes the journal. Connections sharding_move_src/_dst/_self are
 // open. Returns the rows deleted at the source.
 int64 finish(const std::string &map, int32 logical, const Text &key, const std::string &destination,
-             const Text &new_epoch, const std::function<void()> &before_delete, bool defer) {
+             const Text &new_epoch, const std::function<void()> &before_delete, bool defer, bool batched) {
     const std::string name = journal_move_name(map, logical);
     const std::string logical_s = std::to_string(logical);
     // The source's guard must see the new owner before its shard thaws
@@ -1051,7 +1051,7 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
         debug_at("move " + name + ": clean-up deferred");
         return -1;
     }
-    const int64 deleted = delete_shard_rows(kSrc, map, logical, key);
+    const int64 deleted = delete_shard_rows(kSrc, map, logical, key, batched);
     drop_left_origins(kSrc, name);
     drop_left_origins(kDst, name);
     journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(DONE) ", phase_started = pg_catalog.now(), "

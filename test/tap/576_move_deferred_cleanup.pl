@@ -19,7 +19,7 @@
 #   3. isolate cleans up before it returns, whatever the setting.
 #   4. The coordinator without shared_preload_libraries: the cleaner (a
 #      dynamic background worker) still deletes the source's rows, without
-#      a further call.
+#      a further call, a table larger than 16 MB in several transactions.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -176,6 +176,12 @@ is($a->safe_psql('n1', "SELECT count(*) FROM accounts WHERE tenant = '$whale'"),
 is($b->safe_psql('n2', "SELECT count(*) FROM accounts WHERE tenant = '$whale'"), $before, "isolate: n2 has all $before");
 
 # ------------------------------------------------------------------ 4. without shared_preload_libraries
+# S3 grows by 200,000 rows at n1 first: the cleaner deletes a table of
+# several ranges of 1,024 blocks, a transaction each.
+my $t3 = (shard_tenants($coord, $S3))[1];
+$a->safe_psql('n1', "INSERT INTO accounts SELECT '$t3', 2000000 + i, md5(i::text) || md5(i::text) FROM generate_series(1, 200000) i");
+ok($a->safe_psql('n1', "SELECT pg_relation_size('accounts') > 2 * 1024 * 8192") eq 't',
+	'accounts at n1 spans more than two ranges of 1,024 blocks');
 $coord->adjust_conf('postgresql.conf', 'shared_preload_libraries', "''");
 $coord->restart;
 is($coord->safe_psql('coord', "SELECT count(*) FROM pg_settings WHERE name = 'sharding.max_move_workers'"), '0',
