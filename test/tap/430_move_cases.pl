@@ -195,7 +195,12 @@ qn('n1', "SET session_replication_role = replica;
           INSERT INTO accounts SELECT tenant, 50000000 + row_number() OVER (), 'stale' FROM (SELECT unnest('$HOT'::text[]) AS tenant) t, generate_series(1, 5);
           CREATE PUBLICATION $name1 FOR TABLE accounts; SELECT pg_create_logical_replication_slot('$name1', 'pgoutput');
           SELECT sharding._freeze_shard('bank', $S)");
-qn('coord', "INSERT INTO sharding.move_journal (map, logical, source, destination, phase, name) VALUES ('bank', $S, 'n1', 'n2', 'cleanup', '$name1')");
+# A crashed executor's row keeps its pid (execute records it when it
+# starts): the pid of a backend that has ended. (A row in 'cleanup' with no
+# pid and no error is a clean-up deferred to its cleaner, which the next
+# call leaves alone for 10 s: sharding.move_cleanup, docs/moves.md.)
+my $dead = qn('coord', 'SELECT pg_backend_pid()');
+qn('coord', "INSERT INTO sharding.move_journal (map, logical, source, destination, phase, name, pid) VALUES ('bank', $S, 'n1', 'n2', 'cleanup', '$name1', $dead)");
 is(qn('n1', "SELECT (SELECT count(*) FROM accounts WHERE $in_s) || '|' || (SELECT count(*) FROM sharding.frozen_shards)
              || '|' || (SELECT count(*) FROM pg_publication WHERE pubname = '$name1') || '|' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$name1')"),
 	(@hot * 5) . '|1|1|1', 'leftovers of a switched move in place: stale rows, a frozen shard, publication and slot at n1');
