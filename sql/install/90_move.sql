@@ -86,7 +86,10 @@ CREATE TABLE sharding.move_journal (
     -- internal: what the copy is expected to send (estimated at the source
     -- when it starts) and when it started: move_progress.time_left
     rows_expected bigint,
-    copy_started  timestamptz
+    copy_started  timestamptz,
+    -- internal: the executor left the source's delete to the move cleaner
+    -- (sharding.move_cleanup = deferred; the row stays in phase cleanup)
+    cleanup_deferred boolean NOT NULL DEFAULT false
 );
 -- At most one live move per shard, and per key for isolate.
 CREATE UNIQUE INDEX move_journal_live_shard ON sharding.move_journal (map, logical)

@@ -706,7 +706,7 @@ void sharding_jobs_cleaner_main(Datum arg) {
     // cancelled delete, a source out of reach), then left to the launcher
     // and the next call.
     static const char *const kLeft =
-        "SELECT pg_catalog.count(*) FROM sharding.move_journal m WHERE m.phase = " PHASE_SQL(CLEANUP) " AND m.pid IS NULL "
+        "SELECT pg_catalog.count(*) FROM sharding.move_journal m WHERE m.phase = " PHASE_SQL(CLEANUP) " AND m.cleanup_deferred "
         "AND NOT EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
         "AND l.classid = (pg_catalog.hashtext('sharding.move_journal'))::oid AND l.objsubid = 2 "
         "AND l.objid = ((m.move OPERATOR(pg_catalog.%) 2147483647)::integer)::oid "

@@ -199,14 +199,19 @@ int64 count_of(const std::string &n, const char *conn) {
     return v;
 }
 
-std::string begin_sql(const std::string &origin) {
-    return "BEGIN; SET LOCAL session_replication_role = replica; "
+// The statements that make a session's changes carry the move's origin
+// (origin: a quoted literal), made if missing; scope "LOCAL " for a
+// transaction, "" for the session.
+std::string origin_setup_sql(const std::string &origin, const char *scope) {
+    return std::string("SET ") + scope + "session_replication_role = replica; "
            "SELECT pg_catalog.pg_replication_origin_session_reset() "
            "WHERE pg_catalog.pg_replication_origin_session_is_setup(); "
            "SELECT pg_catalog.pg_replication_origin_create(" + origin + ") "
            "WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_origin WHERE roname = " + origin + "); "
            "SELECT pg_catalog.pg_replication_origin_session_setup(" + origin + ")";
 }
+
+std::string begin_sql(const std::string &origin) { return "BEGIN; " + origin_setup_sql(origin, "LOCAL "); }
 
 // The deletes, in one transaction per session: all in the named
 // connection's for small tables; for large ones also in sessions of their
@@ -359,12 +364,7 @@ int64 delete_batched(const char *conn, const DeletePlan *plan) {
     PGconn *named = named_connection(conn);
     const std::string origin = lit(std::string(plan->origin));
     int64 total = 0;
-    run_on(named, "SET session_replication_role = replica; "
-                  "SELECT pg_catalog.pg_replication_origin_session_reset() "
-                  "WHERE pg_catalog.pg_replication_origin_session_is_setup(); "
-                  "SELECT pg_catalog.pg_replication_origin_create(" + origin + ") "
-                  "WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_origin WHERE roname = " + origin + "); "
-                  "SELECT pg_catalog.pg_replication_origin_session_setup(" + origin + ")");
+    run_on(named, origin_setup_sql(origin, ""));
     try {
         for (int t = 0; t < plan->ntables; t++) {
             const std::string rel = plan->rels[t], filter = plan->filters[t];

@@ -42,6 +42,9 @@ Text journal(const std::string &sql);
 std::string move_name(const std::string &map, int32 logical, const std::string &tag = std::string());
 // This coordinator's tag (md5 of the system identifier and database OID).
 std::string coordinator_tag();
+// Whether move_journal has a column (a database whose SQL is older than
+// the library: the columns 1.4 added are missing until ALTER EXTENSION).
+bool journal_has(const char *column);
 // Whether move_journal has its column name.
 bool journal_has_name();
 // The name of the live move of a shard, as its journal row stores it (a

@@ -60,17 +60,14 @@ struct JournalRow {
     int32 logical = 0;
     Text key, source, destination, new_epoch, pid, error, error_state, error_detail, error_hint, job;
     Oid runas = InvalidOid;  // the role the move runs as (docs/moves.md, "Rights")
+    bool cleanup_deferred = false;  // its executor left the source's delete to the cleaner
 };
 
 // Whether the journal records the role of each move (1.4's SQL). A
 // database still at 1.3's SQL (the library updated, ALTER EXTENSION not yet
 // run) has no such column: its moves act as 1.3's did, with the rights of
 // whoever acts on them, until it is updated.
-bool journal_has_runas() {
-    return spi_value("SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
-                     "pg_catalog.to_regclass('sharding.move_journal') AND a.attname = 'runas' AND NOT a.attisdropped)",
-                     {}) == Text("t");
-}
+bool journal_has_runas() { return journal_has("runas"); }
 
 JournalRow read_row(int64 id) {
     const std::string ids = std::to_string(id);
@@ -78,7 +75,9 @@ JournalRow read_row(int64 id) {
                                         "m.new_epoch::text, m.pid::text, m.error, m.error_state, m.error_detail, "
                                         "m.error_hint, ") +
                             (journal_has_runas() ? "m.runas::text" : "NULL::text") +
-                            ", m.job::text FROM sharding.move_journal m WHERE m.move = $1::bigint";
+                            ", m.job::text, " +
+                            (journal_has("cleanup_deferred") ? "m.cleanup_deferred::text" : "'f'") +
+                            " FROM sharding.move_journal m WHERE m.move = $1::bigint";
     std::vector<Row> r = spi_rows(sql.c_str(), {ids.c_str()});
     JournalRow j;
     if (r.empty()) return j;
@@ -97,6 +96,7 @@ JournalRow read_row(int64 id) {
     j.error_hint = r[0][11];
     if (r[0][12]) j.runas = static_cast<Oid>(std::strtoul(r[0][12]->c_str(), nullptr, 10));
     j.job = r[0][13];
+    j.cleanup_deferred = r[0][14] == Text("t");
     return j;
 }
 
@@ -448,10 +448,10 @@ std::string resolve(int64 id, const std::string &final_phase) {
             epoch = spi_value("SELECT s.epoch::text FROM sharding.shards s WHERE s.map = $1 AND s.logical = $2::integer",
                               {j.map.c_str(), l.c_str()});
         }
-        // A deferred clean-up (its executor let go of it: no pid, no
-        // error) deletes in batches; a move interrupted in its clean-up as
-        // its executor deletes.
-        finish(j.map, j.logical, j.key, must(j.destination), epoch, nullptr, false, !j.pid && !j.error);
+        // A deferred clean-up (its journal row says so) deletes in
+        // batches; a move interrupted in its clean-up as its executor
+        // deletes.
+        finish(j.map, j.logical, j.key, must(j.destination), epoch, nullptr, false, j.cleanup_deferred);
         result = to_text(Phase::Done);
     } else {
         // The source thaws inside undo, once the destination has said it
@@ -645,9 +645,10 @@ int32 recover(bool skip_fresh_deferred) {
                                "OR EXISTS (SELECT FROM pg_catalog.pg_extension e WHERE e.extname = 'sharding' "
                                "AND e.extowner = $1::oid)) "
                              : "AND $1::oid IS NOT NULL ") +
-        (skip_fresh_deferred ? "AND NOT (m.phase = " PHASE_SQL(CLEANUP) " AND m.pid IS NULL AND m.error IS NULL "
-                               "AND m.phase_started > pg_catalog.clock_timestamp() - interval '10 s') "
-                             : "") +
+        (skip_fresh_deferred && journal_has("cleanup_deferred")
+             ? "AND NOT (m.phase = " PHASE_SQL(CLEANUP) " AND m.cleanup_deferred AND m.error IS NULL "
+               "AND m.phase_started > pg_catalog.clock_timestamp() - interval '10 s') "
+             : "") +
         "ORDER BY m.move";
     for (Row &r : spi_rows(sql.c_str(), {me.c_str()})) {
         const int64 id = std::strtoll(must(r[0]).c_str(), nullptr, 10);

@@ -1045,7 +1045,10 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             catch_up(m);
             cut_over(m);
             // cleanup: after the switch, the copies compared first.
-            const bool defer = may_defer && !m.key && move_cleanup == static_cast<int>(Cleanup::Deferred);
+            // (Never with a journal older than the library: without its
+            // column cleanup_deferred, a deferred row would not say so.)
+            const bool defer = may_defer && !m.key && move_cleanup == static_cast<int>(Cleanup::Deferred) &&
+                               journal_has("cleanup_deferred");
             m.out.moved = finish(m.map, m.logical, m.key, m.node, m.out.new_epoch, [&] { verify_copies(m); }, defer);
             if (m.out.moved < 0) {
                 m.out.deferred = true;

@@ -703,11 +703,13 @@ std::string coordinator_tag() {
 
 // Whether the journal has its column name (not while the library is newer
 // than the extension's SQL, before ALTER EXTENSION UPDATE).
-bool journal_has_name() {
+bool journal_has(const char *column) {
     return spi_value("SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a WHERE a.attrelid = "
-                     "pg_catalog.to_regclass('sharding.move_journal') AND a.attname = 'name' AND NOT a.attisdropped)",
-                     {}) == Text("t");
+                     "pg_catalog.to_regclass('sharding.move_journal') AND a.attname = $1 AND NOT a.attisdropped)",
+                     {column}) == Text("t");
 }
+
+bool journal_has_name() { return journal_has("name"); }
 
 // The name of the live move of a shard: the one its journal row stores
 // (written when the row is, move_name with this coordinator's tag); a row
@@ -1042,12 +1044,12 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
              map.c_str());
     if (before_delete) before_delete();
     if (defer) {
-        // The clean-up deferred: the row stays in phase cleanup, with no
-        // pid once the executor lets go (its executor lock), for the
-        // cleaner; the source's rows are refused to writers (the guard)
-        // and routed nowhere meanwhile.
-        journal("UPDATE sharding.move_journal SET phase_started = pg_catalog.now(), lag_bytes = 0, pid = NULL "
-                "WHERE map = " + lit(map) + " AND logical = " + logical_s + " AND " + kLive);
+        // The clean-up deferred: the row stays in phase cleanup, marked
+        // cleanup_deferred, with no pid once the executor lets go (its
+        // executor lock), for the cleaner; the source's rows are refused
+        // to writers (the guard) and routed nowhere meanwhile.
+        journal("UPDATE sharding.move_journal SET phase_started = pg_catalog.now(), lag_bytes = 0, pid = NULL, "
+                "cleanup_deferred = true WHERE map = " + lit(map) + " AND logical = " + logical_s + " AND " + kLive);
         debug_at("move " + name + ": clean-up deferred");
         return -1;
     }

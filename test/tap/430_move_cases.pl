@@ -196,9 +196,9 @@ qn('n1', "SET session_replication_role = replica;
           CREATE PUBLICATION $name1 FOR TABLE accounts; SELECT pg_create_logical_replication_slot('$name1', 'pgoutput');
           SELECT sharding._freeze_shard('bank', $S)");
 # A crashed executor's row keeps its pid (execute records it when it
-# starts): the pid of a backend that has ended. (A row in 'cleanup' with no
-# pid and no error is a clean-up deferred to its cleaner, which the next
-# call leaves alone for 10 s: sharding.move_cleanup, docs/moves.md.)
+# starts): the pid of a backend that has ended. Its clean-up was not
+# deferred (cleanup_deferred false: a deferred one, sharding.move_cleanup,
+# the next call leaves to its cleaner for 10 s).
 my $dead = qn('coord', 'SELECT pg_backend_pid()');
 qn('coord', "INSERT INTO sharding.move_journal (map, logical, source, destination, phase, name, pid) VALUES ('bank', $S, 'n1', 'n2', 'cleanup', '$name1', $dead)");
 is(qn('n1', "SELECT (SELECT count(*) FROM accounts WHERE $in_s) || '|' || (SELECT count(*) FROM sharding.frozen_shards)

@@ -127,8 +127,8 @@ my $mv = psql_bg($coord, 'coord', "SELECT sharding.move_shard_online('bank', $S,
 my $lock = hold_delete($a, 'n1', $S, $gate);
 ok(wait_for_sql($a, 'n1', $delete_waits, '1', 120), 'cancel: the source-side delete waits for the row lock');
 in_parts($a, 'n1', 'cancel', 2000000);
-is($coord->safe_psql('coord', "SELECT phase FROM sharding.move_journal WHERE logical = $S ORDER BY move DESC LIMIT 1"), 'cleanup',
-	'cancel: the move has switched (journal cleanup)');
+is($coord->safe_psql('coord', "SELECT phase || ' ' || cleanup_deferred FROM sharding.move_journal WHERE logical = $S ORDER BY move DESC LIMIT 1"),
+	'cleanup false', 'cancel: the move has switched (journal cleanup), its clean-up not deferred (sharding.move_cleanup immediate)');
 my $first = $a->safe_psql('n1', "SELECT pid FROM pg_stat_activity WHERE $deleting AND wait_event_type = 'Lock'");
 is($coord->safe_psql('coord', "SELECT pg_cancel_backend(" . mover_pid($coord) . ")"), 't', 'cancel: the caller is cancelled');
 # The cancelled DELETE rolled back; the caller's own finish deletes again,

@@ -120,6 +120,8 @@ is(both($b, 'n2', $S1), $sum1, 'S1: n2 has every row of both tables');
 ok(wait_for_sql($a, 'n1', "SELECT count(*) > 0 FROM pg_stat_activity WHERE " . deleting() . " AND wait_event_type = 'Lock'", 't', 60),
 	"S1: the cleaner's delete waits at n1 for the held row");
 is(journal_of($S1), 'cleanup', 'S1: its journal row is in phase cleanup meanwhile');
+is($coord->safe_psql('coord', "SELECT cleanup_deferred FROM sharding.move_journal WHERE map = 'bank' AND logical = $S1 ORDER BY move DESC LIMIT 1"),
+	't', 'S1: its journal row says the clean-up is deferred (cleanup_deferred)');
 ok(wait_for_sql($coord, 'coord', "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'sharding move cleaner'", '1', 30),
 	'S1: a move cleaner runs at the coordinator');
 is(count_of($a, 'n1', $S1) =~ m{^[1-9]\d*/} ? 'kept' : 'gone', 'kept', "S1: n1 still has S1's accounts rows");
@@ -174,6 +176,8 @@ my $before = $a->safe_psql('n1', "SELECT count(*) FROM accounts WHERE tenant = '
 ok($out > 0, "isolate moves $out rows of $whale") or diag($err);
 is($a->safe_psql('n1', "SELECT count(*) FROM accounts WHERE tenant = '$whale'"), '0', 'isolate: n1 keeps none when it returns');
 is($b->safe_psql('n2', "SELECT count(*) FROM accounts WHERE tenant = '$whale'"), $before, "isolate: n2 has all $before");
+is($coord->safe_psql('coord', "SELECT phase || ' ' || cleanup_deferred FROM sharding.move_journal WHERE key = '$whale' ORDER BY move DESC LIMIT 1"),
+	'done false', 'isolate: its journal row is done, its clean-up never deferred');
 
 # ------------------------------------------------------------------ 4. without shared_preload_libraries
 # S3 grows by 200,000 rows at n1 first: the cleaner deletes a table of
