@@ -897,6 +897,7 @@ GRANT EXECUTE ON FUNCTION sharding._coordinator_dsn() TO sharding_admin;
 -- modulo 2^64, of hash64 of each row's text form. The settings that change
 -- text forms are pinned, so the same rows give the same result on any node
 -- of the same PostgreSQL major version.
+-- @object sharding.shard_checksum
 CREATE FUNCTION sharding.shard_checksum(map text, logical integer, tbl regclass)
     RETURNS TABLE(rows bigint, checksum bigint)
     LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -932,7 +933,7 @@ BEGIN
                   HINT = 'Record its key column with sharding.distribute(tbl, key_column, map).';
     END IF;
     has_pins := EXISTS (SELECT FROM sharding.pins AS p WHERE p.map = shard_checksum.map);
-    EXECUTE format('SELECT count(*), coalesce(sum(sharding.hash64(t::text)::numeric), 0) FROM %s AS t
+    EXECUTE format('SELECT count(*), coalesce(sum(sharding.hash64(t::text)), 0) FROM %s AS t
                      WHERE sharding.logical_shard($1, t.%I) OPERATOR(pg_catalog.=) $2 %s',
                    tbl, col,
                    CASE WHEN has_pins THEN format('AND NOT EXISTS (SELECT FROM sharding.pins AS p
@@ -940,6 +941,8 @@ BEGIN
                    ELSE '' END)
        INTO rows, s
       USING map, logical;
+    -- (sum(bigint) adds exactly, in 128 bits, and returns numeric: no cast
+    -- of each hash to numeric is needed.)
     s := mod(s, 18446744073709551616);  -- takes the sign of the sum
     IF s < 0 THEN
         s := s + 18446744073709551616;
@@ -952,3 +955,4 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION sharding.shard_checksum(text, integer, regclass) IS
     'rows and order-independent checksum of a distributed table''s rows in one logical shard (unpinned keys)';
+-- @end

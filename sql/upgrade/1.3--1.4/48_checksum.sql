@@ -1,0 +1,4 @@
+-- shard_checksum sums hash64 as bigint (PostgreSQL's sum(bigint) is exact,
+-- in 128 bits) rather than casting each row's hash to numeric: the same
+-- result, less work per row (the move engine's verification does the same).
+-- @replace sharding.shard_checksum
