@@ -1,0 +1,113 @@
+# Parallel moves spread over the nodes (docs/rebalance.md, Parallelism and
+# limits; issue 38): of a job's queued moves, a runner claims first the one
+# with the fewest of the job's moves in flight at its source or
+# destination, in plan order among equals. Map bank: 4 shards on n1 and 4
+# on n2; a job over n1..n4 with max_parallel 2 moves 2 shards of each
+# source, into n3 and n4. The journal's plan order puts two moves out of
+# the same source first (checked, so that the test shows the order is not
+# the plan's); with both sources' tables held (SHARE mode: the moves' first
+# statement there waits), the two moves in flight must share no node (one
+# out of n1, one out of n2, into different destinations). Then the holds
+# go: the job ends done, every row is where node_for says on every node
+# (the counts of the start), nothing of the moves is left.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+use lib 'lib';
+use ShardingNode;
+use JobsCluster;
+
+my ($c, $d) = jobs_cluster(rows => 4000);
+my $q = sub { return $c->safe_psql('coord', $_[0]); };
+
+# A fourth data node, n4, on the data instance, with the same tables.
+$d->safe_psql('postgres', 'CREATE DATABASE n4');
+$d->safe_psql('n4', "CREATE EXTENSION dblink; CREATE EXTENSION sharding;
+    CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
+    CREATE TABLE events (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
+    CREATE INDEX ON accounts (tenant); CREATE INDEX ON events (tenant);
+    CREATE UNIQUE INDEX accounts_identity ON accounts (id, tenant);
+    ALTER TABLE accounts REPLICA IDENTITY USING INDEX accounts_identity;
+    CREATE UNIQUE INDEX events_identity ON events (id, tenant);
+    ALTER TABLE events REPLICA IDENTITY USING INDEX events_identity;");
+$q->("SELECT sharding.add_node('n4', 'host=" . $d->host . " port=" . $d->port . " dbname=n4');
+      SELECT sharding.attach_node('n4')");
+my $follows = 0;
+for (1 .. 300)
+{
+	$follows = $d->safe_psql('n4', "SELECT count(*) FROM sharding.shards WHERE map = 'bank'");
+	last if $follows == 8;
+	usleep(100_000);
+}
+is($follows, '8', 'n4 follows the map');
+
+my @nodes = qw(n1 n2 n3 n4);
+my $counts = sub {
+	return join ' ', map { my $n = $_; $d->safe_psql($n, 'SELECT (SELECT count(*) FROM accounts) + (SELECT count(*) FROM events)') } @nodes;
+};
+my $total_before = 0;
+$total_before += $_ for split / /, $counts->();
+is($total_before, 8000, 'n1..n4 hold the 8,000 rows of both tables');
+
+# The sources' tables held: each move's CREATE PUBLICATION at its source waits.
+my %hold;
+for my $n (qw(n1 n2))
+{
+	$hold{$n} = $d->background_psql($n, on_error_stop => 1);
+	$hold{$n}->query_safe('BEGIN; LOCK TABLE accounts, events IN SHARE MODE');
+}
+
+my $job = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2', 'n3', 'n4'], max_parallel => 2)");
+my @plan = split / /, $q->("SELECT string_agg(source || '>' || destination, ' ' ORDER BY move) FROM sharding.move_journal WHERE job = $job");
+note "plan order: @plan";
+is(scalar(@plan), 4, 'the job plans 4 moves');
+is(join(' ', sort map { (split />/)[0] } @plan), 'n1 n1 n2 n2', 'two moves out of n1, two out of n2');
+is(join(' ', sort map { (split />/)[1] } @plan), 'n3 n3 n4 n4', 'two moves into n3, two into n4');
+my %first = map { $_ => 1 } map { split />/ } @plan[0, 1];
+ok(keys(%first) < 4, "the plan's first two moves share a node ($plan[0], $plan[1]): in plan order they would fly together");
+
+# Both moves in flight, each waiting at its source.
+my $blocked = "SELECT count(*) FROM pg_stat_activity WHERE query ~ '^CREATE PUBLICATION sharding_move_'
+                AND datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0";
+my ($flying, $waiting) = ('', 0);
+my $deadline = time + 90;
+while (time < $deadline)
+{
+	$flying = $q->("SELECT coalesce(string_agg(source || '>' || destination, ' ' ORDER BY move), '')
+	                  FROM sharding.move_journal WHERE job = $job AND $IN_FLIGHT");
+	$waiting = 0;
+	$waiting += $d->safe_psql($_, $blocked) for qw(n1 n2);
+	last if split(/ /, $flying) == 2 && $waiting == 2;
+	usleep(100_000);
+}
+note "in flight: $flying; waiting at the sources: $waiting";
+is(scalar(split / /, $flying), 2, 'two moves are in flight at once');
+is($waiting, 2, 'each waits at its source for the held tables');
+my %in = map { $_ => 1 } map { split />/ } split / /, $flying;
+is(scalar(keys %in), 4, "the two moves in flight share no node ($flying)");
+is($q->("SELECT count(*) FROM sharding.move_journal WHERE job = $job AND phase = 'queued'"), '2', 'the other two wait in the queue');
+
+$hold{$_}->quit for qw(n1 n2);
+is($q->("SELECT sharding.rebalance_wait($job, '180 s')"), 'done', 'the job ends done');
+is($q->("SELECT string_agg(node || ':' || n, ' ' ORDER BY node) FROM (SELECT node, count(*) n FROM sharding.shards WHERE map = 'bank' GROUP BY node) s"),
+	'n1:2 n2:2 n3:2 n4:2', 'two shards on each node');
+my $total_after = 0;
+$total_after += $_ for split / /, $counts->();
+is($total_after, $total_before, 'no row lost nor duplicated (n1..n4 hold the 8,000 rows)');
+for my $n (@nodes)
+{
+	my $owned = $q->("SELECT coalesce(string_agg(logical::text, ','), '-1') FROM sharding.shards WHERE map = 'bank' AND node = '$n'");
+	is($d->safe_psql($n, "SELECT (SELECT count(*) FROM accounts WHERE sharding.logical_shard('bank', tenant) NOT IN ($owned))
+	                         + (SELECT count(*) FROM events WHERE sharding.logical_shard('bank', tenant) NOT IN ($owned))"),
+		'0', "$n holds only rows of the shards it owns ($owned)");
+	is($d->safe_psql($n, "SELECT (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'sharding_move%')
+	                         || '/' || (SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move%')
+	                         || '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%' AND database = '$n')
+	                         || '/' || (SELECT count(*) FROM sharding.frozen_shards)"),
+		'0/0/0/0', "nothing of the moves is left at $n");
+}
+
+done_testing();
