@@ -15,7 +15,8 @@
 # and n4 on i2. Map `bench` has 8 shards over n1 and n2, one distributed
 # table of BENCH_ROWS rows (default 2,000,000: 250,000 per shard). Each
 # round times each job with max_parallel 1 and with 2 (order alternating),
-# moving the shards back in between (untimed). Median of BENCH_RUNS rounds
+# moving each shard back to where it started in between (untimed; both jobs
+# of a round make the same moves, checked). Median of BENCH_RUNS rounds
 # (default 3). Not part of the test command:
 #
 #   SHARDING_PGROOT=/tmp/pgroot bash test/bench/jobs/run.sh
@@ -152,19 +153,44 @@ job() {
     wall=$((($(date +%s%N) - t0) / 1000000))
     sampler_stop >&2
     [ -n "${BENCH_TIMELINE:-}" ] && timeline "$j" "$(awk -v t="$t0" 'BEGIN { printf "%.3f", t / 1e9 }')" >&2
+    moves "$j" >"$ROOT/last_moves"
     echo "$wall $(qn coord -c "SELECT round(sum(extract(epoch FROM m.finished - m.started)) * 1000)::bigint || ' ' || count(*)
                                    || ' ' || round(extract(epoch FROM max(j.finished) - max(j.created)) * 1000)::bigint
                                    FROM sharding.move_journal m JOIN sharding.move_jobs j USING (job)
                                   WHERE m.job = $j AND m.phase = 'done'")"
 }
-# Scenarios: name, nodes of the timed job, nodes of the job moving back.
-SCENARIOS=("one 'n2' 'n1','n2'" "two 'n1','n2','n3','n4' 'n1','n2'")
+# The placement the timed jobs start from, restored after each (untimed):
+# every shard not on its first node moved back there, one after another.
+# (A rebalancing job back over n1 and n2, as before, left the shards in a
+# different placement each time, so the two jobs of a round planned
+# different moves: in one run the sequential job moved n2 -> n3 and
+# n1 -> n4, each between two instances, the parallel one n1 -> n3 and
+# n2 -> n4, each within one instance, whose slot decodes the move's own
+# copy into the destination: 1.5-2 s of catch-up the other job did not
+# have.)
+PLACEMENT=$(qn coord -c "SELECT string_agg(logical || ':' || node, ' ' ORDER BY logical) FROM sharding.shards WHERE map = 'bench'")
+restore() {
+    local l n
+    for ln in $PLACEMENT; do
+        l=${ln%%:*} n=${ln#*:}
+        [ "$(qn coord -c "SELECT node FROM sharding.shards WHERE map = 'bench' AND logical = $l")" = "$n" ] ||
+            qn coord -c "SELECT sharding.move_shard_online('bench', $l, '$n')" >/dev/null
+    done
+    [ "$(qn coord -c "SELECT string_agg(logical || ':' || node, ' ' ORDER BY logical) FROM sharding.shards WHERE map = 'bench'")" = "$PLACEMENT" ] ||
+        { echo "the placement was not restored" >&2; exit 1; }
+}
+# moves JOB: the job's moves, "source>destination" in the order of their shards.
+moves() {
+    qn coord -c "SELECT string_agg(logical || ':' || source || '>' || destination, ' ' ORDER BY logical) FROM sharding.move_journal WHERE job = $1"
+}
+# Scenarios: name, nodes of the timed job.
+SCENARIOS=("one 'n2'" "two 'n1','n2','n3','n4'")
 # BENCH_ONLY=one (or two): that scenario alone.
 [ -n "${BENCH_ONLY:-}" ] && for i in "${!SCENARIOS[@]}"; do [ "${SCENARIOS[$i]%% *}" = "$BENCH_ONLY" ] || unset "SCENARIOS[$i]"; done
 for r in $(seq 1 "$RUNS"); do
     if [ $((r % 2)) -eq 1 ]; then order="1 2"; else order="2 1"; fi
     for sc in "${SCENARIOS[@]}"; do
-        read -r name there back <<<"$sc"
+        read -r name there <<<"$sc"
         for p in $order; do
             # BENCH_P2_SET='sharding.x = v': set for the coordinator's
             # database during the jobs with max_parallel 2 (a trial).
@@ -176,8 +202,13 @@ for r in $(seq 1 "$RUNS"); do
             res=$(job "$there" "$p")
             echo "# round $r, $name destination(s), max_parallel $p: job ${res%% *} ms (in the server $(echo "$res" | cut -d' ' -f4) ms), its moves $(echo "$res" | cut -d' ' -f2) ms in total ($(echo "$res" | cut -d' ' -f3) moves)"
             echo "$res" >"$ROOT/$name.r$r.p$p"
-            BENCH_TIMELINE= job "$back" 2 >/dev/null
+            mv "$ROOT/last_moves" "$ROOT/$name.r$r.p$p.moves"
+            echo "#   its moves (shard:from>to): $(cat "$ROOT/$name.r$r.p$p.moves")"
+            restore
         done
+        # Both jobs of a round are to make the same moves.
+        cmp -s "$ROOT/$name.r$r.p1.moves" "$ROOT/$name.r$r.p2.moves" ||
+            { echo "round $r, $name: the two jobs planned different moves" >&2; exit 1; }
     done
 done
 # Ratios per round (both jobs of a round ran back to back), then the median.
