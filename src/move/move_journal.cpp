@@ -76,7 +76,7 @@ JournalRow read_row(int64 id) {
                                         "m.error_hint, ") +
                             (journal_has_runas() ? "m.runas::text" : "NULL::text") +
                             ", m.job::text, " +
-                            (journal_has("cleanup_deferred") ? "m.cleanup_deferred::text" : "'f'") +
+                            (journal_has("cleanup_deferred") ? "m.cleanup_deferred::text" : "'false'") +
                             " FROM sharding.move_journal m WHERE m.move = $1::bigint";
     std::vector<Row> r = spi_rows(sql.c_str(), {ids.c_str()});
     JournalRow j;
@@ -96,7 +96,7 @@ JournalRow read_row(int64 id) {
     j.error_hint = r[0][11];
     if (r[0][12]) j.runas = static_cast<Oid>(std::strtoul(r[0][12]->c_str(), nullptr, 10));
     j.job = r[0][13];
-    j.cleanup_deferred = r[0][14] == Text("t");
+    j.cleanup_deferred = r[0][14] == Text("true");  // boolean::text
     return j;
 }
 

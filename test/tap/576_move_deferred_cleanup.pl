@@ -190,6 +190,34 @@ $coord->adjust_conf('postgresql.conf', 'shared_preload_libraries', "''");
 $coord->restart;
 is($coord->safe_psql('coord', "SELECT count(*) FROM pg_settings WHERE name = 'sharding.max_move_workers'"), '0',
 	'the coordinator runs without the library preloaded');
-deferred_move($S3, $a, $b, 'S3, without preload,');
+# The cleaner's delete commits range by range: a row of S3 in the last
+# range of accounts held at n1 (once the move's slot exists: its copy held
+# at n2 first), the delete waits for it with the ranges before it already
+# committed (a delete in one transaction would still show every row).
+my $sum3 = both($a, 'n1', $S3);
+my ($acc3) = split m{/}, count_of($a, 'n1', $S3);
+my $hold3 = hold_table($b, 'n2', 'parts');
+my $mv3 = psql_bg($coord, 'coord', $deferred . "SELECT sharding.move_shard_online('bank', $S3, 'n2') > 0");
+ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%_bank_$S3' "
+	  . "AND wait_event_type = 'Lock'", 't', 120), 'S3: its copy waits at n2');
+my $last_hold = psql_bg($a, 'n1', "BEGIN; SELECT 1 FROM accounts WHERE ctid = (SELECT max(ctid) FROM accounts WHERE tenant = '$t3') "
+	  . "FOR UPDATE; SELECT pg_sleep(600)");
+ok(wait_for_sql($a, 'n1', "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep(600)' "
+	  . "AND wait_event = 'PgSleep'", '1', 60), "S3: a row in accounts' last range is held at n1");
+release_table($b, 'n2', $hold3);
+$mv3->{h}->finish;
+like(${ $mv3->{out} }, qr/^t$/, 'S3, without preload, moves from n1 to n2, deferred') or diag(${ $mv3->{err} });
+is(both($b, 'n2', $S3), $sum3, 'S3: n2 has every row of both tables');
+ok(wait_for_sql($a, 'n1', "SELECT count(*) > 0 FROM pg_stat_activity WHERE " . deleting() . " AND wait_event_type = 'Lock'", 't', 60),
+	"S3: the cleaner's delete waits at n1 for the held row");
+my ($acc3_mid) = split m{/}, count_of($a, 'n1', $S3);
+ok($acc3_mid > 0 && $acc3_mid < $acc3,
+	"S3: meanwhile the ranges before it are deleted and committed ($acc3_mid of $acc3 accounts rows left at n1)");
+$a->safe_psql('n1', "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep(600)'");
+$last_hold->{h}->finish;
+ok(wait_for_sql($coord, 'coord', "SELECT phase FROM sharding.move_journal WHERE map = 'bank' AND logical = $S3 ORDER BY move DESC LIMIT 1",
+	'done', 60), 'S3: once released, the cleaner ends its clean-up done');
+is(count_of($a, 'n1', $S3), '0/0', 'S3: n1 keeps none of its rows');
+is(both($b, 'n2', $S3), $sum3, 'S3: n2 still has every row');
 
 done_testing();
