@@ -448,19 +448,22 @@ Text claim(const Text &job) {
     // Interrupted moves first (resumed or rolled back from the journal),
     // then queued ones, those with the fewest of the job's moves in flight
     // at either of their nodes first, in plan order among equals; never two
-    // of one shard at once. (Moves that share no node share neither a
-    // source's slot creation, which waits for the writing transactions
-    // there, nor the decoding of each other's copy: of 4 moves n1 -> n3,
-    // n1 -> n3, n2 -> n4, n2 -> n4 two at a time, the first pair is
-    // n1 -> n3 with n2 -> n4.)
+    // of one shard at once. (Moves that share no node share no session
+    // at a node; on different instances they share neither a source's
+    // slot creation, which waits for the writing transactions there, nor
+    // the decoding of each other's copy: of 4 moves n1 -> n3, n1 -> n3,
+    // n2 -> n4, n2 -> n4 two at a time, the first pair is n1 -> n3 with
+    // n2 -> n4.)
+    // (The moves in flight read once, pg_locks with them.)
     static const std::string candidates =
+        "WITH flying AS MATERIALIZED (" + in_flight() + ") "
         "SELECT m.move::text, m.logical::text, m.source, m.destination, m.phase FROM sharding.move_journal m "
         "WHERE m.job = $1::bigint AND m.phase NOT IN " PHASE_SQL_FINAL " "
-        "AND m.move NOT IN (SELECT f.move FROM (" + in_flight() + ") f) "
-        "AND m.logical NOT IN (SELECT f.logical FROM (" + in_flight() + ") f) "
+        "AND m.move NOT IN (SELECT y.move FROM flying y) "
+        "AND m.logical NOT IN (SELECT y.logical FROM flying y) "
         "AND (NOT $2::boolean OR m.phase <> " PHASE_SQL(QUEUED) ") ORDER BY (m.phase = " PHASE_SQL(QUEUED) "), "
-        "(SELECT pg_catalog.count(*) FROM (" + in_flight() + ") f WHERE f.source IN (m.source, m.destination) "
-        "OR f.destination IN (m.source, m.destination)), m.move";
+        "(SELECT pg_catalog.count(*) FROM flying y WHERE y.source IN (m.source, m.destination) "
+        "OR y.destination IN (m.source, m.destination)), m.move";
     Waits waits;
     // A node pair's capacity, asked once per claim (the nodes answer over
     // the network; nothing this claim does changes it before it returns).

@@ -104,7 +104,7 @@ for my $n (@nodes)
 	                         + (SELECT count(*) FROM events WHERE sharding.logical_shard('bank', tenant) NOT IN ($owned))"),
 		'0', "$n holds only rows of the shards it owns ($owned)");
 	is($d->safe_psql($n, "SELECT (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'sharding_move%')
-	                         || '/' || (SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move%')
+	                         || '/' || (SELECT count(*) FROM pg_subscription WHERE subname LIKE 'sharding_move%' AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database()))
 	                         || '/' || (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'sharding_move%' AND database = '$n')
 	                         || '/' || (SELECT count(*) FROM sharding.frozen_shards)"),
 		'0/0/0/0', "nothing of the moves is left at $n");

@@ -166,11 +166,11 @@ job() {
 # different moves: in one run the sequential job moved n2 -> n3 and
 # n1 -> n4, each between two instances, the parallel one n1 -> n3 and
 # n2 -> n4, each within one instance, whose slot decodes the move's own
-# copy into the destination: 1.5-2 s of catch-up the other job did not
+# copy into the destination: 0.6-2 s of catch-up the other job did not
 # have.)
 PLACEMENT=$(qn coord -c "SELECT string_agg(logical || ':' || node, ' ' ORDER BY logical) FROM sharding.shards WHERE map = 'bench'")
 restore() {
-    local l n
+    local l n ln
     for ln in $PLACEMENT; do
         l=${ln%%:*} n=${ln#*:}
         [ "$(qn coord -c "SELECT node FROM sharding.shards WHERE map = 'bench' AND logical = $l")" = "$n" ] ||
@@ -181,7 +181,7 @@ restore() {
 }
 # moves JOB: the job's moves, "source>destination" in the order of their shards.
 moves() {
-    qn coord -c "SELECT string_agg(logical || ':' || source || '>' || destination, ' ' ORDER BY logical) FROM sharding.move_journal WHERE job = $1"
+    qn coord -c "SELECT string_agg(logical || ':' || source || '>' || destination, ' ' ORDER BY logical, move) FROM sharding.move_journal WHERE job = $1"
 }
 # Scenarios: name, nodes of the timed job.
 SCENARIOS=("one 'n2'" "two 'n1','n2','n3','n4'")
