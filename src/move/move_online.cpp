@@ -1007,6 +1007,16 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     m.name = journal_move_name(m.map, logical);
     m.shards = shards_t.value_or(std::string());
     m.live_where = "WHERE map = " + lit(m.map) + " AND logical = " + m.logical_s + " AND " + kLive;
+    // A deferred clean-up needs the journal's column cleanup_deferred
+    // (1.4's SQL): without it a deferred row would not say so, and the
+    // move cleans up before it returns, as it says.
+    const bool want_defer = may_defer && !key && move_cleanup == static_cast<int>(Cleanup::Deferred);
+    const bool defer = want_defer && journal_has("cleanup_deferred");
+    if (want_defer && !defer)
+        ereport(NOTICE, (errmsg("the move of logical shard %d of map \"%s\" cleans up before it returns: a deferred "
+                                "clean-up needs version 1.4 of the extension's SQL",
+                                logical, m.map.c_str()),
+                         errhint("Run ALTER EXTENSION sharding UPDATE in this database.")));
     if (!find_source(m)) return m.out;
 
     refuse_written();
@@ -1045,10 +1055,6 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             catch_up(m);
             cut_over(m);
             // cleanup: after the switch, the copies compared first.
-            // (Never with a journal older than the library: without its
-            // column cleanup_deferred, a deferred row would not say so.)
-            const bool defer = may_defer && !m.key && move_cleanup == static_cast<int>(Cleanup::Deferred) &&
-                               journal_has("cleanup_deferred");
             m.out.moved = finish(m.map, m.logical, m.key, m.node, m.out.new_epoch, [&] { verify_copies(m); }, defer);
             if (m.out.moved < 0) {
                 m.out.deferred = true;

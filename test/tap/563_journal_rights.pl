@@ -181,6 +181,13 @@ is($s->safe_psql('old13', "SELECT sharding._move_cancel($m13)::text || ' ' || sh
 	"at 1.3's SQL, the journal (without runas) works as before");
 is($super->(), 'f', 'alice is no superuser');
 $q->("ALTER ROLE alice NOSUPERUSER");
+# A deferred clean-up needs 1.4's journal (its column cleanup_deferred):
+# at 1.3's SQL the move says it cleans up before it returns (then fails
+# here: node a is nowhere).
+my (undef, undef, $errd) = $s->psql('old13', "SET sharding.move_cleanup = deferred; SELECT sharding.move_shard_online('m', 0, 'b')");
+like($errd, qr/NOTICE:  the move of logical shard 0 of map "m" cleans up before it returns: a deferred clean-up needs version 1.4/,
+	"at 1.3's SQL, a move asked to defer its clean-up says it does not");
+is($s->safe_psql('old13', "SELECT node FROM sharding.shards WHERE map = 'm' AND logical = 0"), 'a', 'and the shard stays where it was');
 # Nor can she get her row recovered over that connection, by herself or
 # by a superuser.
 $as_alice->("SELECT sharding._move_recover()");

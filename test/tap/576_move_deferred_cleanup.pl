@@ -98,22 +98,33 @@ is($coord->safe_psql('coord', 'SHOW sharding.move_cleanup'), 'immediate', 'move_
 my ($rc, $out, $err) = $coord->psql('coord', "\\set VERBOSITY verbose\nSET sharding.move_cleanup = later");
 like($err, qr/ERROR:  22023: invalid value for parameter "sharding.move_cleanup"/, 'a bad value of move_cleanup: 22023');
 
+# move_row_held(S, LABEL, WHAT, CALL, WHERE): runs CALL (a deferred move of
+# shard S) in the background with the row of accounts matching WHERE held
+# at n1 by another session (FOR UPDATE, WHAT in the check's name), so that
+# the clean-up waits for it. The copy is held at n2 first: the row lock is
+# taken after the move's slot exists (a slot waits for the transactions
+# running at its creation). Returns the move's and the holder's sessions,
+# the move's finished.
+sub move_row_held {
+	my ($s, $label, $what, $call, $where) = @_;
+	my $copy_hold = hold_table($b, 'n2', 'parts');
+	my $mv = psql_bg($coord, 'coord', $deferred . $call);
+	ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%_bank_$s' "
+		  . "AND wait_event_type = 'Lock'", 't', 120), "$label: its copy waits at n2");
+	my $row = psql_bg($a, 'n1', "BEGIN; SELECT 1 FROM accounts WHERE $where FOR UPDATE; SELECT pg_sleep(600)");
+	ok(wait_for_sql($a, 'n1', "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep(600)' "
+		  . "AND wait_event = 'PgSleep'", '1', 60), "$label: a session at n1 holds $what");
+	release_table($b, 'n2', $copy_hold);
+	$mv->{h}->finish;
+	return ($mv, $row);
+}
+
 # ------------------------------------------------------------------ 1. held, killed, resumed
 my $sum1 = both($a, 'n1', $S1);
 my $count1 = count_of($a, 'n1', $S1);
 ok($count1 =~ m{^[1-9]\d*/[1-9]\d*$}, "S1 has rows of both tables at n1 ($count1)");
-# The copy held at n2 first: the row lock at n1 is taken after the move's
-# slot exists (a slot waits for the transactions running at its creation).
-my $copy_hold = hold_table($b, 'n2', 'parts');
-my $mv = psql_bg($coord, 'coord', $deferred . "SELECT sharding.move_shard_online('bank', $S1, 'n2')");
-ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%_bank_$S1' "
-	  . "AND wait_event_type = 'Lock'", 't', 120), 'S1: its copy waits at n2');
-my $row_hold = psql_bg($a, 'n1', "BEGIN; SELECT 1 FROM accounts WHERE tenant = '$tenant{$S1}' ORDER BY id LIMIT 1 FOR UPDATE; "
-	  . "SELECT pg_sleep(600)");
-ok(wait_for_sql($a, 'n1', "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep(600)' "
-	  . "AND wait_event = 'PgSleep'", '1', 60), 'S1: a session at n1 holds a row of S1');
-release_table($b, 'n2', $copy_hold);
-$mv->{h}->finish;
+my ($mv, $row_hold) = move_row_held($S1, 'S1', 'a row of S1', "SELECT sharding.move_shard_online('bank', $S1, 'n2')",
+	"tenant = '$tenant{$S1}' ORDER BY id LIMIT 1");
 like(${ $mv->{out} }, qr/^\d+$/, 'S1: move_shard_online returns its epoch with the clean-up held') or diag(${ $mv->{err} });
 is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S1"), 'n2', 'S1: n2 owns it');
 is(both($b, 'n2', $S1), $sum1, 'S1: n2 has every row of both tables');
@@ -196,16 +207,9 @@ is($coord->safe_psql('coord', "SELECT count(*) FROM pg_settings WHERE name = 'sh
 # committed (a delete in one transaction would still show every row).
 my $sum3 = both($a, 'n1', $S3);
 my ($acc3) = split m{/}, count_of($a, 'n1', $S3);
-my $hold3 = hold_table($b, 'n2', 'parts');
-my $mv3 = psql_bg($coord, 'coord', $deferred . "SELECT sharding.move_shard_online('bank', $S3, 'n2') > 0");
-ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name LIKE 'sharding_move_%_bank_$S3' "
-	  . "AND wait_event_type = 'Lock'", 't', 120), 'S3: its copy waits at n2');
-my $last_hold = psql_bg($a, 'n1', "BEGIN; SELECT 1 FROM accounts WHERE ctid = (SELECT max(ctid) FROM accounts WHERE tenant = '$t3') "
-	  . "FOR UPDATE; SELECT pg_sleep(600)");
-ok(wait_for_sql($a, 'n1', "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%FOR UPDATE; SELECT pg_sleep(600)' "
-	  . "AND wait_event = 'PgSleep'", '1', 60), "S3: a row in accounts' last range is held at n1");
-release_table($b, 'n2', $hold3);
-$mv3->{h}->finish;
+my ($mv3, $last_hold) = move_row_held($S3, 'S3', "a row in accounts' last range",
+	"SELECT sharding.move_shard_online('bank', $S3, 'n2') > 0",
+	"ctid = (SELECT max(ctid) FROM accounts WHERE tenant = '$t3')");
 like(${ $mv3->{out} }, qr/^t$/, 'S3, without preload, moves from n1 to n2, deferred') or diag(${ $mv3->{err} });
 is(both($b, 'n2', $S3), $sum3, 'S3: n2 has every row of both tables');
 ok(wait_for_sql($a, 'n1', "SELECT count(*) > 0 FROM pg_stat_activity WHERE " . deleting() . " AND wait_event_type = 'Lock'", 't', 60),

@@ -17,7 +17,8 @@
 # round times each job with max_parallel 1 and with 2 (order alternating),
 # moving each shard back to where it started in between (untimed; both jobs
 # of a round make the same moves, checked). Median of BENCH_RUNS rounds
-# (default 3). Not part of the test command:
+# (default 3). BENCH_APART=1 puts each data node on an instance of its own
+# (i1..i4). Not part of the test command:
 #
 #   SHARDING_PGROOT=/tmp/pgroot bash test/bench/jobs/run.sh
 #
@@ -38,8 +39,16 @@ cd "$(dirname "$0")/../../.."
 
 RUNS=${BENCH_RUNS:-3}
 ROWS=${BENCH_ROWS:-2000000}
-bench_nodes i0 i1 i2
-declare -A HOST=([coord]=i0 [n1]=i1 [n3]=i1 [n2]=i2 [n4]=i2)
+# BENCH_APART=1: each data node on an instance of its own (i1..i4), so
+# that no move of the two-destination scenario stays within one instance.
+if [ -n "${BENCH_APART:-}" ]; then
+    DATA_INSTANCES=(i1 i2 i3 i4)
+    declare -A HOST=([coord]=i0 [n1]=i1 [n2]=i2 [n3]=i3 [n4]=i4)
+else
+    DATA_INSTANCES=(i1 i2)
+    declare -A HOST=([coord]=i0 [n1]=i1 [n3]=i1 [n2]=i2 [n4]=i2)
+fi
+bench_nodes i0 "${DATA_INSTANCES[@]}"
 
 for n in coord n1 n2 n3 n4; do
     q "${HOST[$n]}" postgres -c "CREATE DATABASE $n" >/dev/null
@@ -70,7 +79,7 @@ if [ -n "${BENCH_TIMELINE:-}" ]; then
     # (log_min_messages is set on the instances' command line: the
     # database's setting applies to the job's workers.)
     qn coord -c 'ALTER DATABASE coord SET log_min_messages = debug1' >/dev/null
-    for i in i1 i2; do
+    for i in "${DATA_INSTANCES[@]}"; do
         q "$i" postgres -c 'ALTER SYSTEM SET log_lock_waits = on' -c "ALTER SYSTEM SET deadlock_timeout = '50ms'" \
             -c 'SELECT pg_reload_conf()' >/dev/null
     done
@@ -90,7 +99,7 @@ timeline() {
             done
         printf ' done +%s\n' "$(qn coord -c "SELECT round((extract(epoch FROM finished) - $t0) * 1000) FROM sharding.move_journal WHERE move = $id")"
     done
-    for i in i1 i2; do
+    for i in "${DATA_INSTANCES[@]}"; do
         grep -a 'still waiting for\|acquired .* after' "${DIR[$i]}/server.log" | tail -n 40 |
             while read -r d t z rest; do
                 awk -v a="$t0" -v b="$(date -d "$d $t $z" +%s.%N)" -v i="$i" -v r="$rest" \
@@ -107,7 +116,7 @@ sampler_start() {
     : >"$ROOT/samples"
     (
         while :; do
-            for i in i1 i2; do
+            for i in "${DATA_INSTANCES[@]}"; do
                 q "$i" postgres -F ' ' -c "SELECT '$i', coalesce(wait_event_type || ':' || wait_event, 'CPU'),
                                                   left(regexp_replace(coalesce(nullif(application_name, ''), backend_type), '[0-9]+', 'N', 'g'), 30)
                                              FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid()
@@ -138,7 +147,7 @@ sampler_stop() {
 settle() {
     local n
     for n in n1 n2 n3 n4; do qn "$n" -c 'VACUUM accounts' >/dev/null; done
-    for n in i1 i2; do q "$n" postgres -c 'CHECKPOINT' >/dev/null; done
+    for n in "${DATA_INSTANCES[@]}"; do q "$n" postgres -c 'CHECKPOINT' >/dev/null; done
 }
 # job NODES PARALLEL: runs a job, prints "wall_ms sum_of_moves_ms moves
 # server_ms": wall time from the client's rebalance_start to rebalance_wait's
@@ -193,13 +202,12 @@ for r in $(seq 1 "$RUNS"); do
         read -r name there <<<"$sc"
         for p in $order; do
             # BENCH_P2_SET='sharding.x = v': set for the coordinator's
-            # database during the jobs with max_parallel 2 (a trial).
-            if [ -n "${BENCH_P2_SET:-}" ]; then
-                if [ "$p" = 2 ]; then qn coord -c "ALTER DATABASE coord SET $BENCH_P2_SET" >/dev/null
-                else qn coord -c "ALTER DATABASE coord RESET ${BENCH_P2_SET%%=*}" >/dev/null; fi
-            fi
+            # database during the jobs with max_parallel 2 (a trial), and
+            # reset before the shards are moved back.
+            [ -n "${BENCH_P2_SET:-}" ] && [ "$p" = 2 ] && qn coord -c "ALTER DATABASE coord SET $BENCH_P2_SET" >/dev/null
             settle
             res=$(job "$there" "$p")
+            [ -n "${BENCH_P2_SET:-}" ] && qn coord -c "ALTER DATABASE coord RESET ${BENCH_P2_SET%%=*}" >/dev/null
             echo "# round $r, $name destination(s), max_parallel $p: job ${res%% *} ms (in the server $(echo "$res" | cut -d' ' -f4) ms), its moves $(echo "$res" | cut -d' ' -f2) ms in total ($(echo "$res" | cut -d' ' -f3) moves)"
             echo "$res" >"$ROOT/$name.r$r.p$p"
             mv "$ROOT/last_moves" "$ROOT/$name.r$r.p$p.moves"
@@ -222,5 +230,5 @@ echo "nproc: $(nproc)"
 # BENCH_KEEP_LOGS=DIR: the instances' server logs copied there.
 if [ -n "${BENCH_KEEP_LOGS:-}" ]; then
     mkdir -p "$BENCH_KEEP_LOGS"
-    for i in i0 i1 i2; do cp "${DIR[$i]}/server.log" "$BENCH_KEEP_LOGS/$i.log"; done
+    for i in i0 "${DATA_INSTANCES[@]}"; do cp "${DIR[$i]}/server.log" "$BENCH_KEEP_LOGS/$i.log"; done
 fi

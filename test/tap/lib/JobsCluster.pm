@@ -40,7 +40,9 @@ sub q_db
 # jobs_cluster(%opts): (coord cluster, data cluster). opts{rows}: initial
 # rows per table (default 20000); opts{preload}: preload on the coordinator
 # (default 1); opts{conf}, opts{data_conf}: extra configuration of the
-# coordinator's and the data nodes' instance.
+# coordinator's and the data nodes' instance; opts{nodes}: the data nodes
+# (default n1, n2, n3; the map's shards are on n1 and n2, every node
+# attached and following it).
 sub jobs_cluster
 {
 	my (%opts) = @_;
@@ -49,7 +51,8 @@ sub jobs_cluster
 		preload => (exists $opts{preload} ? $opts{preload} : 1),
 		conf => "max_connections = 60\n" . ($opts{conf} // ''));
 	my $d = sharding_node('data', conf => "max_connections = 80\n" . ($opts{data_conf} // ''));
-	%HOST = (coord => $c, n1 => $d, n2 => $d, n3 => $d);
+	my @nodes = @{ $opts{nodes} // [qw(n1 n2 n3)] };
+	%HOST = (coord => $c, map { $_ => $d } @nodes);
 	my $tables = "CREATE TABLE accounts (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
 	    CREATE TABLE events (tenant text NOT NULL, id bigint PRIMARY KEY, val text);
 	    CREATE INDEX ON accounts (tenant); CREATE INDEX ON events (tenant);
@@ -57,7 +60,7 @@ sub jobs_cluster
 	    ALTER TABLE accounts REPLICA IDENTITY USING INDEX accounts_identity;
 	    CREATE UNIQUE INDEX events_identity ON events (id, tenant);
 	    ALTER TABLE events REPLICA IDENTITY USING INDEX events_identity;";
-	for my $n (qw(n1 n2 n3))
+	for my $n (@nodes)
 	{
 		$d->safe_psql('postgres', "CREATE DATABASE $n");
 		$d->safe_psql($n, "CREATE EXTENSION dblink; CREATE EXTENSION sharding; $tables");
@@ -66,14 +69,13 @@ sub jobs_cluster
 	my $dsn = sub { my $n = shift; return "host=" . $d->host . " port=" . $d->port . " dbname=$n"; };
 	$c->safe_psql('coord', "
 	    SELECT sharding.create_map('bank', 8, ARRAY['n1', 'n2']);
-	    SELECT sharding.add_node('n1', '" . $dsn->('n1') . "'), sharding.add_node('n2', '" . $dsn->('n2') . "'),
-	           sharding.add_node('n3', '" . $dsn->('n3') . "');
+	    " . join('', map { "SELECT sharding.add_node('$_', '" . $dsn->($_) . "');\n" } @nodes) . "
 	    SELECT sharding.distribute('accounts', 'tenant', 'bank'), sharding.distribute('events', 'tenant', 'bank');
-	    SELECT sharding.attach_node('n1'); SELECT sharding.attach_node('n2'); SELECT sharding.attach_node('n3');");
+	    " . join('', map { "SELECT sharding.attach_node('$_');\n" } @nodes));
 	my $gen = "SELECT 't' || lpad((i % 64)::text, 2, '0') AS tenant, i::bigint AS id, 'initial-' || i AS val
 	             FROM generate_series(1, $rows) AS i";
 	# Each node follows the map: wait until it knows its own shards.
-	for my $n (qw(n1 n2))
+	for my $n (@nodes)
 	{
 		wait_for($n, "SELECT count(*) = 8 FROM sharding.shards WHERE map = 'bank'", 't', 30)
 		  or die "node $n does not follow the map";
