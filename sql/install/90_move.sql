@@ -89,7 +89,15 @@ CREATE TABLE sharding.move_journal (
     copy_started  timestamptz,
     -- internal: the executor left the source's delete to the move cleaner
     -- (sharding.move_cleanup = deferred; the row stays in phase cleanup)
-    cleanup_deferred boolean NOT NULL DEFAULT false
+    cleanup_deferred boolean NOT NULL DEFAULT false,
+    -- internal: the machines of the move's ends and their CPUs, as each
+    -- node said when the move started (sharding._move_host; NULL when it
+    -- could not): moves in flight on one host share its CPUs' worth of
+    -- copy and delete sessions (docs/moves.md, "Sessions")
+    source_host      text,
+    source_cpus      integer,
+    destination_host text,
+    destination_cpus integer
 );
 -- At most one live move per shard, and per key for isolate.
 CREATE UNIQUE INDEX move_journal_live_shard ON sharding.move_journal (map, logical)
@@ -313,6 +321,19 @@ COMMENT ON FUNCTION sharding._move_nice(integer) IS
     'internal: raises this backend''s nice value by step (0-19) for a move''s copy; returns the new value';
 REVOKE ALL ON FUNCTION sharding._move_nice(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._move_nice(integer) TO sharding_admin;
+-- @end
+
+-- @object sharding._move_host
+-- _move_host(): the machine this node runs on (the kernel's boot id, which
+-- every instance and container of one host shares) and the CPUs its
+-- backends may run on. A move asks both ends when it starts (its journal
+-- row): moves in flight on one host share its CPUs (src/move/move_share.cpp).
+CREATE FUNCTION sharding._move_host(OUT host text, OUT cpus integer)
+    AS 'MODULE_PATHNAME', 'sharding__move_host' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION sharding._move_host() IS
+    'internal: this node''s host (its kernel''s boot id) and the CPUs its backends may run on, for the sharing of a move''s sessions';
+REVOKE ALL ON FUNCTION sharding._move_host() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sharding._move_host() TO sharding_admin;
 -- @end
 
 -- @object sharding.move_decoding

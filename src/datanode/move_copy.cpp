@@ -39,7 +39,9 @@
 #include <string>
 #include <vector>
 
+#include <sched.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 extern "C" {
 #include "access/table.h"
@@ -859,4 +861,47 @@ SHARDING_FUNCTION(sharding__move_nice) {
     if (want != now && setpriority(PRIO_PROCESS, 0, want) != 0)
         fail(ERRCODE_SYSTEM_ERROR, "could not set this backend's nice value to %d: %s", want, std::strerror(errno));
     PG_RETURN_INT32(want);
+}
+
+// _move_host(OUT host text, OUT cpus integer): the machine this node runs
+// on and the CPUs its backends may run on. The host is the kernel's boot
+// id (/proc/sys/kernel/random/boot_id), the same for every instance,
+// database and container of one machine, different after a reboot (a move
+// in flight does not outlive one); where it cannot be read, the host's
+// name. The CPUs are this backend's affinity mask (a cpuset limits it),
+// else the CPUs online. A move asks both of its ends when it starts: moves
+// in flight on one host share its CPUs' worth of sessions (move_engine.hpp,
+// move_share).
+SHARDING_FUNCTION(sharding__move_host) {
+    std::string host;
+    if (FILE *f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+        char buf[64] = {0};
+        if (std::fgets(buf, sizeof buf, f) != nullptr) host = buf;
+        std::fclose(f);
+        while (!host.empty() && (host.back() == '\n' || host.back() == ' ')) host.pop_back();
+    }
+    if (host.empty()) {
+        char name[256] = {0};
+        if (gethostname(name, sizeof name - 1) == 0 && name[0] != '\0') host = std::string("name:") + name;
+    }
+    int cpus = 0;
+#ifdef __linux__
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
+#endif
+    if (cpus < 1) cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    if (cpus < 1) cpus = 1;
+
+    TupleDesc desc;
+    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE)
+        fail(ERRCODE_FEATURE_NOT_SUPPORTED, "_move_host must return a record");
+    const char *h = host.c_str();
+    const bool no_host = host.empty();
+    HeapTuple t = pg_call([&]() -> HeapTuple {
+        Datum vals[2] = {no_host ? Datum(0) : CStringGetTextDatum(h), Int32GetDatum(cpus)};
+        bool nulls[2] = {no_host, false};
+        return heap_form_tuple(BlessTupleDesc(desc), vals, nulls);
+    });
+    return HeapTupleGetDatum(t);
 }

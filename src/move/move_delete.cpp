@@ -267,8 +267,8 @@ int64 delete_rows(const char *conn, const DeletePlan *plan, const std::string &m
                                           ") s WHERE s.shard = " + lit(std::string(plan->filters[t])));
     int nparts = 1;
     // A move's share of sharding.move_parallel when others are in flight
-    // at its nodes (moves_sharing).
-    const int sessions = move_parallel < 2 ? 1 : std::max(1, move_parallel / moves_sharing(map, logical));
+    // at its nodes or on its hosts (move_share).
+    const int sessions = move_share(map, logical, move_parallel).sessions;
     for (int t = 0; t < plan->ntables; t++) {
         blocks[t] = sessions < 2 ? 0 : std::strtoll(run_on(named, blocks_query(plan->rels[t])).c_str(), nullptr, 10);
         nparts = std::max(nparts, parts_for(blocks[t], sessions));

@@ -122,16 +122,28 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
              const Text &new_epoch, const std::function<void()> &before_delete = nullptr, bool defer = false,
              bool batched = false);
 bool undo(const std::string &map, int32 logical, const Text &key);  // false: finished instead
-// How many moves are in flight (a live executor, copying to cleanup) into
-// or out of a node of the live move of (map, logical), itself included
-// (at least 1), as this coordinator's journal says, read over
-// sharding_move_self (1 when that connection is not open or cannot
-// answer). Parallel moves share sharding.move_parallel's sessions between
-// them, so that moves at once do not run more copy and delete sessions at
-// a node than one move would (docs/performance.md: two moves of 2
-// sessions each on 2 cores waited on each other's relation extension
-// locks and CPUs).
-int moves_sharing(const std::string &map, int32 logical);
+// A move's share of `parallel` sessions (sharding.move_parallel) for its
+// copy or its delete, from the moves in flight (a live executor, copying to
+// cleanup) as this coordinator's journal says, read over sharding_move_self
+// (all of `parallel` when that connection is not open or cannot answer):
+// - at its nodes: the moves into or out of a node of the live move of
+//   (map, logical), itself included, divide `parallel` between them, so
+//   that moves at once do not run more sessions at a node than one move
+//   would (docs/performance.md: two moves of 2 sessions each on 2 cores
+//   waited on each other's relation extension locks and CPUs);
+// - on its hosts: the moves with an end on the host of one of its ends
+//   (the journal's source_host and destination_host, as the nodes said,
+//   sharding._move_host) divide that host's CPUs between them, so that
+//   moves between different nodes of one machine (databases of one
+//   instance, instances of one host) do not run more sessions than it has
+//   CPUs for each. Nodes on machines of their own are not limited by it.
+// At least 1 session.
+struct Share {
+    int sessions = 1;
+    int at_nodes = 1;  // moves in flight at its nodes, itself included
+    int on_host = 0;   // the most moves in flight on one of its hosts (0: unknown)
+};
+Share move_share(const std::string &map, int32 logical, int parallel);
 // The rows of a move's shard deleted at one end over the named connection
 // conn (kSrc after the switch, kDst when undone), by the plan its journal
 // row fixed (move_delete.cpp); how many. batched: in one session, a

@@ -446,7 +446,32 @@ void refuse_after_plan(OnlineMove &m, const std::function<void()> &steps) {
     reraise(why);
 }
 
-// The sessions at both ends, named and bounded.
+// The hosts of the move's ends and their CPUs in its journal row (each
+// node's sharding._move_host, where its SQL has it and the engine's role
+// there may call it; otherwise unknown, and the move shares sessions only
+// with moves at its nodes): move_share reads them.
+void note_hosts(const OnlineMove &m) {
+    if (!m.move_id || !journal_has("source_host")) return;
+    std::string set;
+    for (const char *end : {kSrc, kDst}) {
+        const std::string column = end == kSrc ? "source" : "destination";
+        Text host;
+        try {
+            if (dbl(end, "SELECT pg_catalog.to_regprocedure('sharding._move_host()') IS NOT NULL AND "
+                         "pg_catalog.has_function_privilege('sharding._move_host()', 'EXECUTE')") == Text("t"))
+                host = dbl(end, "SELECT h.cpus::text || ' ' || h.host FROM sharding._move_host() h");
+        } catch (const Error &e) {
+            debug_at("move " + m.name + ": the " + column + "'s host is unknown: " + e.what());
+        }
+        const size_t space = host ? host->find(' ') : std::string::npos;
+        if (space == std::string::npos) continue;
+        set += std::string(set.empty() ? "" : ", ") + column + "_host = " + lit(host->substr(space + 1)) + ", " +
+               column + "_cpus = " + std::to_string(std::atoi(host->c_str()));
+    }
+    if (!set.empty()) journal("UPDATE sharding.move_journal SET " + set + " WHERE move = " + *m.move_id);
+}
+
+// The sessions at both ends, named and bounded; the ends' hosts noted.
 void prepare_sessions(OnlineMove &m) {
     // The destination's session is known by this name there: an undo ends
     // whatever it may still run ...
@@ -458,6 +483,7 @@ void prepare_sessions(OnlineMove &m) {
     // the controller lock there (below): a statement it runs when this
     // session is gone ends within a second, and the lock with it.
     dbl(kSrc, "SET client_connection_check_interval = 1000");
+    note_hosts(m);
 }
 
 // open_stream (copying): the controller lock, the tables' storage at both ends, the
@@ -625,13 +651,17 @@ void copy_rows(OnlineMove &m) {
     delete_shard_rows(kDst, m.map, m.logical, m.key);
     dbl(kDst, "SET session_replication_role = replica");
     // The destination's sharding.move_parallel sessions copy (its setting);
-    // with other moves in flight at its nodes, the copy takes its share of
-    // them (moves_sharing).
-    const int sharing = moves_sharing(m.map, m.logical);
+    // with other moves in flight at its nodes or on its hosts, the copy
+    // takes its share of them (move_share).
     const int parallel = std::atoi(
         must(dbl(kDst, "SELECT coalesce(pg_catalog.current_setting('sharding.move_parallel', true), '2')")).c_str());
-    const int sessions = std::max(1, parallel / std::max(1, sharing));
-    if (sharing > 1) debug_at("move " + name + ": " + std::to_string(sharing) + " moves in flight share the copy's sessions");
+    const Share share = move_share(m.map, m.logical, parallel);
+    const int sessions = share.sessions;
+    if (share.at_nodes > 1)
+        debug_at("move " + name + ": " + std::to_string(share.at_nodes) + " moves in flight share the copy's sessions");
+    if (share.on_host > 1)
+        debug_at("move " + name + ": " + std::to_string(share.on_host) + " moves in flight on one host: the copy in " +
+                 std::to_string(sessions) + " of " + std::to_string(parallel) + " sessions");
     // move_progress is kept current while the destination copies: every
     // quarter of a second, the rows and bytes the source's side of the
     // pull has sent so far (copy_progress) on top of the parts already
@@ -663,7 +693,7 @@ void copy_rows(OnlineMove &m) {
     if (sessions < 2) {
         // One session, this one's at the destination: table after table.
         Text parallel_was;
-        if (sharing > 1) {
+        if (sessions < parallel) {
             parallel_was = dbl(kDst, "SELECT pg_catalog.current_setting('sharding.move_parallel', true)");
             dbl(kDst, "SELECT pg_catalog.set_config('sharding.move_parallel', '1', false)");
         }

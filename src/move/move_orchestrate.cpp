@@ -1062,27 +1062,52 @@ int64 finish(const std::string &map, int32 logical, const Text &key, const std::
     return deleted;
 }
 
-int moves_sharing(const std::string &map, int32 logical) {
-    if (!named_open(kSelf)) return 1;
-    Text n;
+Share move_share(const std::string &map, int32 logical, int parallel) {
+    Share share;
+    share.sessions = std::max(1, parallel);
+    if (parallel < 2 || !named_open(kSelf)) return share;
+    // The journal row of a move in flight has phase copying to cleanup
+    // and its executor's session lock (hashtext('sharding.move_journal'),
+    // move): a row left by a dead executor does not count. The move's own
+    // row counts at its nodes and on its hosts (o = m).
+    const std::string in_flight =
+        "FROM sharding.move_journal o, sharding.move_journal m "
+        "WHERE m.map = " + lit(map) + " AND m.logical = " + std::to_string(logical) + " AND m." + kLive +
+        " AND o.phase NOT IN " PHASE_SQL_NOT_IN_FLIGHT " "
+        "AND EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+        "AND l.classid = (pg_catalog.hashtext('sharding.move_journal'))::oid AND l.objsubid = 2 "
+        "AND l.objid = ((o.move % 2147483647)::integer)::oid AND l.database = (SELECT d.oid FROM "
+        "pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()))";
+    const std::string at_nodes = "pg_catalog.count(*) FILTER (WHERE o.source IN (m.source, m.destination) OR "
+                                 "o.destination IN (m.source, m.destination))";
+    // On a host: the moves with an end there, and the host's CPUs as the
+    // move's end said (the fewer of the two when both ends are on it).
+    const std::string hosts =
+        journal_has("source_host")
+            ? " || ' ' || pg_catalog.count(*) FILTER (WHERE m.source_host IN (o.source_host, o.destination_host)) "
+              "|| ' ' || coalesce(pg_catalog.min(m.source_cpus), 0) "
+              "|| ' ' || pg_catalog.count(*) FILTER (WHERE m.destination_host IN (o.source_host, o.destination_host)) "
+              "|| ' ' || coalesce(pg_catalog.min(m.destination_cpus), 0)"
+            : std::string();
+    Text answer;
     try {
-        // The journal row of a move in flight has phase copying to cleanup
-        // and its executor's session lock (hashtext('sharding.move_journal'),
-        // move): a row left by a dead executor does not count.
-        n = dbl(kSelf,
-                "SELECT pg_catalog.count(*) FROM sharding.move_journal o, sharding.move_journal m "
-                "WHERE m.map = " + lit(map) + " AND m.logical = " + std::to_string(logical) + " AND m." + kLive +
-                " AND o.phase NOT IN " PHASE_SQL_NOT_IN_FLIGHT " "
-                "AND (o.source IN (m.source, m.destination) OR o.destination IN (m.source, m.destination)) "
-                "AND EXISTS (SELECT FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
-                "AND l.classid = (pg_catalog.hashtext('sharding.move_journal'))::oid AND l.objsubid = 2 "
-                "AND l.objid = ((o.move % 2147483647)::integer)::oid AND l.database = (SELECT d.oid FROM "
-                "pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()))");
+        answer = dbl(kSelf, "SELECT " + at_nodes + "::text" + hosts + " " + in_flight);
     } catch (const Error &) {
-        return 1;  // only a share of the sessions is at stake
+        return share;  // only a share of the sessions is at stake
     }
-    const int count = n ? std::atoi(n->c_str()) : 1;
-    return count < 1 ? 1 : count;
+    if (!answer) return share;
+    int n[5] = {1, 0, 0, 0, 0};
+    std::sscanf(answer->c_str(), "%d %d %d %d %d", &n[0], &n[1], &n[2], &n[3], &n[4]);
+    share.at_nodes = std::max(1, n[0]);
+    share.sessions = std::max(1, parallel / share.at_nodes);
+    // Each end's host: its CPUs divided among the moves with an end there.
+    for (int end = 0; end < 2; end++) {
+        const int moves = n[1 + 2 * end], cpus = n[2 + 2 * end];
+        if (moves < 1 || cpus < 1) continue;  // the host unknown
+        share.on_host = std::max(share.on_host, moves);
+        share.sessions = std::min(share.sessions, std::max(1, cpus / moves));
+    }
+    return share;
 }
 
 // _move_undo: undoes a move whose switch has not committed: drops its

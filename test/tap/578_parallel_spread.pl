@@ -9,7 +9,9 @@
 # statement there waits), the two moves in flight must share no node (one
 # out of n1, one out of n2, into different destinations). Then the holds
 # go: the job ends done, every row is where node_for says on every node
-# (the counts of the start), nothing of the moves is left.
+# (the counts of the start), nothing of the moves is left. The two moves
+# flying together share no node but one host (this machine): the journal
+# has both ends' host and CPUs, and each copies in its share of them.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -40,6 +42,10 @@ for my $n (qw(n1 n2))
 	$hold{$n}->query_safe('BEGIN; LOCK TABLE accounts, events IN SHARE MODE');
 }
 
+# The runners log each move's steps (DEBUG1): a move copying while
+# another is in flight on its host says how many sessions it copies in.
+$q->("ALTER DATABASE coord SET log_min_messages = debug1");
+my $log_from = -s $c->logfile;
 my $job = $q->("SELECT sharding.rebalance_start('bank', ARRAY['n1', 'n2', 'n3', 'n4'], max_parallel => 2)");
 my @plan = split / /, $q->("SELECT string_agg(source || '>' || destination, ' ' ORDER BY move) FROM sharding.move_journal WHERE job = $job");
 note "plan order: @plan";
@@ -70,8 +76,33 @@ my %in = map { $_ => 1 } map { split />/ } split / /, $flying;
 is(scalar(keys %in), 4, "the two moves in flight share no node ($flying)");
 is($q->("SELECT count(*) FROM sharding.move_journal WHERE job = $job AND phase = 'queued'"), '2', 'the other two wait in the queue');
 
+# Moves in flight on one host share its CPUs (docs/rebalance.md): each end
+# of both moves said its host (the kernel's boot id) and CPUs (the
+# backend's affinity) when the move started. Oracles: the boot id the
+# kernel gives this script, and nproc.
+my $boot_id = slurp_file('/proc/sys/kernel/random/boot_id');
+chomp $boot_id;
+my $nproc = `nproc`;
+chomp $nproc;
+note "boot id $boot_id, $nproc CPUs";
+is($q->("SELECT string_agg(source_host || '/' || source_cpus || ' ' || destination_host || '/' || destination_cpus, ' ; ' ORDER BY move)
+           FROM sharding.move_journal WHERE job = $job AND $IN_FLIGHT"),
+	"$boot_id/$nproc $boot_id/$nproc ; $boot_id/$nproc $boot_id/$nproc",
+	'the journal has the host and CPUs of both ends of both moves in flight');
+
 $hold{$_}->quit for qw(n1 n2);
 is($q->("SELECT sharding.rebalance_wait($job, '180 s')"), 'done', 'the job ends done');
+$q->("ALTER DATABASE coord RESET log_min_messages");
+# The two moves share no node, so the node rule leaves each its
+# sharding.move_parallel (2) sessions; on one host of $nproc CPUs each
+# copies in its share of them: max(1, min(2, CPUs / 2)).
+my $share = $nproc >= 4 ? 2 : 1;
+my $log = substr(slurp_file($c->logfile), $log_from);
+my @hosted = $log =~ /move sharding_move_(?:[0-9a-f]{6}_)?bank_\d+: (\d+ moves in flight on one host: the copy in \d+ of \d+ sessions)/g;
+note 'on one host: ' . join('; ', @hosted);
+ok((grep { $_ eq "2 moves in flight on one host: the copy in $share of 2 sessions" } @hosted) >= 2,
+	"both moves flying together copied in their share of the host's CPUs ($share of 2 sessions)");
+is((grep { !/^[12] moves/ } @hosted), 0, 'never more than max_parallel = 2 moves on the host');
 is($q->("SELECT string_agg(node || ':' || n, ' ' ORDER BY node) FROM (SELECT node, count(*) n FROM sharding.shards WHERE map = 'bank' GROUP BY node) s"),
 	'n1:2 n2:2 n3:2 n4:2', 'two shards on each node');
 my $total_after = 0;
