@@ -1042,12 +1042,12 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
     // move cleans up before it returns, as it says.
     const bool want_defer = may_defer && !key && move_cleanup == static_cast<int>(Cleanup::Deferred);
     const bool defer = want_defer && journal_has("cleanup_deferred");
+    if (!find_source(m)) return m.out;  // nothing to clean up
     if (want_defer && !defer)
         ereport(NOTICE, (errmsg("the move of logical shard %d of map \"%s\" cleans up before it returns: a deferred "
                                 "clean-up needs version 1.4 of the extension's SQL",
                                 logical, m.map.c_str()),
                          errhint("Run ALTER EXTENSION sharding UPDATE in this database.")));
-    if (!find_source(m)) return m.out;
 
     refuse_written();
     connect(m.source, Text(node));

@@ -188,6 +188,10 @@ my (undef, undef, $errd) = $s->psql('old13', "SET sharding.move_cleanup = deferr
 like($errd, qr/NOTICE:  the move of logical shard 0 of map "m" cleans up before it returns: a deferred clean-up needs version 1.4/,
 	"at 1.3's SQL, a move asked to defer its clean-up says it does not");
 is($s->safe_psql('old13', "SELECT node FROM sharding.shards WHERE map = 'm' AND logical = 0"), 'a', 'and the shard stays where it was');
+# A move to where the shard already is has nothing to clean up: no NOTICE.
+my ($rch, $outh, $errh) = $s->psql('old13', "SET sharding.move_cleanup = deferred; SELECT sharding.move_shard_online('m', 0, 'a')");
+is($rch, 0, "at 1.3's SQL, a move of a shard to the node it is on returns ($outh)");
+unlike($errh, qr/cleans up before it returns/, 'and says nothing of a clean-up it does not have');
 # Nor can she get her row recovered over that connection, by herself or
 # by a superuser.
 $as_alice->("SELECT sharding._move_recover()");
