@@ -200,6 +200,16 @@ writers_stop() {
 }
 ts() { date -d "$1" +%s.%N; }
 ms_between() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", (b - a) * 1000 }'; }
+# phases T0 OUT TOTAL_MS: with BENCH_VERBOSE, a move's steps (the DEBUG
+# lines in OUT) in ms after T0, and its return.
+phases() {
+    [ -n "${BENCH_VERBOSE:-}" ] || return 0
+    echo "$2" | sed -n 's/^DEBUG:  move [^:]*: \(.*\) at \(.*\)$/\2|\1/p' |
+        while IFS='|' read -r when what; do
+            printf '#     %8.0f ms  %s\n' "$(awk -v a="$1" -v b="$(ts "$when")" 'BEGIN { print (b - a) * 1000 }')" "$what" >&2
+        done
+    printf '#     %8s ms  returned\n' "$3" >&2
+}
 # move SHARD TO: prints "total_ms engine_window_ms copy_ms setup_ms cleanup_ms"
 # (set-up: call to copy; clean-up: replication dropped to return, mostly
 # the source-side delete); phases with BENCH_VERBOSE.
@@ -216,13 +226,7 @@ move() {
     k=$(echo "$out" | sed -n 's/.*: catching_up at \(.*\)$/\1/p')
     x=$(echo "$out" | sed -n 's/.*: replication dropped at \(.*\)$/\1/p')
     if [ -z "$f" ] || [ -z "$d" ] || [ -z "$c" ] || [ -z "$k" ] || [ -z "$x" ]; then echo "move failed: $out" >&2; echo "0 0 0 0 0"; return 1; fi
-    if [ -n "${BENCH_VERBOSE:-}" ]; then
-        echo "$out" | sed -n 's/^DEBUG:  move [^:]*: \(.*\) at \(.*\)$/\2|\1/p' |
-            while IFS='|' read -r when what; do
-                printf '#     %8.0f ms  %s\n' "$(awk -v a="$t0" -v b="$(ts "$when")" 'BEGIN { print (b - a) * 1000 }')" "$what" >&2
-            done
-        printf '#     %8s ms  returned\n' "$total" >&2
-    fi
+    phases "$t0" "$out" "$total"
     echo "$total $(awk -v a="$(ts "$f")" -v b="$(ts "$d")" 'BEGIN { printf "%.1f", (b - a) * 1000 }') $(ms_between "$(ts "$c")" "$(ts "$k")") $(ms_between "$t0" "$(ts "$c")") $(ms_between "$(ts "$x")" "$t1") $t0 $(ts "$k") $(ts "$x") $t1"
 }
 # move_timed SHARD TO: prints "total_ms verify_ms" (the comparison of the
@@ -234,6 +238,7 @@ move_timed() {
         { echo "move failed: $out" >&2; echo "0 0"; return 1; }
     t1=$(date +%s.%N)
     v=$(echo "$out" | sed -n 's/.*: verified in \([0-9.]*\) s at .*/\1/p')
+    phases "$t0" "$out" "$(ms_between "$t0" "$t1")"
     echo "$(ms_between "$t0" "$t1") $(awk -v v="${v:-0}" 'BEGIN { printf "%.0f", v * 1000 }')"
 }
 # phase_rates NODE TENANT FROM TO T0 TK TX T1: the writes/s of TENANT's rows
@@ -360,9 +365,10 @@ for r in $(seq "$RUNS"); do
     # the source); the source must then hold none of the shard's rows.
     settle
     t0=$(date +%s%N)
-    PGOPTIONS="${PGOPTIONS:-} -c sharding.move_verify=off -c sharding.move_cleanup=deferred" \
-        qn coord -c "SELECT sharding.move_shard_online('bench', 0, '$dst')" >/dev/null || { echo "# run $r: the deferred move failed" >&2; bad=1; }
+    out=$(PGOPTIONS="${PGOPTIONS:-} -c sharding.move_verify=off -c sharding.move_cleanup=deferred -c client_min_messages=debug1" \
+        qn coord -c "SELECT sharding.move_shard_online('bench', 0, '$dst')" 2>&1) || { echo "# run $r: the deferred move failed: $out" >&2; bad=1; }
     t1=$(date +%s%N)
+    phases "$(awk -v n="$t0" 'BEGIN { printf "%.9f", n / 1e9 }')" "$out" $(((t1 - t0) / 1000000))
     for _ in $(seq 1200); do
         [ "$(qn coord -c "SELECT phase FROM sharding.move_journal WHERE map = 'bench' AND logical = 0 ORDER BY move DESC LIMIT 1")" = done ] && break
         sleep 0.05
