@@ -326,12 +326,14 @@ GRANT EXECUTE ON FUNCTION sharding._move_nice(integer) TO sharding_admin;
 -- @object sharding._move_host
 -- _move_host(): the machine this node runs on (the kernel's boot id, which
 -- every instance and container of one host shares) and the CPUs its
--- backends may run on. A move asks both ends when it starts (its journal
--- row): moves in flight on one host share its CPUs (src/move/move_share.cpp).
+-- backends may use (their affinity mask, or fewer where a cgroup's CPU
+-- quota allows less). A move asks both ends when it starts (its journal
+-- row): moves in flight on one host share its CPUs (move_share,
+-- src/move/move_orchestrate.cpp).
 CREATE FUNCTION sharding._move_host(OUT host text, OUT cpus integer)
     AS 'MODULE_PATHNAME', 'sharding__move_host' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION sharding._move_host() IS
-    'internal: this node''s host (its kernel''s boot id) and the CPUs its backends may run on, for the sharing of a move''s sessions';
+    'internal: this node''s host (its kernel''s boot id) and the CPUs its backends may use (affinity, cgroup CPU quota), for the sharing of a move''s sessions';
 REVOKE ALL ON FUNCTION sharding._move_host() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sharding._move_host() TO sharding_admin;
 -- @end

@@ -23,6 +23,7 @@
 //   blocks under the same snapshot; see "parts" below): the copy is bound
 //   by the destination's inserts and index maintenance, one core's work
 //   per session.
+#include "core/cpu_quota.hpp"
 #include "datanode/move_copy.hpp"
 #include "pg/spi.hpp"
 #include "remote/move_remote.hpp"
@@ -869,7 +870,8 @@ SHARDING_FUNCTION(sharding__move_nice) {
 // database and container of one machine, different after a reboot (a move
 // in flight does not outlive one); where it cannot be read, the host's
 // name. The CPUs are this backend's affinity mask (a cpuset limits it),
-// else the CPUs online. A move asks both of its ends when it starts: moves
+// else the CPUs online, or fewer where its cgroups' CPU quota allows less
+// (src/core/cpu_quota.hpp: docker --cpus, a Kubernetes CPU limit). A move asks both of its ends when it starts: moves
 // in flight on one host share its CPUs' worth of sessions (move_engine.hpp,
 // move_share).
 SHARDING_FUNCTION(sharding__move_host) {
@@ -892,6 +894,10 @@ SHARDING_FUNCTION(sharding__move_host) {
 #endif
     if (cpus < 1) cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
     if (cpus < 1) cpus = 1;
+    // A container's CPU quota (cgroup v2's cpu.max, v1's cfs quota) allows
+    // fewer CPUs' worth of time than its affinity mask shows.
+    const int quota = cgroup_cpu_limit();
+    if (quota > 0 && quota < cpus) cpus = quota;
 
     TupleDesc desc;
     if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE)

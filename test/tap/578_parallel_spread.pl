@@ -22,6 +22,53 @@ use lib 'lib';
 use ShardingNode;
 use JobsCluster;
 
+# cgroup_quota(pid): the CPUs the CPU quotas of pid's cgroups allow; 0 for none.
+sub cgroup_quota
+{
+	my ($pid) = @_;
+	my $read = sub {
+		open(my $f, '<', $_[0]) or return undef;
+		local $/;
+		my $s = <$f>;
+		close $f;
+		return $s;
+	};
+	my $limit = 0;
+	my $tighten = sub {
+		my ($q, $p) = @_;
+		return unless defined $q && defined $p;
+		s/\s+$// for $q, $p;
+		return unless $q =~ /^\d+$/ && $p =~ /^\d+$/ && $q > 0 && $p > 0;
+		my $n = int(($q + $p - 1) / $p);
+		$limit = $n if !$limit || $n < $limit;
+	};
+	my $cgroups = $read->("/proc/$pid/cgroup") // '';
+	for my $line (split /\n/, $cgroups)
+	{
+		my ($id, $ctl, $path) = split /:/, $line, 3;
+		next unless defined $path && $path =~ m{^/};
+		my @at;
+		(my $p = $path) =~ s{/+$}{};
+		while (1) { push @at, $p; last if $p eq ''; $p =~ s{/[^/]*$}{}; }
+		if ($id eq '0' && $ctl eq '')
+		{
+			for my $a (@at)
+			{
+				my $max = $read->("/sys/fs/cgroup$a/cpu.max");
+				$tighten->(split ' ', $max) if defined $max;
+			}
+		}
+		elsif (grep { $_ eq 'cpu' } split /,/, $ctl)
+		{
+			for my $mount ('/sys/fs/cgroup/cpu', '/sys/fs/cgroup/cpu,cpuacct')
+			{
+				$tighten->($read->("$mount$_/cpu.cfs_quota_us"), $read->("$mount$_/cpu.cfs_period_us")) for @at;
+			}
+		}
+	}
+	return $limit;
+}
+
 my ($c, $d) = jobs_cluster(rows => 4000, nodes => [qw(n1 n2 n3 n4)]);
 my $q = sub { return $c->safe_psql('coord', $_[0]); };
 is($d->safe_psql('n4', "SELECT count(*) FROM sharding.shards WHERE map = 'bank'"), '8', 'n4, a fourth data node, follows the map');
@@ -84,7 +131,13 @@ my $boot_id = slurp_file('/proc/sys/kernel/random/boot_id');
 chomp $boot_id;
 my $nproc = `nproc`;
 chomp $nproc;
-note "boot id $boot_id, $nproc CPUs";
+# A CPU quota of the servers' cgroups (a container's docker --cpus, a
+# Kubernetes CPU limit) allows fewer: read here from the kernel's files
+# (cgroup v2 cpu.max "$MAX $PERIOD", v1 cpu.cfs_quota_us and
+# cpu.cfs_period_us; the server's cgroup and its ancestors; rounded up).
+my $quota = cgroup_quota($d->{_pid});
+note "boot id $boot_id, $nproc CPUs, a cgroup quota of " . ($quota || 'none');
+$nproc = $quota if $quota && $quota < $nproc;
 is($q->("SELECT string_agg(source_host || '/' || source_cpus || ' ' || destination_host || '/' || destination_cpus, ' ; ' ORDER BY move)
            FROM sharding.move_journal WHERE job = $job AND $IN_FLIGHT"),
 	"$boot_id/$nproc $boot_id/$nproc ; $boot_id/$nproc $boot_id/$nproc",
