@@ -29,7 +29,7 @@ std::optional<int64_t> number(const std::string &s, bool negative_ok = false) {
 
 int cpus_of(int64_t quota, int64_t period) {
     if (quota <= 0 || period <= 0) return 0;
-    const int64_t cpus = (quota + period - 1) / period;
+    const int64_t cpus = quota / period + (quota % period != 0);
     return cpus > 1 << 20 ? 0 : static_cast<int>(cpus);
 }
 
@@ -111,7 +111,6 @@ int cgroup_cpu_limit() {
         if (!in) return std::nullopt;
         std::stringstream s;
         s << in.rdbuf();
-        if (in.bad()) return std::nullopt;
         return s.str();
     });
 }

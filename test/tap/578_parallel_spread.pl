@@ -125,18 +125,26 @@ is($q->("SELECT count(*) FROM sharding.move_journal WHERE job = $job AND phase =
 
 # Moves in flight on one host share its CPUs (docs/rebalance.md): each end
 # of both moves said its host (the kernel's boot id) and CPUs (the
-# backend's affinity) when the move started. Oracles: the boot id the
-# kernel gives this script, and nproc.
+# backend's affinity, or fewer under a cgroup CPU quota) when the move
+# started. Oracles, from the kernel's files for the data nodes' server
+# (whose backends share its affinity and cgroups): the boot id, the CPUs
+# of its Cpus_allowed_list (/proc/PID/status), and its cgroups' quota
+# (cgroup v2 cpu.max "$MAX $PERIOD", v1 cpu.cfs_quota_us and
+# cpu.cfs_period_us; its cgroup and the ancestors visible here; rounded
+# up). Not nproc: a newer one applies the quota itself, rounded to the
+# nearest CPU.
 my $boot_id = slurp_file('/proc/sys/kernel/random/boot_id');
 chomp $boot_id;
-my $nproc = `nproc`;
-chomp $nproc;
-# A CPU quota of the servers' cgroups (a container's docker --cpus, a
-# Kubernetes CPU limit) allows fewer: read here from the kernel's files
-# (cgroup v2 cpu.max "$MAX $PERIOD", v1 cpu.cfs_quota_us and
-# cpu.cfs_period_us; the server's cgroup and its ancestors; rounded up).
+my ($allowed) = slurp_file("/proc/$d->{_pid}/status") =~ /^Cpus_allowed_list:\s*(\S+)/m;
+my $nproc = 0;
+for (split /,/, $allowed // '')
+{
+	my ($from, $to) = split /-/;
+	$nproc += defined $to ? $to - $from + 1 : 1;
+}
+ok($nproc >= 1, "the server's Cpus_allowed_list (" . ($allowed // "missing") . ") names $nproc CPUs");
 my $quota = cgroup_quota($d->{_pid});
-note "boot id $boot_id, $nproc CPUs, a cgroup quota of " . ($quota || 'none');
+note "boot id $boot_id, $nproc CPUs allowed, a cgroup quota of " . ($quota || 'none');
 $nproc = $quota if $quota && $quota < $nproc;
 is($q->("SELECT string_agg(source_host || '/' || source_cpus || ' ' || destination_host || '/' || destination_cpus, ' ; ' ORDER BY move)
            FROM sharding.move_journal WHERE job = $job AND $IN_FLIGHT"),

@@ -30,7 +30,7 @@ int limit_of(const std::map<std::string, std::string> &files) {
 }  // namespace
 
 int main() {
-    std::printf("1..20\n");
+    std::printf("1..21\n");
     // cgroup v2's cpu.max.
     tap::check(cpus_of_cpu_max("max 100000\n") == 0, "cpu.max 'max 100000': no limit (0)");
     tap::check(cpus_of_cpu_max("200000 100000\n") == 2, "cpu.max '200000 100000': 2 CPUs");
@@ -41,6 +41,8 @@ int main() {
                    cpus_of_cpu_max("2e5 100000") == 0 && cpus_of_cpu_max("200000 100000 1") == 0 &&
                    cpus_of_cpu_max("-200000 100000") == 0 && cpus_of_cpu_max("200000 0") == 0,
                "cpu.max: a text that is not '$MAX $PERIOD' limits nothing");
+    tap::check(cpus_of_cpu_max("9223372036854775807 100000") == 0 && cpus_of_cpu_max("9223372036854775807 1") == 0,
+               "cpu.max: a quota of more than a million CPUs (the largest int64) is no limit, without overflow");
     // cgroup v1's cfs quota.
     tap::check(cpus_of_cfs("-1\n", "100000\n") == 0, "cfs quota -1: no limit");
     tap::check(cpus_of_cfs("300000\n", "100000\n") == 3, "cfs quota 300000 per 100000: 3 CPUs");
