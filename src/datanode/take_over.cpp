@@ -1,6 +1,6 @@
 // The coordinator fails over (docs/nodes.md, "Failover of the coordinator";
 // sql/install/97_take_over.sql has take_over itself, in PL/pgSQL; the
-// check every remote session runs first, serve_check_sql, is
+// check every remote session runs first, serve_token, is
 // src/remote/move_remote.cpp's). Here:
 //
 //   _take_over_config(dsn, slot): a new logical slot at dsn (this server)

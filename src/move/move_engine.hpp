@@ -105,6 +105,7 @@ struct MoveResult {
     Text new_epoch;
     int64 moved = 0;
     bool deferred = false;  // the source's rows are still to be deleted (finish, defer)
+    bool ended = false;     // finish ended the journal row (phase done, its figures)
 };
 // _move_online: the move itself; finish and _move_undo. may_defer: the
 // source's rows may be left to a cleaner (sharding.move_cleanup =

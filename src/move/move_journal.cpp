@@ -511,12 +511,14 @@ std::string execute(int64 id, bool may_defer) {
                 result = to_text(Phase::Done);
                 return;
             }
-            // Moves that copy nothing (same owner, no distributed table) end here.
-            journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(DONE) ", phase_started = pg_catalog.now(), "
-                    "finished = pg_catalog.now(), pid = NULL, new_epoch = coalesce(new_epoch, " +
-                    res.new_epoch.value_or("NULL") + "), rows_moved = coalesce(rows_moved, " +
-                    std::to_string(res.moved) + ") WHERE move = " + ids +
-                    " AND phase NOT IN " PHASE_SQL_FINAL);
+            // Moves that copy nothing (same owner, no distributed table) end
+            // here; the others' finish ended the row already (the same
+            // update would change nothing, over a connection opened again).
+            if (!res.ended)
+                journal("UPDATE sharding.move_journal SET phase = " PHASE_SQL(DONE) ", phase_started = pg_catalog.now(), "
+                        "finished = pg_catalog.now(), pid = NULL, new_epoch = coalesce(new_epoch, " +
+                        res.new_epoch.value_or("NULL") + "), rows_moved = coalesce(rows_moved, " +
+                        std::to_string(res.moved) + ") WHERE move = " + ids + " AND phase NOT IN " PHASE_SQL_FINAL);
             result = to_text(Phase::Done);
         },
         &err);

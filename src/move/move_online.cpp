@@ -1089,7 +1089,8 @@ MoveResult move_online(const Text &map_arg, int32 logical, const Text &key, cons
             if (m.out.moved < 0) {
                 m.out.deferred = true;
                 m.out.moved = 0;
-            }
+            } else
+                m.out.ended = true;
         },
         &err);
     if (!ok) fail_move(m, err);

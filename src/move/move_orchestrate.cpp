@@ -827,8 +827,11 @@ void check_dsns(const Text &destination, const Text &source) {
 
 void connect(const Text &source, const Text &destination) {
     check_dsns(destination, source);
+    // The journal's connection to this database: the one the move's
+    // journal() opened already, when it is idle and was opened as this
+    // role with the same DSN.
     Text self = coordinator_dsn();
-    named_connect(kSelf, c(self));
+    if (!named_keep(kSelf, c(self))) named_connect(kSelf, c(self));
     Text src = spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {c(source)});
     named_connect(kSrc, c(src));
     Text dst = spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {c(destination)});

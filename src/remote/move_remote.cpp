@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 extern "C" {
@@ -233,18 +234,17 @@ bool close_held(const std::string &slot) noexcept {
     return found;
 }
 
-// The statement every session of the engine runs first where it connects:
-// sharding._serve(<this database's coordinator token>) where the other
-// database has it, so that a node that follows another coordinator
-// refuses the session (55000) before it runs anything.
-std::string serve_check_sql() {
+// The fencing check every session of the engine runs where it connects
+// (after the session guard, kSessionGuard below): this database's
+// coordinator token (sharding.coordinator_identity; "" without a row), or
+// none where this database has no such table (nothing to check). The other
+// end calls sharding._serve(token) where it has it, so that a node that
+// follows another coordinator refuses the session (55000) before it runs
+// anything.
+Text serve_token() {
     if (spi_value("SELECT pg_catalog.to_regclass('sharding.coordinator_identity') IS NOT NULL", {}) != Text("t"))
-        return std::string();
-    Text token = spi_value("SELECT i.token::text FROM sharding.coordinator_identity AS i", {});
-    // The token is a uuid (or nothing): a literal of hex digits and dashes.
-    return "DO $sharding$ BEGIN IF pg_catalog.to_regprocedure('sharding._serve(text)') IS NOT NULL THEN "
-           "PERFORM sharding._serve(" +
-           lit(Text(token.value_or(std::string()))) + "); END IF; END $sharding$";
+        return std::nullopt;
+    return spi_value("SELECT i.token::text FROM sharding.coordinator_identity AS i", {}).value_or(std::string());
 }
 
 void set_takeover_mode() {
@@ -591,20 +591,20 @@ PGresult *collect_statement(PGconn *conn, const char *prefix, bool drain) {
 }
 
 // The first statements of every (non-replication) session: see the Remote
-// constructor. A database without a schema "sharding" passes (nothing of
-// the engine's can run there); one whose "sharding" is not the extension's
-// is refused (42501) before anything runs.
+// constructor. In plain SQL (a DO block would load and compile PL/pgSQL in
+// every new session, ~4 ms more per connection), one round trip: whether
+// the database has a schema "sharding" that is not the extension's (then
+// the session is refused, 42501, before anything runs there: a database
+// without a schema "sharding" passes, nothing of the engine's can run
+// there), the database's name as an identifier, and whether it has
+// sharding._serve(text) (the fencing check, serve_token above).
 const char *const kSessionGuard =
     "SET search_path = pg_catalog, pg_temp; "
-    "DO $sharding_guard$ BEGIN "
-    "IF EXISTS (SELECT FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'sharding') "
+    "SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'sharding') "
     "AND NOT EXISTS (SELECT FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n "
-    "ON n.oid = e.extnamespace WHERE e.extname = 'sharding' AND n.nspname = 'sharding') THEN "
-    "RAISE EXCEPTION USING ERRCODE = '42501', "
-    "MESSAGE = 'schema \"sharding\" of database ' || pg_catalog.quote_ident(pg_catalog.current_database()) || "
-    "' is not the sharding extension''s: the move engine runs nothing there', "
-    "HINT = 'CREATE EXTENSION sharding there (a superuser), or give the node a DSN of a database that has it.'; "
-    "END IF; END $sharding_guard$; ";
+    "ON n.oid = e.extnamespace WHERE e.extname = 'sharding' AND n.nspname = 'sharding'), "
+    "pg_catalog.quote_ident(pg_catalog.current_database()), "
+    "pg_catalog.to_regprocedure('sharding._serve(text)') IS NOT NULL";
 
 Remote::Remote(const std::string &dsn_in, bool replication, const std::string &application_name,
                const std::string &options, bool own_login)
@@ -661,10 +661,24 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
             // database (a superuser's move, a DSN another role wrote; a
             // database owner can make a schema of that name, not install
             // the extension, which needs a superuser). Then the fencing
-            // check (serve_check_sql).
-            std::string check = std::string(kSessionGuard);
-            if (!takeover_mode) check += serve_check_sql();
-            run(check);
+            // check (serve_token).
+            PGresult *res = nullptr;
+            run(kSessionGuard, &res);
+            std::unique_ptr<PGresult, decltype(&PQclear)> guard(res, &PQclear);
+            if (res == nullptr || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != 3)
+                fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected answer to the session's first check");
+            if (std::strcmp(PQgetvalue(res, 0, 0), "t") == 0)
+                fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+                     Explain{"", "CREATE EXTENSION sharding there (a superuser), or give the node a DSN of a database "
+                                 "that has it."},
+                     "schema \"sharding\" of database %s is not the sharding extension's: the move engine runs "
+                     "nothing there",
+                     PQgetvalue(res, 0, 1));
+            if (!takeover_mode && std::strcmp(PQgetvalue(res, 0, 2), "t") == 0) {
+                // The token is a uuid (or nothing): a literal of hex digits and dashes.
+                const Text token = serve_token();
+                if (token) run("SELECT sharding._serve(" + lit(token) + ")");
+            }
         }
     } catch (...) {
         unregister_conn(conn_);

@@ -16,6 +16,7 @@
 #include "pg/boundary.hpp"
 
 #include <functional>
+#include <optional>
 #include <string>
 
 extern "C" {
@@ -59,12 +60,12 @@ void engine_scope_leave(int saved);
 // key = value pairs instead, passwords masked; what does not parse is
 // kept up to where it stops parsing, the rest shown as ********.
 std::string mask_password(const std::string &dsn);
-// Fencing (take_over.cpp and move_remote.cpp, docs/nodes.md "Failover of the coordinator"):
-// every connection but a replication one first runs serve_check_sql() there,
-// so that a database following another coordinator refuses the session
+// Fencing (take_over.cpp and move_remote.cpp, docs/nodes.md "Failover of
+// the coordinator"): every connection but a replication one first calls
+// sharding._serve(serve_token()) there, where it has it, so that a database following another coordinator refuses the session
 // (55000) before it runs anything; set_takeover_mode() lifts that for the
 // connections the rest of this transaction opens (take_over's own).
-std::string serve_check_sql();
+std::optional<std::string> serve_token();
 void set_takeover_mode();
 
 class Remote {
@@ -172,6 +173,11 @@ void cancel_and_drain(PGconn *conn) noexcept;
 // detail and hint.
 void named_connect(const char *name, const char *dsn);
 bool named_open(const char *name);
+// Whether the engine's connection `name` is open, idle (no transaction),
+// opened with this dsn and by the role this backend acts as now: a caller
+// that would open it again may keep it (a connection costs a new backend
+// there, tens of milliseconds).
+bool named_keep(const char *name, const char *dsn);
 void named_disconnect(const char *name) noexcept;
 bool named_run(const char *name, const char *sql, std::string *out);
 // The libpq connection behind a name (as named_run finds it), for a caller

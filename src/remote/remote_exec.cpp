@@ -53,6 +53,10 @@ struct Named {
     // Opened by the engine itself (named_connect from C++, or a caller who
     // may use the owner's credentials): its login may be the owner's.
     bool engine;
+    // What it was opened with (named_keep): the DSN, and the role this
+    // backend acted as then (the password rule was checked for that role).
+    std::string dsn;
+    Oid user;
 };
 Named named[kMaxNamed];
 bool exit_installed = false;
@@ -202,6 +206,8 @@ void connect_named(const char *name, const char *dsn, bool engine) {
     std::strncpy(slot->name, name, NAMEDATALEN - 1);
     slot->conn = conn;
     slot->engine = engine;
+    slot->dsn = dsn;
+    slot->user = GetUserId();
     std::string ignored;
     try {
         run(conn, "SET search_path = pg_catalog, pg_temp", &ignored);
@@ -223,6 +229,12 @@ bool named_open(const char *name) {
         n = nullptr;
     }
     return n != nullptr;
+}
+
+bool named_keep(const char *name, const char *dsn) {
+    if (dsn == nullptr || !named_open(name)) return false;
+    const Named *n = find(name);
+    return n->engine && PQtransactionStatus(n->conn) == PQTRANS_IDLE && n->dsn == dsn && n->user == GetUserId();
 }
 
 void named_disconnect(const char *name) noexcept {

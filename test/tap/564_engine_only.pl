@@ -126,19 +126,28 @@ like($as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n3
 	  'sharding_move_dst']) AS c WHERE sharding._dbl_open(c);"), qr/^(42501: |\d+\n?$)/,
 	'after a move, dan may not run SQL of his own over the engine\'s named connections');
 is($super->($c) . $super->($d), 'ff', '... and dan is a superuser nowhere');
-# The connection the engine keeps for its journal in dan's session after his
-# move is the engine's: no statement of his, nor one of the internals that
-# take a connection's name.
+# The connection the engine keeps for its journal in dan's session is the
+# engine's: no statement of his, nor one of the internals that take a
+# connection's name. A move that copies closes it when it ends; a move in
+# a map without tables (the switch is the move) ends its journal row over
+# it after that and leaves it open in his session (without it, the calls
+# below would fail with 08003, not 42501).
+$q->("SELECT sharding.create_map('bare', 2, ARRAY['n1', 'n3'])");
+my $bare = $q->("SELECT node FROM sharding.shards WHERE map = 'bare' AND logical = 0");
 for my $call ("sharding._dbl_value('sharding_move_self', 'SELECT current_user')",
 	"sharding._move_stop_backends('sharding_move_self', 'no_such_application')",
 	"sharding._move_call('sharding_move_self', '_thaw_shard', 'bank', 5)")
 {
+	$bare = $bare eq 'n1' ? 'n3' : 'n1';
 	my $got = $as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n1');
+		SELECT sharding.move_shard_online('bare', 0, '$bare');
 		SELECT sharding._dbl_open('sharding_move_self');
 		SELECT $call;");
 	like($got, qr/^42501: /, "after a move, dan's $call on the engine's journal connection: 42501 ($got)");
 	$q->("SELECT sharding.move_shard_online('bank', 0, 'n3')");
 }
+is($q->("SELECT node FROM sharding.shards WHERE map = 'bare' AND logical = 0"), $bare,
+	"dan's moves of the map without tables switched its shard each time");
 
 $reset->();
 check_data('after the moves by dan');
