@@ -988,9 +988,11 @@ bool switched_after_all(OnlineMove &m, const Caught &err) {
     // from a backup, or one that crashed, may have missed a switch the
     // nodes saw); a destination out of reach leaves it frozen and the
     // journal row live for _move_recover.
-    // Connections may be in any state: start from fresh ones.
+    // Connections may be in any state: start from fresh ones (the
+    // journal's too, which connect() would keep when idle).
     const bool tidied = subxact(
         [&] {
+            named_disconnect(kSelf);
             connect(m.source, Text(m.node));
             if (switched)
                 finish(m.map, m.logical, m.key, m.node, m.out.new_epoch);

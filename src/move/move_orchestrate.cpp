@@ -26,7 +26,8 @@
 // together with the journal's 'cleanup'. The move's main block runs in a
 // subtransaction (what a PL/pgSQL EXCEPTION block is): on any error,
 // cancel included, it is rolled back, then the source is thawed, the move
-// undone (or, after the switch, finished) from fresh connections, and the
+// undone (or, after the switch, finished) from fresh connections (the
+// journal's too: a move keeps it from its start, named_keep), and the
 // original error raised with its SQLSTATE, message, detail and hint.
 //
 // Boundary (src/pg/boundary.hpp): every PostgreSQL call that may ereport
@@ -828,10 +829,10 @@ void check_dsns(const Text &destination, const Text &source) {
 void connect(const Text &source, const Text &destination) {
     check_dsns(destination, source);
     // The journal's connection to this database: the one the move's
-    // journal() opened already, when it is idle and was opened as this
-    // role with the same DSN.
+    // journal() opened already, when it is idle, the engine's own and was
+    // opened as this role with the same DSN (named_keep); else a fresh one.
     Text self = coordinator_dsn();
-    if (!named_keep(kSelf, c(self))) named_connect(kSelf, c(self));
+    if (!named_keep(kSelf, c(self), true)) named_connect(kSelf, c(self));
     Text src = spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {c(source)});
     named_connect(kSrc, c(src));
     Text dst = spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {c(destination)});
@@ -1281,6 +1282,7 @@ SHARDING_FUNCTION(sharding__move_journal) {
         fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for function _move_journal");
     Text sql = text_arg(fcinfo, 0);
     Text v = journal(*sql);
+    named_taint(kSelf);  // the caller's statement may have changed its session
     if (!v) PG_RETURN_NULL();
     PG_RETURN_DATUM(PointerGetDatum(glue(cstring_to_text_with_len, v->c_str(), (int)v->size())));
 }

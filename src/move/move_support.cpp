@@ -16,7 +16,12 @@ Text dbl(const char *conn, const std::string &sql) {
 }
 
 Text journal(const std::string &sql) {
-    if (!named_open(kSelf)) {
+    // The engine's own connection to this database, in whatever
+    // transaction the engine left it (connect() opens it with the
+    // coordinator's DSN); one opened by an SQL caller under the same name
+    // (_dbl_connect) or given its statements, or opened as another role,
+    // is replaced (named_keep).
+    if (!named_keep(kSelf, nullptr, false)) {
         Text dsn = coordinator_dsn();
         named_connect(kSelf, c(dsn));
     }

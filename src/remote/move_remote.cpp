@@ -591,13 +591,14 @@ PGresult *collect_statement(PGconn *conn, const char *prefix, bool drain) {
 }
 
 // The first statements of every (non-replication) session: see the Remote
-// constructor. In plain SQL (a DO block would load and compile PL/pgSQL in
-// every new session, ~4 ms more per connection), one round trip: whether
-// the database has a schema "sharding" that is not the extension's (then
-// the session is refused, 42501, before anything runs there: a database
-// without a schema "sharding" passes, nothing of the engine's can run
-// there), the database's name as an identifier, and whether it has
-// sharding._serve(text) (the fencing check, serve_token above).
+// constructor. In plain SQL (no DO block to compile in every new session;
+// sharding._serve, PL/pgSQL itself, is called only where it exists), in
+// one round trip: whether the database has a schema "sharding" that is
+// not the extension's (then the session is refused, 42501, before anything
+// runs there: a database without a schema "sharding" passes, nothing of
+// the engine's can run there), the database's name as an identifier, and
+// whether it has sharding._serve(text) (the fencing check, serve_token
+// above).
 const char *const kSessionGuard =
     "SET search_path = pg_catalog, pg_temp; "
     "SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'sharding') "

@@ -173,11 +173,15 @@ void cancel_and_drain(PGconn *conn) noexcept;
 // detail and hint.
 void named_connect(const char *name, const char *dsn);
 bool named_open(const char *name);
-// Whether the engine's connection `name` is open, idle (no transaction),
-// opened with this dsn and by the role this backend acts as now: a caller
-// that would open it again may keep it (a connection costs a new backend
-// there, tens of milliseconds).
-bool named_keep(const char *name, const char *dsn);
+// Whether connection `name` is open, was opened by the engine's C++
+// (named_connect) with this dsn (any, if nullptr) and as the role this
+// backend acts as now,
+// was never given an SQL caller's statement (_dbl_connect, _dbl_run,
+// _dbl_value, _move_journal: named_taint), and, with idle, is in no
+// transaction: a caller that would open it again may keep it (a
+// connection costs a new backend there, tens of milliseconds).
+bool named_keep(const char *name, const char *dsn, bool idle);
+void named_taint(const char *name) noexcept;
 void named_disconnect(const char *name) noexcept;
 bool named_run(const char *name, const char *sql, std::string *out);
 // The libpq connection behind a name (as named_run finds it), for a caller

@@ -57,6 +57,10 @@ struct Named {
     // backend acted as then (the password rule was checked for that role).
     std::string dsn;
     Oid user;
+    // Opened by the engine's C++ (named_connect) and never given a
+    // statement of an SQL caller's (_dbl_connect, _dbl_run, _dbl_value,
+    // 1.3's _move_journal): its session state is the engine's.
+    bool pristine;
 };
 Named named[kMaxNamed];
 bool exit_installed = false;
@@ -180,7 +184,7 @@ using namespace sharding::move;
 namespace sharding::move {
 
 namespace {
-void connect_named(const char *name, const char *dsn, bool engine) {
+void connect_named(const char *name, const char *dsn, bool engine, bool pristine) {
     if (dsn == nullptr)
         fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "no connection string for connection \"%s\"", name);
     if (std::strlen(name) >= NAMEDATALEN) fail(ERRCODE_NAME_TOO_LONG, "connection name too long");
@@ -208,6 +212,7 @@ void connect_named(const char *name, const char *dsn, bool engine) {
     slot->engine = engine;
     slot->dsn = dsn;
     slot->user = GetUserId();
+    slot->pristine = pristine;
     std::string ignored;
     try {
         run(conn, "SET search_path = pg_catalog, pg_temp", &ignored);
@@ -220,7 +225,7 @@ void connect_named(const char *name, const char *dsn, bool engine) {
 
 }  // namespace
 
-void named_connect(const char *name, const char *dsn) { connect_named(name, dsn, true); }
+void named_connect(const char *name, const char *dsn) { connect_named(name, dsn, true, true); }
 
 bool named_open(const char *name) {
     Named *n = find(name);
@@ -231,10 +236,15 @@ bool named_open(const char *name) {
     return n != nullptr;
 }
 
-bool named_keep(const char *name, const char *dsn) {
-    if (dsn == nullptr || !named_open(name)) return false;
+bool named_keep(const char *name, const char *dsn, bool idle) {
+    if (!named_open(name)) return false;
     const Named *n = find(name);
-    return n->engine && PQtransactionStatus(n->conn) == PQTRANS_IDLE && n->dsn == dsn && n->user == GetUserId();
+    return n->engine && n->pristine && (!idle || PQtransactionStatus(n->conn) == PQTRANS_IDLE) &&
+           (dsn == nullptr || n->dsn == dsn) && n->user == GetUserId();
+}
+
+void named_taint(const char *name) noexcept {
+    if (Named *n = find(name)) n->pristine = false;
 }
 
 void named_disconnect(const char *name) noexcept {
@@ -275,7 +285,7 @@ SHARDING_FUNCTION(sharding__dbl_connect) {
         check_named_for_caller(name);
         if (dsn != nullptr) (void)caller_dsn(dsn);
     }
-    connect_named(name, dsn, engine);
+    connect_named(name, dsn, engine, false);
     PG_RETURN_VOID();
 }
 
@@ -301,6 +311,7 @@ Datum run_named(FunctionCallInfo fcinfo) {
     PGconn *conn = sharding::move::named_conn(name);
     // SEC-4: the engine's own connections run only the engine's statements.
     check_named_for_caller(name);
+    named_taint(name);
     bool has;
     Datum d;
     {

@@ -117,37 +117,49 @@ my $moved = $as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank',
 like($moved, qr/^\d+$/, "dan moves shard 0 to n3: $moved");
 check_data('after the move by dan');
 # The engine's named connections of dan's session (the journal's over the
-# coordinator's DSN, the source's, the destination's) are the engine's.
+# coordinator's DSN, the source's, the destination's) are the engine's. A
+# move that copies closes them when it ends; a move in a map without
+# tables (the switch is the move) ends its journal row over the journal's
+# connection after that and leaves it open in his session: the checks
+# below make one each time first (without it they would fail with 08003),
+# and check that it switched the shard.
+$q->("SELECT sharding.create_map('bare', 2, ARRAY['n1', 'n3'])");
+my $bare = $q->("SELECT node FROM sharding.shards WHERE map = 'bare' AND logical = 0");
+my $refused = qr/^42501: permission denied to use connection "sharding_move_self" of the extension/;
+my $bare_move = sub {
+	$bare = $bare eq 'n1' ? 'n3' : 'n1';
+	return "SELECT sharding.move_shard_online('bare', 0, '$bare');";
+};
+my $bare_moved = sub {
+	is($q->("SELECT node FROM sharding.shards WHERE map = 'bare' AND logical = 0"), $bare,
+		"... dan's move of the map without tables switched its shard to $bare");
+};
 like($as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n1');
 	SELECT sharding._dbl_connect('sharding_move_src', '$n1');"), qr/^42501: /,
 	'after a move, dan may not open a named connection with a node\'s masked DSN');
-like($as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n3');
-	SELECT sharding._dbl_run(c, 'ALTER ROLE dan SUPERUSER') FROM unnest(ARRAY['sharding_move_self', 'sharding_move_src',
+like($as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n3');" . $bare_move->() . "
+	SELECT sharding._dbl_open('sharding_move_self');
+	SELECT sharding._dbl_run('sharding_move_self', 'ALTER ROLE dan SUPERUSER');"), $refused,
+	'after his moves, dan may not run SQL of his own over the engine\'s journal connection');
+$bare_moved->();
+like($as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n1');
+	SELECT sharding._dbl_run(c, 'ALTER ROLE dan SUPERUSER') FROM unnest(ARRAY['sharding_move_src',
 	  'sharding_move_dst']) AS c WHERE sharding._dbl_open(c);"), qr/^(42501: |\d+\n?$)/,
-	'after a move, dan may not run SQL of his own over the engine\'s named connections');
+	'after a move, dan may not run SQL of his own over the source\'s or destination\'s connection if still open');
 is($super->($c) . $super->($d), 'ff', '... and dan is a superuser nowhere');
-# The connection the engine keeps for its journal in dan's session is the
-# engine's: no statement of his, nor one of the internals that take a
-# connection's name. A move that copies closes it when it ends; a move in
-# a map without tables (the switch is the move) ends its journal row over
-# it after that and leaves it open in his session (without it, the calls
-# below would fail with 08003, not 42501).
-$q->("SELECT sharding.create_map('bare', 2, ARRAY['n1', 'n3'])");
-my $bare = $q->("SELECT node FROM sharding.shards WHERE map = 'bare' AND logical = 0");
+# The journal's connection in dan's session: none of the internals that take
+# a connection's name runs on it for him.
 for my $call ("sharding._dbl_value('sharding_move_self', 'SELECT current_user')",
 	"sharding._move_stop_backends('sharding_move_self', 'no_such_application')",
 	"sharding._move_call('sharding_move_self', '_thaw_shard', 'bank', 5)")
 {
-	$bare = $bare eq 'n1' ? 'n3' : 'n1';
-	my $got = $as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n1');
-		SELECT sharding.move_shard_online('bare', 0, '$bare');
+	my $got = $as->($c, 'coord', 'dan', "SELECT sharding.move_shard_online('bank', 0, 'n1');" . $bare_move->() . "
 		SELECT sharding._dbl_open('sharding_move_self');
 		SELECT $call;");
-	like($got, qr/^42501: /, "after a move, dan's $call on the engine's journal connection: 42501 ($got)");
+	like($got, $refused, "after his moves, dan's $call on the engine's journal connection: 42501 ($got)");
+	$bare_moved->();
 	$q->("SELECT sharding.move_shard_online('bank', 0, 'n3')");
 }
-is($q->("SELECT node FROM sharding.shards WHERE map = 'bare' AND logical = 0"), $bare,
-	"dan's moves of the map without tables switched its shard each time");
 
 $reset->();
 check_data('after the moves by dan');
@@ -183,5 +195,22 @@ is($q->(q{SELECT sharding._mask_password('host=h password=x user=u') || ' | ' ||
 # SHOW to a role that is not a superuser.
 my ($rc, $out, $err) = $c->psql('coord', q{SET sharding.coordinator_dsn = 'postgresql://bob:p?x@h/db'; SET ROLE dan; SHOW sharding.coordinator_dsn});
 unlike($out, qr/p\?x/, "SHOW sharding.coordinator_dsn masks a URI password with a raw ? ($out)");
+
+# A connection an SQL caller opened under the journal's name, with a DSN of
+# his own, is not the engine's: a move does not write its journal over it
+# (before 1.4 its journal rows went wherever dan's DSN led; here a
+# database without the journal, and the move failed), it opens its own.
+sharding_password_login($c, 'dan');
+my $dan_dsn = 'host=' . $c->host . ' port=' . $c->port . ' dbname=postgres user=dan password=danpw';
+my $journal = "SELECT count(*) FILTER (WHERE phase = 'done') FROM sharding.move_journal";
+my $done = $q->($journal);
+my $to = $q->("SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = 0") eq 'n1' ? 'n3' : 'n1';
+like($as->($c, 'coord', 'dan', "SELECT sharding._dbl_connect('sharding_move_self', '$dan_dsn');
+	SELECT sharding._dbl_value('sharding_move_self', 'SELECT pg_catalog.current_database()');
+	SELECT sharding.move_shard_online('bank', 0, '$to') >= 0;"), qr/^\s*postgres\nt$/,
+	"dan's own connection under the journal's name: his move goes on");
+is($q->("SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = 0"), $to, '... it moved shard 0');
+is($q->($journal), $done + 1, '... and its journal row is in this database, done');
+check_data('after dan\'s move with his own journal connection');
 
 done_testing();
