@@ -1281,8 +1281,13 @@ SHARDING_FUNCTION(sharding__move_journal) {
                   {me.c_str()}) != Text("t"))
         fail(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for function _move_journal");
     Text sql = text_arg(fcinfo, 0);
+    // The caller's statement may change the session or fail in it: the
+    // connection is no longer the engine's alone (named_keep), whatever
+    // happens next.
+    struct Taint {
+        ~Taint() { named_taint(kSelf); }
+    } taint;
     Text v = journal(*sql);
-    named_taint(kSelf);  // the caller's statement may have changed its session
     if (!v) PG_RETURN_NULL();
     PG_RETURN_DATUM(PointerGetDatum(glue(cstring_to_text_with_len, v->c_str(), (int)v->size())));
 }

@@ -174,12 +174,13 @@ void cancel_and_drain(PGconn *conn) noexcept;
 void named_connect(const char *name, const char *dsn);
 bool named_open(const char *name);
 // Whether connection `name` is open, was opened by the engine's C++
-// (named_connect) with this dsn (any, if nullptr) and as the role this
-// backend acts as now,
-// was never given an SQL caller's statement (_dbl_connect, _dbl_run,
-// _dbl_value, _move_journal: named_taint), and, with idle, is in no
-// transaction: a caller that would open it again may keep it (a
-// connection costs a new backend there, tens of milliseconds).
+// (named_connect, not _dbl_connect) with this dsn (any, if nullptr) and as
+// the role this backend acts as now, was never named by an SQL caller to
+// an internal that takes a connection's name (check_named_for_caller:
+// _dbl_run, _dbl_value, _move_call, _move_delete_rows, ...) nor used by
+// 1.3's _move_journal (named_taint), and, with idle, is in no transaction:
+// a caller that would open it again may keep it (a connection costs a new
+// backend there, tens of milliseconds).
 bool named_keep(const char *name, const char *dsn, bool idle);
 void named_taint(const char *name) noexcept;
 void named_disconnect(const char *name) noexcept;

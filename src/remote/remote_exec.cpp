@@ -266,6 +266,8 @@ void check_named_for_caller(const char *name) {
                      "statements the extension writes.",
                      "Call the extension's public functions, or open a connection of your own with sharding._dbl_connect."},
              "permission denied to use connection \"%s\" of the extension", name);
+    // Given an SQL caller's call: no longer the engine's alone (named_keep).
+    if (n != nullptr) n->pristine = false;
 }
 
 }  // namespace sharding::move
@@ -311,7 +313,6 @@ Datum run_named(FunctionCallInfo fcinfo) {
     PGconn *conn = sharding::move::named_conn(name);
     // SEC-4: the engine's own connections run only the engine's statements.
     check_named_for_caller(name);
-    named_taint(name);
     bool has;
     Datum d;
     {
