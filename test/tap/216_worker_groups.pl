@@ -167,11 +167,15 @@ ok(defined sharding_wait($node, 'postgres', done(6000), 't', 120), '6,000 jobs d
 # waits for: the workers' pace never decides whether work is left for the
 # next step (eight workers once drained all 20,000 jobs in under 2 s, before
 # w8 was told to slow down; it left with the others and held nothing when
-# killed).
-sql('SELECT add_jobs(8001, 14000)');
+# killed). The second part comes once w8 is a member and owns its shards:
+# added before, seven workers once drained it from the shards they still
+# owned before w8's join dealt it any, and w8 found nothing to do.
 $w{w8} = start_worker('w8');
+ok(defined sharding_wait($node, 'postgres', "SELECT count(*) > 0 FROM sharding.shards WHERE map = 'gm' AND node = 'w8'", 't', 60),
+	'w8 joined and owns shards');
+sql('SELECT add_jobs(8001, 14000)');
 ok(defined sharding_wait($node, 'postgres', "SELECT count(*) > 0 FROM audit WHERE worker = 'w8' AND event = 'done'", 't', 60),
-	'w8 joined and works');
+	'w8 works');
 sql("INSERT INTO ctl VALUES ('w3')");
 ok(defined sharding_wait($node, 'postgres', member('w3'), '0', 60), 'w3 left');
 my ($w3_rc) = sharding_finish(delete $w{w3});
