@@ -690,24 +690,20 @@ void copy_rows(OnlineMove &m) {
     };
     // What the copy is expected to send, and when it starts (time_left).
     note_expected(m.live_where, m.tables, !m.key);
-    if (sessions < 2) {
-        // One session, this one's at the destination: table after table.
+    // Pulls in this move's own session at the destination, one pull after
+    // the other, each in one part there (sharding.move_parallel 1 for the
+    // while, when it is more).
+    auto pull_here = [&](const std::vector<CopyPart> &reads) {
         Text parallel_was;
-        if (sessions < parallel) {
+        if (parallel > 1) {
             parallel_was = dbl(kDst, "SELECT pg_catalog.current_setting('sharding.move_parallel', true)");
             dbl(kDst, "SELECT pg_catalog.set_config('sharding.move_parallel', '1', false)");
         }
-        for (const CopyTable &t : m.tables) {
-            // The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
-            // from the source under the slot's exported snapshot, straight
-            // into the table (move_copy.cpp).
-            const CopyRead r = copy_read(m, t);
-            const std::string query =
-                "SELECT " + t.cols + " FROM " + r.from + (r.condition.empty() ? "" : " WHERE " + r.condition);
+        for (const CopyPart &p : reads) {
             Text pulled;
             {
                 WaitTick progress(tick, 250);
-                pulled = dbl(kDst, pull_sql(m, r.target, text_array(t.attnames), query));
+                pulled = dbl(kDst, pull_sql(m, p.target, p.attnames, p.query));
             }
             Copied done = pulled_pair(pulled);
             copied_rows += done.rows;
@@ -716,6 +712,20 @@ void copy_rows(OnlineMove &m) {
         }
         if (parallel_was)
             dbl(kDst, "SELECT pg_catalog.set_config('sharding.move_parallel', " + lit(*parallel_was) + ", false)");
+    };
+    if (sessions < 2) {
+        // One session, this one's at the destination: table after table.
+        // The destination pulls COPY (SELECT ... WHERE filter) TO STDOUT
+        // from the source under the slot's exported snapshot, straight
+        // into the table (move_copy.cpp).
+        std::vector<CopyPart> reads;
+        for (const CopyTable &t : m.tables) {
+            const CopyRead r = copy_read(m, t);
+            reads.push_back(CopyPart{r.target, text_array(t.attnames),
+                                     "SELECT " + t.cols + " FROM " + r.from +
+                                         (r.condition.empty() ? "" : " WHERE " + r.condition)});
+        }
+        pull_here(reads);
     } else {
         // Sessions of their own at the destination (named as the move, so
         // that an undo ends them with the rest; each ending by itself if
@@ -731,37 +741,46 @@ void copy_rows(OnlineMove &m) {
                  std::to_string(m.tables.size()) + " tables in " + std::to_string(nsessions) + " sessions");
         const std::string nice =
             must(dbl(kDst, "SELECT coalesce(pg_catalog.current_setting('sharding.move_nice', true), '0')"));
-        const std::string info = conninfo_of(named_connection(kDst));
-        const std::string options = "-c client_connection_check_interval=1000 -c sharding.move_parallel=1 "
-                                    "-c sharding.move_nice=" + std::to_string(std::atoi(nice.c_str())) +
-                                    " -c session_replication_role=replica";
-        std::vector<std::unique_ptr<Remote>> own;
-        std::vector<PGconn *> conns;
-        for (int i = 0; i < nsessions; i++) {
-            // A destination at max_connections: the sessions it gave copy.
-            try {
-                own.push_back(std::make_unique<Remote>(info, false, name, options));
-            } catch (const Error &e) {
-                if (i == 0 || !out_of_connections(e)) throw;
-                warn(format("move %s copies in %d sessions, not %d: %s", name.c_str(), i, nsessions, e.what()),
-                     "Raise max_connections at the destination, or lower sharding.move_parallel.");
-                break;
+        if (parts.size() == 1 && std::atoi(nice.c_str()) == 0) {
+            // One part (a small shard): this move's own session at the
+            // destination pulls it, as with one session; a session of its
+            // own would cost a connection there (and its first checks,
+            // ~20 ms) for nothing. Not when the copy is to run niced: that
+            // would renice this session for the rest of the move.
+            pull_here(parts);
+        } else {
+            const std::string info = conninfo_of(named_connection(kDst));
+            const std::string options = "-c client_connection_check_interval=1000 -c sharding.move_parallel=1 "
+                                        "-c sharding.move_nice=" + std::to_string(std::atoi(nice.c_str())) +
+                                        " -c session_replication_role=replica";
+            std::vector<std::unique_ptr<Remote>> own;
+            std::vector<PGconn *> conns;
+            for (int i = 0; i < nsessions; i++) {
+                // A destination at max_connections: the sessions it gave copy.
+                try {
+                    own.push_back(std::make_unique<Remote>(info, false, name, options));
+                } catch (const Error &e) {
+                    if (i == 0 || !out_of_connections(e)) throw;
+                    warn(format("move %s copies in %d sessions, not %d: %s", name.c_str(), i, nsessions, e.what()),
+                         "Raise max_connections at the destination, or lower sharding.move_parallel.");
+                    break;
+                }
+                conns.push_back(own.back()->conn());
+                own.back()->run("SET search_path = pg_catalog, pg_temp");
+                nice_session(conns.back(), std::atoi(nice.c_str()));
             }
-            conns.push_back(own.back()->conn());
-            own.back()->run("SET search_path = pg_catalog, pg_temp");
-            nice_session(conns.back(), std::atoi(nice.c_str()));
+            std::vector<std::string> work;
+            for (const CopyPart &p : parts) work.push_back(pull_sql(m, p.target, p.attnames, p.query));
+            run_queue(
+                conns, work, "copying a part: ",
+                [&](size_t, const std::string &v) {
+                    Copied done = pulled_pair(Text(v));
+                    copied_rows += done.rows;
+                    copied_bytes += done.bytes;
+                },
+                tick, 250);
+            note_copied(m.live_where, copied_rows, copied_bytes);
         }
-        std::vector<std::string> work;
-        for (const CopyPart &p : parts) work.push_back(pull_sql(m, p.target, p.attnames, p.query));
-        run_queue(
-            conns, work, "copying a part: ",
-            [&](size_t, const std::string &v) {
-                Copied done = pulled_pair(Text(v));
-                copied_rows += done.rows;
-                copied_bytes += done.bytes;
-            },
-            tick, 250);
-        note_copied(m.live_where, copied_rows, copied_bytes);
     }
     dbl(kDst, "SET session_replication_role = origin");
     // The snapshot is no longer needed: let go of the replication connection.

@@ -833,10 +833,10 @@ void connect(const Text &source, const Text &destination) {
     // opened as this role with the same DSN (named_keep); else a fresh one.
     Text self = coordinator_dsn();
     if (!named_keep(kSelf, c(self), true)) named_connect(kSelf, c(self));
+    // The source's and the destination's sessions are established at once.
     Text src = spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {c(source)});
-    named_connect(kSrc, c(src));
     Text dst = spi_value("SELECT x.dsn FROM sharding.nodes x WHERE x.node = $1", {c(destination)});
-    named_connect(kDst, c(dst));
+    named_connect_both(kSrc, c(src), kDst, c(dst));
 }
 
 void disconnect() {

@@ -152,6 +152,35 @@ int wait_socket_timeout(int events, pgsocket sock, long timeout_ms) {
     return rc;
 }
 
+// One interruptible wait for any of n sockets (glue: may ereport), each
+// with its events (WL_SOCKET_READABLE or WL_SOCKET_WRITEABLE); ready[i]
+// set for each socket that is. The set is the resource owner's (17 and
+// later) or this memory context's: an ERROR between its creation and its
+// end does not keep its descriptor past the transaction (17) or the
+// backend's next wait (before 17: only AddWaitEventToSet's own failure).
+void wait_sockets(int n, const pgsocket *socks, const int *events, bool *ready) {
+    InvalidateCatalogSnapshotConditionally();
+#if PG_VERSION_NUM >= 170000
+    WaitEventSet *set = CreateWaitEventSet(CurrentResourceOwner, n + 2);
+#else
+    WaitEventSet *set = CreateWaitEventSet(CurrentMemoryContext, n + 2);
+#endif
+    AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
+    AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
+    for (int i = 0; i < n; i++)
+        AddWaitEventToSet(set, events[i], socks[i], nullptr, reinterpret_cast<void *>(static_cast<intptr_t>(i)));
+    WaitEvent *occurred = static_cast<WaitEvent *>(palloc(sizeof(WaitEvent) * (n + 2)));
+    const int k = WaitEventSetWait(set, -1L, occurred, n + 2, PG_WAIT_EXTENSION);
+    FreeWaitEventSet(set);
+    for (int i = 0; i < k; i++) {
+        if (occurred[i].events & WL_LATCH_SET) ResetLatch(MyLatch);
+        if (occurred[i].events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE))
+            ready[reinterpret_cast<intptr_t>(occurred[i].user_data)] = true;
+    }
+    pfree(occurred);
+    CHECK_FOR_INTERRUPTS();
+}
+
 // The tick of the live WaitTick (plain C storage).
 const std::function<void()> *tick_fn = nullptr;
 long tick_ms = 0;
@@ -609,7 +638,16 @@ const char *const kSessionGuard =
 
 Remote::Remote(const std::string &dsn_in, bool replication, const std::string &application_name,
                const std::string &options, bool own_login)
-    : own_login_(own_login) {
+    : Remote(Deferred{}, dsn_in, replication, application_name, options, own_login) {
+    // The object is whole once the constructor it delegates to returns: a
+    // throw from here runs ~Remote, which closes the connection.
+    establish();
+    first_checks();
+}
+
+Remote::Remote(Deferred, const std::string &dsn_in, bool replication, const std::string &application_name,
+               const std::string &options, bool own_login)
+    : own_login_(own_login), replication_(replication) {
     glue(install_callbacks);
     // A node's shown DSN becomes its whole one (password included).
     const std::string dsn = real_dsn(dsn_in);
@@ -652,55 +690,94 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
         conn_ = nullptr;  // register_conn closed it
         throw;
     }
-    try {
-        establish();
-        if (!replication) {
-            // Every session first pins its search_path and checks that the
-            // schema "sharding" there is the extension's: the engine calls
-            // sharding.<function> on the other end, and its session may log
-            // in with more rights than whoever can create objects in that
-            // database (a superuser's move, a DSN another role wrote; a
-            // database owner can make a schema of that name, not install
-            // the extension, which needs a superuser). Then the fencing
-            // check (serve_token).
-            PGresult *res = nullptr;
-            run(kSessionGuard, &res);
-            std::unique_ptr<PGresult, decltype(&PQclear)> guard(res, &PQclear);
-            if (res == nullptr || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != 3)
-                fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected answer to the session's first check");
-            if (std::strcmp(PQgetvalue(res, 0, 0), "t") == 0)
-                fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
-                     Explain{"", "CREATE EXTENSION sharding there (a superuser), or give the node a DSN of a database "
-                                 "that has it."},
-                     "schema \"sharding\" of database %s is not the sharding extension's: the move engine runs "
-                     "nothing there",
-                     PQgetvalue(res, 0, 1));
-            if (!takeover_mode && std::strcmp(PQgetvalue(res, 0, 2), "t") == 0) {
-                // The token is a uuid (or nothing): a literal of hex digits and dashes.
-                const Text token = serve_token();
-                if (token) run("SELECT sharding._serve(" + lit(token) + ")");
-            }
+}
+
+void Remote::first_checks() {
+    if (!replication_) {
+        // Every session first pins its search_path and checks that the
+        // schema "sharding" there is the extension's: the engine calls
+        // sharding.<function> on the other end, and its session may log
+        // in with more rights than whoever can create objects in that
+        // database (a superuser's move, a DSN another role wrote; a
+        // database owner can make a schema of that name, not install
+        // the extension, which needs a superuser). Then the fencing
+        // check (serve_token).
+        PGresult *res = nullptr;
+        run(kSessionGuard, &res);
+        std::unique_ptr<PGresult, decltype(&PQclear)> guard(res, &PQclear);
+        if (res == nullptr || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != 3)
+            fail(ERRCODE_PROTOCOL_VIOLATION, "unexpected answer to the session's first check");
+        if (std::strcmp(PQgetvalue(res, 0, 0), "t") == 0)
+            fail(ERRCODE_INSUFFICIENT_PRIVILEGE,
+                 Explain{"", "CREATE EXTENSION sharding there (a superuser), or give the node a DSN of a database "
+                             "that has it."},
+                 "schema \"sharding\" of database %s is not the sharding extension's: the move engine runs "
+                 "nothing there",
+                 PQgetvalue(res, 0, 1));
+        if (!takeover_mode && std::strcmp(PQgetvalue(res, 0, 2), "t") == 0) {
+            // The token is a uuid (or nothing): a literal of hex digits and dashes.
+            const Text token = serve_token();
+            if (token) run("SELECT sharding._serve(" + lit(token) + ")");
         }
-    } catch (...) {
-        unregister_conn(conn_);
-        PQfinish(conn_);
-        conn_ = nullptr;
-        throw;
     }
 }
 
 void Remote::establish() {
-    if (PQstatus(conn_) == CONNECTION_BAD)
-        fail(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, "could not connect: %s",
-             chomp(PQerrorMessage(conn_)).c_str());
+    if (PQstatus(conn_) == CONNECTION_BAD) connect_failed();
     for (;;) {
         PostgresPollingStatusType st = PQconnectPoll(conn_);
         if (st == PGRES_POLLING_OK) break;
-        if (st == PGRES_POLLING_FAILED)
-            fail(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, "could not connect: %s",
-                 chomp(PQerrorMessage(conn_)).c_str());
+        if (st == PGRES_POLLING_FAILED) connect_failed();
         wait(st == PGRES_POLLING_WRITING);
     }
+    established();
+}
+
+void Remote::connect_failed() {
+    fail(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, "could not connect: %s",
+         chomp(PQerrorMessage(conn_)).c_str());
+}
+
+void Remote::establish_all(const std::vector<Remote *> &rs) {
+    // Every handshake goes on while the others wait for their server (the
+    // backend's start there, its authentication): each connection polled
+    // when its socket is ready, as establish() does one. A failure is
+    // thrown once every other one is done too, the first in rs's order,
+    // so that which error a caller sees does not depend on timing.
+    const int n = static_cast<int>(rs.size());
+    std::vector<PostgresPollingStatusType> st(n, PGRES_POLLING_WRITING);
+    std::vector<pgsocket> socks(n);
+    std::vector<int> events(n);
+    std::vector<int> which(n);
+    std::unique_ptr<bool[]> ready(new bool[n]);
+    for (int i = 0; i < n; i++)
+        if (PQstatus(rs[i]->conn_) == CONNECTION_BAD) st[i] = PGRES_POLLING_FAILED;
+    for (;;) {
+        int waiting = 0;
+        for (int i = 0; i < n; i++) {
+            if (st[i] != PGRES_POLLING_READING && st[i] != PGRES_POLLING_WRITING) continue;
+            const pgsocket sock = PQsocket(rs[i]->conn_);
+            if (sock == PGINVALID_SOCKET) {
+                st[i] = PGRES_POLLING_FAILED;
+                continue;
+            }
+            socks[waiting] = sock;
+            events[waiting] = st[i] == PGRES_POLLING_WRITING ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE;
+            which[waiting++] = i;
+        }
+        if (waiting == 0) break;
+        for (int j = 0; j < waiting; j++) ready[j] = false;
+        glue(wait_sockets, waiting, socks.data(), static_cast<const int *>(events.data()), ready.get());
+        for (int j = 0; j < waiting; j++)
+            if (ready[j]) st[which[j]] = PQconnectPoll(rs[which[j]]->conn_);
+    }
+    for (int i = 0; i < n; i++)
+        if (st[i] != PGRES_POLLING_OK) rs[i]->connect_failed();
+    for (Remote *r : rs) r->established();
+    for (Remote *r : rs) r->first_checks();
+}
+
+void Remote::established() {
     if (PQsetnonblocking(conn_, 1) != 0)
         fail(ERRCODE_CONNECTION_FAILURE, "could not make the connection non-blocking");
     // The password rule, the second half: a role that is not a superuser may

@@ -18,6 +18,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 extern "C" {
 #include "libpq-fe.h"
@@ -82,6 +83,15 @@ class Remote {
     // applied; the node's own authentication decides.
     Remote(const std::string &dsn, bool replication, const std::string &application_name,
            const std::string &options = std::string(), bool own_login = false);
+    // The same, but it only starts connecting (the password rule's first
+    // half checked): establish_all() ends it.
+    struct Deferred {};
+    Remote(Deferred, const std::string &dsn, bool replication, const std::string &application_name,
+           const std::string &options = std::string(), bool own_login = false);
+    // Establishes the started connections rs at once (their handshakes
+    // polled together), then runs each one's first checks in turn; throws
+    // the first failure in rs's order (each Remote's destructor closes it).
+    static void establish_all(const std::vector<Remote *> &rs);
     ~Remote();
     Remote(const Remote &) = delete;
     Remote &operator=(const Remote &) = delete;
@@ -116,12 +126,18 @@ class Remote {
 
   private:
     void establish();
+    // After the handshake: non-blocking, and the password rule's second half.
+    void established();
+    [[noreturn]] void connect_failed();
+    // The session's first statements (not on a replication connection).
+    void first_checks();
     void wait(bool for_write);
     void flush_out();
     // Sends a COPY statement and waits until its copy begins (`started`:
     // PGRES_COPY_OUT or PGRES_COPY_IN); else throws its error.
     void start_copy(const std::string &sql, ExecStatusType started);
     bool own_login_ = false;
+    bool replication_ = false;
     PGresult *next_result();
     PGconn *conn_ = nullptr;
     char *copy_buf_ = nullptr;
@@ -172,6 +188,9 @@ void cancel_and_drain(PGconn *conn) noexcept;
 // or a command's tag; a remote error thrown with its SQLSTATE, message,
 // detail and hint.
 void named_connect(const char *name, const char *dsn);
+// Two at once (their handshakes together): on a failure, the first in
+// the order given is thrown and neither is open.
+void named_connect_both(const char *name, const char *dsn, const char *name2, const char *dsn2);
 bool named_open(const char *name);
 // Whether connection `name` is open, was opened by the engine's C++
 // (named_connect, not _dbl_connect) with this dsn (any, if nullptr) and as

@@ -23,7 +23,10 @@
 #include "remote/move_remote.hpp"
 
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 extern "C" {
 #include "access/htup_details.h"
@@ -184,48 +187,73 @@ using namespace sharding::move;
 namespace sharding::move {
 
 namespace {
-void connect_named(const char *name, const char *dsn, bool engine, bool pristine) {
-    if (dsn == nullptr)
-        fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "no connection string for connection \"%s\"", name);
-    if (std::strlen(name) >= NAMEDATALEN) fail(ERRCODE_NAME_TOO_LONG, "connection name too long");
+// Opens each of the named connections `want` (name, dsn) at once: their
+// handshakes go on together (Remote::establish_all), the first failure in
+// want's order is thrown and none of them is then open.
+void connect_named(const std::vector<std::pair<const char *, const char *>> &want, bool engine, bool pristine) {
+    for (const auto &w : want) {
+        if (w.second == nullptr)
+            fail(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "no connection string for connection \"%s\"", w.first);
+        if (std::strlen(w.first) >= NAMEDATALEN) fail(ERRCODE_NAME_TOO_LONG, "connection name too long");
+    }
     glue(install_exit);
-    drop(name);
-    Named *slot = nullptr;
-    for (auto &n : named)
-        if (n.conn == nullptr) {
-            slot = &n;
-            break;
-        }
-    if (slot == nullptr)
+    for (const auto &w : want) drop(w.first);
+    int free_slots = 0;
+    for (const auto &n : named)
+        if (n.conn == nullptr) free_slots++;
+    if (free_slots < (int)want.size())
         fail(ERRCODE_TOO_MANY_CONNECTIONS, "too many named connections in this session (%d)", kMaxNamed);
-    PGconn *conn = nullptr;
+    std::vector<std::unique_ptr<Remote>> remotes;
+    std::vector<Remote *> rs;
     try {
-        Remote r(dsn, false, std::string());
-        conn = r.detach();
+        for (const auto &w : want) {
+            remotes.push_back(std::make_unique<Remote>(Remote::Deferred{}, w.second, false, std::string()));
+            rs.push_back(remotes.back().get());
+        }
+        Remote::establish_all(rs);
     } catch (const Error &e) {
         if (e.sqlstate() == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
             throw Error(e.sqlstate(), "could not establish connection", e.what());
         throw;
     }
-    std::strncpy(slot->name, name, NAMEDATALEN - 1);
-    slot->conn = conn;
-    slot->engine = engine;
-    slot->dsn = dsn;
-    slot->user = GetUserId();
-    slot->pristine = pristine;
+    for (size_t i = 0; i < want.size(); i++) {
+        Named *slot = nullptr;
+        for (auto &n : named)
+            if (n.conn == nullptr) {
+                slot = &n;
+                break;
+            }
+        std::strncpy(slot->name, want[i].first, NAMEDATALEN - 1);
+        slot->conn = remotes[i]->detach();
+        slot->engine = engine;
+        slot->dsn = want[i].second;
+        slot->user = GetUserId();
+        slot->pristine = pristine;
+    }
     std::string ignored;
     try {
-        run(conn, "SET search_path = pg_catalog, pg_temp", &ignored);
-        run(conn, "SET synchronous_commit = on", &ignored);
+        for (const auto &w : want) {
+            PGconn *conn = find(w.first)->conn;
+            run(conn, "SET search_path = pg_catalog, pg_temp", &ignored);
+            run(conn, "SET synchronous_commit = on", &ignored);
+        }
     } catch (...) {
-        drop(slot->name);
+        for (const auto &w : want) drop(w.first);
         throw;
     }
+}
+
+void connect_named(const char *name, const char *dsn, bool engine, bool pristine) {
+    connect_named({{name, dsn}}, engine, pristine);
 }
 
 }  // namespace
 
 void named_connect(const char *name, const char *dsn) { connect_named(name, dsn, true, true); }
+
+void named_connect_both(const char *name, const char *dsn, const char *name2, const char *dsn2) {
+    connect_named({{name, dsn}, {name2, dsn2}}, true, true);
+}
 
 bool named_open(const char *name) {
     Named *n = find(name);
