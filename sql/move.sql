@@ -53,7 +53,10 @@ ROLLBACK;
 -- _move_execute, _move_cancel, _move_recover): rows commit at once through
 -- the engine's own connection to this database (dblink here).
 CREATE EXTENSION dblink;
-SELECT sharding.add_node('a', 'host=/nonexistent/a dbname=nowhere_a'), sharding.add_node('b', 'host=/nonexistent/b dbname=nowhere_b');
+-- Nodes of databases this server does not have: each connection's
+-- handshake goes on until the server refuses it.
+SELECT sharding.add_node('a', sharding._coordinator_dsn() || ' dbname=nowhere_a'),
+       sharding.add_node('b', sharding._coordinator_dsn() || ' dbname=nowhere_b');
 -- Only under READ COMMITTED: the journal row commits over the engine's own
 -- connection and is read back in this transaction, which a transaction
 -- snapshot would not show. Refused (0A000) before anything is written.
@@ -101,10 +104,11 @@ SELECT sharding._move_enqueue(NULL, 'mv', 0, NULL, 'b') AS m2 \gset
 SELECT sharding._move_execute(:m2) AS result;
 SELECT phase, error_state, error IS NOT NULL AS has_error, pid FROM sharding.move_journal WHERE move = :m2;
 SELECT pg_temp.err($$SELECT sharding.move_shard_online('mv', 0, 'b')$$) LIKE '08001: %' AS raises_recorded;
--- The source's and the destination's sessions are established at once;
--- neither can be reached here, and the error recorded is the source's
--- (the first of the two), whichever of them failed first.
-SELECT error, error_detail LIKE '%/nonexistent/a/%' AS source_named, error_detail LIKE '%/nonexistent/b/%' AS destination_named
+-- The source's and the destination's sessions are established at once
+-- (their handshakes polled together); both are refused here, and the
+-- error recorded is the source's (the first of the two), whichever of
+-- them the server refused first.
+SELECT error, error_detail LIKE '%"nowhere_a"%' AS source_named, error_detail LIKE '%"nowhere_b"%' AS destination_named
   FROM sharding.move_journal WHERE move = :m2;
 SELECT phase, count(*) FROM sharding.move_journal GROUP BY phase ORDER BY phase;
 SELECT sharding._move_recover() AS recovered_nothing;

@@ -737,16 +737,20 @@ void copy_rows(OnlineMove &m) {
         // as it deletes the rows of any table already copied.
         const std::vector<CopyPart> parts = plan_copy(m, sessions);
         const int nsessions = std::min<int>(sessions, (int)parts.size());
-        debug_at("move " + name + ": copying " + std::to_string(parts.size()) + " parts of " +
-                 std::to_string(m.tables.size()) + " tables in " + std::to_string(nsessions) + " sessions");
         const std::string nice =
             must(dbl(kDst, "SELECT coalesce(pg_catalog.current_setting('sharding.move_nice', true), '0')"));
-        if (parts.size() == 1 && std::atoi(nice.c_str()) == 0) {
-            // One part (a small shard): this move's own session at the
-            // destination pulls it, as with one session; a session of its
-            // own would cost a connection there (and its first checks,
-            // ~20 ms) for nothing. Not when the copy is to run niced: that
-            // would renice this session for the rest of the move.
+        // One part (one table or leaf too small at the source to be cut, or
+        // a table read through its root): this move's own session at the
+        // destination pulls it, as with one session; a session of its own
+        // would cost a connection there (and its first checks, ~20 ms) for
+        // nothing. Not when the copy is to run niced: that would renice
+        // this session for the rest of the move.
+        const bool here = parts.size() == 1 && std::atoi(nice.c_str()) == 0;
+        debug_at("move " + name + ": copying " + std::to_string(parts.size()) + " parts of " +
+                 std::to_string(m.tables.size()) + " tables in " +
+                 (here ? std::string("the move's own session at the destination")
+                       : std::to_string(nsessions) + " sessions"));
+        if (here) {
             pull_here(parts);
         } else {
             const std::string info = conninfo_of(named_connection(kDst));

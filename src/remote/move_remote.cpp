@@ -154,10 +154,10 @@ int wait_socket_timeout(int events, pgsocket sock, long timeout_ms) {
 
 // One interruptible wait for any of n sockets (glue: may ereport), each
 // with its events (WL_SOCKET_READABLE or WL_SOCKET_WRITEABLE); ready[i]
-// set for each socket that is. The set is the resource owner's (17 and
-// later) or this memory context's: an ERROR between its creation and its
-// end does not keep its descriptor past the transaction (17) or the
-// backend's next wait (before 17: only AddWaitEventToSet's own failure).
+// set for each socket that is. From 17 the set is the resource owner's
+// (an ERROR before FreeWaitEventSet closes it at the transaction's end);
+// before 17 only AddWaitEventToSet's own failure (epoll_ctl) would leave
+// its descriptor open for the backend's life, as WaitLatchOrSocket's.
 void wait_sockets(int n, const pgsocket *socks, const int *events, bool *ready) {
     InvalidateCatalogSnapshotConditionally();
 #if PG_VERSION_NUM >= 170000
@@ -738,12 +738,17 @@ void Remote::connect_failed() {
          chomp(PQerrorMessage(conn_)).c_str());
 }
 
-void Remote::establish_all(const std::vector<Remote *> &rs) {
+std::vector<std::unique_ptr<Remote>> Remote::open_all(const std::vector<std::string> &dsns,
+                                                      const std::string &application_name) {
     // Every handshake goes on while the others wait for their server (the
     // backend's start there, its authentication): each connection polled
-    // when its socket is ready, as establish() does one. A failure is
-    // thrown once every other one is done too, the first in rs's order,
-    // so that which error a caller sees does not depend on timing.
+    // when its socket is ready, as establish() polls one. A failure is
+    // raised once every connection before it in dsns' order is
+    // established, so that which error a caller sees does not depend on
+    // timing, and never later than connecting one after the other would.
+    std::vector<std::unique_ptr<Remote>> rs;
+    for (const std::string &dsn : dsns)
+        rs.push_back(std::unique_ptr<Remote>(new Remote(Deferred{}, dsn, false, application_name, std::string(), false)));
     const int n = static_cast<int>(rs.size());
     std::vector<PostgresPollingStatusType> st(n, PGRES_POLLING_WRITING);
     std::vector<pgsocket> socks(n);
@@ -753,6 +758,11 @@ void Remote::establish_all(const std::vector<Remote *> &rs) {
     for (int i = 0; i < n; i++)
         if (PQstatus(rs[i]->conn_) == CONNECTION_BAD) st[i] = PGRES_POLLING_FAILED;
     for (;;) {
+        // The first connection in order not yet established: done when
+        // there is none, or when it failed.
+        int first = 0;
+        while (first < n && st[first] == PGRES_POLLING_OK) first++;
+        if (first == n || st[first] == PGRES_POLLING_FAILED) break;
         int waiting = 0;
         for (int i = 0; i < n; i++) {
             if (st[i] != PGRES_POLLING_READING && st[i] != PGRES_POLLING_WRITING) continue;
@@ -765,16 +775,18 @@ void Remote::establish_all(const std::vector<Remote *> &rs) {
             events[waiting] = st[i] == PGRES_POLLING_WRITING ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE;
             which[waiting++] = i;
         }
-        if (waiting == 0) break;
+        if (waiting == 0) continue;  // one just failed: the check above decides
         for (int j = 0; j < waiting; j++) ready[j] = false;
         glue(wait_sockets, waiting, socks.data(), static_cast<const int *>(events.data()), ready.get());
         for (int j = 0; j < waiting; j++)
             if (ready[j]) st[which[j]] = PQconnectPoll(rs[which[j]]->conn_);
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (st[i] != PGRES_POLLING_OK) rs[i]->connect_failed();
-    for (Remote *r : rs) r->established();
-    for (Remote *r : rs) r->first_checks();
+        rs[i]->established();
+        rs[i]->first_checks();
+    }
+    return rs;
 }
 
 void Remote::established() {

@@ -16,6 +16,7 @@
 #include "pg/boundary.hpp"
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,15 +84,17 @@ class Remote {
     // applied; the node's own authentication decides.
     Remote(const std::string &dsn, bool replication, const std::string &application_name,
            const std::string &options = std::string(), bool own_login = false);
-    // The same, but it only starts connecting (the password rule's first
-    // half checked): establish_all() ends it.
-    struct Deferred {};
-    Remote(Deferred, const std::string &dsn, bool replication, const std::string &application_name,
-           const std::string &options = std::string(), bool own_login = false);
-    // Establishes the started connections rs at once (their handshakes
-    // polled together), then runs each one's first checks in turn; throws
-    // the first failure in rs's order (each Remote's destructor closes it).
-    static void establish_all(const std::vector<Remote *> &rs);
+    // Sessions to each of dsns (not replication connections), established
+    // at once: every one started (the password rule's first half checked
+    // for each in turn, a failure there raised at once), their handshakes
+    // polled together, then each one in turn checked as the constructor
+    // checks one (the password rule's second half, the session's first
+    // checks). The failure raised is the first in dsns' order: one found
+    // before the handshakes, else the first connection's that failed
+    // (while an earlier one is still connecting, its outcome is awaited);
+    // none of them is then open.
+    static std::vector<std::unique_ptr<Remote>> open_all(const std::vector<std::string> &dsns,
+                                                         const std::string &application_name);
     ~Remote();
     Remote(const Remote &) = delete;
     Remote &operator=(const Remote &) = delete;
@@ -125,6 +128,11 @@ class Remote {
     PGconn *detach();
 
   private:
+    // Only starts connecting (the password rule's first half checked):
+    // open_all ends it.
+    struct Deferred {};
+    Remote(Deferred, const std::string &dsn, bool replication, const std::string &application_name,
+           const std::string &options, bool own_login);
     void establish();
     // After the handshake: non-blocking, and the password rule's second half.
     void established();
@@ -188,8 +196,8 @@ void cancel_and_drain(PGconn *conn) noexcept;
 // or a command's tag; a remote error thrown with its SQLSTATE, message,
 // detail and hint.
 void named_connect(const char *name, const char *dsn);
-// Two at once (their handshakes together): on a failure, the first in
-// the order given is thrown and neither is open.
+// Two at once (their handshakes together, Remote::open_all): on a
+// failure, neither is open.
 void named_connect_both(const char *name, const char *dsn, const char *name2, const char *dsn2);
 bool named_open(const char *name);
 // Whether connection `name` is open, was opened by the engine's C++

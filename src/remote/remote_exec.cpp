@@ -188,8 +188,8 @@ namespace sharding::move {
 
 namespace {
 // Opens each of the named connections `want` (name, dsn) at once: their
-// handshakes go on together (Remote::establish_all), the first failure in
-// want's order is thrown and none of them is then open.
+// handshakes go on together (Remote::open_all, which says which failure
+// is raised); on a failure none of them is open.
 void connect_named(const std::vector<std::pair<const char *, const char *>> &want, bool engine, bool pristine) {
     for (const auto &w : want) {
         if (w.second == nullptr)
@@ -204,13 +204,10 @@ void connect_named(const std::vector<std::pair<const char *, const char *>> &wan
     if (free_slots < (int)want.size())
         fail(ERRCODE_TOO_MANY_CONNECTIONS, "too many named connections in this session (%d)", kMaxNamed);
     std::vector<std::unique_ptr<Remote>> remotes;
-    std::vector<Remote *> rs;
     try {
-        for (const auto &w : want) {
-            remotes.push_back(std::make_unique<Remote>(Remote::Deferred{}, w.second, false, std::string()));
-            rs.push_back(remotes.back().get());
-        }
-        Remote::establish_all(rs);
+        std::vector<std::string> dsns;
+        for (const auto &w : want) dsns.emplace_back(w.second);
+        remotes = Remote::open_all(dsns, std::string());
     } catch (const Error &e) {
         if (e.sqlstate() == ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION)
             throw Error(e.sqlstate(), "could not establish connection", e.what());
