@@ -4,6 +4,7 @@
 #include "pg/spi_snapshot.hpp"
 
 #include <cctype>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -156,10 +157,12 @@ int wait_socket_timeout(int events, pgsocket sock, long timeout_ms) {
 // with its events (WL_SOCKET_READABLE or WL_SOCKET_WRITEABLE); ready[i]
 // set for each socket that is. From 17 the set is the resource owner's
 // (an ERROR before FreeWaitEventSet closes it at the transaction's end);
-// before 17 only AddWaitEventToSet's own failure (epoll_ctl) would leave
-// its descriptor open for the backend's life, as WaitLatchOrSocket's.
+// before 17 an ERROR of AddWaitEventToSet (epoll_ctl) or WaitEventSetWait
+// would leave its descriptor open for the backend's life, as
+// WaitLatchOrSocket's does.
 void wait_sockets(int n, const pgsocket *socks, const int *events, bool *ready) {
     InvalidateCatalogSnapshotConditionally();
+    WaitEvent *occurred = static_cast<WaitEvent *>(palloc(sizeof(WaitEvent) * (n + 2)));
 #if PG_VERSION_NUM >= 170000
     WaitEventSet *set = CreateWaitEventSet(CurrentResourceOwner, n + 2);
 #else
@@ -169,7 +172,6 @@ void wait_sockets(int n, const pgsocket *socks, const int *events, bool *ready) 
     AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
     for (int i = 0; i < n; i++)
         AddWaitEventToSet(set, events[i], socks[i], nullptr, reinterpret_cast<void *>(static_cast<intptr_t>(i)));
-    WaitEvent *occurred = static_cast<WaitEvent *>(palloc(sizeof(WaitEvent) * (n + 2)));
     const int k = WaitEventSetWait(set, -1L, occurred, n + 2, PG_WAIT_EXTENSION);
     FreeWaitEventSet(set);
     for (int i = 0; i < k; i++) {
@@ -764,18 +766,21 @@ std::vector<std::unique_ptr<Remote>> Remote::open_all(const std::vector<std::str
         while (first < n && st[first] == PGRES_POLLING_OK) first++;
         if (first == n || st[first] == PGRES_POLLING_FAILED) break;
         int waiting = 0;
+        bool failed_now = false;
         for (int i = 0; i < n; i++) {
-            if (st[i] != PGRES_POLLING_READING && st[i] != PGRES_POLLING_WRITING) continue;
+            if (st[i] == PGRES_POLLING_OK || st[i] == PGRES_POLLING_FAILED) continue;
             const pgsocket sock = PQsocket(rs[i]->conn_);
-            if (sock == PGINVALID_SOCKET) {
+            if ((st[i] != PGRES_POLLING_READING && st[i] != PGRES_POLLING_WRITING) || sock == PGINVALID_SOCKET) {
+                // (PGRES_POLLING_ACTIVE is documented as unused.)
                 st[i] = PGRES_POLLING_FAILED;
+                failed_now = true;
                 continue;
             }
             socks[waiting] = sock;
             events[waiting] = st[i] == PGRES_POLLING_WRITING ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE;
             which[waiting++] = i;
         }
-        if (waiting == 0) continue;  // one just failed: the check above decides
+        if (failed_now) continue;  // the check above decides first
         for (int j = 0; j < waiting; j++) ready[j] = false;
         glue(wait_sockets, waiting, socks.data(), static_cast<const int *>(events.data()), ready.get());
         for (int j = 0; j < waiting; j++)

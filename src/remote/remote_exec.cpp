@@ -213,22 +213,23 @@ void connect_named(const std::vector<std::pair<const char *, const char *>> &wan
             throw Error(e.sqlstate(), "could not establish connection", e.what());
         throw;
     }
-    for (size_t i = 0; i < want.size(); i++) {
-        Named *slot = nullptr;
-        for (auto &n : named)
-            if (n.conn == nullptr) {
-                slot = &n;
-                break;
-            }
-        std::strncpy(slot->name, want[i].first, NAMEDATALEN - 1);
-        slot->conn = remotes[i]->detach();
-        slot->engine = engine;
-        slot->dsn = want[i].second;
-        slot->user = GetUserId();
-        slot->pristine = pristine;
-    }
     std::string ignored;
     try {
+        for (size_t i = 0; i < want.size(); i++) {
+            Named *slot = nullptr;
+            for (auto &n : named)
+                if (n.conn == nullptr) {
+                    slot = &n;
+                    break;
+                }
+            // Every field before the connection: a slot without one is free.
+            std::strncpy(slot->name, want[i].first, NAMEDATALEN - 1);
+            slot->engine = engine;
+            slot->dsn = want[i].second;
+            slot->user = GetUserId();
+            slot->pristine = pristine;
+            slot->conn = remotes[i]->detach();
+        }
         for (const auto &w : want) {
             PGconn *conn = find(w.first)->conn;
             run(conn, "SET search_path = pg_catalog, pg_temp", &ignored);
