@@ -134,16 +134,8 @@ std::string chomp(const char *m) {
     throw Error(code, prefix + msg, detail, hint);
 }
 
-// One interruptible wait for the socket (glue: may ereport).
-int wait_socket(int events, pgsocket sock) {
-    InvalidateCatalogSnapshotConditionally();  // no xmin held while waiting (RB-10)
-    int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | events, sock, -1L, PG_WAIT_EXTENSION);
-    if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
-    CHECK_FOR_INTERRUPTS();
-    return rc;
-}
-
-// The same, waking after timeout_ms at the latest (-1: no limit).
+// One interruptible wait for the socket (glue: may ereport), waking after
+// timeout_ms at the latest (-1: no limit).
 int wait_socket_timeout(int events, pgsocket sock, long timeout_ms) {
     if (timeout_ms >= 0) events |= WL_TIMEOUT;
     InvalidateCatalogSnapshotConditionally();
@@ -643,7 +635,9 @@ Remote::Remote(const std::string &dsn_in, bool replication, const std::string &a
     : Remote(Deferred{}, dsn_in, replication, application_name, options, own_login) {
     // The object is whole once the constructor it delegates to returns: a
     // throw from here runs ~Remote, which closes the connection.
-    establish();
+    Remote *self = this;
+    handshake(&self, 1);
+    established();
     first_checks();
 }
 
@@ -724,34 +718,18 @@ void Remote::first_checks() {
     }
 }
 
-void Remote::establish() {
-    if (PQstatus(conn_) == CONNECTION_BAD) connect_failed();
-    for (;;) {
-        PostgresPollingStatusType st = PQconnectPoll(conn_);
-        if (st == PGRES_POLLING_OK) break;
-        if (st == PGRES_POLLING_FAILED) connect_failed();
-        wait(st == PGRES_POLLING_WRITING);
-    }
-    established();
-}
-
 void Remote::connect_failed() {
     fail(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, "could not connect: %s",
          chomp(PQerrorMessage(conn_)).c_str());
 }
 
-std::vector<std::unique_ptr<Remote>> Remote::open_all(const std::vector<std::string> &dsns,
-                                                      const std::string &application_name) {
+void Remote::handshake(Remote *const *rs, int n) {
     // Every handshake goes on while the others wait for their server (the
     // backend's start there, its authentication): each connection polled
-    // when its socket is ready, as establish() polls one. A failure is
-    // raised once every connection before it in dsns' order is
-    // established, so that which error a caller sees does not depend on
-    // timing, and never later than connecting one after the other would.
-    std::vector<std::unique_ptr<Remote>> rs;
-    for (const std::string &dsn : dsns)
-        rs.push_back(std::unique_ptr<Remote>(new Remote(Deferred{}, dsn, false, application_name, std::string(), false)));
-    const int n = static_cast<int>(rs.size());
+    // when its socket is ready. A failure is raised once every connection
+    // before it in order is established, so that which error a caller sees
+    // does not depend on timing, and never later than connecting one after
+    // the other would. One connection (the constructor) is a list of one.
     std::vector<PostgresPollingStatusType> st(n, PGRES_POLLING_WRITING);
     std::vector<pgsocket> socks(n);
     std::vector<int> events(n);
@@ -764,7 +742,8 @@ std::vector<std::unique_ptr<Remote>> Remote::open_all(const std::vector<std::str
         // there is none, or when it failed.
         int first = 0;
         while (first < n && st[first] == PGRES_POLLING_OK) first++;
-        if (first == n || st[first] == PGRES_POLLING_FAILED) break;
+        if (first == n) return;
+        if (st[first] == PGRES_POLLING_FAILED) rs[first]->connect_failed();
         int waiting = 0;
         bool failed_now = false;
         for (int i = 0; i < n; i++) {
@@ -786,10 +765,20 @@ std::vector<std::unique_ptr<Remote>> Remote::open_all(const std::vector<std::str
         for (int j = 0; j < waiting; j++)
             if (ready[j]) st[which[j]] = PQconnectPoll(rs[which[j]]->conn_);
     }
-    for (int i = 0; i < n; i++) {
-        if (st[i] != PGRES_POLLING_OK) rs[i]->connect_failed();
-        rs[i]->established();
-        rs[i]->first_checks();
+}
+
+std::vector<std::unique_ptr<Remote>> Remote::open_all(const std::vector<std::string> &dsns,
+                                                      const std::string &application_name) {
+    std::vector<std::unique_ptr<Remote>> rs;
+    std::vector<Remote *> raw;
+    for (const std::string &dsn : dsns) {
+        rs.push_back(std::unique_ptr<Remote>(new Remote(Deferred{}, dsn, false, application_name, std::string(), false)));
+        raw.push_back(rs.back().get());
+    }
+    handshake(raw.data(), static_cast<int>(raw.size()));
+    for (Remote *r : raw) {
+        r->established();
+        r->first_checks();
     }
     return rs;
 }
@@ -833,7 +822,7 @@ void Remote::wait(bool for_write) {
     pgsocket sock = PQsocket(conn_);
     if (sock == PGINVALID_SOCKET) fail(ERRCODE_CONNECTION_FAILURE, "the connection has no socket");
     try {
-        glue(wait_socket, for_write ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock);
+        glue(wait_socket_timeout, for_write ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock, -1L);
     } catch (...) {
         cancel();  // the caller is cancelled (or the server stops): so is the remote statement
         throw;

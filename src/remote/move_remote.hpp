@@ -133,7 +133,9 @@ class Remote {
     struct Deferred {};
     Remote(Deferred, const std::string &dsn, bool replication, const std::string &application_name,
            const std::string &options, bool own_login);
-    void establish();
+    // Polls the handshakes of rs[0..n) together until every one is
+    // established; else raises the first failure in order (see open_all).
+    static void handshake(Remote *const *rs, int n);
     // After the handshake: non-blocking, and the password rule's second half.
     void established();
     [[noreturn]] void connect_failed();
