@@ -4,7 +4,8 @@
 # connected one after the other (round 13's review findings):
 #   - a source refused at once is raised at once, while the destination's
 #     handshake still waits for a server that never answers (a silent port:
-#     listening, never accepting; its connect_timeout is ten minutes);
+#     listening, never accepting; libpq's connect_timeout does not bound
+#     a handshake polled as the engine polls it);
 #   - the destination's half-open connection is closed when the move fails
 #     (nothing of a failed open_all is left open);
 #   - the other way round (the destination refused, the source silent) the
@@ -25,8 +26,8 @@ my $i = sharding_node('handshakes', db => 'coord');
 sub sq { my ($sql) = @_; return $i->safe_psql('coord', $sql); }
 
 # A silent port (the kernel completes each connection into the backlog and
-# keeps what the client sends unread) and a refused one (bound, then closed:
-# nothing listens there).
+# keeps what the client sends unread) and a refused one (bound, nothing
+# listens there).
 sub silent_port
 {
 	my $s = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp')
@@ -34,10 +35,11 @@ sub silent_port
 	return $s;
 }
 my $silent = silent_port();
-my $refused_sock = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp')
-  or die "cannot listen: $!";
+# (Bound, not listening, and kept so to the end: nothing else can take
+# the port meanwhile, and a connection to it is refused.)
+my $refused_sock = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp')
+  or die "cannot bind: $!";
 my $refused = $refused_sock->sockport;
-close($refused_sock);
 my ($rc0, $out0, $err0) = $i->psql('coord', "SELECT 1", connstr => "host=127.0.0.1 port=$refused dbname=x connect_timeout=5");
 like($err0, qr/refused/i, "port $refused refuses connections") or diag($err0);
 
@@ -45,18 +47,6 @@ sub dsn_of
 {
 	my ($port) = @_;
 	return "host=127.0.0.1 port=$port dbname=x sslmode=disable gssencmode=disable connect_timeout=600";
-}
-
-# move(SQL): runs SQL in psql, with 120 s to end; returns (ended, stderr).
-sub move
-{
-	my ($sql) = @_;
-	my ($out, $err) = ('', '');
-	my $h = IPC::Run::start([ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $i->connstr('coord'), '-c', $sql ],
-		'>', \$out, '2>', \$err, IPC::Run::timeout(120));
-	my $ended = eval { $h->finish; 1 };
-	$h->kill_kill unless $ended;
-	return ($ended ? 1 : 0, $err);
 }
 
 # The first connection waiting in the silent port's backlog: accepted, read
@@ -84,14 +74,23 @@ sq("SELECT sharding.add_node('src', '" . dsn_of($refused) . "'),
     SELECT sharding.create_map('m', 2, ARRAY['src', 'dst'])");
 my $S = sq("SELECT min(logical) FROM sharding.shards WHERE map = 'm' AND node = 'src'");
 
-# 1. The source refused at once, the destination silent.
-my ($ended, $err) = move("SET client_min_messages = warning; SELECT sharding.move_shard_online('m', $S, 'dst')");
+# 1. The source refused at once, the destination silent. The move runs in
+# a session that stays in its transaction after it, its error caught (a
+# subtransaction's end): the destination's connection must be closed by
+# the failure itself, not by the transaction's end or the session's.
+my ($in1, $out1, $err1) = ('', '', '');
+my $h1 = IPC::Run::start([ 'psql', '-XAtq', '-d', $i->connstr('coord') ],
+	'<', \$in1, '>', \$out1, '2>', \$err1, IPC::Run::timeout(120));
+$in1 .= "BEGIN;\nDO \$\$ BEGIN PERFORM sharding.move_shard_online('m', $S, 'dst'); "
+  . "EXCEPTION WHEN OTHERS THEN RAISE WARNING 'caught: % %', SQLSTATE, SQLERRM; END \$\$;\nSELECT 'after the move';\n";
+my $ended = eval { $h1->pump until $out1 =~ /after the move/; 1 };
 ok($ended, 'a source refused at once: the move ends without waiting for the silent destination');
-like($err, qr/ERROR:.*could not connect.*port $refused/s, "the error raised is the source's (port $refused)")
-  or diag($err);
-is(sq("SELECT phase || ' ' || error_state FROM sharding.move_journal WHERE map = 'm' AND logical = $S"),
-	'failed 08001', 'the move is recorded as failed, with 08001');
-ok(closed_by_client($silent), "the destination's half-open connection was closed by the failed move");
+like($err1, qr/caught: 08001/, "the error raised is 08001") or diag($err1);
+ok(closed_by_client($silent), "the destination's half-open connection was closed by the failed move, its transaction still open");
+$in1 .= "COMMIT;\n\\q\n";
+eval { $h1->finish; 1 } or $h1->kill_kill;
+like(sq("SELECT phase || ' ' || error_state || ' ' || error_detail FROM sharding.move_journal WHERE map = 'm' AND logical = $S"),
+	qr/^failed 08001 .*port $refused/s, "the move is recorded as failed with the source's error (port $refused)");
 is(sq("SELECT node FROM sharding.shards WHERE map = 'm' AND logical = $S"), 'src', 'the source still owns the shard');
 
 # 2. The other way round: the destination refused at once, the source
@@ -113,8 +112,11 @@ ok($i->poll_query_until('coord', "SELECT count(*) > 0 FROM sharding.move_journal
 my $sel = IO::Select->new($silent2);
 ok($sel->can_read(60), "the source's connection reached the silent port");
 sleep 1;
+is(sq("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event_type = 'Extension'
+       AND query LIKE '%move_shard_online%' AND pid <> pg_backend_pid()"), '1',
+	'the move still waits for the source, the first in order');
 $h2->pump_nb;
-ok($h2->pumpable, 'the move still waits for the source, the first in order');
+is($err2, '', 'and has raised nothing');
 # The source's server "answers" by closing: accept its connection and close it.
 my $c = $silent2->accept;
 close($c) if $c;
@@ -122,10 +124,7 @@ close($silent2);
 my $ended2 = eval { $h2->finish; 1 };
 $h2->kill_kill unless $ended2;
 ok($ended2, 'the move ends once the source handshake fails');
-unlike($err2, qr/port $refused/, "the error raised is not the destination's") or diag($err2);
-like($err2, qr/ERROR:.*could not connect/s, "the error raised is the source's") or diag($err2);
+like($err2, qr/ERROR:.*could not connect.*port $sport/s, "the error raised is the source's (port $sport)") or diag($err2);
 is(sq("SELECT node FROM sharding.shards WHERE map = 'm' AND logical = $S"), 'src', 'the source still owns the shard');
-is(sq("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND state = 'active'
-       AND query LIKE '%move_shard_online%' AND pid <> pg_backend_pid()"), '0', 'no move is left running');
 
 done_testing();
