@@ -4,6 +4,7 @@
 #include "pg/spi_snapshot.hpp"
 
 #include <cctype>
+#include <sys/socket.h>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -145,6 +146,16 @@ int wait_socket_timeout(int events, pgsocket sock, long timeout_ms) {
     return rc;
 }
 
+// A wait for the socket or timeout_ms, not interruptible (glue: may
+// ereport only if the wait itself fails): a drain after a cancel (the
+// interrupt being handled is still pending); the latch is reset.
+int wait_socket_quietly(int events, pgsocket sock, long timeout_ms) {
+    int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | WL_TIMEOUT | events, sock, timeout_ms,
+                               PG_WAIT_EXTENSION);
+    if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
+    return rc;
+}
+
 // One interruptible wait for any of n sockets (glue: may ereport), each
 // with its events (WL_SOCKET_READABLE or WL_SOCKET_WRITEABLE); ready[i]
 // set for each socket that is. From 17 the set is the resource owner's
@@ -174,6 +185,9 @@ void wait_sockets(int n, const pgsocket *socks, const int *events, bool *ready) 
     pfree(occurred);
     CHECK_FOR_INTERRUPTS();
 }
+
+// How long a drain after a cancel waits for the server's answer.
+constexpr long kDrainMs = 30000;
 
 // The tick of the live WaitTick (plain C storage).
 const std::function<void()> *tick_fn = nullptr;
@@ -546,12 +560,73 @@ std::string mask_password(const std::string &dsn) {
 
 void cancel_and_drain(PGconn *conn) noexcept {
     cancel_conn(conn);
-    (void)PQsetnonblocking(conn, 0);
-    for (PGresult *r; (r = PQgetResult(conn)) != nullptr;) {
-        PQclear(r);
-        if (PQstatus(conn) == CONNECTION_BAD) break;
+    // The statement's results, read as they come, for kDrainMs at most:
+    // a server that does not answer (its backend stopped, its host frozen)
+    // would otherwise keep this backend waiting, deaf to cancel and
+    // terminate, until TCP gives up. Then, or at once when this backend is
+    // told to end (pg_terminate_backend, a shutdown), the socket is shut
+    // down: the connection is lost (CONNECTION_BAD) for whoever uses it
+    // next, and the server's backend ends its statement and transaction
+    // when it sees that (the engine's sessions check every second,
+    // client_connection_check_interval).
+    instr_time start;
+    INSTR_TIME_SET_CURRENT(start);
+    bool give_up = false;
+    while (!give_up) {
+        if (PQstatus(conn) == CONNECTION_BAD) return;
+        const int flushed = PQflush(conn);
+        if (flushed < 0 || PQconsumeInput(conn) == 0) break;
+        bool wait = false;
+        while (!wait && !give_up) {
+            if (PQisBusy(conn)) {
+                wait = true;
+                break;
+            }
+            PGresult *r = PQgetResult(conn);
+            if (r == nullptr) return;  // drained
+            const ExecStatusType st = PQresultStatus(r);
+            PQclear(r);
+            if (PQstatus(conn) == CONNECTION_BAD) return;
+            if (st == PGRES_COPY_IN) {
+                // A copy into the server: ended as failed (it rolls back).
+                const int ended = PQputCopyEnd(conn, "cancelled");
+                if (ended < 0) give_up = true;
+                if (ended == 0) wait = true;
+            } else if (st == PGRES_COPY_OUT) {
+                // A copy out of it: its data read and dropped to its end.
+                char *buf = nullptr;
+                int n;
+                while ((n = PQgetCopyData(conn, &buf, 1)) > 0) PQfreemem(buf);
+                if (n == 0) wait = true;
+                if (n == -2) give_up = true;
+            } else if (st == PGRES_COPY_BOTH) {
+                give_up = true;
+            }
+        }
+        if (give_up) break;
+        instr_time now;
+        INSTR_TIME_SET_CURRENT(now);
+        INSTR_TIME_SUBTRACT(now, start);
+        const long left = kDrainMs - static_cast<long>(INSTR_TIME_GET_MILLISEC(now));
+        const pgsocket sock = PQsocket(conn);
+        if (left <= 0 || ProcDiePending || sock == PGINVALID_SOCKET) break;
+        try {
+            glue(wait_socket_quietly, flushed == 1 ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock, left);
+        } catch (...) {
+            break;
+        }
     }
-    (void)PQsetnonblocking(conn, 1);
+    // Given up: the socket shut down, what libpq still holds consumed (it
+    // sees the end of the connection at once).
+    const pgsocket sock = PQsocket(conn);
+    if (sock != PGINVALID_SOCKET) (void)shutdown(sock, SHUT_RDWR);
+    for (int i = 0; i < 16; i++) {
+        if (PQconsumeInput(conn) == 0 || PQstatus(conn) == CONNECTION_BAD) break;
+        if (PQisBusy(conn)) continue;
+        PGresult *r = PQgetResult(conn);
+        if (r == nullptr) break;
+        PQclear(r);
+    }
 }
 
 PGresult *next_result(PGconn *conn) {
