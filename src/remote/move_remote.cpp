@@ -3,6 +3,7 @@
 #include "pg/spi.hpp"
 #include "pg/spi_snapshot.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <sys/socket.h>
 #include <cstdint>
@@ -157,13 +158,13 @@ int wait_socket_quietly(int events, pgsocket sock, long timeout_ms) {
 }
 
 // One interruptible wait for any of n sockets (glue: may ereport), each
-// with its events (WL_SOCKET_READABLE or WL_SOCKET_WRITEABLE); ready[i]
-// set for each socket that is. From 17 the set is the resource owner's
+// with its events (WL_SOCKET_READABLE or WL_SOCKET_WRITEABLE), for
+// timeout_ms at most (-1: no limit); ready[i] set for each socket that is. From 17 the set is the resource owner's
 // (an ERROR before FreeWaitEventSet closes it at the transaction's end);
 // before 17 an ERROR of AddWaitEventToSet (epoll_ctl) or WaitEventSetWait
 // would leave its descriptor open for the backend's life, as
 // WaitLatchOrSocket's does.
-void wait_sockets(int n, const pgsocket *socks, const int *events, bool *ready) {
+void wait_sockets(int n, const pgsocket *socks, const int *events, bool *ready, long timeout_ms) {
     InvalidateCatalogSnapshotConditionally();
     WaitEvent *occurred = static_cast<WaitEvent *>(palloc(sizeof(WaitEvent) * (n + 2)));
 #if PG_VERSION_NUM >= 170000
@@ -175,7 +176,7 @@ void wait_sockets(int n, const pgsocket *socks, const int *events, bool *ready) 
     AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
     for (int i = 0; i < n; i++)
         AddWaitEventToSet(set, events[i], socks[i], nullptr, reinterpret_cast<void *>(static_cast<intptr_t>(i)));
-    const int k = WaitEventSetWait(set, -1L, occurred, n + 2, PG_WAIT_EXTENSION);
+    const int k = WaitEventSetWait(set, timeout_ms, occurred, n + 2, PG_WAIT_EXTENSION);
     FreeWaitEventSet(set);
     for (int i = 0; i < k; i++) {
         if (occurred[i].events & WL_LATCH_SET) ResetLatch(MyLatch);
@@ -184,6 +185,32 @@ void wait_sockets(int n, const pgsocket *socks, const int *events, bool *ready) 
     }
     pfree(occurred);
     CHECK_FOR_INTERRUPTS();
+}
+
+// libpq's connect_timeout of a connection (its connection string, else
+// PGCONNECT_TIMEOUT), in milliseconds; -1 when there is none. libpq
+// applies it only when it connects itself (PQconnectdb), not to a
+// handshake polled as Remote::handshake polls: that applies it, to each
+// host tried, as libpq does (a value of 1 counts as 2 seconds).
+long connect_timeout_ms(PGconn *conn) {
+    PQconninfoOption *opts = PQconninfo(conn);
+    if (opts == nullptr) return -1;
+    long ms = -1;
+    for (PQconninfoOption *o = opts; o->keyword != nullptr; o++)
+        if (std::strcmp(o->keyword, "connect_timeout") == 0 && o->val != nullptr && *o->val != '\0') {
+            char *end = nullptr;
+            const long secs = std::strtol(o->val, &end, 10);
+            if (end != o->val && *end == '\0' && secs > 0) ms = (secs == 1 ? 2 : std::min(secs, 86400L)) * 1000;
+        }
+    PQconninfoFree(opts);
+    return ms;
+}
+
+// The host and port a connection in progress is trying.
+std::string trying(PGconn *conn) {
+    const char *h = PQhost(conn);
+    const char *p = PQport(conn);
+    return std::string(h ? h : "") + ":" + (p ? p : "");
 }
 
 // How long a drain after a cancel waits for the server's answer.
@@ -727,7 +754,7 @@ Remote::Remote(Deferred, const std::string &dsn_in, bool replication, const std:
     // make, checked before connecting: a role that is not a superuser must
     // give the password in the connection string itself. libpq would
     // otherwise take one from the server OS user's password file (or
-    // environment) and log in on that user's behalf; establish() then
+    // environment) and log in on that user's behalf; established() then
     // checks that the server did ask for it.
     if (!own_login && !glue(superuser) && !dsn_has_password(dsn.c_str()))
         fail(ERRCODE_S_R_E_PROHIBITED_SQL_STATEMENT_ATTEMPTED,
@@ -805,40 +832,77 @@ void Remote::handshake(Remote *const *rs, int n) {
     // before it in order is established, so that which error a caller sees
     // does not depend on timing, and never later than connecting one after
     // the other would. One connection (the constructor) is a list of one.
+    // A connection with a connect_timeout fails when a host it tries has
+    // not answered within it (timed_out).
     std::vector<PostgresPollingStatusType> st(n, PGRES_POLLING_WRITING);
     std::vector<pgsocket> socks(n);
     std::vector<int> events(n);
     std::vector<int> which(n);
+    std::vector<long> limit(n);
+    std::vector<instr_time> since(n);
+    std::vector<std::string> host(n);
+    std::vector<char> timed_out(n, 0);
     std::unique_ptr<bool[]> ready(new bool[n]);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (PQstatus(rs[i]->conn_) == CONNECTION_BAD) st[i] = PGRES_POLLING_FAILED;
+        limit[i] = connect_timeout_ms(rs[i]->conn_);
+        INSTR_TIME_SET_CURRENT(since[i]);
+        host[i] = trying(rs[i]->conn_);
+    }
     for (;;) {
         // The first connection in order not yet established: done when
         // there is none, or when it failed.
         int first = 0;
         while (first < n && st[first] == PGRES_POLLING_OK) first++;
         if (first == n) return;
-        if (st[first] == PGRES_POLLING_FAILED) rs[first]->connect_failed();
+        if (st[first] == PGRES_POLLING_FAILED) {
+            if (timed_out[first])
+                fail(ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+                     "could not connect: connection to server at %s failed: timeout expired (connect_timeout)",
+                     host[first].c_str());
+            rs[first]->connect_failed();
+        }
         int waiting = 0;
+        long wait_ms = -1;
         bool failed_now = false;
+        instr_time now;
+        INSTR_TIME_SET_CURRENT(now);
         for (int i = 0; i < n; i++) {
             if (st[i] == PGRES_POLLING_OK || st[i] == PGRES_POLLING_FAILED) continue;
             const pgsocket sock = PQsocket(rs[i]->conn_);
-            if ((st[i] != PGRES_POLLING_READING && st[i] != PGRES_POLLING_WRITING) || sock == PGINVALID_SOCKET) {
+            long left = -1;
+            if (limit[i] >= 0) {
+                instr_time spent = now;
+                INSTR_TIME_SUBTRACT(spent, since[i]);
+                left = limit[i] - static_cast<long>(INSTR_TIME_GET_MILLISEC(spent));
+            }
+            if ((st[i] != PGRES_POLLING_READING && st[i] != PGRES_POLLING_WRITING) || sock == PGINVALID_SOCKET ||
+                (limit[i] >= 0 && left <= 0)) {
                 // (PGRES_POLLING_ACTIVE is documented as unused.)
+                timed_out[i] = limit[i] >= 0 && left <= 0;
                 st[i] = PGRES_POLLING_FAILED;
                 failed_now = true;
                 continue;
             }
+            if (left >= 0 && (wait_ms < 0 || left < wait_ms)) wait_ms = left;
             socks[waiting] = sock;
             events[waiting] = st[i] == PGRES_POLLING_WRITING ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE;
             which[waiting++] = i;
         }
         if (failed_now) continue;  // the check above decides first
         for (int j = 0; j < waiting; j++) ready[j] = false;
-        glue(wait_sockets, waiting, socks.data(), static_cast<const int *>(events.data()), ready.get());
-        for (int j = 0; j < waiting; j++)
-            if (ready[j]) st[which[j]] = PQconnectPoll(rs[which[j]]->conn_);
+        glue(wait_sockets, waiting, socks.data(), static_cast<const int *>(events.data()), ready.get(), wait_ms);
+        for (int j = 0; j < waiting; j++) {
+            if (!ready[j]) continue;
+            const int i = which[j];
+            st[i] = PQconnectPoll(rs[i]->conn_);
+            // Another host of the connection string tried: its own time.
+            std::string h = trying(rs[i]->conn_);
+            if (h != host[i]) {
+                host[i] = std::move(h);
+                INSTR_TIME_SET_CURRENT(since[i]);
+            }
+        }
     }
 }
 

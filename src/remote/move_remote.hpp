@@ -129,7 +129,7 @@ class Remote {
 
   private:
     // Only starts connecting (the password rule's first half checked):
-    // open_all ends it.
+    // handshake() ends it (the public constructor, open_all).
     struct Deferred {};
     Remote(Deferred, const std::string &dsn, bool replication, const std::string &application_name,
            const std::string &options, bool own_login);

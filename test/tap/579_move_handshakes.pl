@@ -10,7 +10,9 @@
 #     (nothing of a failed open_all is left open);
 #   - the other way round (the destination refused, the source silent) the
 #     move waits for the source, the first in order, and raises its failure
-#     once the source's handshake ends (here: its port goes away).
+#     once the source's handshake ends (here: its port goes away);
+#   - a connect_timeout in a node's DSN bounds its handshake (libpq applies
+#     it only when it connects itself; the engine polls, and applies it).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -126,5 +128,24 @@ $h2->kill_kill unless $ended2;
 ok($ended2, 'the move ends once the source handshake fails');
 like($err2, qr/ERROR:.*could not connect.*port $sport/s, "the error raised is the source's (port $sport)") or diag($err2);
 is(sq("SELECT node FROM sharding.shards WHERE map = 'm' AND logical = $S"), 'src', 'the source still owns the shard');
+
+# 3. connect_timeout bounds a handshake (libpq applies it only when it
+# connects itself): the source silent with connect_timeout=2, the
+# destination refused. The move fails once the source's time is up, with
+# the source's timeout.
+my $silent3 = silent_port();
+my $tport = $silent3->sockport;
+sq("UPDATE sharding.nodes SET dsn = 'host=127.0.0.1 port=$tport dbname=x sslmode=disable gssencmode=disable connect_timeout=2'
+    WHERE node = 'src'");
+my ($out3, $err3) = ('', '');
+my $h3 = IPC::Run::start([ 'psql', '-XAtq', '-d', $i->connstr('coord'), '-c',
+		"SET client_min_messages = warning; SELECT sharding.move_shard_online('m', $S, 'dst')" ],
+	'>', \$out3, '2>', \$err3, IPC::Run::timeout(120));
+my $ended3 = eval { $h3->finish; 1 };
+$h3->kill_kill unless $ended3;
+ok($ended3, 'a silent source with connect_timeout = 2: the move ends');
+like($err3, qr/ERROR:.*could not connect.*127\.0\.0\.1:$tport failed: timeout expired/s,
+	"with the source's timeout (port $tport)") or diag($err3);
+close($silent3);
 
 done_testing();
