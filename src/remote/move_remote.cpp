@@ -200,6 +200,7 @@ long connect_timeout_ms(PGconn *conn) {
         if (std::strcmp(o->keyword, "connect_timeout") == 0 && o->val != nullptr && *o->val != '\0') {
             char *end = nullptr;
             const long secs = std::strtol(o->val, &end, 10);
+            while (end != o->val && std::isspace(static_cast<unsigned char>(*end))) end++;
             if (end != o->val && *end == '\0' && secs > 0) ms = (secs == 1 ? 2 : std::min(secs, 86400L)) * 1000;
         }
     PQconninfoFree(opts);
@@ -588,10 +589,10 @@ std::string mask_password(const std::string &dsn) {
 void cancel_and_drain(PGconn *conn) noexcept {
     cancel_conn(conn);
     // The statement's results, read as they come, for kDrainMs at most:
-    // a server that does not answer (its backend stopped, its host frozen)
-    // would otherwise keep this backend waiting, deaf to cancel and
-    // terminate, until TCP gives up. Then, or at once when this backend is
-    // told to end (pg_terminate_backend, a shutdown), the socket is shut
+    // a server's backend that does not answer (stopped) would otherwise
+    // keep this backend waiting, deaf to cancel and terminate, until TCP
+    // gives up. Then, or at once when this backend is told to end
+    // (pg_terminate_backend, a shutdown) or is ending, the socket is shut
     // down: the connection is lost (CONNECTION_BAD) for whoever uses it
     // next, and the server's backend ends its statement and transaction
     // when it sees that (the engine's sessions check every second,
@@ -601,8 +602,7 @@ void cancel_and_drain(PGconn *conn) noexcept {
     bool give_up = false;
     while (!give_up) {
         if (PQstatus(conn) == CONNECTION_BAD) return;
-        const int flushed = PQflush(conn);
-        if (flushed < 0 || PQconsumeInput(conn) == 0) break;
+        if (PQflush(conn) < 0 || PQconsumeInput(conn) == 0) break;
         bool wait = false;
         while (!wait && !give_up) {
             if (PQisBusy(conn)) {
@@ -636,9 +636,12 @@ void cancel_and_drain(PGconn *conn) noexcept {
         INSTR_TIME_SUBTRACT(now, start);
         const long left = kDrainMs - static_cast<long>(INSTR_TIME_GET_MILLISEC(now));
         const pgsocket sock = PQsocket(conn);
-        if (left <= 0 || ProcDiePending || sock == PGINVALID_SOCKET) break;
+        if (left <= 0 || ProcDiePending || proc_exit_inprogress || sock == PGINVALID_SOCKET) break;
+        // (Output still queued, a copy's end say: writable or readable,
+        // as libpq's own wait, so that a server writing to us is read.)
+        const int events = PQflush(conn) == 1 ? (WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE) : WL_SOCKET_READABLE;
         try {
-            glue(wait_socket_quietly, flushed == 1 ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock, left);
+            glue(wait_socket_quietly, events, sock, left);
         } catch (...) {
             break;
         }
