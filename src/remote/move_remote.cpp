@@ -77,8 +77,49 @@ void install_callbacks() {
     callbacks_installed = true;
 }
 
+int wait_socket_quietly(int events, pgsocket sock, long timeout_ms);
+
+// How long a cancel request may take to reach the node's postmaster, where
+// libpq lets it be polled (17): its host or postmaster may not answer.
+constexpr long kCancelMs = 10000;
+
 void cancel_conn(PGconn *conn) noexcept {
     if (conn == nullptr || PQtransactionStatus(conn) != PQTRANS_ACTIVE) return;
+#ifdef LIBPQ_HAS_ASYNC_CANCEL
+    // libpq 17: the request's connection polled as a handshake is, for
+    // kCancelMs at most (not at all once this backend is told to end or is
+    // ending), so that a node whose host or postmaster does not answer
+    // cannot keep this backend waiting, deaf to interrupts, as PQcancel
+    // would (until TCP gives up, or without end). Not sent in time: the
+    // drain that follows gives up too, and shuts the session down.
+    if (!ProcDiePending && !proc_exit_inprogress) {
+        PGcancelConn *cc = PQcancelCreate(conn);
+        if (cc == nullptr) return;
+        if (PQcancelStart(cc) == 1) {
+            instr_time start;
+            INSTR_TIME_SET_CURRENT(start);
+            PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+            while (st == PGRES_POLLING_READING || st == PGRES_POLLING_WRITING) {
+                instr_time now;
+                INSTR_TIME_SET_CURRENT(now);
+                INSTR_TIME_SUBTRACT(now, start);
+                const long left = kCancelMs - static_cast<long>(INSTR_TIME_GET_MILLISEC(now));
+                const pgsocket sock = PQcancelSocket(cc);
+                if (left <= 0 || ProcDiePending || sock == PGINVALID_SOCKET) break;
+                try {
+                    const int rc = glue(wait_socket_quietly,
+                                        st == PGRES_POLLING_WRITING ? WL_SOCKET_WRITEABLE : WL_SOCKET_READABLE, sock,
+                                        left);
+                    if (rc & (WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE)) st = PQcancelPoll(cc);
+                } catch (...) {
+                    break;
+                }
+            }
+        }
+        PQcancelFinish(cc);
+        return;
+    }
+#endif
     PGcancel *c = PQgetCancel(conn);
     if (c == nullptr) return;
     char err[256];

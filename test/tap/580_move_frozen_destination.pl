@@ -26,8 +26,8 @@ my $clean = 'n1:0/0/0/0/0 n2:0/0/0/0/0 coord:0';
 my $S = $coord->safe_psql('coord', "SELECT min(logical) FROM sharding.shards WHERE map = 'bank' AND node = 'n1'");
 my $sum = shard_sum($a, 'n1', $S);
 my $live = "phase NOT IN ('queued', 'done', 'failed', 'cancelled')";
-my $stopped;
-END { kill 'CONT', $stopped if $stopped; }
+my ($stopped, $stopped_pm);
+END { kill 'CONT', $_ for grep { defined } ($stopped_pm, $stopped); }
 
 # The move's session at n2 waits for the table (held in SHARE mode there);
 # that session is then stopped, and the table released.
@@ -71,6 +71,49 @@ ok(wait_for_sql($coord, 'coord', "SELECT sharding._move_recover() >= 0 AND NOT E
 is(shard_sum($a, 'n1', $S) . ' ' . shard_rows($b, 'n2', $S), "$sum 0", 'every row of the shard exactly once, at the source');
 is($coord->safe_psql('coord', "SELECT node FROM sharding.shards WHERE map = 'bank' AND logical = $S"), 'n1', 'n1 owns the shard');
 is(leftovers($coord, $a, $b), $clean, 'nothing of the move is left');
+
+# 2. (libpq 17, whose cancel request can be polled) The destination's
+# postmaster stopped too: the cancel request cannot reach it either. The
+# engine gives the request 10 s, the drain 30 s, and the undo's new session
+# there the node's connect_timeout (5 s here); the move returns all the same
+# and is left to recovery, which finishes it once the node runs again.
+SKIP:
+{
+	skip 'the cancel request is polled only with libpq 17', 8
+	  unless $coord->safe_psql('coord', 'SHOW server_version_num') >= 170000;
+	$coord->safe_psql('coord', "UPDATE sharding.nodes SET dsn = dsn || ' connect_timeout=5' WHERE node = 'n2'");
+	my $pm = (split /\n/, slurp_file($b->data_dir . '/postmaster.pid'))[0];
+	my $hold2 = hold_table($b, 'n2', 'accounts');
+	my ($out2, $err2) = ('', '');
+	my $mv2 = IPC::Run::start([ 'psql', '-XAtq', '-d', $coord->connstr('coord'), '-c',
+			"SELECT sharding.move_shard_online('bank', $S, 'n2')" ],
+		'>', \$out2, '2>', \$err2, IPC::Run::timeout(150));
+	ok(wait_for_sql($b, 'n2', "SELECT count(*) > 0 FROM pg_stat_activity WHERE $pulling", 't', 60),
+		"again the move's session at the destination waits for the table");
+	$stopped = $b->safe_psql('n2', "SELECT pid FROM pg_stat_activity WHERE $pulling ORDER BY pid LIMIT 1");
+	kill('STOP', $stopped);
+	release_table($b, 'n2', $hold2);
+	ok(kill('STOP', $pm), "the destination's postmaster (pid $pm) is stopped too");
+	$stopped_pm = $pm;
+	my $t1 = time;
+	$coord->safe_psql('coord', "SELECT pg_cancel_backend(" . mover_pid($coord) . ")");
+	my $ended2 = eval { $mv2->finish; 1 };
+	my $took2 = time - $t1;
+	$mv2->kill_kill unless $ended2;
+	kill 'CONT', $stopped_pm;
+	$stopped_pm = undef;
+	ok($ended2, 'the cancelled move returned while the destination (postmaster and session) was stopped');
+	diag(sprintf('the move returned %.1f s after its cancel', $took2));
+	cmp_ok($took2, '<', 120, "within the cancel request's, the drain's and the connect_timeout's limits");
+	like($err2, qr/ERROR:  canceling statement due to user request/, "with the cancel's error") or diag($err2);
+	kill 'CONT', $stopped;
+	ok(wait_for_sql($b, 'n2', "SELECT count(*) FROM pg_stat_activity WHERE pid = $stopped", '0', 60),
+		'once running again, the destination session ends');
+	$stopped = undef;
+	ok(wait_for_sql($coord, 'coord', "SELECT sharding._move_recover() >= 0 AND NOT EXISTS (SELECT FROM sharding.move_journal "
+		  . "WHERE $live)", 't', 120), 'the move is resolved');
+	is(shard_sum($a, 'n1', $S) . ' ' . shard_rows($b, 'n2', $S), "$sum 0", 'every row of the shard exactly once, at the source');
+}
 
 # The same shard moves afterwards.
 $coord->safe_psql('coord', "SELECT sharding.move_shard_online('bank', $S, 'n2')");
