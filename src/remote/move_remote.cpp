@@ -90,12 +90,14 @@ void cancel_conn(PGconn *conn) noexcept {
     // kCancelMs at most (not at all once this backend is told to end or is
     // ending), so that a node whose host or postmaster does not answer
     // cannot keep this backend waiting, deaf to interrupts, as PQcancel
-    // would (until TCP gives up, or without end). Not sent in time: the
-    // drain that follows gives up too, and shuts the session down.
+    // would (until TCP gives up, or without end). A request not confirmed
+    // (the postmaster closing its connection) may still arrive later and
+    // cancel whatever the session runs then: the session's socket is shut
+    // down, so that nothing runs on it again (it counts as lost).
     if (!ProcDiePending && !proc_exit_inprogress) {
         PGcancelConn *cc = PQcancelCreate(conn);
-        if (cc == nullptr) return;
-        if (PQcancelStart(cc) == 1) {
+        bool confirmed = false;
+        if (cc != nullptr && PQcancelStart(cc) == 1) {
             instr_time start;
             INSTR_TIME_SET_CURRENT(start);
             PostgresPollingStatusType st = PGRES_POLLING_WRITING;
@@ -115,8 +117,13 @@ void cancel_conn(PGconn *conn) noexcept {
                     break;
                 }
             }
+            confirmed = st == PGRES_POLLING_OK;
         }
-        PQcancelFinish(cc);
+        if (cc != nullptr) PQcancelFinish(cc);
+        if (!confirmed) {
+            const pgsocket sock = PQsocket(conn);
+            if (sock != PGINVALID_SOCKET) (void)shutdown(sock, SHUT_RDWR);
+        }
         return;
     }
 #endif
